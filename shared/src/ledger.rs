@@ -1,0 +1,27 @@
+//! The cost record of one client in one round (DESIGN.md §3 step 6).
+
+use alloc::string::String;
+use serde::{Deserialize, Serialize};
+
+/// What one round cost one client, in bytes and seconds, per direction.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CostRecord {
+    pub client: String,
+    pub round: u64,
+    /// Bytes of parameter and prototype values sent down (the broadcast's payload).
+    pub payload_down: u64,
+    /// Bytes of parameter and prototype values sent up (the update's payload).
+    pub payload_up: u64,
+    /// UDP bytes received by the client while the broadcast came in (QUIC overhead included).
+    pub wire_down: u64,
+    /// UDP bytes sent by the client while uploading (QUIC overhead and retransmissions included).
+    pub wire_up: u64,
+    pub compute_seconds: f64,
+    pub transfer_seconds: f64,
+    pub wait_seconds: f64,
+    pub wall_seconds: f64,
+    /// The update arrived after its round closed.
+    pub straggler: bool,
+    /// The client was sampled but sent nothing before the deadline.
+    pub dropped: bool,
+}

@@ -1,0 +1,29 @@
+//! anchorage-shared: the language the Anchorage client and server both speak.
+//!
+//! `#![no_std]` + `alloc` so the same definitions can run on a microcontroller-class
+//! device; the `std` feature (on by default) adds `std::error::Error` impls.
+//!
+//! - [`protocol`]: versioned messages and their typed decode errors.
+//! - [`frame`]: length-prefixed framing with a configurable maximum, and an incremental reader.
+//! - [`tensor`]: named parameter blocks and their wire encodings (f32, f16, bf16, int8 + scale).
+//! - [`prototype`]: class prototypes and the pure math on them.
+//! - [`math`]: weighted means and cosine similarity, the one copy used everywhere.
+//! - [`ledger`]: the cost record of one client in one round.
+//! - [`rng`]: a small seeded generator, so every sampled choice is reproducible byte for byte.
+#![no_std]
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+pub mod frame;
+pub mod ledger;
+pub mod math;
+pub mod protocol;
+pub mod prototype;
+pub mod rng;
+pub mod tensor;
+
+pub use frame::{FrameError, FrameReader, encode_frame};
+pub use protocol::{DecodeError, Message, PROTOCOL_VERSION};
+pub use prototype::Prototype;
+pub use tensor::{Encoding, EncodedTensor, ParamBlock, TensorError};

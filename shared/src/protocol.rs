@@ -1,0 +1,280 @@
+//! Protocol v1: versioned, append-only messages.
+//!
+//! On the wire every message is a frame (see [`crate::frame`]): a little-endian `u32` length,
+//! the protocol version byte, a message-kind byte and a postcard body. The kind byte sits
+//! outside postcard so that an unknown kind from a newer peer is recognised as such.
+//! New messages get new kind numbers; existing numbers and fields never change meaning.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::prototype::Prototype;
+use crate::tensor::{ParamBlock, TensorError};
+
+/// Most methods a client may announce.
+pub const MAX_METHODS: usize = 16;
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// Why a frame or message could not be decoded.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame truncated: need {needed} bytes, have {have}")]
+    Truncated { needed: usize, have: usize },
+    #[error("frame of {len} bytes exceeds the maximum of {max}")]
+    Oversized { len: usize, max: usize },
+    #[error("protocol version {got} is not supported (this side speaks {expected})")]
+    WrongVersion { got: u8, expected: u8 },
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    #[error("malformed {kind} body: {detail}")]
+    Body { kind: &'static str, detail: String },
+    #[error("{0}")]
+    Tensor(#[from] TensorError),
+    #[error("invalid message: {0}")]
+    Invalid(String),
+}
+
+/// What a client can do, sent in its [`Hello`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Compute backend actually in use (`flex`, `wgpu`, `cuda:0`, ...).
+    pub backend: String,
+    /// Memory budget in MiB the client may use for training.
+    pub memory_mb: u32,
+    /// Methods whose client half this build carries (at most [`MAX_METHODS`], names of at most
+    /// 32 bytes: bounded at decode time, so a hostile hello cannot make the server allocate).
+    pub methods: heapless::Vec<heapless::String<32>, MAX_METHODS>,
+}
+
+/// First message of a client on its control stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The client's identity. With mutual TLS the certificate's name must match it.
+    pub client_id: String,
+    pub capabilities: Capabilities,
+    /// Number of training samples the client holds now (for sampling and weighting).
+    pub num_samples: u64,
+    /// The last round whose broadcast the client has applied, if any.
+    pub last_round: Option<u64>,
+}
+
+/// The server's answer to an accepted [`Hello`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub server_id: String,
+    /// Method the federation runs (`fedavg`, ...).
+    pub method: String,
+    /// Largest frame the server accepts, in bytes.
+    pub max_frame_bytes: u32,
+    /// How often the client should send a heartbeat, in milliseconds.
+    pub heartbeat_ms: u32,
+    /// The round currently open, if any.
+    pub current_round: Option<u64>,
+}
+
+/// Local training settings for one round (Flower's `configure_fit`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundConfig {
+    pub local_epochs: u32,
+    pub batch_size: u32,
+    pub learning_rate: f32,
+    /// Time the server waits for updates, in milliseconds from the broadcast.
+    pub deadline_ms: u64,
+}
+
+/// Round start: the global state every sampled client trains from. Encoded once, sent to all.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Broadcast {
+    pub round: u64,
+    /// The task (stage of the class/domain stream) this round belongs to.
+    pub task: u32,
+    pub config: RoundConfig,
+    /// Shared parameter blocks of the global model.
+    pub blocks: Vec<ParamBlock>,
+    /// Global class prototypes (empty for methods without prototypes).
+    pub prototypes: Vec<Prototype>,
+}
+
+/// A named scalar reported by a client (train loss, local accuracy, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metric {
+    pub name: String,
+    pub value: f64,
+}
+
+/// A client's result for one round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Update {
+    pub round: u64,
+    /// Samples the update was trained on (the FedAvg weight).
+    pub num_samples: u64,
+    pub blocks: Vec<ParamBlock>,
+    pub prototypes: Vec<Prototype>,
+    pub metrics: Vec<Metric>,
+    /// Seconds of local computation, as measured by the client.
+    pub compute_seconds: f64,
+}
+
+/// The server received an update and will not need it again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ack {
+    pub round: u64,
+    /// False when the update arrived after its round closed: counted as late, not aggregated.
+    pub aggregated: bool,
+}
+
+/// Liveness signal; either side may send it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub seq: u64,
+}
+
+/// Why a peer refused a message or a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefusalReason {
+    VersionMismatch,
+    Malformed,
+    TooLarge,
+    ShapeMismatch,
+    NotEnrolled,
+    NotSampled,
+    Duplicate,
+    ServerBusy,
+    UnknownMethod,
+}
+
+/// A refusal with a reason the peer can log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub reason: RefusalReason,
+    pub detail: String,
+}
+
+/// Orderly end of a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Goodbye {
+    pub reason: String,
+}
+
+/// Every message of protocol v1. Append-only: new variants get new kind numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    Hello(Hello),
+    Welcome(Welcome),
+    Broadcast(Broadcast),
+    Update(Update),
+    Ack(Ack),
+    Heartbeat(Heartbeat),
+    Refusal(Refusal),
+    Goodbye(Goodbye),
+}
+
+impl Message {
+    /// The kind byte on the wire.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Message::Hello(_) => 1,
+            Message::Welcome(_) => 2,
+            Message::Broadcast(_) => 3,
+            Message::Update(_) => 4,
+            Message::Ack(_) => 5,
+            Message::Heartbeat(_) => 6,
+            Message::Refusal(_) => 7,
+            Message::Goodbye(_) => 8,
+        }
+    }
+
+    /// A readable name of the kind, for logs and metrics.
+    pub fn kind_name(&self) -> &'static str {
+        kind_name(self.kind()).unwrap_or("unknown")
+    }
+
+    /// Serialises the body (without the frame header).
+    pub fn encode_body(&self) -> Vec<u8> {
+        let r = match self {
+            Message::Hello(m) => postcard::to_allocvec(m),
+            Message::Welcome(m) => postcard::to_allocvec(m),
+            Message::Broadcast(m) => postcard::to_allocvec(m),
+            Message::Update(m) => postcard::to_allocvec(m),
+            Message::Ack(m) => postcard::to_allocvec(m),
+            Message::Heartbeat(m) => postcard::to_allocvec(m),
+            Message::Refusal(m) => postcard::to_allocvec(m),
+            Message::Goodbye(m) => postcard::to_allocvec(m),
+        };
+        // Serialising owned in-memory structs into a growable Vec cannot fail.
+        r.unwrap_or_default()
+    }
+
+    /// Parses a body of the given kind and validates it.
+    pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
+        let name = kind_name(kind).ok_or(DecodeError::UnknownKind(kind))?;
+        let bad = |e: postcard::Error| DecodeError::Body { kind: name, detail: alloc::format!("{e}") };
+        let msg = match kind {
+            1 => Message::Hello(postcard::from_bytes(body).map_err(bad)?),
+            2 => Message::Welcome(postcard::from_bytes(body).map_err(bad)?),
+            3 => Message::Broadcast(postcard::from_bytes(body).map_err(bad)?),
+            4 => Message::Update(postcard::from_bytes(body).map_err(bad)?),
+            5 => Message::Ack(postcard::from_bytes(body).map_err(bad)?),
+            6 => Message::Heartbeat(postcard::from_bytes(body).map_err(bad)?),
+            7 => Message::Refusal(postcard::from_bytes(body).map_err(bad)?),
+            8 => Message::Goodbye(postcard::from_bytes(body).map_err(bad)?),
+            other => return Err(DecodeError::UnknownKind(other)),
+        };
+        msg.validate()?;
+        Ok(msg)
+    }
+
+    /// Checks what postcard cannot: tensor lengths against shapes, finite values, sane names.
+    pub fn validate(&self) -> Result<(), DecodeError> {
+        match self {
+            Message::Broadcast(b) => validate_parts(&b.blocks, &b.prototypes),
+            Message::Update(u) => {
+                validate_parts(&u.blocks, &u.prototypes)?;
+                if !u.compute_seconds.is_finite() || u.compute_seconds < 0.0 {
+                    return Err(DecodeError::Invalid("compute_seconds is not a finite non-negative number".into()));
+                }
+                if let Some(m) = u.metrics.iter().find(|m| !m.value.is_finite()) {
+                    return Err(DecodeError::Invalid(alloc::format!("metric `{}` is not finite", m.name)));
+                }
+                Ok(())
+            }
+            Message::Hello(h) if h.client_id.is_empty() || h.client_id.len() > 128 => {
+                Err(DecodeError::Invalid("client id must have 1 to 128 bytes".into()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn validate_parts(blocks: &[ParamBlock], prototypes: &[Prototype]) -> Result<(), DecodeError> {
+    for b in blocks {
+        b.validate()?;
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        if blocks[..i].iter().any(|o| o.name == b.name) {
+            return Err(DecodeError::Invalid(alloc::format!("block `{}` appears twice", b.name)));
+        }
+    }
+    for p in prototypes {
+        p.validate()?;
+    }
+    Ok(())
+}
+
+/// Name of a kind byte, or `None` if this version does not know it.
+pub fn kind_name(kind: u8) -> Option<&'static str> {
+    Some(match kind {
+        1 => "hello",
+        2 => "welcome",
+        3 => "broadcast",
+        4 => "update",
+        5 => "ack",
+        6 => "heartbeat",
+        7 => "refusal",
+        8 => "goodbye",
+        _ => return None,
+    })
+}

@@ -1,0 +1,233 @@
+//! Named parameter blocks and their wire encodings.
+//!
+//! Tensor data travels as raw little-endian bytes (`serde_bytes`), never as postcard varints,
+//! so a 1 MB block costs 1 MB on the wire plus a few bytes of header.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// Longest accepted block name, in bytes.
+pub const MAX_NAME_LEN: usize = 256;
+/// Highest accepted tensor rank.
+pub const MAX_RANK: usize = 8;
+
+/// How the values of a tensor are laid out on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Encoding {
+    /// IEEE 754 single precision, 4 bytes per value.
+    F32,
+    /// IEEE 754 half precision, 2 bytes per value.
+    F16,
+    /// bfloat16, 2 bytes per value.
+    Bf16,
+    /// Symmetric int8 quantisation: value = q · scale, 1 byte per value.
+    Int8 { scale: f32 },
+}
+
+impl Encoding {
+    /// Bytes used by one value.
+    pub fn bytes_per_value(self) -> usize {
+        match self {
+            Encoding::F32 => 4,
+            Encoding::F16 | Encoding::Bf16 => 2,
+            Encoding::Int8 { .. } => 1,
+        }
+    }
+
+    /// A short lowercase name (`f32`, `f16`, `bf16`, `int8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::F32 => "f32",
+            Encoding::F16 => "f16",
+            Encoding::Bf16 => "bf16",
+            Encoding::Int8 { .. } => "int8",
+        }
+    }
+}
+
+/// What is wrong with a tensor or block that arrived from outside.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TensorError {
+    #[error("tensor rank {rank} exceeds the maximum of {MAX_RANK}")]
+    RankTooHigh { rank: usize },
+    #[error("tensor shape {shape:?} has too many elements")]
+    ShapeOverflow { shape: Vec<u32> },
+    #[error("tensor of shape {shape:?} in {encoding} needs {expected} bytes, got {got}")]
+    LengthMismatch { shape: Vec<u32>, encoding: &'static str, expected: usize, got: usize },
+    #[error("tensor holds a non-finite value at index {index}")]
+    NonFinite { index: usize },
+    #[error("int8 scale {scale} is not a finite non-negative number")]
+    BadScale { scale: f32 },
+    #[error("block name is empty or longer than {MAX_NAME_LEN} bytes")]
+    BadName,
+    #[error("block `{name}`: {source}")]
+    InBlock { name: String, source: alloc::boxed::Box<TensorError> },
+}
+
+/// A tensor encoded for the wire: shape, encoding and raw little-endian bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EncodedTensor {
+    pub shape: Vec<u32>,
+    pub encoding: Encoding,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// Number of elements of a shape, or `None` on overflow.
+pub fn element_count(shape: &[u32]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))
+}
+
+impl EncodedTensor {
+    /// Encodes `values` (row-major, of `shape`) with `encoding`. For `Int8` the scale given is
+    /// ignored and recomputed as max|x| / 127.
+    pub fn encode(shape: &[u32], values: &[f32], encoding: Encoding) -> Self {
+        debug_assert_eq!(element_count(shape), Some(values.len()));
+        let mut data = Vec::with_capacity(values.len() * encoding.bytes_per_value());
+        let encoding = match encoding {
+            Encoding::F32 => {
+                values.iter().for_each(|v| data.extend_from_slice(&v.to_le_bytes()));
+                Encoding::F32
+            }
+            Encoding::F16 => {
+                values
+                    .iter()
+                    .for_each(|v| data.extend_from_slice(&f16::from_f32(*v).to_le_bytes()));
+                Encoding::F16
+            }
+            Encoding::Bf16 => {
+                values
+                    .iter()
+                    .for_each(|v| data.extend_from_slice(&bf16::from_f32(*v).to_le_bytes()));
+                Encoding::Bf16
+            }
+            Encoding::Int8 { .. } => {
+                let max = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale = if max > 0.0 { max / 127.0 } else { 0.0 };
+                for v in values {
+                    let q = if scale > 0.0 { libm_round(v / scale).clamp(-127.0, 127.0) } else { 0.0 };
+                    data.push(q as i8 as u8);
+                }
+                Encoding::Int8 { scale }
+            }
+        };
+        Self { shape: shape.to_vec(), encoding, data }
+    }
+
+    /// Number of elements the shape declares (checked).
+    pub fn len(&self) -> Result<usize, TensorError> {
+        if self.shape.len() > MAX_RANK {
+            return Err(TensorError::RankTooHigh { rank: self.shape.len() });
+        }
+        element_count(&self.shape).ok_or_else(|| TensorError::ShapeOverflow { shape: self.shape.clone() })
+    }
+
+    /// True when the tensor holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len().map(|n| n == 0).unwrap_or(true)
+    }
+
+    /// Checks that the byte length matches the shape and that every value is finite.
+    pub fn validate(&self) -> Result<(), TensorError> {
+        self.decode().map(|_| ())
+    }
+
+    /// Decodes to f32 values, checking length, scale and finiteness.
+    pub fn decode(&self) -> Result<Vec<f32>, TensorError> {
+        let n = self.len()?;
+        let expected = n
+            .checked_mul(self.encoding.bytes_per_value())
+            .ok_or_else(|| TensorError::ShapeOverflow { shape: self.shape.clone() })?;
+        if self.data.len() != expected {
+            return Err(TensorError::LengthMismatch {
+                shape: self.shape.clone(),
+                encoding: self.encoding.name(),
+                expected,
+                got: self.data.len(),
+            });
+        }
+        let values: Vec<f32> = match self.encoding {
+            Encoding::F32 => self
+                .data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Encoding::F16 => self
+                .data
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Encoding::Bf16 => self
+                .data
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Encoding::Int8 { scale } => {
+                if !scale.is_finite() || scale < 0.0 {
+                    return Err(TensorError::BadScale { scale });
+                }
+                self.data.iter().map(|&b| (b as i8) as f32 * scale).collect()
+            }
+        };
+        if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+            return Err(TensorError::NonFinite { index });
+        }
+        Ok(values)
+    }
+}
+
+/// Round half away from zero without `std` (`f32::round` needs std).
+fn libm_round(x: f32) -> f32 {
+    let t = x as i64 as f32; // truncation toward zero; |x| ≤ 127 here
+    let frac = x - t;
+    if frac >= 0.5 {
+        t + 1.0
+    } else if frac <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    }
+}
+
+/// A named parameter block (`adapter.0.weight`, `head.bias`, `prompt.pool`, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamBlock {
+    pub name: String,
+    pub tensor: EncodedTensor,
+}
+
+impl ParamBlock {
+    /// Encodes f32 `values` of `shape` under `name`.
+    pub fn encode(name: impl Into<String>, shape: &[u32], values: &[f32], encoding: Encoding) -> Self {
+        Self { name: name.into(), tensor: EncodedTensor::encode(shape, values, encoding) }
+    }
+
+    /// Checks the name, the length and finiteness of the values.
+    pub fn validate(&self) -> Result<(), TensorError> {
+        if self.name.is_empty() || self.name.len() > MAX_NAME_LEN {
+            return Err(TensorError::BadName);
+        }
+        self.tensor.validate().map_err(|e| self.wrap(e))
+    }
+
+    /// Decodes to f32 values (checked), naming the block in any error.
+    pub fn decode(&self) -> Result<Vec<f32>, TensorError> {
+        self.tensor.decode().map_err(|e| self.wrap(e))
+    }
+
+    fn wrap(&self, e: TensorError) -> TensorError {
+        TensorError::InBlock { name: self.name.clone(), source: alloc::boxed::Box::new(e) }
+    }
+
+    /// Payload size of the values in bytes.
+    pub fn payload_bytes(&self) -> usize {
+        self.tensor.data.len()
+    }
+}
+
+/// Total payload bytes of a set of blocks.
+pub fn payload_bytes(blocks: &[ParamBlock]) -> usize {
+    blocks.iter().map(ParamBlock::payload_bytes).sum()
+}
