@@ -9,6 +9,7 @@
 //! - [`prototype`]: class prototypes and the pure math on them.
 //! - [`math`]: weighted means and cosine similarity, the one copy used everywhere.
 //! - [`ledger`]: the cost record of one client in one round.
+//! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.
 //! - [`rng`]: a small seeded generator, so every sampled choice is reproducible byte for byte.
 #![no_std]
 extern crate alloc;
@@ -16,6 +17,8 @@ extern crate alloc;
 extern crate std;
 
 pub mod frame;
+#[cfg(feature = "io")]
+pub mod io;
 pub mod ledger;
 pub mod math;
 pub mod protocol;

@@ -1,0 +1,87 @@
+//! How the engine runs rounds (Flower's `fraction_fit` / `min_fit_clients` /
+//! `min_available_clients`, FedScale's over-commitment, a deadline per round).
+
+use std::time::Duration;
+
+use anchorage_shared::frame::DEFAULT_MAX_FRAME;
+use anchorage_shared::protocol::RoundConfig;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Name the server gives in its welcome.
+    pub server_id: String,
+    /// Rounds to run; 0 runs until stopped.
+    pub rounds: u64,
+    /// Connected clients required before a round opens.
+    pub min_available: usize,
+    /// Fraction of connected clients whose updates a round waits for.
+    pub fraction: f64,
+    /// At least this many updates are waited for (capped by the clients connected).
+    pub min_fit: usize,
+    /// Extra clients invited on top of the target, as a fraction of it (0.3 invites 30% more);
+    /// the round closes as soon as the target number of updates arrived.
+    pub over_selection: f64,
+    /// At the deadline, a round with fewer updates than this fails and the model stays as it was.
+    pub min_updates: usize,
+    /// How long a round waits for its updates.
+    #[serde(with = "duration_ms")]
+    pub round_deadline: Duration,
+    /// How often clients should send heartbeats.
+    #[serde(with = "duration_ms")]
+    pub heartbeat: Duration,
+    /// Largest frame accepted from a client.
+    pub max_frame_bytes: u32,
+    /// Local training settings sent with every broadcast.
+    pub round: RoundConfig,
+    /// Seed of client sampling.
+    pub seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            server_id: "anchorage".into(),
+            rounds: 10,
+            min_available: 2,
+            fraction: 1.0,
+            min_fit: 2,
+            over_selection: 0.0,
+            min_updates: 1,
+            round_deadline: Duration::from_secs(60),
+            heartbeat: Duration::from_secs(5),
+            max_frame_bytes: DEFAULT_MAX_FRAME as u32,
+            round: RoundConfig { local_epochs: 1, batch_size: 32, learning_rate: 1e-3, deadline_ms: 0 },
+            seed: 0,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Updates a round waits for, given `available` connected clients.
+    pub fn sample_size(&self, available: usize) -> usize {
+        let by_fraction = (self.fraction.clamp(0.0, 1.0) * available as f64).ceil() as usize;
+        by_fraction.max(self.min_fit).clamp(1, available.max(1))
+    }
+
+    /// Clients invited for a target of `target` updates (over-selection), capped by `available`.
+    pub fn invited(&self, target: usize, available: usize) -> usize {
+        let extra = (target as f64 * self.over_selection.max(0.0)).ceil() as usize;
+        (target + extra).min(available)
+    }
+}
+
+/// Durations as integer milliseconds in config files.
+pub mod duration_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}

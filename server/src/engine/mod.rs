@@ -1,0 +1,427 @@
+//! The sans-IO round engine: events in (a message from a client, a disconnect, the clock),
+//! actions out (send, broadcast, refuse, persist, report). No sockets, no threads, no clock of
+//! its own: the caller passes `now` (time since the engine started) into every call, in the
+//! manner of `quinn-proto`. The tokio shell in [`crate::transport`] and the simulator's virtual
+//! clock drive the same engine.
+//!
+//! Synchronous rounds, as Flower and FedScale run them: wait for `min_available` clients, sample
+//! `max(min_fit, ⌈fraction·available⌉)` of them, over-select by `over_selection` (FedScale's
+//! over-commitment), close the round when the target number of updates arrived or when the
+//! deadline fires. Updates for a closed round are acknowledged and counted as late, never
+//! aggregated and never silently dropped; a second update from the same client for the same round
+//! is counted once.
+
+mod config;
+mod report;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anchorage_shared::protocol::{
+    Ack, Broadcast, Goodbye, Hello, Message, Refusal, RefusalReason, Update, Welcome,
+};
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::{ParamBlock, payload_bytes};
+use serde::{Deserialize, Serialize};
+
+pub use config::EngineConfig;
+pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport};
+
+use crate::methods::ServerMethod;
+
+/// A client's identity (from its hello today, from its certificate under mutual TLS).
+pub type ClientId = String;
+
+/// What the engine asks its shell to do.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Send a control message to one client.
+    Send { to: ClientId, msg: Message },
+    /// Send one message to many clients on uni streams; encode it once.
+    Broadcast { to: Vec<ClientId>, msg: Arc<Message> },
+    /// Refuse a client and close its connection.
+    Close { client: ClientId, refusal: Refusal },
+    /// Persist the global state atomically before anything else is announced.
+    Persist(Arc<Checkpoint>),
+    /// A round closed (aggregated or failed).
+    RoundClosed(Arc<RoundReport>, Arc<Checkpoint>),
+    /// All configured rounds are done; goodbyes have been queued.
+    Finished,
+}
+
+/// The durable global state: what a restarted server resumes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Last round that closed (0 before the first).
+    pub round: u64,
+    pub method: String,
+    pub global: Vec<ParamBlock>,
+    pub stats: EngineStats,
+}
+
+#[derive(Debug, Clone)]
+struct ClientInfo {
+    connected: bool,
+}
+
+#[derive(Debug)]
+struct OpenRound {
+    round: u64,
+    broadcast: Arc<Message>,
+    sampled: BTreeSet<ClientId>,
+    target: usize,
+    started: Duration,
+    deadline: Duration,
+    updates: BTreeMap<ClientId, (Update, Duration)>,
+    duplicates: u64,
+    refused: u64,
+}
+
+/// The round engine. See the module docs.
+pub struct Engine {
+    config: EngineConfig,
+    method: Box<dyn ServerMethod>,
+    rng: Rng,
+    clients: BTreeMap<ClientId, ClientInfo>,
+    global: Vec<ParamBlock>,
+    last_round: u64,
+    open: Option<OpenRound>,
+    stats: EngineStats,
+    finished: bool,
+    actions: VecDeque<Action>,
+}
+
+impl Engine {
+    /// A fresh engine whose first round broadcasts `initial` (empty: clients start from their
+    /// own seeded initialisation, and the first round's updates fix the shapes).
+    pub fn new(config: EngineConfig, method: Box<dyn ServerMethod>, initial: Vec<ParamBlock>) -> Self {
+        let checkpoint = Checkpoint { round: 0, method: method.name().into(), global: initial, stats: EngineStats::default() };
+        Self::resume(config, method, checkpoint)
+    }
+
+    /// An engine that continues from a persisted checkpoint.
+    pub fn resume(config: EngineConfig, method: Box<dyn ServerMethod>, checkpoint: Checkpoint) -> Self {
+        let rng = Rng::derive(config.seed, checkpoint.round);
+        Self {
+            finished: config.rounds > 0 && checkpoint.round >= config.rounds,
+            config,
+            method,
+            rng,
+            clients: BTreeMap::new(),
+            global: checkpoint.global,
+            last_round: checkpoint.round,
+            open: None,
+            stats: checkpoint.stats,
+            actions: VecDeque::new(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Counters since the federation began (persisted with the checkpoint).
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// The last round that closed.
+    pub fn last_round(&self) -> u64 {
+        self.last_round
+    }
+
+    /// The round now open, if any.
+    pub fn open_round(&self) -> Option<u64> {
+        self.open.as_ref().map(|o| o.round)
+    }
+
+    /// The current global parameter blocks.
+    pub fn global(&self) -> &[ParamBlock] {
+        &self.global
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Number of connected clients.
+    pub fn connected(&self) -> usize {
+        self.clients.values().filter(|c| c.connected).count()
+    }
+
+    /// Next action for the shell, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When the engine next needs [`Engine::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        self.open.as_ref().map(|o| o.deadline)
+    }
+
+    /// The clock reached `now`: close the open round if its deadline passed.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        if self.open.as_ref().is_some_and(|o| now >= o.deadline) {
+            self.close_round(now);
+        }
+        self.maybe_start_round(now);
+    }
+
+    /// A client's connection is gone. Its sampled slot stays open until the deadline: it may
+    /// reconnect and upload.
+    pub fn handle_disconnect(&mut self, _now: Duration, client: &str) {
+        if let Some(c) = self.clients.get_mut(client) {
+            c.connected = false;
+        }
+    }
+
+    /// A decoded message from a client. `client` is the identity the transport established.
+    pub fn handle_message(&mut self, now: Duration, client: &str, msg: Message) {
+        match msg {
+            Message::Hello(hello) => self.on_hello(now, client, hello),
+            Message::Update(update) => self.on_update(now, client, update),
+            Message::Heartbeat(_) => {}
+            Message::Goodbye(_) => self.handle_disconnect(now, client),
+            other => {
+                tracing::warn!(client, kind = other.kind_name(), "unexpected message from a client");
+                self.refuse(client, RefusalReason::Malformed, format!("a client may not send {}", other.kind_name()));
+            }
+        }
+    }
+
+    fn on_hello(&mut self, now: Duration, client: &str, hello: Hello) {
+        if hello.client_id != client {
+            self.stats.refused += 1;
+            self.actions.push_back(Action::Close {
+                client: client.into(),
+                refusal: Refusal { reason: RefusalReason::NotEnrolled, detail: format!("hello names `{}` but the connection is `{client}`", hello.client_id) },
+            });
+            return;
+        }
+        let method_ok = hello.capabilities.methods.iter().any(|m| m.as_str() == self.method.name());
+        if !method_ok {
+            self.stats.refused += 1;
+            self.actions.push_back(Action::Close {
+                client: client.into(),
+                refusal: Refusal { reason: RefusalReason::UnknownMethod, detail: format!("this federation runs `{}`", self.method.name()) },
+            });
+            return;
+        }
+        self.clients.insert(client.into(), ClientInfo { connected: true });
+        self.actions.push_back(Action::Send {
+            to: client.into(),
+            msg: Message::Welcome(Welcome {
+                server_id: self.config.server_id.clone(),
+                method: self.method.name().into(),
+                max_frame_bytes: self.config.max_frame_bytes,
+                heartbeat_ms: self.config.heartbeat.as_millis() as u32,
+                current_round: self.open.as_ref().map(|o| o.round),
+            }),
+        });
+        if self.finished {
+            self.actions.push_back(Action::Send { to: client.into(), msg: goodbye("federation finished") });
+            return;
+        }
+        // A sampled client that reconnects mid-round gets the round's broadcast again.
+        if let Some(open) = &self.open
+            && open.sampled.contains(client)
+            && !open.updates.contains_key(client)
+        {
+            self.actions.push_back(Action::Broadcast { to: vec![client.into()], msg: open.broadcast.clone() });
+        }
+        self.maybe_start_round(now);
+    }
+
+    fn on_update(&mut self, now: Duration, client: &str, update: Update) {
+        if !self.clients.contains_key(client) {
+            self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
+            return;
+        }
+        let round = update.round;
+        let Some(open) = self.open.as_mut().filter(|o| o.round == round) else {
+            if round <= self.last_round {
+                // Late: its round already closed. Acknowledge so the client stops resending.
+                self.stats.late_updates += 1;
+                tracing::info!(client, round, "late update counted, not aggregated");
+                self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: false }) });
+            } else {
+                self.refuse(client, RefusalReason::NotSampled, format!("round {round} is not open"));
+            }
+            return;
+        };
+        if !open.sampled.contains(client) {
+            open.refused += 1;
+            self.refuse(client, RefusalReason::NotSampled, format!("not sampled for round {round}"));
+            return;
+        }
+        if open.updates.contains_key(client) {
+            open.duplicates += 1;
+            self.stats.duplicate_updates += 1;
+            self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
+            return;
+        }
+        let reference = if self.global.is_empty() {
+            open.updates.values().next().map(|(u, _)| u.blocks.as_slice())
+        } else {
+            Some(self.global.as_slice())
+        };
+        if let Some(reference) = reference
+            && let Err(detail) = same_layout(reference, &update.blocks)
+        {
+            open.refused += 1;
+            self.refuse(client, RefusalReason::ShapeMismatch, detail);
+            return;
+        }
+        if update.num_samples == 0 {
+            open.refused += 1;
+            self.refuse(client, RefusalReason::Malformed, "an update must be trained on at least one sample".into());
+            return;
+        }
+        open.updates.insert(client.into(), (update, now));
+        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
+        if open.updates.len() >= open.target {
+            self.close_round(now);
+            self.maybe_start_round(now);
+        }
+    }
+
+    fn refuse(&mut self, client: &str, reason: RefusalReason, detail: String) {
+        self.stats.refused += 1;
+        tracing::warn!(client, ?reason, %detail, "refused");
+        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Refusal(Refusal { reason, detail }) });
+    }
+
+    fn maybe_start_round(&mut self, now: Duration) {
+        if self.finished || self.open.is_some() {
+            return;
+        }
+        let available: Vec<ClientId> =
+            self.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id.clone()).collect();
+        if available.len() < self.config.min_available.max(1) {
+            return;
+        }
+        let target = self.config.sample_size(available.len());
+        let invited = self.config.invited(target, available.len());
+        let sampled: BTreeSet<ClientId> =
+            self.rng.sample_indices(available.len(), invited).into_iter().map(|i| available[i].clone()).collect();
+        let round = self.last_round + 1;
+        let mut config = self.config.round.clone();
+        config.deadline_ms = self.config.round_deadline.as_millis() as u64;
+        let broadcast = Arc::new(Message::Broadcast(Broadcast {
+            round,
+            task: 0,
+            config,
+            blocks: self.global.clone(),
+            prototypes: self.method.prototypes(),
+        }));
+        tracing::info!(round, available = available.len(), target, invited = sampled.len(), "round opened");
+        self.actions.push_back(Action::Broadcast { to: sampled.iter().cloned().collect(), msg: broadcast.clone() });
+        self.open = Some(OpenRound {
+            round,
+            broadcast,
+            sampled,
+            target,
+            started: now,
+            deadline: now + self.config.round_deadline,
+            updates: BTreeMap::new(),
+            duplicates: 0,
+            refused: 0,
+        });
+    }
+
+    fn close_round(&mut self, now: Duration) {
+        let Some(open) = self.open.take() else { return };
+        let payload_down = match open.broadcast.as_ref() {
+            Message::Broadcast(b) => payload_bytes(&b.blocks) as u64,
+            _ => 0,
+        };
+        let updates: Vec<UpdateReport> = open
+            .updates
+            .iter()
+            .map(|(id, (u, at))| UpdateReport {
+                client: id.clone(),
+                num_samples: u.num_samples,
+                payload_up: payload_bytes(&u.blocks) as u64,
+                compute_seconds: u.compute_seconds,
+                arrived_after: at.saturating_sub(open.started),
+                metrics: u.metrics.iter().map(|m| (m.name.clone(), m.value)).collect(),
+            })
+            .collect();
+        let missing: Vec<ClientId> =
+            open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
+        let enough = open.updates.len() >= self.config.min_updates.max(1);
+        let outcome = if !enough {
+            RoundOutcome::Failed { reason: format!("{} of at least {} updates arrived", open.updates.len(), self.config.min_updates.max(1)) }
+        } else {
+            let inputs: Vec<(&str, &Update)> = open.updates.iter().map(|(id, (u, _))| (id.as_str(), u)).collect();
+            match self.method.aggregate(&self.global, &inputs) {
+                Ok(global) => {
+                    self.global = global;
+                    RoundOutcome::Aggregated
+                }
+                Err(e) => RoundOutcome::Failed { reason: format!("aggregation failed: {e}") },
+            }
+        };
+        if matches!(outcome, RoundOutcome::Failed { .. }) {
+            self.stats.failed_rounds += 1;
+        }
+        self.stats.dropped += missing.len() as u64;
+        self.last_round = open.round;
+        self.rng = Rng::derive(self.config.seed, self.last_round);
+        let report = Arc::new(RoundReport {
+            round: open.round,
+            outcome,
+            sampled: open.sampled.len(),
+            target: open.target,
+            updates,
+            missing,
+            duplicates: open.duplicates,
+            refused: open.refused,
+            late_total: self.stats.late_updates,
+            payload_down,
+            started: open.started,
+            closed: now,
+        });
+        tracing::info!(round = report.round, aggregated = report.updates.len(), missing = report.missing.len(), outcome = ?report.outcome, "round closed");
+        let checkpoint = Arc::new(Checkpoint {
+            round: self.last_round,
+            method: self.method.name().into(),
+            global: self.global.clone(),
+            stats: self.stats.clone(),
+        });
+        self.actions.push_back(Action::Persist(checkpoint.clone()));
+        self.actions.push_back(Action::RoundClosed(report, checkpoint));
+        if self.config.rounds > 0 && self.last_round >= self.config.rounds {
+            self.finished = true;
+            let to: Vec<ClientId> = self.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id.clone()).collect();
+            for client in to {
+                self.actions.push_back(Action::Send { to: client, msg: goodbye("federation finished") });
+            }
+            self.actions.push_back(Action::Finished);
+        }
+    }
+}
+
+fn goodbye(reason: &str) -> Message {
+    Message::Goodbye(Goodbye { reason: reason.into() })
+}
+
+/// Checks that `update` has exactly the block names and shapes of `reference`.
+fn same_layout(reference: &[ParamBlock], update: &[ParamBlock]) -> Result<(), String> {
+    if reference.len() != update.len() {
+        return Err(format!("expected {} blocks, got {}", reference.len(), update.len()));
+    }
+    for r in reference {
+        match update.iter().find(|u| u.name == r.name) {
+            None => return Err(format!("block `{}` is missing", r.name)),
+            Some(u) if u.tensor.shape != r.tensor.shape => {
+                return Err(format!("block `{}` has shape {:?}, expected {:?}", r.name, u.tensor.shape, r.tensor.shape));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}

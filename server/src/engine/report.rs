@@ -1,0 +1,86 @@
+//! What the engine reports about rounds: per round, and counters over the whole federation.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::ClientId;
+
+/// Counters since the federation began; persisted with the checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineStats {
+    /// Updates that arrived after their round closed (acknowledged, not aggregated).
+    pub late_updates: u64,
+    /// Second and later copies of an update already accepted (counted once).
+    pub duplicate_updates: u64,
+    /// Messages refused (wrong shape, not sampled, not enrolled, malformed).
+    pub refused: u64,
+    /// Sampled clients that sent nothing before their round closed.
+    pub dropped: u64,
+    /// Rounds that closed without aggregating.
+    pub failed_rounds: u64,
+}
+
+/// How a round ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RoundOutcome {
+    Aggregated,
+    Failed { reason: String },
+}
+
+/// One accepted update, as the round report lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpdateReport {
+    pub client: ClientId,
+    pub num_samples: u64,
+    pub payload_up: u64,
+    pub compute_seconds: f64,
+    /// Time from the round's start to the update's arrival.
+    pub arrived_after: Duration,
+    pub metrics: Vec<(String, f64)>,
+}
+
+/// The record of one closed round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundReport {
+    pub round: u64,
+    pub outcome: RoundOutcome,
+    /// Clients invited (target plus over-selection).
+    pub sampled: usize,
+    /// Updates the round waited for.
+    pub target: usize,
+    /// Updates aggregated, in client order.
+    pub updates: Vec<UpdateReport>,
+    /// Sampled clients whose update had not arrived when the round closed.
+    pub missing: Vec<ClientId>,
+    pub duplicates: u64,
+    pub refused: u64,
+    /// Late updates counted since the federation began.
+    pub late_total: u64,
+    /// Payload bytes of the broadcast, per receiving client.
+    pub payload_down: u64,
+    pub started: Duration,
+    pub closed: Duration,
+}
+
+impl RoundReport {
+    /// Sample-weighted mean of a metric the clients reported, if any reported it.
+    pub fn weighted_metric(&self, name: &str) -> Option<f64> {
+        let (sum, weight) = self
+            .updates
+            .iter()
+            .filter_map(|u| u.metrics.iter().find(|(n, _)| n == name).map(|(_, v)| (v * u.num_samples as f64, u.num_samples as f64)))
+            .fold((0.0, 0.0), |(s, w), (v, n)| (s + v, w + n));
+        (weight > 0.0).then(|| sum / weight)
+    }
+
+    /// Total payload bytes uploaded in the round.
+    pub fn payload_up(&self) -> u64 {
+        self.updates.iter().map(|u| u.payload_up).sum()
+    }
+
+    /// Seconds from open to close.
+    pub fn seconds(&self) -> f64 {
+        self.closed.saturating_sub(self.started).as_secs_f64()
+    }
+}

@@ -1,0 +1,468 @@
+//! The tokio + quinn shell around the [`Engine`]: accepts connections, turns frames into engine
+//! events, carries out the engine's actions. Control messages ride one bi stream per client
+//! (opened by the client, hello first); broadcasts go out and updates come in on uni streams, so
+//! a large block never holds up a control message.
+//!
+//! Bad input never stops the server: a frame that does not decode is refused with a reason
+//! (logged here, counted in [`ServerMetrics`]) and only that client's connection is closed.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anchorage_shared::frame::encode_frame;
+use anchorage_shared::io::{FrameIoError, read_frame, write_frame};
+use anchorage_shared::protocol::{DecodeError, Message, Refusal, RefusalReason};
+use anchorage_shared::tensor::ParamBlock;
+use anyhow::Context;
+use quinn::VarInt;
+use quinn::crypto::rustls::QuicServerConfig;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::engine::{Action, Checkpoint, ClientId, Engine, EngineConfig, RoundReport};
+use crate::methods::ServerMethod;
+use crate::store::ServerStore;
+use crate::tls::{Identity, server_crypto};
+
+/// QUIC limits per connection.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// A connection silent this long is closed.
+    pub idle_timeout: Duration,
+    /// Keep-alive interval; must be below the idle timeout (quinn's default is off).
+    pub keep_alive: Duration,
+    /// Concurrent uni streams a client may open (uploads).
+    pub max_uni_streams: u32,
+    /// Time a new connection has to send its hello.
+    pub hello_timeout: Duration,
+    /// Per-stream and per-connection receive windows, in bytes.
+    pub stream_window: u32,
+    pub connection_window: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_secs(30),
+            keep_alive: Duration::from_secs(5),
+            max_uni_streams: 8,
+            hello_timeout: Duration::from_secs(10),
+            stream_window: 8 << 20,
+            connection_window: 16 << 20,
+        }
+    }
+}
+
+impl Limits {
+    fn transport_config(&self) -> anyhow::Result<quinn::TransportConfig> {
+        anyhow::ensure!(self.keep_alive < self.idle_timeout, "keep-alive must be shorter than the idle timeout");
+        let mut t = quinn::TransportConfig::default();
+        t.max_idle_timeout(Some(self.idle_timeout.try_into().context("idle timeout")?))
+            .keep_alive_interval(Some(self.keep_alive))
+            .max_concurrent_uni_streams(VarInt::from_u32(self.max_uni_streams))
+            .max_concurrent_bidi_streams(VarInt::from_u32(1))
+            .stream_receive_window(VarInt::from_u32(self.stream_window))
+            .receive_window(VarInt::from_u32(self.connection_window))
+            .send_window(self.connection_window as u64);
+        Ok(t)
+    }
+}
+
+/// Counters of the transport: what a Prometheus exporter publishes.
+#[derive(Debug, Default)]
+pub struct ServerMetrics {
+    pub connections: AtomicU64,
+    pub frames_in: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub frames_out: AtomicU64,
+    pub decode_errors: AtomicU64,
+    pub refusals: AtomicU64,
+    pub store_errors: AtomicU64,
+}
+
+impl ServerMetrics {
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// What the running server tells its owner.
+#[derive(Debug, Clone)]
+pub enum ServerEvent {
+    RoundClosed { report: Arc<RoundReport>, checkpoint: Arc<Checkpoint> },
+    Finished,
+}
+
+/// Everything needed to start a server.
+pub struct ServerOptions {
+    pub bind: SocketAddr,
+    pub identity: Identity,
+    pub engine: EngineConfig,
+    pub method: Box<dyn ServerMethod>,
+    /// Global blocks of round 1 when no checkpoint exists (may be empty).
+    pub initial: Vec<ParamBlock>,
+    pub limits: Limits,
+    /// Where the checkpoint lives; `None` keeps state in memory only.
+    pub store: Option<ServerStore>,
+}
+
+/// A running server.
+pub struct ServerHandle {
+    pub local_addr: SocketAddr,
+    pub metrics: Arc<ServerMetrics>,
+    pub events: mpsc::UnboundedReceiver<ServerEvent>,
+    shutdown: watch::Sender<bool>,
+    endpoint: quinn::Endpoint,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting, closes every connection and waits for the engine task.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(true);
+        self.endpoint.close(VarInt::from_u32(0), b"server shutting down");
+        let result = self.task.await.context("engine task panicked")?;
+        tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await.ok();
+        result
+    }
+}
+
+enum Input {
+    Hello { conn: u64, client: ClientId, msg: Message, out: mpsc::UnboundedSender<Outbound> },
+    Message { client: ClientId, msg: Message },
+    Closed { conn: u64, client: ClientId },
+}
+
+#[derive(Debug)]
+enum Outbound {
+    Control(Arc<Vec<u8>>),
+    Uni(Arc<Vec<u8>>),
+    Close(Refusal),
+}
+
+/// Binds the endpoint and starts the engine. Resumes from the store's checkpoint if one exists.
+pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
+    let crypto = server_crypto(&options.identity, None)?;
+    let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(crypto).context("QUIC TLS config")?));
+    server_config.transport_config(Arc::new(options.limits.transport_config()?));
+    let endpoint = quinn::Endpoint::server(server_config, options.bind).with_context(|| format!("binding {}", options.bind))?;
+    let local_addr = endpoint.local_addr()?;
+
+    let engine = match options.store.as_ref().map(ServerStore::load).transpose()?.flatten() {
+        Some(cp) => {
+            anyhow::ensure!(cp.method == options.method.name(), "checkpoint was written by method `{}`, not `{}`", cp.method, options.method.name());
+            tracing::info!(round = cp.round, "resuming from checkpoint");
+            Engine::resume(options.engine.clone(), options.method, cp)
+        }
+        None => Engine::new(options.engine.clone(), options.method, options.initial),
+    };
+
+    let metrics = Arc::new(ServerMetrics::default());
+    let (input_tx, input_rx) = mpsc::unbounded_channel();
+    let (event_tx, events) = mpsc::unbounded_channel();
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let max_frame = options.engine.max_frame_bytes as usize;
+
+    let accept_endpoint = endpoint.clone();
+    let accept_metrics = metrics.clone();
+    let limits = options.limits.clone();
+    tokio::spawn(async move {
+        let mut next_conn = 0u64;
+        while let Some(incoming) = accept_endpoint.accept().await {
+            next_conn += 1;
+            accept_metrics.connections.fetch_add(1, Ordering::Relaxed);
+            let ctx = ConnCtx { id: next_conn, inputs: input_tx.clone(), metrics: accept_metrics.clone(), max_frame, limits: limits.clone() };
+            tokio::spawn(async move {
+                let remote = incoming.remote_address();
+                if let Err(e) = ctx.run(incoming).await {
+                    tracing::debug!(%remote, error = %e, "connection ended");
+                }
+            });
+        }
+    });
+
+    let task = tokio::spawn(run_engine(engine, input_rx, event_tx, shutdown_rx, options.store, metrics.clone(), max_frame));
+    Ok(ServerHandle { local_addr, metrics, events, shutdown, endpoint, task })
+}
+
+async fn run_engine(
+    mut engine: Engine,
+    mut inputs: mpsc::UnboundedReceiver<Input>,
+    events: mpsc::UnboundedSender<ServerEvent>,
+    mut shutdown: watch::Receiver<bool>,
+    store: Option<ServerStore>,
+    metrics: Arc<ServerMetrics>,
+    max_frame: usize,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let mut conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)> = HashMap::new();
+    loop {
+        let deadline = engine.poll_timeout().map(|t| start + t);
+        tokio::select! {
+            input = inputs.recv() => {
+                let Some(input) = input else { break };
+                let now = start.elapsed();
+                match input {
+                    Input::Hello { conn, client, msg, out } => {
+                        if let Some((old, old_out)) = conns.insert(client.clone(), (conn, out)) {
+                            tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
+                            let _ = old_out.send(Outbound::Close(Refusal { reason: RefusalReason::Duplicate, detail: "replaced by a newer connection".into() }));
+                        }
+                        engine.handle_message(now, &client, msg);
+                    }
+                    Input::Message { client, msg } => engine.handle_message(now, &client, msg),
+                    Input::Closed { conn, client } => {
+                        if conns.get(&client).is_some_and(|(c, _)| *c == conn) {
+                            conns.remove(&client);
+                            engine.handle_disconnect(now, &client);
+                        }
+                    }
+                }
+            }
+            _ = sleep_until(deadline) => engine.handle_timeout(start.elapsed()),
+            _ = shutdown.changed() => break,
+        }
+        while let Some(action) = engine.poll_action() {
+            match action {
+                Action::Send { to, msg } => {
+                    if matches!(msg, Message::Refusal(_)) {
+                        metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                    }
+                    send(&conns, &to, &msg, max_frame, Outbound::Control, &metrics);
+                }
+                Action::Broadcast { to, msg } => match encode_frame(&msg, max_frame) {
+                    Ok(frame) => {
+                        let frame = Arc::new(frame);
+                        for client in to {
+                            if let Some((_, out)) = conns.get(&client) {
+                                metrics.frames_out.fetch_add(1, Ordering::Relaxed);
+                                let _ = out.send(Outbound::Uni(frame.clone()));
+                            }
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "broadcast does not fit in a frame; raise max_frame_bytes"),
+                },
+                Action::Close { client, refusal } => {
+                    metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%client, reason = ?refusal.reason, detail = %refusal.detail, "closing client");
+                    if let Some((_, out)) = conns.remove(&client) {
+                        let _ = out.send(Outbound::Close(refusal));
+                    }
+                }
+                Action::Persist(checkpoint) => {
+                    if let Some(store) = &store {
+                        let (store, cp) = (store.clone(), checkpoint.clone());
+                        match tokio::task::spawn_blocking(move || store.save(&cp)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                                tracing::error!(error = %e, "could not persist the checkpoint");
+                            }
+                            Err(e) => tracing::error!(error = %e, "persist task failed"),
+                        }
+                    }
+                }
+                Action::RoundClosed(report, checkpoint) => {
+                    let _ = events.send(ServerEvent::RoundClosed { report, checkpoint });
+                }
+                Action::Finished => {
+                    let _ = events.send(ServerEvent::Finished);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn send(
+    conns: &HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)>,
+    to: &str,
+    msg: &Message,
+    max_frame: usize,
+    wrap: fn(Arc<Vec<u8>>) -> Outbound,
+    metrics: &ServerMetrics,
+) {
+    let Some((_, out)) = conns.get(to) else { return };
+    match encode_frame(msg, max_frame) {
+        Ok(frame) => {
+            metrics.frames_out.fetch_add(1, Ordering::Relaxed);
+            let _ = out.send(wrap(Arc::new(frame)));
+        }
+        Err(e) => tracing::error!(error = %e, to, "message does not fit in a frame"),
+    }
+}
+
+/// What a connection task needs.
+struct ConnCtx {
+    id: u64,
+    inputs: mpsc::UnboundedSender<Input>,
+    metrics: Arc<ServerMetrics>,
+    max_frame: usize,
+    limits: Limits,
+}
+
+/// The refusal that answers a frame that could not be read.
+fn refusal_for(e: &FrameIoError) -> Refusal {
+    let reason = match e {
+        FrameIoError::Decode(DecodeError::WrongVersion { .. }) => RefusalReason::VersionMismatch,
+        FrameIoError::Decode(DecodeError::Oversized { .. }) => RefusalReason::TooLarge,
+        FrameIoError::Decode(DecodeError::Tensor(_)) => RefusalReason::ShapeMismatch,
+        _ => RefusalReason::Malformed,
+    };
+    Refusal { reason, detail: e.to_string() }
+}
+
+impl ConnCtx {
+    async fn run(self, incoming: quinn::Incoming) -> anyhow::Result<()> {
+        let conn = incoming.await?;
+        let remote = conn.remote_address();
+        let (mut control_send, mut control_recv) =
+            tokio::time::timeout(self.limits.hello_timeout, conn.accept_bi()).await.context("no control stream in time")??;
+        let first = tokio::time::timeout(self.limits.hello_timeout, read_frame(&mut control_recv, self.max_frame))
+            .await
+            .context("no hello in time")?;
+        let hello = match first {
+            Ok(Some((msg @ Message::Hello(_), n))) => {
+                self.count_in(n);
+                msg
+            }
+            Ok(Some((other, _))) => {
+                let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: format!("expected hello, got {}", other.kind_name()) };
+                return self.refuse(&conn, &mut control_send, refusal, &remote.to_string()).await;
+            }
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                self.metrics.decode_errors.fetch_add(1, Ordering::Relaxed);
+                return self.refuse(&conn, &mut control_send, refusal_for(&e), &remote.to_string()).await;
+            }
+        };
+        // Development TLS: the hello names the client. Under mutual TLS the name comes from the
+        // peer certificate (`conn.peer_identity()`) and the engine checks the hello against it.
+        let Message::Hello(h) = &hello else { unreachable!("matched above") };
+        let client = h.client_id.clone();
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        self.inputs.send(Input::Hello { conn: self.id, client: client.clone(), msg: hello, out: out_tx.clone() })?;
+        tracing::info!(%client, %remote, "client connected");
+
+        let writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx));
+        let control = self.read_loop(control_recv, client.clone(), out_tx.clone());
+        let uploads = self.accept_uploads(&conn, client.clone(), out_tx.clone());
+        tokio::select! {
+            _ = control => {}
+            _ = uploads => {}
+            _ = conn.closed() => {}
+        }
+        writer.abort();
+        let _ = self.inputs.send(Input::Closed { conn: self.id, client: client.clone() });
+        tracing::info!(%client, reason = ?conn.close_reason(), "client disconnected");
+        Ok(())
+    }
+
+    fn count_in(&self, bytes: usize) {
+        self.metrics.frames_in.fetch_add(1, Ordering::Relaxed);
+        self.metrics.bytes_in.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    async fn refuse(&self, conn: &quinn::Connection, control: &mut quinn::SendStream, refusal: Refusal, who: &str) -> anyhow::Result<()> {
+        self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(who, reason = ?refusal.reason, detail = %refusal.detail, "refusing connection");
+        if let Ok(frame) = encode_frame(&Message::Refusal(refusal), self.max_frame) {
+            let _ = write_frame(control, &frame).await;
+            let _ = control.finish();
+            let _ = tokio::time::timeout(Duration::from_secs(1), control.stopped()).await;
+        }
+        conn.close(VarInt::from_u32(1), b"refused");
+        Ok(())
+    }
+
+    /// Reads control frames until the stream ends; a bad frame closes the connection with a refusal.
+    async fn read_loop(&self, mut recv: quinn::RecvStream, client: ClientId, out: mpsc::UnboundedSender<Outbound>) {
+        loop {
+            match read_frame(&mut recv, self.max_frame).await {
+                Ok(Some((msg, n))) => {
+                    self.count_in(n);
+                    if self.inputs.send(Input::Message { client: client.clone(), msg }).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    self.bad_frame(&client, &e, &out);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn bad_frame(&self, client: &str, e: &FrameIoError, out: &mpsc::UnboundedSender<Outbound>) {
+        if let FrameIoError::Io(_) = e {
+            return; // the connection went away; nothing to refuse
+        }
+        self.metrics.decode_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(client, error = %e, "bad frame from client");
+        let _ = out.send(Outbound::Close(refusal_for(e)));
+    }
+
+    /// Accepts upload streams: one frame each.
+    async fn accept_uploads(&self, conn: &quinn::Connection, client: ClientId, out: mpsc::UnboundedSender<Outbound>) {
+        while let Ok(mut recv) = conn.accept_uni().await {
+            match read_frame(&mut recv, self.max_frame).await {
+                Ok(Some((msg, n))) => {
+                    self.count_in(n);
+                    if self.inputs.send(Input::Message { client: client.clone(), msg }).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.bad_frame(&client, &e, &out);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn write_loop(conn: quinn::Connection, mut control: quinn::SendStream, mut out: mpsc::UnboundedReceiver<Outbound>) {
+    while let Some(item) = out.recv().await {
+        match item {
+            Outbound::Control(frame) => {
+                if write_frame(&mut control, &frame).await.is_err() {
+                    return;
+                }
+            }
+            Outbound::Uni(frame) => {
+                // Each broadcast on its own stream, so it never blocks the control stream.
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut s) = conn.open_uni().await
+                        && s.write_all(&frame).await.is_ok()
+                    {
+                        let _ = s.finish();
+                        let _ = s.stopped().await;
+                    }
+                });
+            }
+            Outbound::Close(refusal) => {
+                if let Ok(frame) = encode_frame(&Message::Refusal(refusal), usize::MAX) {
+                    let _ = write_frame(&mut control, &frame).await;
+                    let _ = control.finish();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), control.stopped()).await;
+                }
+                conn.close(VarInt::from_u32(1), b"refused");
+                return;
+            }
+        }
+    }
+}
