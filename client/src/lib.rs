@@ -1,1 +1,17 @@
+//! anchorage-client: the edge runtime.
+//!
+//! - [`session`]: the sans-IO state machine of a client's life.
+//! - [`model`]: frozen backbones, trainable named blocks, the feature cache.
+//! - [`methods`]: client halves of the methods.
+//! - [`train`]: the local training and evaluation loop.
+//! - [`device`]: choosing the compute device at run time.
+//! - [`transport`]: the quinn shell with reconnect and resend.
+//! - [`store`]: the durable local state (the unacknowledged update).
 
+pub mod device;
+pub mod methods;
+pub mod model;
+pub mod session;
+pub mod store;
+pub mod train;
+pub mod transport;

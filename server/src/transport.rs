@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
-use anchorage_shared::io::{FrameIoError, read_frame, write_frame};
+use anchorage_shared::io::{FrameIoError, read_frame, udp_socket, write_frame};
 use anchorage_shared::protocol::{DecodeError, Message, Refusal, RefusalReason};
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
@@ -42,6 +42,8 @@ pub struct Limits {
     /// Per-stream and per-connection receive windows, in bytes.
     pub stream_window: u32,
     pub connection_window: u32,
+    /// Kernel UDP buffer size requested for the endpoint's socket.
+    pub socket_buffer: usize,
 }
 
 impl Default for Limits {
@@ -53,6 +55,7 @@ impl Default for Limits {
             hello_timeout: Duration::from_secs(10),
             stream_window: 8 << 20,
             connection_window: 16 << 20,
+            socket_buffer: 4 << 20,
         }
     }
 }
@@ -149,7 +152,9 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let crypto = server_crypto(&options.identity, None)?;
     let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(crypto).context("QUIC TLS config")?));
     server_config.transport_config(Arc::new(options.limits.transport_config()?));
-    let endpoint = quinn::Endpoint::server(server_config, options.bind).with_context(|| format!("binding {}", options.bind))?;
+    let socket = udp_socket(options.bind, options.limits.socket_buffer).with_context(|| format!("binding {}", options.bind))?;
+    let endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(server_config), socket, Arc::new(quinn::TokioRuntime))
+        .with_context(|| format!("starting the QUIC endpoint on {}", options.bind))?;
     let local_addr = endpoint.local_addr()?;
 
     let engine = match options.store.as_ref().map(ServerStore::load).transpose()?.flatten() {

@@ -90,3 +90,19 @@ pub fn read_if_exists(path: &Path) -> io::Result<Option<Vec<u8>>> {
         Err(e) => Err(e),
     }
 }
+
+/// A UDP socket bound to `bind` with kernel send and receive buffers of `buffer_bytes` (capped by
+/// the kernel's `rmem_max`/`wmem_max`). QUIC over a default 208 KiB buffer drops packets when
+/// several clients upload megabytes at once, and every drop is a retransmission on the wire.
+pub fn udp_socket(bind: std::net::SocketAddr, buffer_bytes: usize) -> io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
+    if bind.is_ipv6() {
+        let _ = socket.set_only_v6(false);
+    }
+    // Best effort: a smaller buffer still works, only with more loss under load.
+    let _ = socket.set_recv_buffer_size(buffer_bytes);
+    let _ = socket.set_send_buffer_size(buffer_bytes);
+    socket.bind(&bind.into())?;
+    Ok(socket.into())
+}

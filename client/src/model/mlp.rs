@@ -1,0 +1,92 @@
+//! The embedded default's model: a frozen random-feature backbone (Linear + ReLU) under a
+//! trainable adapter (Linear + ReLU) and a linear head.
+
+use anchorage_shared::rng::Rng;
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+/// Sizes and seed of the model. Every client and the server derive identical initial weights
+/// from the same spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    pub input_dim: usize,
+    /// Width of the frozen backbone's output (the feature size).
+    pub feature_dim: usize,
+    /// Width of the trainable adapter.
+    pub adapter_dim: usize,
+    pub num_classes: usize,
+    pub seed: u64,
+}
+
+impl ModelSpec {
+    /// The embedded default for 16×16 synthetic images and 10 classes: the adapter is
+    /// 512×512 + 512 values (≈1 MiB in f32), so every update is a 1 MB-class upload.
+    pub fn embedded_default() -> Self {
+        Self { input_dim: 256, feature_dim: 512, adapter_dim: 512, num_classes: 10, seed: 17 }
+    }
+}
+
+/// He-normal weights `[fan_in, fan_out]` and zero bias from a named stream of the seed.
+fn init_linear(rng: &mut Rng, fan_in: usize, fan_out: usize) -> (Vec<f32>, Vec<f32>) {
+    let std = (2.0 / fan_in as f64).sqrt();
+    let w = (0..fan_in * fan_out).map(|_| (rng.normal() * std) as f32).collect();
+    (w, vec![0.0; fan_out])
+}
+
+pub(crate) fn linear_from(weight: Vec<f32>, bias: Vec<f32>, fan_in: usize, fan_out: usize, device: &Device) -> Linear {
+    Linear {
+        weight: Param::from_tensor(Tensor::from_data(TensorData::new(weight, [fan_in, fan_out]), device)),
+        bias: Some(Param::from_tensor(Tensor::from_data(TensorData::new(bias, [fan_out]), device))),
+    }
+}
+
+/// The frozen backbone: plain tensors outside any autodiff graph.
+#[derive(Debug, Clone)]
+pub struct FrozenBackbone {
+    weight: Tensor<2>,
+    bias: Tensor<1>,
+}
+
+impl FrozenBackbone {
+    pub fn new(spec: &ModelSpec, device: &Device) -> Self {
+        let mut rng = Rng::derive(spec.seed, 0xBAC4B0);
+        let (w, b) = init_linear(&mut rng, spec.input_dim, spec.feature_dim);
+        Self {
+            weight: Tensor::from_data(TensorData::new(w, [spec.input_dim, spec.feature_dim]), device),
+            bias: Tensor::from_data(TensorData::new(b, [spec.feature_dim]), device),
+        }
+    }
+
+    /// Features of a batch `[n, input_dim]` → `[n, feature_dim]`.
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        relu(x.matmul(self.weight.clone()) + self.bias.clone().unsqueeze())
+    }
+}
+
+/// The trainable parts: adapter and head.
+#[derive(Module, Debug)]
+pub struct Trainable {
+    pub adapter: Linear,
+    pub head: Linear,
+}
+
+impl Trainable {
+    /// Seeded initial weights (identical on every client).
+    pub fn new(spec: &ModelSpec, device: &Device) -> Self {
+        let mut rng = Rng::derive(spec.seed, 0xADA7);
+        let (aw, ab) = init_linear(&mut rng, spec.feature_dim, spec.adapter_dim);
+        let (hw, hb) = init_linear(&mut rng, spec.adapter_dim, spec.num_classes);
+        Self {
+            adapter: linear_from(aw, ab, spec.feature_dim, spec.adapter_dim, device),
+            head: linear_from(hw, hb, spec.adapter_dim, spec.num_classes, device),
+        }
+    }
+
+    /// Logits of cached features `[n, feature_dim]` → `[n, num_classes]`.
+    pub fn forward(&self, features: Tensor<2>) -> Tensor<2> {
+        self.head.forward(relu(self.adapter.forward(features)))
+    }
+}

@@ -1,0 +1,237 @@
+//! The sans-IO state machine of one client's life: join → wait → train → upload → wait.
+//!
+//! Like `quinn-proto`, it owns no socket and no thread: the shell feeds it what happened
+//! (connected, a message arrived, training finished, the connection dropped) and carries out the
+//! actions it emits. Training itself runs outside (it is slow and belongs to the method); the
+//! session only decides *when* to train and *what* to send.
+//!
+//! The update is persisted before it is uploaded and kept until the server acknowledges it, so a
+//! dropped connection or a restarted process resends it after the next hello; the server
+//! de-duplicates by (client, round).
+
+use std::collections::VecDeque;
+
+use anchorage_shared::protocol::{Broadcast, Capabilities, Hello, Message, RefusalReason, Update};
+
+/// What the session asks its shell to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionAction {
+    /// Send a control message.
+    Send(Message),
+    /// Train on this broadcast and call [`Session::trained`] with the result.
+    Train(Broadcast),
+    /// Upload this update on its own stream.
+    Upload(Update),
+    /// Persist the unacknowledged update (`None`: clear it) before anything else happens.
+    Persist(Option<Update>),
+    /// The federation is over (goodbye) or refused us for good; stop.
+    Finished { reason: String },
+}
+
+/// Where the session stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    /// No connection.
+    Disconnected,
+    /// Hello sent, waiting for the welcome.
+    Joining,
+    /// Waiting for a broadcast.
+    Idle,
+    /// Training for a round.
+    Training { round: u64 },
+    /// Update sent, waiting for its acknowledgement.
+    Uploading { round: u64 },
+    Finished,
+}
+
+/// Why the session rejected a message.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SessionError {
+    #[error("unexpected {kind} while {state:?}")]
+    Unexpected { kind: &'static str, state: SessionState },
+}
+
+/// One client's session. See the module docs.
+#[derive(Debug)]
+pub struct Session {
+    client_id: String,
+    capabilities: Capabilities,
+    num_samples: u64,
+    state: SessionState,
+    /// A connection is up (training may outlive a connection).
+    connected: bool,
+    /// The last update produced and not yet acknowledged.
+    pending: Option<Update>,
+    /// The newest round this client trained for.
+    last_trained: Option<u64>,
+    actions: VecDeque<SessionAction>,
+}
+
+impl Session {
+    /// A session; `pending` is an unacknowledged update restored from the store.
+    pub fn new(client_id: impl Into<String>, capabilities: Capabilities, num_samples: u64, pending: Option<Update>) -> Self {
+        let last_trained = pending.as_ref().map(|u| u.round);
+        Self {
+            client_id: client_id.into(),
+            capabilities,
+            num_samples,
+            state: SessionState::Disconnected,
+            connected: false,
+            pending,
+            last_trained,
+            actions: VecDeque::new(),
+        }
+    }
+
+    pub fn state(&self) -> SessionState {
+        self.state
+    }
+
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// The update waiting for an acknowledgement, if any.
+    pub fn pending(&self) -> Option<&Update> {
+        self.pending.as_ref()
+    }
+
+    pub fn poll_action(&mut self) -> Option<SessionAction> {
+        self.actions.pop_front()
+    }
+
+    /// A connection is up: say hello.
+    pub fn connected(&mut self) {
+        if self.state == SessionState::Finished {
+            return;
+        }
+        self.connected = true;
+        if !matches!(self.state, SessionState::Training { .. }) {
+            self.state = SessionState::Joining;
+        }
+        self.actions.push_back(SessionAction::Send(Message::Hello(Hello {
+            client_id: self.client_id.clone(),
+            capabilities: self.capabilities.clone(),
+            num_samples: self.num_samples,
+            last_round: self.last_trained,
+        })));
+    }
+
+    /// The connection is gone. The pending update is kept for the next connection; training in
+    /// progress goes on and its result is uploaded after reconnecting.
+    pub fn disconnected(&mut self) {
+        self.connected = false;
+        if !matches!(self.state, SessionState::Finished | SessionState::Training { .. }) {
+            self.state = SessionState::Disconnected;
+        }
+    }
+
+    /// A message from the server.
+    pub fn handle_message(&mut self, msg: Message) -> Result<(), SessionError> {
+        match msg {
+            Message::Welcome(_) => {
+                match self.state {
+                    SessionState::Joining => self.state = SessionState::Idle,
+                    // Reconnected while training: the result is uploaded when it is ready.
+                    SessionState::Training { .. } => return Ok(()),
+                    _ => return Err(self.unexpected("welcome")),
+                }
+                if let Some(update) = self.pending.clone() {
+                    tracing::info!(round = update.round, "resending the unacknowledged update");
+                    self.state = SessionState::Uploading { round: update.round };
+                    self.actions.push_back(SessionAction::Upload(update));
+                }
+            }
+            Message::Broadcast(b) => self.on_broadcast(b),
+            Message::Ack(ack) => {
+                if self.pending.as_ref().is_some_and(|u| u.round == ack.round) {
+                    self.pending = None;
+                    self.actions.push_back(SessionAction::Persist(None));
+                    if self.state == (SessionState::Uploading { round: ack.round }) {
+                        self.state = SessionState::Idle;
+                    }
+                    if !ack.aggregated {
+                        tracing::info!(round = ack.round, "update arrived after its round closed (counted as late)");
+                    }
+                }
+            }
+            Message::Refusal(r) => {
+                tracing::warn!(reason = ?r.reason, detail = %r.detail, "server refused");
+                match r.reason {
+                    RefusalReason::VersionMismatch | RefusalReason::UnknownMethod | RefusalReason::NotEnrolled => {
+                        self.finish(format!("refused: {:?}: {}", r.reason, r.detail));
+                    }
+                    RefusalReason::ShapeMismatch | RefusalReason::NotSampled | RefusalReason::Malformed => {
+                        // The pending update can never be accepted: drop it rather than resend forever.
+                        if self.pending.take().is_some() {
+                            self.actions.push_back(SessionAction::Persist(None));
+                        }
+                        if matches!(self.state, SessionState::Uploading { .. }) {
+                            self.state = SessionState::Idle;
+                        }
+                    }
+                    RefusalReason::Duplicate | RefusalReason::TooLarge | RefusalReason::ServerBusy => {}
+                }
+            }
+            Message::Goodbye(g) => self.finish(g.reason),
+            Message::Heartbeat(_) => {}
+            Message::Hello(_) | Message::Update(_) => return Err(self.unexpected(msg.kind_name())),
+        }
+        Ok(())
+    }
+
+    fn on_broadcast(&mut self, b: Broadcast) {
+        if self.state == SessionState::Finished {
+            return;
+        }
+        // Already trained for this round: the server lost or never got the update; resend it.
+        if let Some(update) = self.pending.as_ref().filter(|u| u.round == b.round) {
+            self.state = SessionState::Uploading { round: b.round };
+            self.actions.push_back(SessionAction::Upload(update.clone()));
+            return;
+        }
+        if self.last_trained.is_some_and(|r| b.round <= r) || matches!(self.state, SessionState::Training { .. }) {
+            tracing::debug!(round = b.round, "ignoring a broadcast for a round already handled");
+            return;
+        }
+        self.state = SessionState::Training { round: b.round };
+        self.actions.push_back(SessionAction::Train(b));
+    }
+
+    /// Training finished: persist the update, then upload it.
+    pub fn trained(&mut self, update: Update) {
+        self.last_trained = Some(update.round);
+        self.pending = Some(update.clone());
+        self.actions.push_back(SessionAction::Persist(Some(update.clone())));
+        if self.state == SessionState::Finished {
+            return;
+        }
+        if !self.connected {
+            // The welcome after reconnecting uploads it.
+            self.state = SessionState::Disconnected;
+        } else if matches!(self.state, SessionState::Training { .. }) {
+            self.state = SessionState::Uploading { round: update.round };
+            self.actions.push_back(SessionAction::Upload(update));
+        }
+    }
+
+    /// Training failed: go back to waiting.
+    pub fn training_failed(&mut self, round: u64, error: &str) {
+        tracing::error!(round, error, "local training failed");
+        if self.state == (SessionState::Training { round }) {
+            self.state = SessionState::Idle;
+        }
+    }
+
+    fn finish(&mut self, reason: String) {
+        self.state = SessionState::Finished;
+        self.actions.push_back(SessionAction::Finished { reason });
+    }
+
+    fn unexpected(&self, kind: &'static str) -> SessionError {
+        SessionError::Unexpected { kind, state: self.state }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,380 @@
+//! The tokio + quinn shell around the [`Session`]: connects with a pinned server certificate,
+//! reconnects with exponential backoff and jitter, runs training off the async threads, uploads
+//! on uni streams, and measures what every round cost (payload and wire bytes, seconds).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anchorage_shared::frame::{DEFAULT_MAX_FRAME, encode_frame};
+use anchorage_shared::io::{FrameIoError, read_frame, udp_socket, write_frame};
+use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::protocol::{Capabilities, Goodbye, Heartbeat, Message, Update};
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::payload_bytes;
+use anyhow::Context;
+use quinn::crypto::rustls::QuicClientConfig;
+use rustls::pki_types::CertificateDer;
+use tokio::sync::mpsc;
+
+use crate::methods::ClientMethod;
+use crate::session::{Session, SessionAction};
+use crate::store::ClientStore;
+
+/// ALPN protocol id of Anchorage v1 (the server's `tls::ALPN`).
+pub const ALPN: &[u8] = b"anchorage/1";
+
+/// Exponential backoff with full jitter between reconnect attempts.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+    /// Give up after this many failed attempts in a row (`None`: never).
+    pub max_attempts: Option<u32>,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { initial: Duration::from_millis(200), max: Duration::from_secs(30), max_attempts: None }
+    }
+}
+
+impl Backoff {
+    /// Delay before attempt `attempt` (1-based): uniform in [d/2, d] with d = min(max, initial·2^(attempt−1)).
+    pub fn delay(&self, attempt: u32, rng: &mut Rng) -> Duration {
+        let exp = self.initial.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+        let d = exp.min(self.max);
+        d.mul_f64(0.5 + 0.5 * rng.f64())
+    }
+}
+
+/// How to reach the server and who this client is.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub server: SocketAddr,
+    /// Name in the server's certificate.
+    pub server_name: String,
+    /// The server certificate this client pins (the only trusted root).
+    pub server_cert: CertificateDer<'static>,
+    pub client_id: String,
+    /// Backend actually in use, announced in the hello.
+    pub backend: String,
+    pub memory_mb: u32,
+    pub store: Option<ClientStore>,
+    pub backoff: Backoff,
+    pub keep_alive: Duration,
+    pub idle_timeout: Duration,
+    pub max_frame_bytes: usize,
+    /// Seed of the backoff jitter.
+    pub seed: u64,
+}
+
+impl ClientOptions {
+    pub fn new(server: SocketAddr, server_cert: CertificateDer<'static>, client_id: impl Into<String>) -> Self {
+        Self {
+            server,
+            server_name: "localhost".into(),
+            server_cert,
+            client_id: client_id.into(),
+            backend: "cpu".into(),
+            memory_mb: 1024,
+            store: None,
+            backoff: Backoff::default(),
+            keep_alive: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            max_frame_bytes: DEFAULT_MAX_FRAME,
+            seed: 0,
+        }
+    }
+}
+
+/// What a running client reports to its owner (the simulator, a metrics exporter).
+#[derive(Debug, Clone)]
+pub enum ClientEvent {
+    Connected,
+    /// A round's broadcast arrived; training starts.
+    RoundStarted { round: u64 },
+    Disconnected { reason: String },
+    /// A round's update was acknowledged; its cost record is complete.
+    RoundDone { cost: CostRecord, aggregated: bool },
+    Finished { reason: String },
+}
+
+/// Pinned-certificate rustls config (ring provider only, TLS 1.3).
+pub fn client_crypto(server_cert: &CertificateDer<'static>) -> anyhow::Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(server_cert.clone()).context("pinning the server certificate")?;
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("TLS 1.3 with ring")?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(config)
+}
+
+fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
+    let bind: SocketAddr = if options.server.is_ipv4() { "0.0.0.0:0".parse()? } else { "[::]:0".parse()? };
+    let socket = udp_socket(bind, 4 << 20).context("binding the client socket")?;
+    let mut endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime)).context("starting the QUIC endpoint")?;
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_idle_timeout(Some(options.idle_timeout.try_into().context("idle timeout")?))
+        .keep_alive_interval(Some(options.keep_alive))
+        .send_window(16 << 20)
+        .stream_receive_window(quinn::VarInt::from_u32(8 << 20))
+        .receive_window(quinn::VarInt::from_u32(16 << 20));
+    let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto(&options.server_cert)?)?));
+    config.transport_config(Arc::new(transport));
+    endpoint.set_default_client_config(config);
+    Ok(endpoint)
+}
+
+enum Inbound {
+    Message { msg: Message, wire_bytes: u64 },
+    Closed(String),
+}
+
+/// What the client knows of the round in flight, to fill its cost record.
+#[derive(Debug, Default, Clone)]
+struct RoundCost {
+    record: CostRecord,
+    broadcast_at: Option<Instant>,
+}
+
+/// Runs the client until the server says goodbye or refuses it for good. Returns the reason.
+pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: Option<mpsc::UnboundedSender<ClientEvent>>) -> anyhow::Result<String> {
+    let emit = |e: ClientEvent| {
+        if let Some(tx) = &events {
+            let _ = tx.send(e);
+        }
+    };
+    let capabilities = Capabilities {
+        backend: options.backend.clone(),
+        memory_mb: options.memory_mb,
+        methods: [method.name()].iter().filter_map(|m| heapless::String::try_from(*m).ok()).collect(),
+    };
+    let pending = match &options.store {
+        Some(store) => store.load_pending().context("loading the unacknowledged update")?,
+        None => None,
+    };
+    let mut session = Session::new(options.client_id.clone(), capabilities, method.num_samples(), pending);
+    let method = Arc::new(Mutex::new(method));
+    let endpoint = endpoint(&options)?;
+    let mut rng = Rng::derive(options.seed, 0xBAC0FF);
+    let (trained_tx, mut trained_rx) = mpsc::unbounded_channel::<(u64, Result<Update, String>)>();
+    let (uploaded_tx, mut uploaded_rx) = mpsc::unbounded_channel::<(u64, u64, f64)>();
+    let mut costs: HashMap<u64, RoundCost> = HashMap::new();
+    let mut failures = 0u32;
+
+    loop {
+        let conn = match endpoint.connect(options.server, &options.server_name)?.await {
+            Ok(c) => c,
+            Err(e) => {
+                failures += 1;
+                if options.backoff.max_attempts.is_some_and(|m| failures >= m) {
+                    anyhow::bail!("could not reach {} after {failures} attempts: {e}", options.server);
+                }
+                let delay = options.backoff.delay(failures, &mut rng);
+                tracing::info!(client = %options.client_id, error = %e, ?delay, "connect failed; retrying");
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+        };
+        failures = 0;
+        emit(ClientEvent::Connected);
+        let (mut control, control_recv) = conn.open_bi().await.context("opening the control stream")?;
+        let (in_tx, mut in_rx) = mpsc::unbounded_channel();
+        // Tasks of this connection die with it (and with this future, if it is aborted).
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(read_control(control_recv, in_tx.clone(), options.max_frame_bytes));
+        tasks.spawn(accept_broadcasts(conn.clone(), in_tx, options.max_frame_bytes));
+        session.connected();
+        let mut heartbeat = tokio::time::interval(options.keep_alive);
+        let mut seq = 0u64;
+
+        let reason = 'conn: loop {
+            while let Some(action) = session.poll_action() {
+                match action {
+                    SessionAction::Send(msg) => {
+                        let frame = encode_frame(&msg, options.max_frame_bytes)?;
+                        if let Err(e) = write_frame(&mut control, &frame).await {
+                            break 'conn format!("control stream: {e}");
+                        }
+                    }
+                    SessionAction::Train(b) => {
+                        let round = b.round;
+                        let cost = costs.entry(round).or_default();
+                        cost.record.payload_down = (payload_bytes(&b.blocks) + b.prototypes.iter().map(|p| p.vector.data.len()).sum::<usize>()) as u64;
+                        let (method, tx) = (method.clone(), trained_tx.clone());
+                        tokio::task::spawn_blocking(move || {
+                            let result = match method.lock() {
+                                Ok(mut m) => m.train(&b).map_err(|e| e.to_string()),
+                                Err(_) => Err("a previous training run panicked".to_string()),
+                            };
+                            let _ = tx.send((round, result));
+                        });
+                    }
+                    SessionAction::Upload(update) => {
+                        let cost = costs.entry(update.round).or_default();
+                        cost.record.payload_up = payload_bytes(&update.blocks) as u64;
+                        tasks.spawn(upload(conn.clone(), update, options.max_frame_bytes, uploaded_tx.clone()));
+                    }
+                    SessionAction::Persist(update) => {
+                        if let Some(store) = &options.store {
+                            store.save_pending(update.as_ref()).context("persisting the update")?;
+                        }
+                    }
+                    SessionAction::Finished { reason } => {
+                        if let Ok(frame) = encode_frame(&Message::Goodbye(Goodbye { reason: "done".into() }), options.max_frame_bytes) {
+                            let _ = write_frame(&mut control, &frame).await;
+                            let _ = control.finish();
+                        }
+                        conn.close(quinn::VarInt::from_u32(0), b"done");
+                        emit(ClientEvent::Finished { reason: reason.clone() });
+                        tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await.ok();
+                        return Ok(reason);
+                    }
+                }
+            }
+            tokio::select! {
+                inbound = in_rx.recv() => match inbound {
+                    Some(Inbound::Message { msg, wire_bytes }) => {
+                        match &msg {
+                            Message::Broadcast(b) => {
+                                emit(ClientEvent::RoundStarted { round: b.round });
+                                let cost = costs.entry(b.round).or_default();
+                                cost.broadcast_at = Some(Instant::now());
+                                cost.record.wire_down = wire_bytes;
+                            }
+                            Message::Ack(ack) => {
+                                if let Some(mut cost) = costs.remove(&ack.round) {
+                                    if let Some(at) = cost.broadcast_at {
+                                        cost.record.wall_seconds = at.elapsed().as_secs_f64();
+                                    }
+                                    let r = &mut cost.record;
+                                    r.client = options.client_id.clone();
+                                    r.round = ack.round;
+                                    r.straggler = !ack.aggregated;
+                                    r.wait_seconds = (r.wall_seconds - r.compute_seconds - r.transfer_seconds).max(0.0);
+                                    emit(ClientEvent::RoundDone { cost: cost.record, aggregated: ack.aggregated });
+                                }
+                            }
+                            _ => {}
+                        }
+                        if let Err(e) = session.handle_message(msg) {
+                            tracing::warn!(client = %options.client_id, error = %e, "ignored a message");
+                        }
+                    }
+                    Some(Inbound::Closed(reason)) => break 'conn reason,
+                    None => break 'conn "connection readers ended".into(),
+                },
+                Some((round, result)) = trained_rx.recv() => match result {
+                    Ok(update) => {
+                        costs.entry(round).or_default().record.compute_seconds = update.compute_seconds;
+                        session.trained(update);
+                    }
+                    Err(e) => session.training_failed(round, &e),
+                },
+                Some((round, wire_up, seconds)) = uploaded_rx.recv() => {
+                    let cost = costs.entry(round).or_default();
+                    cost.record.wire_up = wire_up;
+                    cost.record.transfer_seconds = seconds;
+                }
+                _ = heartbeat.tick() => {
+                    seq += 1;
+                    let frame = encode_frame(&Message::Heartbeat(Heartbeat { seq }), options.max_frame_bytes)?;
+                    if let Err(e) = write_frame(&mut control, &frame).await {
+                        break 'conn format!("control stream: {e}");
+                    }
+                }
+                reason = conn.closed() => break 'conn reason.to_string(),
+            }
+        };
+        tasks.abort_all();
+        session.disconnected();
+        tracing::info!(client = %options.client_id, %reason, "disconnected");
+        emit(ClientEvent::Disconnected { reason });
+        failures += 1;
+        tokio::time::sleep(options.backoff.delay(failures, &mut rng)).await;
+    }
+}
+
+async fn read_control(mut recv: quinn::RecvStream, tx: mpsc::UnboundedSender<Inbound>, max_frame: usize) {
+    loop {
+        match read_frame(&mut recv, max_frame).await {
+            Ok(Some((msg, n))) => {
+                if tx.send(Inbound::Message { msg, wire_bytes: n as u64 }).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {
+                let _ = tx.send(Inbound::Closed("server closed the control stream".into()));
+                return;
+            }
+            Err(FrameIoError::Io(e)) => {
+                let _ = tx.send(Inbound::Closed(format!("control stream: {e}")));
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "bad control frame from the server");
+                let _ = tx.send(Inbound::Closed(format!("bad control frame: {e}")));
+                return;
+            }
+        }
+    }
+}
+
+/// Accepts broadcast streams. The wire bytes of a broadcast are the UDP bytes received since the
+/// previous broadcast ended (or the connection began) until this one ended: QUIC headers and
+/// retransmissions included, plus the little control traffic in between (acks, heartbeats).
+async fn accept_broadcasts(conn: quinn::Connection, tx: mpsc::UnboundedSender<Inbound>, max_frame: usize) {
+    let mut since = conn.stats().udp_rx.bytes;
+    while let Ok(mut recv) = conn.accept_uni().await {
+        match read_frame(&mut recv, max_frame).await {
+            Ok(Some((msg, _))) => {
+                let now = conn.stats().udp_rx.bytes;
+                let wire_bytes = now.saturating_sub(since);
+                since = now;
+                if tx.send(Inbound::Message { msg, wire_bytes }).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "bad broadcast from the server"),
+        }
+    }
+}
+
+/// Uploads one update on its own uni stream and waits until the server acknowledged every byte
+/// at the QUIC level. Reports (round, UDP bytes sent meanwhile, seconds).
+async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done: mpsc::UnboundedSender<(u64, u64, f64)>) {
+    let round = update.round;
+    let frame = match encode_frame(&Message::Update(update), max_frame) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!(round, error = %e, "update does not fit in a frame");
+            return;
+        }
+    };
+    let started = Instant::now();
+    let before = conn.stats().udp_tx.bytes;
+    let result = async {
+        let mut s = conn.open_uni().await?;
+        s.write_all(&frame).await?;
+        s.finish()?;
+        s.stopped().await?;
+        anyhow::Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            let st = conn.stats();
+            tracing::debug!(round, lost_bytes = st.path.lost_bytes, lost_packets = st.path.lost_packets, "upload done");
+            let wire = conn.stats().udp_tx.bytes.saturating_sub(before);
+            let _ = done.send((round, wire, started.elapsed().as_secs_f64()));
+        }
+        Err(e) => tracing::info!(round, error = %e, "upload interrupted; it is resent after reconnecting"),
+    }
+}

@@ -1,0 +1,136 @@
+//! The run record: one row per round, the cost ledger, a summary, and the run folder on disk.
+
+use std::io::Write;
+use std::path::Path;
+
+use anchorage_shared::ledger::CostRecord;
+use anyhow::Context;
+use serde::Serialize;
+
+/// One round as the results table shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundRow {
+    pub round: u64,
+    /// Global model accuracy on the held-out synthetic test set after the round.
+    pub accuracy: f64,
+    /// Sample-weighted mean train loss the clients reported.
+    pub train_loss: Option<f64>,
+    pub aggregated: usize,
+    pub sampled: usize,
+    /// Late updates counted since the start.
+    pub late_total: u64,
+    pub dropped: usize,
+    pub payload_up: u64,
+    pub wire_up: u64,
+    pub payload_down: u64,
+    pub wire_down: u64,
+    pub seconds: f64,
+    pub outcome: String,
+}
+
+/// What the run achieved and what it cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub initial_accuracy: f64,
+    pub final_accuracy: f64,
+    pub chance: f64,
+    pub rounds: Vec<RoundRow>,
+    /// Mean wire bytes / payload bytes over all uploads (QUIC overhead included).
+    pub upload_wire_ratio: Option<f64>,
+    /// Mean payload bytes per upload.
+    pub mean_upload_payload: Option<f64>,
+    pub late_updates: u64,
+    pub refused: u64,
+    pub decode_errors: u64,
+    pub wall_seconds: f64,
+}
+
+impl RoundRow {
+    pub const HEADER: &'static str = "round  accuracy  loss    clients  late  dropped  up payload  up wire     down payload  down wire   seconds";
+
+    /// The row as the results table prints it.
+    pub fn table_line(&self) -> String {
+        format!(
+            "{:>5}  {:>7.2}%  {:<6}  {:>3}/{:<3}  {:>4}  {:>7}  {:>10}  {:>10}  {:>12}  {:>10}  {:>7.2}",
+            self.round,
+            self.accuracy * 100.0,
+            self.train_loss.map(|l| format!("{l:.3}")).unwrap_or_else(|| "-".into()),
+            self.aggregated,
+            self.sampled,
+            self.late_total,
+            self.dropped,
+            human_bytes(self.payload_up),
+            human_bytes(self.wire_up),
+            human_bytes(self.payload_down),
+            human_bytes(self.wire_down),
+            self.seconds,
+        )
+    }
+}
+
+/// Bytes with a binary unit.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.2} {}", UNITS[u]) }
+}
+
+/// Writes `config.toml`, `rounds.csv`, `ledger.csv` and `metrics.json` into `dir`.
+pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, ledger: &[CostRecord]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join("config.toml"), config_toml)?;
+
+    let mut rounds = std::fs::File::create(dir.join("rounds.csv"))?;
+    writeln!(rounds, "round,accuracy,train_loss,aggregated,sampled,late_total,dropped,payload_up,wire_up,payload_down,wire_down,seconds,outcome")?;
+    for r in &summary.rounds {
+        writeln!(
+            rounds,
+            "{},{:.6},{},{},{},{},{},{},{},{},{},{:.3},{}",
+            r.round,
+            r.accuracy,
+            r.train_loss.map(|l| format!("{l:.6}")).unwrap_or_default(),
+            r.aggregated,
+            r.sampled,
+            r.late_total,
+            r.dropped,
+            r.payload_up,
+            r.wire_up,
+            r.payload_down,
+            r.wire_down,
+            r.seconds,
+            csv_field(&r.outcome)
+        )?;
+    }
+
+    let mut l = std::fs::File::create(dir.join("ledger.csv"))?;
+    writeln!(l, "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,straggler,dropped")?;
+    for c in ledger {
+        writeln!(
+            l,
+            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{},{}",
+            csv_field(&c.client),
+            c.round,
+            c.payload_down,
+            c.payload_up,
+            c.wire_down,
+            c.wire_up,
+            c.compute_seconds,
+            c.transfer_seconds,
+            c.wait_seconds,
+            c.wall_seconds,
+            c.straggler,
+            c.dropped
+        )?;
+    }
+    std::fs::write(dir.join("metrics.json"), serde_json::to_string_pretty(summary)?)?;
+    Ok(())
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+}

@@ -1,0 +1,306 @@
+//! Running one simulated federation over real QUIC on loopback.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anchorage_client::methods::FedAvgClient;
+use anchorage_client::model::{BlockLayout, FeatureCache, FrozenBackbone, ModelSpec, Trainable};
+use anchorage_client::train::{OptimizerKind, accuracy};
+use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions};
+use anchorage_data::{SyntheticConfig, partition, synthetic};
+use anchorage_server::engine::{EngineConfig, RoundOutcome};
+use anchorage_server::methods::FedAvg;
+use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
+use anchorage_server::tls;
+use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::protocol::RoundConfig;
+use anchorage_shared::tensor::Encoding;
+use anyhow::Context;
+use burn::tensor::Device;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::record::{RoundRow, RunSummary, write_run_folder};
+
+/// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KillAt {
+    pub client: usize,
+    pub round: u64,
+}
+
+/// Everything a simulated run needs; written to the run folder as `config.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimConfig {
+    pub clients: usize,
+    pub rounds: u64,
+    pub seed: u64,
+    pub local_epochs: u32,
+    pub batch_size: u32,
+    pub learning_rate: f32,
+    /// Fraction of connected clients each round waits for.
+    pub fraction: f64,
+    pub over_selection: f64,
+    /// Clients required before a round opens (default: all of them).
+    pub min_available: Option<usize>,
+    /// Dirichlet α of the label skew over clients (smaller is more non-IID).
+    pub alpha: f64,
+    pub round_deadline_secs: f64,
+    pub train_per_class: usize,
+    pub test_per_class: usize,
+    /// Upload encoding: f32, f16, bf16 or int8.
+    pub encoding: String,
+    pub kill: Vec<KillAt>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            clients: 4,
+            rounds: 5,
+            seed: 7,
+            local_epochs: 2,
+            batch_size: 32,
+            learning_rate: 1e-3,
+            fraction: 1.0,
+            over_selection: 0.0,
+            min_available: None,
+            alpha: 0.5,
+            round_deadline_secs: 60.0,
+            train_per_class: 300,
+            test_per_class: 100,
+            encoding: "f32".into(),
+            kill: Vec::new(),
+        }
+    }
+}
+
+impl SimConfig {
+    fn encoding(&self) -> anyhow::Result<Encoding> {
+        Ok(match self.encoding.as_str() {
+            "f32" => Encoding::F32,
+            "f16" => Encoding::F16,
+            "bf16" => Encoding::Bf16,
+            "int8" => Encoding::Int8 { scale: 0.0 },
+            other => anyhow::bail!("unknown encoding `{other}` (use f32, f16, bf16 or int8)"),
+        })
+    }
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct SimResult {
+    pub summary: RunSummary,
+    pub ledger: Vec<CostRecord>,
+    /// Round reports from the server, in order.
+    pub reports: Vec<anchorage_server::RoundReport>,
+    pub run_dir: Option<PathBuf>,
+}
+
+/// Runs the federation; prints a table and shows progress when `progress` is set, and writes the
+/// run folder when `out` is given.
+pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
+    anyhow::ensure!(config.clients >= 1, "need at least one client");
+    let started = Instant::now();
+    let encoding = config.encoding()?;
+    let device = Device::flex();
+    let spec = ModelSpec::embedded_default();
+
+    // Data: procedural images, Dirichlet label skew, a local 80/20 split per client.
+    let data = SyntheticConfig {
+        num_classes: spec.num_classes as u32,
+        side: 16,
+        train_per_class: config.train_per_class,
+        test_per_class: config.test_per_class,
+        seed: config.seed,
+        ..SyntheticConfig::default()
+    };
+    let (train, test) = synthetic::generate(&data);
+    let parts = partition::dirichlet(&train.labels, train.num_classes, config.clients, config.alpha, 20, config.seed)
+        .context("partitioning the synthetic data")?;
+
+    // Server on loopback with a fresh self-signed certificate that the clients pin.
+    let identity = tls::self_signed(&["localhost"])?;
+    let cert = identity.cert.clone();
+    let initial = Trainable::new(&spec, &device).to_blocks(Encoding::F32)?;
+    let engine = EngineConfig {
+        rounds: config.rounds,
+        min_available: config.min_available.unwrap_or(config.clients),
+        fraction: config.fraction,
+        min_fit: 1,
+        over_selection: config.over_selection,
+        min_updates: 1,
+        round_deadline: Duration::from_secs_f64(config.round_deadline_secs),
+        round: RoundConfig { local_epochs: config.local_epochs, batch_size: config.batch_size, learning_rate: config.learning_rate, deadline_ms: 0 },
+        seed: config.seed,
+        ..EngineConfig::default()
+    };
+    let mut server = server_transport::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity,
+        engine,
+        method: Box::new(FedAvg::default()),
+        initial: initial.clone(),
+        limits: Limits::default(),
+        store: None,
+    })
+    .await?;
+
+    // The evaluator: the global model on the held-out test set, through the same frozen backbone.
+    let backbone = FrozenBackbone::new(&spec, &device);
+    let test_cache = FeatureCache::build(&backbone, &test, 512, &device);
+    let eval = |blocks: &[anchorage_shared::tensor::ParamBlock]| -> anyhow::Result<f64> {
+        let model = Trainable::new(&spec, &device).load_blocks(blocks, &device)?;
+        Ok(accuracy(&model, &test_cache, 1024).unwrap_or(0.0))
+    };
+    let initial_accuracy = eval(&initial)?;
+
+    // Clients.
+    let (event_tx, mut client_events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
+    let mut handles = Vec::new();
+    for (i, indices) in parts.iter().enumerate() {
+        let local = train.subset(indices);
+        let (local_train, local_test) = local.split_per_class(0.8, config.seed ^ i as u64);
+        let method = FedAvgClient::new(spec.clone(), &local_train, Some(&local_test), Device::flex().autodiff(), OptimizerKind::Adam, encoding, config.seed.wrapping_add(i as u64));
+        let mut options = ClientOptions::new(server.local_addr, cert.clone(), format!("client-{i:03}"));
+        options.seed = config.seed.wrapping_add(1000 + i as u64);
+        let (tx, forward) = (event_tx.clone(), mpsc::unbounded_channel::<ClientEvent>());
+        let (ctx, mut crx) = forward;
+        tokio::spawn(async move {
+            while let Some(e) = crx.recv().await {
+                let _ = tx.send((i, e));
+            }
+        });
+        handles.push(tokio::spawn(client_transport::run(options, Box::new(method), Some(ctx))));
+    }
+    drop(event_tx);
+
+    let bar = if progress { ProgressBar::new(config.rounds) } else { ProgressBar::hidden() };
+    bar.set_style(ProgressStyle::with_template("{spinner} round {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}")?.progress_chars("=> "));
+    let say = |line: String| {
+        if progress {
+            bar.suspend(|| println!("{line}"));
+        }
+    };
+    say(format!("anchorage sim: {} clients, {} rounds, FedAvg, synthetic data ({} train / {} test, 10 classes), seed {}", config.clients, config.rounds, train.len(), test.len(), config.seed));
+    say(format!("initial global accuracy {:.2}%", initial_accuracy * 100.0));
+    say(RoundRow::HEADER.to_string());
+
+    let mut ledger: Vec<CostRecord> = Vec::new();
+    let mut costs_by_round: HashMap<u64, Vec<CostRecord>> = HashMap::new();
+    let mut rows = Vec::new();
+    let mut reports = Vec::new();
+    let mut killed = vec![false; handles.len()];
+    loop {
+        tokio::select! {
+            event = server.events.recv() => match event {
+                Some(ServerEvent::RoundClosed { report, checkpoint }) => {
+                    // The acks of this round are on their way; give the clients a moment to file their costs.
+                    let waiting: Vec<&str> = report.updates.iter().map(|u| u.client.as_str()).collect();
+                    let deadline = Instant::now() + Duration::from_secs(3);
+                    while costs_by_round.get(&report.round).map_or(0, |v| v.len()) < waiting.len() && Instant::now() < deadline {
+                        match tokio::time::timeout(Duration::from_millis(50), client_events.recv()).await {
+                            Ok(Some((i, e))) => handle_client_event(i, e, &config, &mut handles, &mut killed, &mut costs_by_round),
+                            Ok(None) => break,
+                            Err(_) => {}
+                        }
+                    }
+                    let costs = costs_by_round.remove(&report.round).unwrap_or_default();
+                    let acc = eval(&checkpoint.global)?;
+                    let row = RoundRow {
+                        round: report.round,
+                        accuracy: acc,
+                        train_loss: report.weighted_metric("train_loss"),
+                        aggregated: report.updates.len(),
+                        sampled: report.sampled,
+                        late_total: report.late_total,
+                        dropped: report.missing.len(),
+                        payload_up: report.payload_up(),
+                        wire_up: costs.iter().map(|c| c.wire_up).sum(),
+                        payload_down: report.payload_down * report.sampled as u64,
+                        wire_down: costs.iter().map(|c| c.wire_down).sum(),
+                        seconds: report.seconds(),
+                        outcome: match &report.outcome { RoundOutcome::Aggregated => "aggregated".into(), RoundOutcome::Failed { reason } => format!("failed: {reason}") },
+                    };
+                    say(row.table_line());
+                    bar.inc(1);
+                    bar.set_message(format!("acc {:.1}%", acc * 100.0));
+                    ledger.extend(costs);
+                    rows.push(row);
+                    reports.push((*report).clone());
+                }
+                Some(ServerEvent::Finished) | None => break,
+            },
+            Some((i, e)) = client_events.recv() => handle_client_event(i, e, &config, &mut handles, &mut killed, &mut costs_by_round),
+        }
+    }
+    bar.finish_and_clear();
+
+    // Clients received their goodbye; wait for them to leave, then stop the server.
+    for h in handles {
+        match tokio::time::timeout(Duration::from_secs(5), h).await {
+            Ok(Ok(Ok(_))) | Ok(Err(_)) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "a client ended with an error"),
+            Err(_) => tracing::warn!("a client did not leave in time"),
+        }
+    }
+    let metrics = server.metrics.clone();
+    server.shutdown().await?;
+
+    let uploads: Vec<&CostRecord> = ledger.iter().filter(|c| c.payload_up > 0 && c.wire_up > 0).collect();
+    let summary = RunSummary {
+        initial_accuracy,
+        final_accuracy: rows.last().map(|r| r.accuracy).unwrap_or(initial_accuracy),
+        chance: 1.0 / spec.num_classes as f64,
+        upload_wire_ratio: (!uploads.is_empty()).then(|| uploads.iter().map(|c| c.wire_up as f64 / c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
+        mean_upload_payload: (!uploads.is_empty()).then(|| uploads.iter().map(|c| c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
+        late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
+        refused: ServerMetrics::get(&metrics.refusals),
+        decode_errors: ServerMetrics::get(&metrics.decode_errors),
+        rounds: rows,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    if progress {
+        println!(
+            "final accuracy {:.2}% (initial {:.2}%, chance {:.0}%); mean upload {} payload, wire/payload {:.4}; {:.1} s",
+            summary.final_accuracy * 100.0,
+            summary.initial_accuracy * 100.0,
+            summary.chance * 100.0,
+            summary.mean_upload_payload.map(|b| crate::record::human_bytes(b as u64)).unwrap_or_else(|| "-".into()),
+            summary.upload_wire_ratio.unwrap_or(f64::NAN),
+            summary.wall_seconds
+        );
+    }
+    if let Some(dir) = &out {
+        write_run_folder(dir, &toml::to_string_pretty(&config)?, &summary, &ledger)?;
+        if progress {
+            println!("run folder: {}", dir.display());
+        }
+    }
+    Ok(SimResult { summary, ledger, reports, run_dir: out })
+}
+
+fn handle_client_event(
+    i: usize,
+    event: ClientEvent,
+    config: &SimConfig,
+    handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
+    killed: &mut [bool],
+    costs: &mut HashMap<u64, Vec<CostRecord>>,
+) {
+    match event {
+        ClientEvent::RoundStarted { round } => {
+            if !killed[i] && config.kill.iter().any(|k| k.client == i && k.round == round) {
+                tracing::info!(client = i, round, "killing client (simulated crash)");
+                handles[i].abort();
+                killed[i] = true;
+            }
+        }
+        ClientEvent::RoundDone { cost, .. } => costs.entry(cost.round).or_default().push(cost),
+        _ => {}
+    }
+}
