@@ -4,11 +4,14 @@
 //! - [`model`]: frozen backbones, trainable named blocks, the feature cache.
 //! - [`methods`]: client halves of the methods.
 //! - [`train`]: the local training and evaluation loop.
+//! - [`config`]: `client.toml`.
 //! - [`device`]: choosing the compute device at run time.
 //! - [`transport`]: the quinn shell with reconnect and resend.
 //! - [`store`]: the durable local state (the unacknowledged update).
 
+pub mod config;
 pub mod device;
+pub mod encoding;
 pub mod methods;
 pub mod model;
 pub mod session;

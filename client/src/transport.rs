@@ -68,6 +68,8 @@ pub struct ClientOptions {
     pub max_frame_bytes: usize,
     /// Seed of the backoff jitter.
     pub seed: u64,
+    /// Set to `true` to leave gracefully (goodbye, close); e.g. on SIGTERM.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl ClientOptions {
@@ -85,6 +87,7 @@ impl ClientOptions {
             idle_timeout: Duration::from_secs(30),
             max_frame_bytes: DEFAULT_MAX_FRAME,
             seed: 0,
+            stop: None,
         }
     }
 }
@@ -167,6 +170,7 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
     let (uploaded_tx, mut uploaded_rx) = mpsc::unbounded_channel::<(u64, u64, f64)>();
     let mut costs: HashMap<u64, RoundCost> = HashMap::new();
     let mut failures = 0u32;
+    let mut stop = options.stop.clone();
 
     loop {
         let conn = match endpoint.connect(options.server, &options.server_name)?.await {
@@ -290,6 +294,15 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                     }
                 }
                 reason = conn.closed() => break 'conn reason.to_string(),
+                _ = stopped(&mut stop) => {
+                    let frame = encode_frame(&Message::Goodbye(Goodbye { reason: "client stopping".into() }), options.max_frame_bytes)?;
+                    let _ = write_frame(&mut control, &frame).await;
+                    let _ = control.finish();
+                    conn.close(quinn::VarInt::from_u32(0), b"stopping");
+                    tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await.ok();
+                    emit(ClientEvent::Finished { reason: "stopped".into() });
+                    return Ok("stopped".into());
+                }
             }
         };
         tasks.abort_all();
@@ -298,6 +311,18 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
         emit(ClientEvent::Disconnected { reason });
         failures += 1;
         tokio::time::sleep(options.backoff.delay(failures, &mut rng)).await;
+    }
+}
+
+/// Completes when the stop signal turns true; never without one.
+async fn stopped(stop: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    match stop {
+        Some(rx) => {
+            if rx.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

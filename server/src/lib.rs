@@ -6,6 +6,7 @@
 //! - [`store`]: durable server state (atomic checkpoint files).
 //! - [`tls`]: certificates for development and pinning.
 
+pub mod config;
 pub mod engine;
 pub mod methods;
 pub mod store;

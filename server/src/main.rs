@@ -1,1 +1,75 @@
-fn main() {}
+//! `anchorage-server --config server.toml`: the coordinator as a long-running service.
+
+use std::path::PathBuf;
+
+use anchorage_server::config::ServerConfig;
+use anchorage_server::store::ServerStore;
+use anchorage_server::transport::{self, ServerEvent, ServerOptions};
+use anchorage_server::{methods, tls};
+use anyhow::Context;
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "anchorage-server", version, about = "Anchorage federated continual learning coordinator")]
+struct Cli {
+    /// Path of server.toml.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "ANCHORAGE_LOG", default_value = "info")]
+    log: String,
+    /// Logs as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log filter")?;
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+    if cli.log_json { fmt.json().init() } else { fmt.init() }
+    let config = ServerConfig::load(&cli.config)?;
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
+}
+
+async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
+    let identity = tls::load_or_create(&config.tls_dir, &names)?;
+    let method = methods::by_name(&config.method).context("unknown method")?;
+    let mut server = transport::start(ServerOptions {
+        bind: config.bind,
+        identity,
+        engine: config.engine.clone(),
+        method,
+        initial: Vec::new(),
+        limits: config.limits.clone(),
+        store: Some(ServerStore::new(&config.state_dir)),
+    })
+    .await?;
+    tracing::info!(addr = %server.local_addr, method = %config.method, "listening");
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            event = server.events.recv() => match event {
+                Some(ServerEvent::RoundClosed { report, .. }) => tracing::info!(
+                    round = report.round,
+                    updates = report.updates.len(),
+                    missing = report.missing.len(),
+                    late_total = report.late_total,
+                    train_loss = report.weighted_metric("train_loss"),
+                    "round summary"
+                ),
+                Some(ServerEvent::Finished) => {
+                    tracing::info!("all rounds done");
+                    // Let the goodbyes reach the clients before closing.
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    break;
+                }
+                None => break,
+            },
+            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); break; }
+            _ = terminate.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+        }
+    }
+    server.shutdown().await
+}

@@ -23,21 +23,26 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::engine::config::duration_ms;
 use crate::engine::{Action, Checkpoint, ClientId, Engine, EngineConfig, RoundReport};
 use crate::methods::ServerMethod;
 use crate::store::ServerStore;
 use crate::tls::{Identity, server_crypto};
 
 /// QUIC limits per connection.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// A connection silent this long is closed.
+    #[serde(with = "duration_ms")]
     pub idle_timeout: Duration,
     /// Keep-alive interval; must be below the idle timeout (quinn's default is off).
+    #[serde(with = "duration_ms")]
     pub keep_alive: Duration,
     /// Concurrent uni streams a client may open (uploads).
     pub max_uni_streams: u32,
     /// Time a new connection has to send its hello.
+    #[serde(with = "duration_ms")]
     pub hello_timeout: Duration,
     /// Per-stream and per-connection receive windows, in bytes.
     pub stream_window: u32,

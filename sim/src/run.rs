@@ -79,18 +79,6 @@ impl Default for SimConfig {
     }
 }
 
-impl SimConfig {
-    fn encoding(&self) -> anyhow::Result<Encoding> {
-        Ok(match self.encoding.as_str() {
-            "f32" => Encoding::F32,
-            "f16" => Encoding::F16,
-            "bf16" => Encoding::Bf16,
-            "int8" => Encoding::Int8 { scale: 0.0 },
-            other => anyhow::bail!("unknown encoding `{other}` (use f32, f16, bf16 or int8)"),
-        })
-    }
-}
-
 /// What a run produced.
 #[derive(Debug, Clone)]
 pub struct SimResult {
@@ -106,7 +94,7 @@ pub struct SimResult {
 pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
     anyhow::ensure!(config.clients >= 1, "need at least one client");
     let started = Instant::now();
-    let encoding = config.encoding()?;
+    let encoding = anchorage_client::encoding::parse(&config.encoding)?;
     let device = Device::flex();
     let spec = ModelSpec::embedded_default();
 

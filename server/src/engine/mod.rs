@@ -11,7 +11,7 @@
 //! aggregated and never silently dropped; a second update from the same client for the same round
 //! is counted once.
 
-mod config;
+pub mod config;
 mod report;
 #[cfg(test)]
 mod tests;
