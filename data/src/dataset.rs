@@ -15,7 +15,12 @@ pub struct Dataset {
 
 impl Dataset {
     /// Checks lengths, label range and finiteness.
-    pub fn new(sample_shape: Vec<usize>, num_classes: u32, features: Vec<f32>, labels: Vec<u32>) -> Result<Self, DataError> {
+    pub fn new(
+        sample_shape: Vec<usize>,
+        num_classes: u32,
+        features: Vec<f32>,
+        labels: Vec<u32>,
+    ) -> Result<Self, DataError> {
         let sample_len: usize = sample_shape.iter().product();
         if features.len() != labels.len() * sample_len {
             return Err(DataError::LengthMismatch { features: features.len(), labels: labels.len(), sample_len });
@@ -103,7 +108,10 @@ mod tests {
     #[test]
     fn new_rejects_bad_input() {
         assert!(matches!(Dataset::new(vec![2], 2, vec![0.0; 3], vec![0, 1]), Err(DataError::LengthMismatch { .. })));
-        assert!(matches!(Dataset::new(vec![1], 2, vec![0.0; 2], vec![0, 2]), Err(DataError::LabelOutOfRange { index: 1, .. })));
+        assert!(matches!(
+            Dataset::new(vec![1], 2, vec![0.0; 2], vec![0, 2]),
+            Err(DataError::LabelOutOfRange { index: 1, .. })
+        ));
         assert!(matches!(Dataset::new(vec![1], 2, vec![0.0, f32::NAN], vec![0, 1]), Err(DataError::NonFinite(1))));
     }
 

@@ -11,6 +11,10 @@ pub enum DataError {
     NonFinite(usize),
     #[error("cannot give {num_clients} clients at least {min_per_client} samples each from {len} samples")]
     TooFewSamples { len: usize, num_clients: usize, min_per_client: usize },
+    #[error(
+        "no Dirichlet(α = {alpha}) draw in {attempts} attempts gave each of {num_clients} clients at least {min_per_client} samples; raise α or lower the minimum"
+    )]
+    MinPerClientUnmet { num_clients: usize, min_per_client: usize, alpha: f64, attempts: usize },
     #[error("invalid partition request: {0}")]
     Invalid(String),
 }

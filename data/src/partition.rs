@@ -4,31 +4,50 @@ use anchorage_shared::rng::Rng;
 
 use crate::DataError;
 
-/// IID: a seeded shuffle cut into near-equal contiguous parts.
+/// How many times [`dirichlet`] redraws the client shares before giving up on `min_per_client`.
+pub const MAX_REDRAWS: usize = 1000;
+
+/// IID: a seeded shuffle cut into near-equal contiguous parts (sizes differ by at most one).
+/// Zero clients get zero parts.
 pub fn iid(len: usize, num_clients: usize, seed: u64) -> Vec<Vec<usize>> {
+    if num_clients == 0 {
+        return Vec::new();
+    }
     let mut idx: Vec<usize> = (0..len).collect();
     Rng::new(seed).shuffle(&mut idx);
-    let n = num_clients.max(1);
+    let n = num_clients;
     (0..n).map(|c| idx[c * len / n..(c + 1) * len / n].to_vec()).collect()
 }
 
 /// Dirichlet(α) label skew (Hsu et al. 2019): for every class, client shares drawn from
 /// Dir(α, …, α) deal out that class's (shuffled) samples. Small α gives few classes per client;
-/// α → ∞ approaches IID. Redraws (bounded) until every client has `min_per_client` samples.
-pub fn dirichlet(labels: &[u32], num_classes: u32, num_clients: usize, alpha: f64, min_per_client: usize, seed: u64) -> Result<Vec<Vec<usize>>, DataError> {
+/// α → ∞ approaches IID. Redraws (at most [`MAX_REDRAWS`] times) until every client has
+/// `min_per_client` samples, then gives up with [`DataError::MinPerClientUnmet`]. Each part is
+/// returned sorted ascending.
+pub fn dirichlet(
+    labels: &[u32],
+    num_classes: u32,
+    num_clients: usize,
+    alpha: f64,
+    min_per_client: usize,
+    seed: u64,
+) -> Result<Vec<Vec<usize>>, DataError> {
     if num_clients == 0 || !(alpha.is_finite() && alpha > 0.0) {
-        return Err(DataError::Invalid(format!("need clients > 0 and a finite α > 0 (got {num_clients} clients, α = {alpha})")));
+        return Err(DataError::Invalid(format!(
+            "need clients > 0 and a finite α > 0 (got {num_clients} clients, α = {alpha})"
+        )));
     }
     if labels.len() < num_clients * min_per_client {
         return Err(DataError::TooFewSamples { len: labels.len(), num_clients, min_per_client });
     }
     let mut by_class = vec![Vec::new(); num_classes as usize];
     for (i, &l) in labels.iter().enumerate() {
-        let class = by_class.get_mut(l as usize).ok_or(DataError::LabelOutOfRange { index: i, label: l, num_classes })?;
+        let class =
+            by_class.get_mut(l as usize).ok_or(DataError::LabelOutOfRange { index: i, label: l, num_classes })?;
         class.push(i);
     }
     let mut rng = Rng::new(seed);
-    for _attempt in 0..1000 {
+    for _attempt in 0..MAX_REDRAWS {
         let mut parts = vec![Vec::new(); num_clients];
         for class in &by_class {
             let mut idx = class.clone();
@@ -38,7 +57,11 @@ pub fn dirichlet(labels: &[u32], num_classes: u32, num_clients: usize, alpha: f6
             let mut cum = 0.0;
             for (c, share) in shares.iter().enumerate() {
                 cum += share;
-                let end = if c + 1 == num_clients { idx.len() } else { ((cum * idx.len() as f64).round() as usize).min(idx.len()) };
+                let end = if c + 1 == num_clients {
+                    idx.len()
+                } else {
+                    ((cum * idx.len() as f64).round() as usize).min(idx.len())
+                };
                 parts[c].extend_from_slice(&idx[start..end.max(start)]);
                 start = end.max(start);
             }
@@ -48,7 +71,7 @@ pub fn dirichlet(labels: &[u32], num_classes: u32, num_clients: usize, alpha: f6
             return Ok(parts);
         }
     }
-    Err(DataError::TooFewSamples { len: labels.len(), num_clients, min_per_client })
+    Err(DataError::MinPerClientUnmet { num_clients, min_per_client, alpha, attempts: MAX_REDRAWS })
 }
 
 #[cfg(test)]
