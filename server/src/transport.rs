@@ -327,7 +327,7 @@ fn refusal_for(e: &FrameIoError) -> Refusal {
     let reason = match e {
         FrameIoError::Decode(DecodeError::WrongVersion { .. }) => RefusalReason::VersionMismatch,
         FrameIoError::Decode(DecodeError::Oversized { .. }) => RefusalReason::TooLarge,
-        FrameIoError::Decode(DecodeError::Tensor(_)) => RefusalReason::ShapeMismatch,
+        FrameIoError::Decode(DecodeError::Tensor(_)) => RefusalReason::BadTensor,
         _ => RefusalReason::Malformed,
     };
     Refusal { reason, detail: e.to_string() }
@@ -365,13 +365,17 @@ impl ConnCtx {
         self.inputs.send(Input::Hello { conn: self.id, client: client.clone(), msg: hello, out: out_tx.clone() })?;
         tracing::info!(%client, %remote, "client connected");
 
-        let writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx));
+        let mut writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx));
         let control = self.read_loop(control_recv, client.clone(), out_tx.clone());
         let uploads = self.accept_uploads(&conn, client.clone(), out_tx.clone());
-        tokio::select! {
-            _ = control => {}
-            _ = uploads => {}
-            _ = conn.closed() => {}
+        let refused = tokio::select! {
+            refused = control => refused,
+            refused = uploads => refused,
+            _ = conn.closed() => false,
+        };
+        if refused {
+            // Let the writer deliver the refusal and close the connection itself.
+            let _ = tokio::time::timeout(Duration::from_secs(3), &mut writer).await;
         }
         writer.abort();
         let _ = self.inputs.send(Input::Closed { conn: self.id, client: client.clone() });
@@ -396,51 +400,54 @@ impl ConnCtx {
         Ok(())
     }
 
-    /// Reads control frames until the stream ends; a bad frame closes the connection with a refusal.
-    async fn read_loop(&self, mut recv: quinn::RecvStream, client: ClientId, out: mpsc::UnboundedSender<Outbound>) {
+    /// Reads control frames until the stream ends. A bad frame closes the connection with a
+    /// refusal; returns whether that happened.
+    async fn read_loop(&self, mut recv: quinn::RecvStream, client: ClientId, out: mpsc::UnboundedSender<Outbound>) -> bool {
         loop {
             match read_frame(&mut recv, self.max_frame).await {
                 Ok(Some((msg, n))) => {
                     self.count_in(n);
                     if self.inputs.send(Input::Message { client: client.clone(), msg }).is_err() {
-                        return;
+                        return false;
                     }
                 }
-                Ok(None) => return,
-                Err(e) => {
-                    self.bad_frame(&client, &e, &out);
-                    return;
-                }
+                Ok(None) => return false,
+                Err(e) => return self.bad_frame(&client, &e, &out),
             }
         }
     }
 
-    fn bad_frame(&self, client: &str, e: &FrameIoError, out: &mpsc::UnboundedSender<Outbound>) {
+    /// Refuses a bad frame (returns true), or ignores a stream that merely broke off (false).
+    fn bad_frame(&self, client: &str, e: &FrameIoError, out: &mpsc::UnboundedSender<Outbound>) -> bool {
         if let FrameIoError::Io(_) = e {
-            return; // the connection went away; nothing to refuse
+            return false; // the connection went away; nothing to refuse
         }
         self.metrics.decode_errors.fetch_add(1, Ordering::Relaxed);
+        self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(client, error = %e, "bad frame from client");
         let _ = out.send(Outbound::Close(refusal_for(e)));
+        true
     }
 
-    /// Accepts upload streams: one frame each.
-    async fn accept_uploads(&self, conn: &quinn::Connection, client: ClientId, out: mpsc::UnboundedSender<Outbound>) {
+    /// Accepts upload streams, one frame each; returns whether a bad one was refused.
+    async fn accept_uploads(&self, conn: &quinn::Connection, client: ClientId, out: mpsc::UnboundedSender<Outbound>) -> bool {
         while let Ok(mut recv) = conn.accept_uni().await {
             match read_frame(&mut recv, self.max_frame).await {
                 Ok(Some((msg, n))) => {
                     self.count_in(n);
                     if self.inputs.send(Input::Message { client: client.clone(), msg }).is_err() {
-                        return;
+                        return false;
                     }
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    self.bad_frame(&client, &e, &out);
-                    return;
+                    if self.bad_frame(&client, &e, &out) {
+                        return true;
+                    }
                 }
             }
         }
+        false
     }
 }
 

@@ -144,6 +144,8 @@ pub enum RefusalReason {
     Duplicate,
     ServerBusy,
     UnknownMethod,
+    /// A tensor's bytes do not match its shape, or it holds non-finite values.
+    BadTensor,
 }
 
 /// A refusal with a reason the peer can log.

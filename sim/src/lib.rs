@@ -8,4 +8,4 @@ mod record;
 mod run;
 
 pub use record::{RoundRow, RunSummary};
-pub use run::{SimConfig, SimResult, run};
+pub use run::{KillAt, SimConfig, SimResult, run};

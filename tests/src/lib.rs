@@ -1,1 +1,55 @@
-//! Integration tests live in tests/.
+//! Helpers shared by the cross-crate integration tests in `tests/`: raw QUIC peers that speak
+//! (or mangle) the protocol, to test the server the way a hostile or broken client would.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anchorage_shared::frame::{DEFAULT_MAX_FRAME, encode_frame};
+use anchorage_shared::io::{read_frame, write_frame};
+use anchorage_shared::protocol::{Capabilities, Hello, Message};
+use quinn::crypto::rustls::QuicClientConfig;
+use rustls::pki_types::CertificateDer;
+
+/// A bare QUIC connection to the server, trusting its pinned certificate.
+pub async fn raw_connect(server: SocketAddr, cert: &CertificateDer<'static>) -> anyhow::Result<(quinn::Endpoint, quinn::Connection)> {
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+    let crypto = anchorage_client::transport::client_crypto(cert)?;
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(crypto)?)));
+    let conn = endpoint.connect(server, "localhost")?.await?;
+    Ok((endpoint, conn))
+}
+
+/// A well-formed hello for `client_id` running FedAvg.
+pub fn hello(client_id: &str) -> Message {
+    Message::Hello(Hello {
+        client_id: client_id.into(),
+        capabilities: Capabilities {
+            backend: "test".into(),
+            memory_mb: 64,
+            methods: [heapless::String::try_from("fedavg").unwrap()].into_iter().collect(),
+        },
+        num_samples: 10,
+        last_round: None,
+    })
+}
+
+/// Writes `bytes` on a fresh control stream and returns the first message the server answers
+/// with (a refusal, for bad input), or `None` if the stream ended without one.
+pub async fn send_raw_and_read_reply(conn: &quinn::Connection, bytes: &[u8]) -> anyhow::Result<Option<Message>> {
+    let (mut send, mut recv) = conn.open_bi().await?;
+    send.write_all(bytes).await?;
+    let reply = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut recv, DEFAULT_MAX_FRAME)).await??;
+    Ok(reply.map(|(m, _)| m))
+}
+
+/// Encodes one message as a frame.
+pub fn frame(msg: &Message) -> Vec<u8> {
+    encode_frame(msg, DEFAULT_MAX_FRAME).expect("test frames fit")
+}
+
+/// Writes a frame on a stream.
+pub async fn write(send: &mut quinn::SendStream, msg: &Message) -> anyhow::Result<()> {
+    write_frame(send, &frame(msg)).await?;
+    Ok(())
+}

@@ -161,7 +161,7 @@ impl Session {
                     RefusalReason::VersionMismatch | RefusalReason::UnknownMethod | RefusalReason::NotEnrolled => {
                         self.finish(format!("refused: {:?}: {}", r.reason, r.detail));
                     }
-                    RefusalReason::ShapeMismatch | RefusalReason::NotSampled | RefusalReason::Malformed => {
+                    RefusalReason::ShapeMismatch | RefusalReason::BadTensor | RefusalReason::NotSampled | RefusalReason::Malformed => {
                         // The pending update can never be accepted: drop it rather than resend forever.
                         if self.pending.take().is_some() {
                             self.actions.push_back(SessionAction::Persist(None));
