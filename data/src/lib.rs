@@ -1,13 +1,17 @@
-//! anchorage-data: datasets, transforms and seeded partitions for clients and the simulator.
+//! anchorage-data: datasets, loaders, transforms and seeded partitions for clients and the simulator.
 //!
 //! Everything random draws from [`anchorage_shared::rng::Rng`], so the same seed gives the same
-//! data and the same split byte for byte.
+//! data and the same split byte for byte. Library code never panics on file input: a missing or
+//! corrupt file is a [`DataError`] that names the file and what was expected.
 
 mod dataset;
 mod error;
+mod images;
+pub mod loaders;
 pub mod partition;
 pub mod synthetic;
 
 pub use dataset::Dataset;
 pub use error::DataError;
+pub use images::ImageSet;
 pub use synthetic::SyntheticConfig;

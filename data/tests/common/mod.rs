@@ -1,0 +1,30 @@
+//! Helpers shared by the integration tests: the real-data directory and scratch directories.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The real-data directory from `ANCHORAGE_DATA`, or `None` after a loud skip line on stderr.
+pub fn data_dir(test: &str) -> Option<PathBuf> {
+    match std::env::var_os("ANCHORAGE_DATA") {
+        Some(d) if !d.is_empty() => {
+            let d = PathBuf::from(d);
+            eprintln!("{test}: using real data in {}", d.display());
+            Some(d)
+        }
+        _ => {
+            // Straight to the process's stderr, past the test harness's output capture.
+            use std::io::Write;
+            let line = format!("\n*** SKIPPED: ANCHORAGE_DATA not set — {test} needs the real data files ***\n");
+            let _ = std::io::stderr().write_all(line.as_bytes());
+            None
+        }
+    }
+}
+
+/// A fresh, empty scratch directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("anchorage-data-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
