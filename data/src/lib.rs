@@ -4,12 +4,15 @@
 //! data and the same split byte for byte. Library code never panics on file input: a missing or
 //! corrupt file is a [`DataError`] that names the file and what was expected.
 
+pub mod circle;
 mod dataset;
+pub mod domain;
 mod error;
 mod images;
 pub mod loaders;
 pub mod partition;
 pub mod synthetic;
+pub mod transform;
 
 pub use dataset::Dataset;
 pub use error::DataError;

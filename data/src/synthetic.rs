@@ -125,53 +125,8 @@ pub fn generate(cfg: &SyntheticConfig) -> (Dataset, Dataset) {
     (train, test)
 }
 
-/// Rotates every image (`[c, h, w]` samples) by `degrees` around its centre, bilinear with zero
-/// fill: the domain-shift hook (rotated-MNIST style domains).
-pub fn rotate(ds: &Dataset, degrees: f32) -> Dataset {
-    let (c, h, w) = match ds.sample_shape.as_slice() {
-        [c, h, w] => (*c, *h, *w),
-        [h, w] => (1, *h, *w),
-        _ => return ds.clone(),
-    };
-    let (sin, cos) = degrees.to_radians().sin_cos();
-    let (cx, cy) = ((w as f32 - 1.0) / 2.0, (h as f32 - 1.0) / 2.0);
-    let mut out = Vec::with_capacity(ds.features.len());
-    for i in 0..ds.len() {
-        let s = ds.sample(i);
-        for ch in 0..c {
-            let plane = &s[ch * h * w..(ch + 1) * h * w];
-            let at = |x: isize, y: isize| {
-                if x >= 0 && y >= 0 && (x as usize) < w && (y as usize) < h {
-                    plane[y as usize * w + x as usize]
-                } else {
-                    0.0
-                }
-            };
-            for y in 0..h {
-                for x in 0..w {
-                    // Inverse mapping: where in the source does this output pixel come from?
-                    let (dx, dy) = (x as f32 - cx, y as f32 - cy);
-                    let sx = cos * dx + sin * dy + cx;
-                    let sy = -sin * dx + cos * dy + cy;
-                    let (x0, y0) = (sx.floor(), sy.floor());
-                    let (fx, fy) = (sx - x0, sy - y0);
-                    let (x0, y0) = (x0 as isize, y0 as isize);
-                    let v = at(x0, y0) * (1.0 - fx) * (1.0 - fy)
-                        + at(x0 + 1, y0) * fx * (1.0 - fy)
-                        + at(x0, y0 + 1) * (1.0 - fx) * fy
-                        + at(x0 + 1, y0 + 1) * fx * fy;
-                    out.push(v);
-                }
-            }
-        }
-    }
-    Dataset {
-        sample_shape: ds.sample_shape.clone(),
-        num_classes: ds.num_classes,
-        features: out,
-        labels: ds.labels.clone(),
-    }
-}
+/// Rotation by an angle: the domain-shift hook (one implementation, in [`crate::transform`]).
+pub use crate::transform::rotate;
 
 #[cfg(test)]
 mod tests {
