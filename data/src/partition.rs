@@ -1,8 +1,29 @@
 //! Seeded partitions of a dataset over clients: the same seed gives the same assignment.
+//!
+//! Plain partitions ([`iid`], [`dirichlet`], [`quantity_skew`], [`long_tail`]) return client →
+//! indices; the paper settings ([`gldp`], [`fedta`], [`fedprok_sync`], [`fedprok_async`]) and the
+//! task builders ([`class_incremental`], [`domain_incremental`]) return a [`FederatedSplit`]
+//! (client → task → indices).
 
 use anchorage_shared::rng::Rng;
 
 use crate::DataError;
+
+mod fedprok;
+mod fedta;
+mod gldp;
+mod long_tail;
+mod quantity;
+mod split;
+mod tasks;
+
+pub use fedprok::{FedprokAsyncConfig, FedprokSyncConfig, consensus_rate, fedprok_async, fedprok_sync};
+pub use fedta::{FedtaConfig, fedta, private_classes};
+pub use gldp::{GldpConfig, gldp};
+pub use long_tail::{imbalance_factor, long_tail, long_tail_counts};
+pub use quantity::quantity_skew;
+pub use split::{ClientSplit, FederatedSplit, TaskSplit, task_at_round};
+pub use tasks::{class_incremental, domain_incremental};
 
 /// How many times [`dirichlet`] redraws the client shares before giving up on `min_per_client`.
 pub const MAX_REDRAWS: usize = 1000;
