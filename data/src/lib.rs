@@ -6,15 +6,19 @@
 
 pub mod circle;
 mod dataset;
+mod describe;
 pub mod domain;
 mod error;
 mod images;
 pub mod loaders;
 pub mod partition;
+pub mod spec;
 pub mod synthetic;
 pub mod transform;
 
 pub use dataset::Dataset;
+pub use describe::{Description, Summary, TaskRow, describe, describe_split};
 pub use error::DataError;
 pub use images::ImageSet;
+pub use spec::{DataSpec, DatasetKind, LabelPools, LoadedData, PartitionSpec, build_split, label_pools, load};
 pub use synthetic::SyntheticConfig;

@@ -1,0 +1,126 @@
+//! Every `scenarios/*.toml` at the repository root: its `[data]` table parses into a [`DataSpec`]
+//! and `describe` runs on it — on the real files when `ANCHORAGE_DATA` is set and holds the
+//! dataset, else on generated / stand-in labels (said loudly on stderr).
+
+mod common;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anchorage_data::{DataError, DataSpec, describe};
+
+fn scenario_files() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn data_spec(path: &PathBuf) -> DataSpec {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let data = doc.get("data").unwrap_or_else(|| panic!("{}: no [data] table", path.display())).clone();
+    data.try_into().unwrap_or_else(|e| panic!("{}: [data]: {e}", path.display()))
+}
+
+#[test]
+fn every_scenario_parses_and_describes() {
+    let files = scenario_files();
+    let names: Vec<String> = files.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    for want in [
+        "gldp_spatial.toml",
+        "gldp_spatiotemporal.toml",
+        "fedta_tiny_imagenet.toml",
+        "fedprok_sync.toml",
+        "fedprok_async.toml",
+        "fedevolve_circle.toml",
+        "fedevolve_rotated_mnist.toml",
+    ] {
+        assert!(names.iter().any(|n| n == want), "missing scenario {want}");
+    }
+    let data_dir = common::data_dir("every_scenario_parses_and_describes");
+    for path in &files {
+        let spec = data_spec(path);
+        let d = match describe(&spec, data_dir.as_deref()) {
+            Err(DataError::NotFound { .. }) if data_dir.is_some() => {
+                let line = format!(
+                    "\n*** {}: {} not under ANCHORAGE_DATA — described on stand-in labels instead ***\n",
+                    path.display(),
+                    spec.dataset.name()
+                );
+                let _ = std::io::stderr().write_all(line.as_bytes());
+                describe(&spec, None).unwrap()
+            }
+            other => other.unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        };
+        eprintln!("== {} ==\n{d}", path.display());
+        assert!(d.summary.clients > 0 && d.summary.train_samples > 0, "{}", path.display());
+        let csv = d.to_csv();
+        assert_eq!(csv.lines().count(), d.rows.len() + 1);
+        assert!(csv.lines().skip(1).all(|l| l.split(',').count() == 11), "{}", path.display());
+        // The same spec describes to the same partition.
+        let again = describe(&spec, None).unwrap();
+        assert_eq!(again.fingerprint, describe(&spec, None).unwrap().fingerprint);
+    }
+}
+
+#[test]
+fn scaled_specs_and_bad_specs() {
+    let spec: DataSpec = toml::from_str(
+        r#"
+        dataset = "cifar10"
+        scale = 0.1
+        seed = 3
+        [partition]
+        kind = "dirichlet"
+        clients = 5
+        alpha = 0.3
+        tasks = 2
+        "#,
+    )
+    .unwrap();
+    let d = describe(&spec, None).unwrap();
+    assert_eq!((d.train_pool, d.test_pool), (5000, 1000));
+    assert_eq!(d.summary.train_samples, 5000);
+    assert_eq!(d.summary.tasks, 2);
+    assert!(d.source.contains("stand-in"));
+    // Unknown keys and bad values are errors, not silently ignored.
+    assert!(
+        toml::from_str::<DataSpec>("dataset = \"cifar10\"\nscael = 0.1\n[partition]\nkind = \"iid\"\nclients = 2")
+            .is_err()
+    );
+    assert!(
+        toml::from_str::<DataSpec>(
+            "dataset = \"cifar10\"\n[partition]\nkind = \"gldp\"\nclients = 2\nclasses_per_clent = 2"
+        )
+        .is_err()
+    );
+    assert!(toml::from_str::<DataSpec>("dataset = \"imagenet\"\n[partition]\nkind = \"iid\"\nclients = 2").is_err());
+    let bad: DataSpec =
+        toml::from_str("dataset = \"mnist\"\nscale = 0\n[partition]\nkind = \"iid\"\nclients = 2").unwrap();
+    assert!(matches!(describe(&bad, None), Err(DataError::Spec(_))));
+}
+
+#[test]
+fn stand_in_labels_match_the_real_files() {
+    let Some(dir) = common::data_dir("stand_in_labels_match_the_real_files") else { return };
+    for dataset in ["mnist", "cifar10", "tiny-imagenet-100"] {
+        let spec: DataSpec = toml::from_str(&format!(
+            "dataset = \"{dataset}\"\n[partition]\nkind = \"dirichlet\"\nclients = 4\nalpha = 0.5\n"
+        ))
+        .unwrap();
+        let real = anchorage_data::label_pools(&spec, Some(&dir)).unwrap();
+        let stand = anchorage_data::label_pools(&spec, None).unwrap();
+        let hist = |l: &[u32]| {
+            let mut h = vec![0usize; real.num_classes as usize];
+            l.iter().for_each(|&x| h[x as usize] += 1);
+            h
+        };
+        assert_eq!(hist(&real.train), hist(&stand.train), "{dataset} train class counts");
+        assert_eq!(hist(&real.test), hist(&stand.test), "{dataset} test class counts");
+    }
+}
