@@ -42,7 +42,7 @@ fn every_scenario_parses_and_describes() {
     ] {
         assert!(names.iter().any(|n| n == want), "missing scenario {want}");
     }
-    let data_dir = common::data_dir("every_scenario_parses_and_describes");
+    let data_dir = common::data_dir_or_stand_in("every_scenario_parses_and_describes");
     for path in &files {
         let spec = data_spec(path);
         let d = match describe(&spec, data_dir.as_deref()) {
@@ -123,4 +123,43 @@ fn stand_in_labels_match_the_real_files() {
         assert_eq!(hist(&real.train), hist(&stand.train), "{dataset} train class counts");
         assert_eq!(hist(&real.test), hist(&stand.test), "{dataset} test class counts");
     }
+}
+
+#[test]
+fn load_matches_the_label_pools() {
+    // Synthetic, rotated domains: sample shapes kept, domain k rotated by 90°·k.
+    let spec: DataSpec = toml::from_str(
+        "dataset = \"synthetic\"\nscale = 0.5\n[partition]\nkind = \"domains\"\nclients = 2\ndomains = 3\nstep_degrees = 90.0\n",
+    )
+    .unwrap();
+    let pools = anchorage_data::label_pools(&spec, None).unwrap();
+    let data = anchorage_data::load(&spec, None).unwrap();
+    assert_eq!(data.train.labels, pools.train);
+    assert_eq!(data.test.labels, pools.test);
+    let dom = data.domain_of.as_ref().unwrap();
+    assert_eq!(dom.len(), data.train.len());
+    let plain = anchorage_data::load(
+        &DataSpec { partition: anchorage_data::PartitionSpec::Iid { clients: 2, tasks: 1 }, ..spec.clone() },
+        None,
+    )
+    .unwrap();
+    for (i, &d) in dom.iter().enumerate() {
+        assert_eq!(data.train.sample(i) == plain.train.sample(i), d == 0, "sample {i} in domain {d}");
+    }
+    // Circle: 2-D points, 30 domains.
+    let spec: DataSpec =
+        toml::from_str("dataset = \"circle\"\nscale = 0.1\n[partition]\nkind = \"domains\"\nclients = 3\n").unwrap();
+    let data = anchorage_data::load(&spec, None).unwrap();
+    assert_eq!((data.train.len(), data.train.sample_shape.clone()), (3000, vec![2]));
+    let split = anchorage_data::build_split(&spec, &anchorage_data::label_pools(&spec, None).unwrap()).unwrap();
+    assert_eq!(split.num_tasks(), 30);
+    // Real MNIST at 1 % when the files are there.
+    let Some(dir) = common::data_dir("load_matches_the_label_pools (MNIST part)") else { return };
+    let spec: DataSpec =
+        toml::from_str("dataset = \"mnist\"\nscale = 0.01\n[partition]\nkind = \"iid\"\nclients = 2\n").unwrap();
+    let data = anchorage_data::load(&spec, Some(&dir)).unwrap();
+    // round(1 % of each class): 599 of 60,000 and 100 of 10,000.
+    assert_eq!((data.train.len(), data.test.len()), (599, 100));
+    assert_eq!(data.train.sample_shape, vec![1, 28, 28]);
+    assert_eq!(data.train.labels, anchorage_data::label_pools(&spec, Some(&dir)).unwrap().train);
 }

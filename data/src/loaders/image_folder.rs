@@ -238,12 +238,11 @@ fn walk(base: &Path, dir: &Path, depth: usize, matcher: &Matcher, on_match: &mut
     Ok(())
 }
 
-/// Resolves class order and sorts; returns (class names, sorted images with labels).
-fn resolve(
-    path: &Path,
-    opts: &ImageFolderOptions,
-    c: Collected,
-) -> Result<(Vec<String>, Vec<(u32, Found)>), DataError> {
+/// Class names in label order, and the images with their labels sorted by (label, name).
+type Resolved = (Vec<String>, Vec<(u32, Found)>);
+
+/// Resolves class order and sorts.
+fn resolve(path: &Path, opts: &ImageFolderOptions, c: Collected) -> Result<Resolved, DataError> {
     let split = opts.split.clone().unwrap_or_default();
     let found: BTreeSet<String> = c.images.iter().map(|f| f.class.clone()).collect();
     if c.images.is_empty() {

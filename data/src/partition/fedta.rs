@@ -75,7 +75,8 @@ pub fn fedta(
             cfg.public_classes
         )));
     }
-    if !(cfg.public_alpha.is_finite() && cfg.public_alpha > 0.0) || !(0.0..=1.0).contains(&cfg.train_fraction) {
+    let alpha_ok = cfg.public_alpha.is_finite() && cfg.public_alpha > 0.0;
+    if !alpha_ok || !(0.0..=1.0).contains(&cfg.train_fraction) {
         return Err(DataError::Invalid("FedTA: public α must be > 0 and train fraction in [0, 1]".into()));
     }
     let by = by_class(train_labels, num_classes)?;
@@ -110,7 +111,7 @@ pub fn fedta(
     let exclude: HashSet<usize> = surrogate.iter().copied().collect();
     let mut clients = Vec::with_capacity(n);
     for (i, own) in owned.iter().enumerate() {
-        let mut crng = Rng::derive(seed, 0xFE07A_0000 + i as u64);
+        let mut crng = Rng::derive(seed, 0x000F_E07A_0000 + i as u64);
         let mut order: Vec<u32> = own.iter().map(|(k, _)| *k).collect();
         crng.shuffle(&mut order);
         let tasks = chunks(&order, cfg.tasks)

@@ -28,3 +28,16 @@ pub fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// Like [`data_dir`], for tests that still run without the files (on generated or stand-in labels).
+pub fn data_dir_or_stand_in(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("ANCHORAGE_DATA").filter(|d| !d.is_empty()).map(PathBuf::from);
+    if dir.is_none() {
+        use std::io::Write;
+        let line = format!(
+            "\n*** ANCHORAGE_DATA not set — {test} runs on generated / stand-in labels, not the real files ***\n"
+        );
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+    dir
+}
