@@ -88,6 +88,9 @@ pub struct Engine {
     clients: BTreeMap<ClientId, ClientInfo>,
     global: Vec<ParamBlock>,
     last_round: u64,
+    /// Clients whose update the last closed round aggregated: a copy arriving later is a
+    /// duplicate, not a late update.
+    last_accepted: BTreeSet<ClientId>,
     open: Option<OpenRound>,
     stats: EngineStats,
     finished: bool,
@@ -113,6 +116,7 @@ impl Engine {
             clients: BTreeMap::new(),
             global: checkpoint.global,
             last_round: checkpoint.round,
+            last_accepted: BTreeSet::new(),
             open: None,
             stats: checkpoint.stats,
             actions: VecDeque::new(),
@@ -242,7 +246,10 @@ impl Engine {
         }
         let round = update.round;
         let Some(open) = self.open.as_mut().filter(|o| o.round == round) else {
-            if round <= self.last_round {
+            if round == self.last_round && self.last_accepted.contains(client) {
+                self.stats.duplicate_updates += 1;
+                self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
+            } else if round <= self.last_round {
                 // Late: its round already closed. Acknowledge so the client stops resending.
                 self.stats.late_updates += 1;
                 tracing::info!(client, round, "late update counted, not aggregated");
@@ -370,6 +377,7 @@ impl Engine {
         }
         self.stats.dropped += missing.len() as u64;
         self.last_round = open.round;
+        self.last_accepted = open.updates.keys().cloned().collect();
         self.rng = Rng::derive(self.config.seed, self.last_round);
         let report = Arc::new(RoundReport {
             round: open.round,

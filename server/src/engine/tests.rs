@@ -1,1 +1,312 @@
-//! Engine tests on a fake clock.
+//! Engine tests on a fake clock: the engine owns no clock, so each test passes `now` itself.
+
+use std::time::Duration;
+
+use anchorage_shared::protocol::{Capabilities, Hello, Message, RefusalReason, Update};
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+
+use super::*;
+use crate::methods::FedAvg;
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn config(min_available: usize, min_fit: usize) -> EngineConfig {
+    EngineConfig { rounds: 3, min_available, min_fit, round_deadline: DEADLINE, ..EngineConfig::default() }
+}
+
+fn engine(config: EngineConfig) -> Engine {
+    Engine::new(config, Box::new(FedAvg::default()), vec![block(&[0.0, 0.0])])
+}
+
+fn block(values: &[f32]) -> ParamBlock {
+    ParamBlock::encode("head.weight", &[values.len() as u32], values, Encoding::F32)
+}
+
+fn hello(id: &str) -> Message {
+    let mut methods = heapless::Vec::new();
+    methods.push(heapless::String::try_from("fedavg").unwrap()).unwrap();
+    Message::Hello(Hello {
+        client_id: id.into(),
+        capabilities: Capabilities { backend: "flex".into(), memory_mb: 256, methods },
+        num_samples: 10,
+        last_round: None,
+    })
+}
+
+fn update(round: u64, values: &[f32], n: u64) -> Message {
+    Message::Update(Update { round, num_samples: n, blocks: vec![block(values)], prototypes: vec![], metrics: vec![], compute_seconds: 0.5 })
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn drain(e: &mut Engine) -> Vec<Action> {
+    std::iter::from_fn(|| e.poll_action()).collect()
+}
+
+fn broadcast_targets(actions: &[Action]) -> Vec<Vec<ClientId>> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Broadcast { to, .. } => Some(to.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reports(actions: &[Action]) -> Vec<Arc<RoundReport>> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RoundClosed(r, _) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn acks(actions: &[Action], client: &str) -> Vec<(u64, bool)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { to, msg: Message::Ack(ack) } if to == client => Some((ack.round, ack.aggregated)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn refusals(actions: &[Action], client: &str) -> Vec<RefusalReason> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { to, msg: Message::Refusal(r) } if to == client => Some(r.reason),
+            Action::Close { client: to, refusal } if to == client => Some(refusal.reason),
+            _ => None,
+        })
+        .collect()
+}
+
+fn join(e: &mut Engine, now: Duration, ids: &[&str]) -> Vec<Action> {
+    for id in ids {
+        e.handle_message(now, id, hello(id));
+    }
+    drain(e)
+}
+
+#[test]
+fn a_round_waits_for_enough_clients_then_samples_them() {
+    let mut e = engine(config(3, 3));
+    let actions = join(&mut e, secs(0), &["a", "b"]);
+    assert!(broadcast_targets(&actions).is_empty(), "two of three clients: no round yet");
+    assert_eq!(e.open_round(), None);
+    let actions = join(&mut e, secs(1), &["c"]);
+    assert_eq!(broadcast_targets(&actions), vec![vec!["a".to_string(), "b".into(), "c".into()]]);
+    assert_eq!(e.open_round(), Some(1));
+    assert_eq!(e.poll_timeout(), Some(secs(1) + DEADLINE));
+}
+
+#[test]
+fn fedavg_round_closes_when_all_updates_arrived() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(2), "a", update(1, &[1.0, 2.0], 1));
+    assert_eq!(acks(&drain(&mut e), "a"), vec![(1, true)]);
+    assert_eq!(e.open_round(), Some(1), "still waiting for b");
+    e.handle_message(secs(3), "b", update(1, &[5.0, 6.0], 3));
+    let actions = drain(&mut e);
+    let r = reports(&actions);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].outcome, RoundOutcome::Aggregated);
+    assert_eq!(r[0].updates.len(), 2);
+    assert_eq!(r[0].closed, secs(3));
+    assert_eq!(e.global()[0].decode().unwrap(), vec![4.0, 5.0], "sample-weighted mean");
+    assert!(matches!(actions.iter().position(|a| matches!(a, Action::Persist(_))), Some(i)
+        if i < actions.iter().position(|a| matches!(a, Action::Broadcast { .. })).unwrap()), "persist before announcing round 2");
+    assert_eq!(e.open_round(), Some(2));
+}
+
+#[test]
+fn deadline_closes_a_round_with_a_silent_client() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(1), "a", update(1, &[2.0, 2.0], 1));
+    e.handle_disconnect(secs(2), "b");
+    drain(&mut e);
+    e.handle_timeout(secs(9));
+    assert_eq!(e.open_round(), Some(1), "the deadline has not passed");
+    e.handle_timeout(secs(10));
+    let r = reports(&drain(&mut e));
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].outcome, RoundOutcome::Aggregated);
+    assert_eq!(r[0].missing, vec!["b".to_string()]);
+    assert_eq!(e.stats().dropped, 1);
+    assert_eq!(e.global()[0].decode().unwrap(), vec![2.0, 2.0]);
+    assert_eq!(e.open_round(), None, "only one client connected: round 2 waits");
+}
+
+#[test]
+fn too_few_updates_fail_the_round_and_keep_the_model() {
+    let mut e = engine(EngineConfig { min_updates: 2, ..config(2, 2) });
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(1), "a", update(1, &[9.0, 9.0], 1));
+    e.handle_timeout(secs(10));
+    let r = reports(&drain(&mut e));
+    assert!(matches!(&r[0].outcome, RoundOutcome::Failed { reason } if reason.contains("1 of at least 2")));
+    assert_eq!(e.global()[0].decode().unwrap(), vec![0.0, 0.0]);
+    assert_eq!(e.stats().failed_rounds, 1);
+    assert_eq!(e.open_round(), Some(2), "the next round opens anyway");
+}
+
+#[test]
+fn a_duplicate_update_is_counted_once() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    e.handle_message(secs(2), "a", update(1, &[100.0, 100.0], 1));
+    let actions = drain(&mut e);
+    assert_eq!(acks(&actions, "a"), vec![(1, true), (1, true)], "both copies acknowledged");
+    e.handle_message(secs(3), "b", update(1, &[3.0, 3.0], 1));
+    let r = reports(&drain(&mut e));
+    assert_eq!(r[0].duplicates, 1);
+    assert_eq!(r[0].updates.len(), 2);
+    assert_eq!(e.global()[0].decode().unwrap(), vec![2.0, 2.0], "the second copy is not aggregated");
+    // A resend after the round closed (the ack was lost) is still a duplicate, not a late update.
+    e.handle_message(secs(4), "a", update(1, &[1.0, 1.0], 1));
+    assert_eq!(acks(&drain(&mut e), "a"), vec![(1, true)]);
+    assert_eq!(e.stats().duplicate_updates, 2);
+    assert_eq!(e.stats().late_updates, 0);
+}
+
+#[test]
+fn a_late_update_is_acknowledged_and_counted_not_aggregated() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(1), "a", update(1, &[2.0, 2.0], 1));
+    e.handle_timeout(secs(10));
+    drain(&mut e);
+    let before = e.global().to_vec();
+    e.handle_message(secs(12), "b", update(1, &[50.0, 50.0], 1));
+    let actions = drain(&mut e);
+    assert_eq!(acks(&actions, "b"), vec![(1, false)]);
+    assert_eq!(e.stats().late_updates, 1);
+    assert_eq!(e.global(), before.as_slice());
+}
+
+#[test]
+fn updates_that_do_not_belong_are_refused() {
+    let mut e = engine(EngineConfig { min_fit: 1, fraction: 0.0, ..config(2, 1) });
+    join(&mut e, secs(0), &["a", "b"]);
+    let sampled = e.open.as_ref().unwrap().sampled.iter().next().unwrap().clone();
+    let other = if sampled == "a" { "b" } else { "a" };
+    e.handle_message(secs(1), other, update(1, &[1.0, 1.0], 1));
+    assert_eq!(refusals(&drain(&mut e), other), vec![RefusalReason::NotSampled]);
+    e.handle_message(secs(1), &sampled, update(7, &[1.0, 1.0], 1));
+    assert_eq!(refusals(&drain(&mut e), &sampled), vec![RefusalReason::NotSampled], "round 7 is not open");
+    e.handle_message(secs(1), &sampled, update(1, &[1.0, 1.0, 1.0], 1));
+    assert_eq!(refusals(&drain(&mut e), &sampled), vec![RefusalReason::ShapeMismatch]);
+    e.handle_message(secs(1), &sampled, update(1, &[1.0, 1.0], 0));
+    assert_eq!(refusals(&drain(&mut e), &sampled), vec![RefusalReason::Malformed]);
+    e.handle_message(secs(1), "stranger", update(1, &[1.0, 1.0], 1));
+    assert_eq!(refusals(&drain(&mut e), "stranger"), vec![RefusalReason::NotEnrolled]);
+    assert_eq!(e.open_round(), Some(1), "nothing refused was accepted");
+    e.handle_message(secs(2), &sampled, update(1, &[1.0, 1.0], 1));
+    assert_eq!(reports(&drain(&mut e)).len(), 1);
+    assert_eq!(e.stats().refused, 5);
+}
+
+#[test]
+fn hellos_that_lie_or_run_another_method_are_closed() {
+    let mut e = engine(config(2, 2));
+    e.handle_message(secs(0), "conn-1", hello("someone-else"));
+    assert_eq!(refusals(&drain(&mut e), "conn-1"), vec![RefusalReason::NotEnrolled]);
+    let mut h = hello("x");
+    if let Message::Hello(h) = &mut h {
+        h.capabilities.methods.clear();
+    }
+    e.handle_message(secs(0), "x", h);
+    assert_eq!(refusals(&drain(&mut e), "x"), vec![RefusalReason::UnknownMethod]);
+    assert_eq!(e.connected(), 0);
+}
+
+#[test]
+fn over_selection_invites_more_and_closes_at_the_target() {
+    let mut e = engine(EngineConfig { fraction: 0.5, min_fit: 1, over_selection: 0.5, ..config(4, 1) });
+    let actions = join(&mut e, secs(0), &["a", "b", "c", "d"]);
+    let invited = broadcast_targets(&actions).remove(0);
+    assert_eq!(invited.len(), 3, "target 2, plus 50%");
+    assert_eq!(e.open.as_ref().unwrap().target, 2);
+    e.handle_message(secs(1), &invited[0], update(1, &[1.0, 1.0], 1));
+    e.handle_message(secs(2), &invited[1], update(1, &[3.0, 3.0], 1));
+    let r = reports(&drain(&mut e));
+    assert_eq!(r.len(), 1, "closed at the target, before the deadline");
+    assert_eq!(r[0].sampled, 3);
+    assert_eq!(r[0].missing, vec![invited[2].clone()]);
+    // The third invitee's update now arrives late.
+    e.handle_message(secs(3), &invited[2], update(1, &[3.0, 3.0], 1));
+    assert_eq!(acks(&drain(&mut e), &invited[2]), vec![(1, false)]);
+}
+
+#[test]
+fn sampling_is_seeded() {
+    let pick = |seed: u64| {
+        let mut e = engine(EngineConfig { fraction: 0.25, min_fit: 1, seed, ..config(8, 1) });
+        let ids: Vec<String> = (0..8).map(|i| format!("c{i}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        broadcast_targets(&join(&mut e, secs(0), &refs)).remove(0)
+    };
+    assert_eq!(pick(1), pick(1));
+    assert!((0..20).map(pick).collect::<BTreeSet<_>>().len() > 1, "different seeds sample differently");
+}
+
+#[test]
+fn a_reconnecting_sampled_client_gets_the_broadcast_again() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_disconnect(secs(1), "b");
+    let actions = join(&mut e, secs(2), &["b"]);
+    assert_eq!(broadcast_targets(&actions), vec![vec!["b".to_string()]]);
+    e.handle_message(secs(3), "a", update(1, &[1.0, 1.0], 1));
+    e.handle_message(secs(3), "b", update(1, &[1.0, 1.0], 1));
+    assert_eq!(reports(&drain(&mut e)).len(), 1);
+}
+
+#[test]
+fn the_federation_finishes_and_resumes_from_its_checkpoint() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    let mut checkpoint = None;
+    for round in 1..=3 {
+        e.handle_message(secs(round), "a", update(round, &[round as f32, 0.0], 1));
+        e.handle_message(secs(round), "b", update(round, &[round as f32, 0.0], 1));
+        for a in drain(&mut e) {
+            if let Action::Persist(c) = a {
+                checkpoint = Some(c);
+            }
+        }
+    }
+    assert!(e.is_finished());
+    let checkpoint = checkpoint.unwrap();
+    assert_eq!(checkpoint.round, 3);
+    // A restarted engine with more rounds configured continues at round 4 from the saved model.
+    let mut resumed = Engine::resume(EngineConfig { rounds: 5, ..config(2, 2) }, Box::new(FedAvg::default()), (*checkpoint).clone());
+    assert_eq!(resumed.global()[0].decode().unwrap(), vec![3.0, 0.0]);
+    join(&mut resumed, secs(0), &["a", "b"]);
+    assert_eq!(resumed.open_round(), Some(4));
+    // A restarted engine whose rounds are done says goodbye to whoever connects.
+    let mut done = Engine::resume(config(2, 2), Box::new(FedAvg::default()), (*checkpoint).clone());
+    let actions = join(&mut done, secs(0), &["a"]);
+    assert!(actions.iter().any(|a| matches!(a, Action::Send { msg: Message::Goodbye(_), .. })));
+}
+
+#[test]
+fn goodbyes_and_finished_follow_the_last_round() {
+    let mut e = engine(EngineConfig { rounds: 1, ..config(2, 2) });
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    e.handle_message(secs(1), "b", update(1, &[1.0, 1.0], 1));
+    let actions = drain(&mut e);
+    let goodbyes = actions.iter().filter(|a| matches!(a, Action::Send { msg: Message::Goodbye(_), .. })).count();
+    assert_eq!(goodbyes, 2);
+    assert!(matches!(actions.last(), Some(Action::Finished)));
+    assert_eq!(e.open_round(), None);
+}

@@ -1,0 +1,139 @@
+//! Durability over real QUIC: a restarted server resumes from its checkpoint; a restarted client
+//! resends the update it trained but never saw acknowledged, and the server counts it once.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anchorage_client::methods::FedAvgClient;
+use anchorage_client::model::{BlockLayout, ModelSpec, Trainable};
+use anchorage_client::store::ClientStore;
+use anchorage_client::train::OptimizerKind;
+use anchorage_client::transport::{self as client, ClientOptions};
+use anchorage_data::{SyntheticConfig, synthetic};
+use anchorage_server::engine::EngineConfig;
+use anchorage_server::methods::FedAvg;
+use anchorage_server::store::ServerStore;
+use anchorage_server::tls::{self, Identity};
+use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHandle, ServerOptions};
+use anchorage_server::RoundReport;
+use anchorage_shared::protocol::{Metric, RoundConfig, Update};
+use anchorage_shared::tensor::Encoding;
+use burn::tensor::Device;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("anchorage-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+async fn start(identity: &Identity, rounds: u64, min_clients: usize, store: &ServerStore, initial: Vec<anchorage_shared::tensor::ParamBlock>) -> ServerHandle {
+    server::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity: identity.clone(),
+        engine: EngineConfig {
+            rounds,
+            min_available: min_clients,
+            min_fit: min_clients,
+            round_deadline: Duration::from_secs(30),
+            round: RoundConfig { local_epochs: 1, batch_size: 32, learning_rate: 1e-3, deadline_ms: 0 },
+            ..EngineConfig::default()
+        },
+        method: Box::new(FedAvg::default()),
+        initial,
+        limits: Limits::default(),
+        store: Some(store.clone()),
+    })
+    .await
+    .expect("server starts")
+}
+
+fn fedavg_client(index: u64) -> FedAvgClient {
+    let (train, test) = synthetic::generate(&SyntheticConfig { train_per_class: 30, test_per_class: 10, seed: 3 + index, ..Default::default() });
+    FedAvgClient::new(ModelSpec::embedded_default(), &train, Some(&test), Device::flex().autodiff(), OptimizerKind::Adam, Encoding::F32, index)
+}
+
+async fn reports_until_finished(server: &mut ServerHandle) -> Vec<RoundReport> {
+    let mut reports = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), server.events.recv()).await.expect("server makes progress") {
+            Some(ServerEvent::RoundClosed { report, .. }) => reports.push((*report).clone()),
+            Some(ServerEvent::Finished) | None => return reports,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_server_resumes_from_its_checkpoint() {
+    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let store = ServerStore::new(temp_dir("server-restart"));
+    let initial = Trainable::new(&ModelSpec::embedded_default(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
+
+    let mut first = start(&identity, 2, 2, &store, initial.clone()).await;
+    let addr = first.local_addr;
+    let clients: Vec<_> = (0..2)
+        .map(|i| tokio::spawn(client::run(ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")), Box::new(fedavg_client(i)), None)))
+        .collect();
+    let reports = reports_until_finished(&mut first).await;
+    assert_eq!(reports.iter().map(|r| r.round).collect::<Vec<_>>(), vec![1, 2]);
+    for c in clients {
+        c.await.unwrap().unwrap();
+    }
+    first.shutdown().await.unwrap();
+    let saved = store.load().unwrap().expect("a checkpoint after round 2");
+    assert_eq!(saved.round, 2);
+    assert_ne!(saved.global, initial, "the checkpoint holds the trained global model");
+
+    // A new process on the same state folder, allowed two more rounds: it continues at round 3.
+    let mut second = start(&identity, 4, 2, &store, initial.clone()).await;
+    let addr = second.local_addr;
+    let clients: Vec<_> = (0..2)
+        .map(|i| tokio::spawn(client::run(ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")), Box::new(fedavg_client(i)), None)))
+        .collect();
+    let reports = reports_until_finished(&mut second).await;
+    assert_eq!(reports.iter().map(|r| r.round).collect::<Vec<_>>(), vec![3, 4]);
+    for c in clients {
+        c.await.unwrap().unwrap();
+    }
+    second.shutdown().await.unwrap();
+    assert_eq!(store.load().unwrap().unwrap().round, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_client_resends_its_unacknowledged_update_once() {
+    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let spec = ModelSpec::embedded_default();
+    let initial = Trainable::new(&spec, &Device::flex()).to_blocks(Encoding::F32).unwrap();
+    let mut server = start(&identity, 1, 1, &ServerStore::new(temp_dir("resend-server")), initial.clone()).await;
+
+    // The client crashed after training round 1 and persisting the update, before the ack.
+    let client_store = ClientStore::new(temp_dir("resend-client"));
+    let trained = Trainable::new(&ModelSpec { seed: 99, ..spec.clone() }, &Device::flex()).to_blocks(Encoding::F32).unwrap();
+    let pending = Update {
+        round: 1,
+        num_samples: 42,
+        blocks: trained.clone(),
+        prototypes: vec![],
+        metrics: vec![Metric { name: "marker".into(), value: 7.0 }],
+        compute_seconds: 123.0,
+    };
+    client_store.save_pending(Some(&pending)).unwrap();
+
+    let mut options = ClientOptions::new(server.local_addr, identity.cert.clone(), "crashed");
+    options.store = Some(client_store.clone());
+    let handle = tokio::spawn(client::run(options, Box::new(fedavg_client(5)), None));
+    let reports = reports_until_finished(&mut server).await;
+    handle.await.unwrap().unwrap();
+
+    assert_eq!(reports.len(), 1);
+    let r = &reports[0];
+    assert_eq!(r.updates.len(), 1);
+    assert_eq!(r.updates[0].client, "crashed");
+    assert_eq!(r.updates[0].compute_seconds, 123.0, "the persisted update was sent, not a retrained one");
+    assert_eq!(r.updates[0].num_samples, 42);
+    assert_eq!(client_store.load_pending().unwrap(), None, "the acknowledged update is cleared from the store");
+    // Nothing follows `Finished`: no second round was opened by the resent copy.
+    let after = tokio::time::timeout(Duration::from_millis(200), server.events.recv()).await;
+    assert!(!matches!(after, Ok(Some(ServerEvent::RoundClosed { .. }))), "no further round after the federation finished");
+    server.shutdown().await.unwrap();
+}
