@@ -34,7 +34,11 @@ fn tensor_block<const D: usize>(name: &str, t: &Tensor<D>, encoding: Encoding) -
     Ok(ParamBlock::encode(name, &shape, &values, encoding))
 }
 
-fn load_tensor<const D: usize>(param: &mut Param<Tensor<D>>, block: &ParamBlock, device: &Device) -> Result<(), ModelError> {
+fn load_tensor<const D: usize>(
+    param: &mut Param<Tensor<D>>,
+    block: &ParamBlock,
+    device: &Device,
+) -> Result<(), ModelError> {
     let expected: Vec<u32> = param.val().dims().iter().map(|&d| d as u32).collect();
     if block.tensor.shape != expected {
         return Err(ModelError::Shape { name: block.name.clone(), expected, got: block.tensor.shape.clone() });
@@ -76,7 +80,8 @@ impl BlockLayout for Trainable {
 
     fn load_blocks(mut self, blocks: &[ParamBlock], device: &Device) -> Result<Self, ModelError> {
         for block in blocks {
-            let found = load_linear(ADAPTER, &mut self.adapter, block, device)? || load_linear(HEAD, &mut self.head, block, device)?;
+            let found = load_linear(ADAPTER, &mut self.adapter, block, device)?
+                || load_linear(HEAD, &mut self.head, block, device)?;
             if !found {
                 return Err(ModelError::UnknownBlock(block.name.clone()));
             }

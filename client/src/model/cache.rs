@@ -20,14 +20,13 @@ impl FeatureCache {
         let mut parts = Vec::new();
         for start in (0..data.len()).step_by(chunk.max(1)) {
             let end = (start + chunk.max(1)).min(data.len());
-            let x = Tensor::<2>::from_data(TensorData::new(data.features[start * dim..end * dim].to_vec(), [end - start, dim]), device);
+            let x = Tensor::<2>::from_data(
+                TensorData::new(data.features[start * dim..end * dim].to_vec(), [end - start, dim]),
+                device,
+            );
             parts.push(backbone.forward(x));
         }
-        let features = if parts.is_empty() {
-            Tensor::zeros([0, dim], device)
-        } else {
-            Tensor::cat(parts, 0)
-        };
+        let features = if parts.is_empty() { Tensor::zeros([0, dim], device) } else { Tensor::cat(parts, 0) };
         let labels_i: Vec<i64> = data.labels.iter().map(|&l| l as i64).collect();
         let labels = Tensor::<1, Int>::from_data(TensorData::new(labels_i, [data.len()]), device);
         Self { features, labels, labels_host: data.labels.clone() }
