@@ -3,12 +3,13 @@
 //! The edge default: the backbone never trains, so its features are computed once per sample
 //! ([`FeatureCache`]) and every epoch of the small trainable parts runs on cached features.
 //! Trainable parts travel as named parameter blocks (`adapter.0.weight`, `head.bias`, ...).
-//! Pretrained backbones ([`ResNetCifar`]) load from safetensors through burn-store ([`weights`]).
+//! Pretrained backbones ([`ResNetCifar`], [`MobileNetV2`]) load from safetensors through burn-store ([`weights`]).
 
 mod blocks;
 mod cache;
 pub mod input;
 mod mlp;
+pub mod mobilenet_v2;
 pub mod resnet_cifar;
 pub mod weights;
 
@@ -16,5 +17,6 @@ pub use blocks::{BlockLayout, ModelError};
 pub use cache::FeatureCache;
 pub use input::InputTransform;
 pub use mlp::{FrozenBackbone, ModelSpec, Trainable};
+pub use mobilenet_v2::{MobileNetV2, MobileNetV2Config};
 pub use resnet_cifar::{ResNetCifar, ResNetCifarConfig};
 pub use weights::WeightError;
