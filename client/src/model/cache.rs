@@ -1,9 +1,20 @@
 //! Frozen-backbone features, computed once per sample and reused by every epoch and round.
+//!
+//! [`FeatureCache`] holds the features of one whole dataset as a device tensor (what the training
+//! loop consumes). [`FeatureStore`] is the bounded, keyed cache behind it on a device with little
+//! memory: features per (data id, sample index) within a byte budget, spilled to disk past it
+//! when a spill directory is given, and dropped when the backbone's fingerprint (weights or input
+//! transform) changes.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
 
 use anchorage_data::Dataset;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::FrozenBackbone;
+use super::backbone::Backbone;
 
 /// Features and labels of a dataset under a frozen backbone, kept on the training device.
 #[derive(Debug, Clone)]
@@ -13,23 +24,44 @@ pub struct FeatureCache {
     pub labels_host: Vec<u32>,
 }
 
+fn batch_of(data: &Dataset, indices: &[usize], device: &Device) -> Tensor<2> {
+    let dim = data.sample_len();
+    let mut values = Vec::with_capacity(indices.len() * dim);
+    for &i in indices {
+        values.extend_from_slice(data.sample(i));
+    }
+    Tensor::from_data(TensorData::new(values, [indices.len(), dim]), device)
+}
+
 impl FeatureCache {
     /// Runs the backbone over `data` in chunks of `chunk` samples.
-    pub fn build(backbone: &FrozenBackbone, data: &Dataset, chunk: usize, device: &Device) -> Self {
-        let dim = data.sample_len();
-        let mut parts = Vec::new();
-        for start in (0..data.len()).step_by(chunk.max(1)) {
-            let end = (start + chunk.max(1)).min(data.len());
-            let x = Tensor::<2>::from_data(
-                TensorData::new(data.features[start * dim..end * dim].to_vec(), [end - start, dim]),
-                device,
-            );
-            parts.push(backbone.forward(x));
-        }
-        let features = if parts.is_empty() { Tensor::zeros([0, dim], device) } else { Tensor::cat(parts, 0) };
-        let labels_i: Vec<i64> = data.labels.iter().map(|&l| l as i64).collect();
-        let labels = Tensor::<1, Int>::from_data(TensorData::new(labels_i, [data.len()]), device);
-        Self { features, labels, labels_host: data.labels.clone() }
+    pub fn build<B: Backbone + ?Sized>(backbone: &B, data: &Dataset, chunk: usize, device: &Device) -> Self {
+        let chunk = chunk.max(1);
+        let all: Vec<usize> = (0..data.len()).collect();
+        let parts: Vec<Tensor<2>> =
+            all.chunks(chunk).map(|c| backbone.features(batch_of(data, c, device), &data.sample_shape)).collect();
+        let features =
+            if parts.is_empty() { Tensor::zeros([0, backbone.feature_dim()], device) } else { Tensor::cat(parts, 0) };
+        Self::from_parts(features, &data.labels, device)
+    }
+
+    /// Features of all of `data` through a [`FeatureStore`] (computed only where not stored).
+    pub fn build_stored<B: Backbone + ?Sized>(
+        store: &mut FeatureStore,
+        backbone: &B,
+        data: &Dataset,
+        data_id: u64,
+        device: &Device,
+    ) -> Result<Self, CacheError> {
+        let all: Vec<usize> = (0..data.len()).collect();
+        let features = store.features(backbone, data, data_id, &all, device)?;
+        Ok(Self::from_parts(features, &data.labels, device))
+    }
+
+    fn from_parts(features: Tensor<2>, labels_host: &[u32], device: &Device) -> Self {
+        let labels_i: Vec<i64> = labels_host.iter().map(|&l| l as i64).collect();
+        let labels = Tensor::<1, Int>::from_data(TensorData::new(labels_i, [labels_host.len()]), device);
+        Self { features, labels, labels_host: labels_host.to_vec() }
     }
 
     pub fn len(&self) -> usize {
@@ -38,5 +70,226 @@ impl FeatureCache {
 
     pub fn is_empty(&self) -> bool {
         self.labels_host.is_empty()
+    }
+}
+
+/// The spill file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("feature spill file {path}: {source}")]
+    Spill { path: PathBuf, source: std::io::Error },
+    #[error("backbone returned {got} values for {rows} samples of {dim} features")]
+    Shape { rows: usize, dim: usize, got: usize },
+}
+
+/// What a [`FeatureStore`] did so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Samples served from memory or disk.
+    pub hits: u64,
+    /// Samples run through the backbone.
+    pub misses: u64,
+    /// Times the store was emptied because the backbone fingerprint changed.
+    pub invalidations: u64,
+    /// Computed samples neither memory nor disk had room for.
+    pub rejected: u64,
+    pub memory_bytes: u64,
+    pub disk_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Memory(usize),
+    Disk(u64),
+}
+
+/// Bytes one cached sample costs in memory besides its features (key, slot, map overhead).
+const ENTRY_OVERHEAD: usize = 48;
+
+/// Features per (data id, sample index) under one backbone fingerprint, within a memory budget
+/// and an optional disk budget. Admission is first come (no eviction): with epoch-style access a
+/// stable resident set beats LRU, which would miss on every sample once the set exceeds the budget.
+#[derive(Debug)]
+pub struct FeatureStore {
+    memory_budget: usize,
+    disk: Option<(PathBuf, u64)>,
+    fingerprint: Option<u64>,
+    dim: usize,
+    rows: Vec<f32>,
+    slots: HashMap<(u64, u32), Slot>,
+    spill: Option<(PathBuf, File)>,
+    /// Samples per backbone call.
+    pub chunk: usize,
+    stats: CacheStats,
+}
+
+impl FeatureStore {
+    /// A store holding at most `memory_budget` bytes of features in memory.
+    pub fn new(memory_budget: usize) -> Self {
+        Self {
+            memory_budget,
+            disk: None,
+            fingerprint: None,
+            dim: 0,
+            rows: Vec::new(),
+            slots: HashMap::new(),
+            spill: None,
+            chunk: 256,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// Spill features past the memory budget to a file in `dir`, up to `disk_budget` bytes.
+    pub fn with_disk(mut self, dir: impl Into<PathBuf>, disk_budget: u64) -> Self {
+        self.disk = Some((dir.into(), disk_budget));
+        self
+    }
+
+    pub fn stats(&self) -> &CacheStats {
+        &self.stats
+    }
+
+    /// Samples cached (memory and disk).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Forgets everything (and deletes the spill file).
+    pub fn clear(&mut self) {
+        self.rows = Vec::new();
+        self.slots.clear();
+        if let Some((path, file)) = self.spill.take() {
+            drop(file);
+            let _ = std::fs::remove_file(path);
+        }
+        self.stats.memory_bytes = 0;
+        self.stats.disk_bytes = 0;
+        self.fingerprint = None;
+    }
+
+    /// Features `[indices.len(), dim]` of `data[indices]` (`data_id` names the dataset), computed by
+    /// `backbone` where not cached under its current fingerprint.
+    pub fn features<B: Backbone + ?Sized>(
+        &mut self,
+        backbone: &B,
+        data: &Dataset,
+        data_id: u64,
+        indices: &[usize],
+        device: &Device,
+    ) -> Result<Tensor<2>, CacheError> {
+        let fp = backbone.fingerprint();
+        if self.fingerprint != Some(fp) {
+            if self.fingerprint.is_some() {
+                self.stats.invalidations += 1;
+            }
+            self.clear();
+            self.fingerprint = Some(fp);
+            self.dim = backbone.feature_dim();
+        }
+        let dim = self.dim;
+        let mut out = vec![0.0f32; indices.len() * dim];
+        let mut missing = Vec::new();
+        for (k, &i) in indices.iter().enumerate() {
+            match self.slots.get(&(data_id, i as u32)).copied() {
+                Some(slot) => {
+                    self.read(slot, &mut out[k * dim..(k + 1) * dim])?;
+                    self.stats.hits += 1;
+                }
+                None => missing.push(k),
+            }
+        }
+        for part in missing.chunks(self.chunk.max(1)) {
+            let idx: Vec<usize> = part.iter().map(|&k| indices[k]).collect();
+            let f = backbone.features(batch_of(data, &idx, device), &data.sample_shape);
+            let values: Vec<f32> = f.into_data().try_into_vec_as::<f32>().unwrap_or_default();
+            if values.len() != part.len() * dim {
+                return Err(CacheError::Shape { rows: part.len(), dim, got: values.len() });
+            }
+            for (j, &k) in part.iter().enumerate() {
+                let row = &values[j * dim..(j + 1) * dim];
+                out[k * dim..(k + 1) * dim].copy_from_slice(row);
+                self.insert((data_id, indices[k] as u32), row)?;
+                self.stats.misses += 1;
+            }
+        }
+        Ok(Tensor::from_data(TensorData::new(out, [indices.len(), dim]), device))
+    }
+
+    fn insert(&mut self, key: (u64, u32), row: &[f32]) -> Result<(), CacheError> {
+        if self.slots.contains_key(&key) {
+            return Ok(());
+        }
+        let cost = row.len() * 4 + ENTRY_OVERHEAD;
+        if self.stats.memory_bytes as usize + cost <= self.memory_budget {
+            self.slots.insert(key, Slot::Memory(self.rows.len()));
+            self.rows.extend_from_slice(row);
+            self.stats.memory_bytes += cost as u64;
+            return Ok(());
+        }
+        let Some((dir, disk_budget)) = self.disk.clone() else {
+            self.stats.rejected += 1;
+            return Ok(());
+        };
+        let bytes = (row.len() * 4) as u64;
+        if self.stats.disk_bytes + bytes > disk_budget {
+            self.stats.rejected += 1;
+            return Ok(());
+        }
+        let offset = self.stats.disk_bytes;
+        let (path, file) = self.spill_file(&dir)?;
+        let buf: Vec<u8> = row.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let io = |source| CacheError::Spill { path: path.clone(), source };
+        file.seek(SeekFrom::Start(offset)).map_err(io)?;
+        file.write_all(&buf).map_err(io)?;
+        self.stats.disk_bytes += bytes;
+        self.slots.insert(key, Slot::Disk(offset));
+        Ok(())
+    }
+
+    fn spill_file(&mut self, dir: &Path) -> Result<(PathBuf, &mut File), CacheError> {
+        if self.spill.is_none() {
+            let fp = self.fingerprint.unwrap_or(0);
+            let path = dir.join(format!("features-{fp:016x}-{}.f32", std::process::id()));
+            let open = std::fs::create_dir_all(dir)
+                .and_then(|_| OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path));
+            let file = open.map_err(|source| CacheError::Spill { path: path.clone(), source })?;
+            self.spill = Some((path, file));
+        }
+        let (path, file) = self.spill.as_mut().expect("just set");
+        Ok((path.clone(), file))
+    }
+
+    fn read(&mut self, slot: Slot, out: &mut [f32]) -> Result<(), CacheError> {
+        match slot {
+            Slot::Memory(at) => out.copy_from_slice(&self.rows[at..at + out.len()]),
+            Slot::Disk(offset) => {
+                let Some((path, file)) = self.spill.as_mut() else {
+                    return Err(CacheError::Spill {
+                        path: PathBuf::new(),
+                        source: std::io::ErrorKind::NotFound.into(),
+                    });
+                };
+                let mut buf = vec![0u8; out.len() * 4];
+                let io = |source| CacheError::Spill { path: path.clone(), source };
+                file.seek(SeekFrom::Start(offset)).map_err(io)?;
+                file.read_exact(&mut buf).map_err(|source| CacheError::Spill { path: path.clone(), source })?;
+                for (v, b) in out.iter_mut().zip(buf.chunks_exact(4)) {
+                    *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FeatureStore {
+    fn drop(&mut self) {
+        if let Some((path, _)) = self.spill.take() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }

@@ -60,6 +60,15 @@ impl FrozenBackbone {
         }
     }
 
+    /// The weight `[input_dim, feature_dim]`.
+    pub fn weight(&self) -> Tensor<2> {
+        self.weight.clone()
+    }
+
+    pub fn bias(&self) -> Tensor<1> {
+        self.bias.clone()
+    }
+
     /// Features of a batch `[n, input_dim]` → `[n, feature_dim]`.
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         relu(x.matmul(self.weight.clone()) + self.bias.clone().unsqueeze())

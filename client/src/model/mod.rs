@@ -5,16 +5,18 @@
 //! Trainable parts travel as named parameter blocks (`adapter.0.weight`, `head.bias`, ...).
 //! Pretrained backbones ([`ResNetCifar`], [`MobileNetV2`]) load from safetensors through burn-store ([`weights`]).
 
+pub mod backbone;
 mod blocks;
-mod cache;
+pub mod cache;
 pub mod input;
 mod mlp;
 pub mod mobilenet_v2;
 pub mod resnet_cifar;
 pub mod weights;
 
+pub use backbone::{Backbone, FeatureNet, Frozen};
 pub use blocks::{BlockLayout, ModelError};
-pub use cache::FeatureCache;
+pub use cache::{CacheError, CacheStats, FeatureCache, FeatureStore};
 pub use input::InputTransform;
 pub use mlp::{FrozenBackbone, ModelSpec, Trainable};
 pub use mobilenet_v2::{MobileNetV2, MobileNetV2Config};
