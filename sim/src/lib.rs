@@ -6,6 +6,7 @@
 
 mod record;
 mod run;
+pub mod scenario;
 
 pub use record::{RoundRow, RunSummary};
 pub use run::{KillAt, SimConfig, SimResult, run};

@@ -24,6 +24,29 @@ enum Command {
     /// Run one server and N clients in this process over real QUIC on loopback.
     /// With no arguments: the embedded default (synthetic data made in code, FedAvg).
     Sim(SimArgs),
+    /// Data settings: inspect what a scenario's partition gives each client.
+    #[command(subcommand)]
+    Data(DataCommand),
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Per client and task: class histogram, sample counts, imbalance factor and label skew of a
+    /// scenario's `[data]` table. Prints a table and writes the same as CSV.
+    Describe(DescribeArgs),
+}
+
+#[derive(Args)]
+struct DescribeArgs {
+    /// A scenario TOML file with a `[data]` table (see `scenarios/`).
+    scenario: PathBuf,
+    /// Folder of the real datasets (MNIST, CIFAR, Tiny-ImageNet). Without it, stand-in labels
+    /// with the official per-class counts are used, and the output says so.
+    #[arg(long, env = "ANCHORAGE_DATA")]
+    data_dir: Option<PathBuf>,
+    /// CSV output (default: `<scenario file stem>.describe.csv` in the current folder).
+    #[arg(long)]
+    csv: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -57,7 +80,22 @@ fn main() -> anyhow::Result<()> {
     if cli.log_json { fmt.json().init() } else { fmt.init() }
     match cli.command {
         Command::Sim(args) => sim(args),
+        Command::Data(DataCommand::Describe(args)) => describe(args),
     }
+}
+
+fn describe(args: DescribeArgs) -> anyhow::Result<()> {
+    let spec = anchorage_sim::scenario::data_spec(&args.scenario)?;
+    let description = anchorage_data::describe(&spec, args.data_dir.as_deref())
+        .with_context(|| format!("describing the data of {}", args.scenario.display()))?;
+    println!("{description}");
+    let csv = args.csv.unwrap_or_else(|| {
+        let stem = args.scenario.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
+        PathBuf::from(format!("{stem}.describe.csv"))
+    });
+    std::fs::write(&csv, description.to_csv()).with_context(|| format!("writing {}", csv.display()))?;
+    println!("csv: {}", csv.display());
+    Ok(())
 }
 
 fn sim(args: SimArgs) -> anyhow::Result<()> {
