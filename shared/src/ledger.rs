@@ -20,6 +20,8 @@ pub struct CostRecord {
     pub transfer_seconds: f64,
     pub wait_seconds: f64,
     pub wall_seconds: f64,
+    /// QUIC's smoothed round-trip time at the end of the upload.
+    pub rtt_seconds: f64,
     /// The update arrived after its round closed.
     pub straggler: bool,
     /// The client was sampled but sent nothing before the deadline.

@@ -4,9 +4,10 @@
 //! file and no network: procedural synthetic images made in code, Dirichlet label skew over the
 //! clients, FedAvg of a trainable adapter and head on a frozen backbone.
 
+pub mod network;
 mod record;
 mod run;
 pub mod scenario;
 
 pub use record::{RoundRow, RunSummary};
-pub use run::{KillAt, SimConfig, SimResult, run};
+pub use run::{ClientLink, KillAt, SimConfig, SimResult, run};

@@ -68,6 +68,9 @@ struct SimArgs {
     /// Upload encoding: f32, f16, bf16, int8.
     #[arg(long)]
     encoding: Option<String>,
+    /// Every client's link: a preset (ethernet, wifi, lte, 3g, satellite, iot) shaping real QUIC.
+    #[arg(long)]
+    link: Option<String>,
     /// Run folder (default: runs/sim-<seed>-<unix time>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -123,6 +126,9 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
     }
     if let Some(v) = args.encoding {
         config.encoding = v;
+    }
+    if let Some(v) = args.link {
+        config.link = Some(v);
     }
     let out = args.out.unwrap_or_else(|| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

@@ -108,11 +108,11 @@ pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, led
     }
 
     let mut l = std::fs::File::create(dir.join("ledger.csv"))?;
-    writeln!(l, "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,straggler,dropped")?;
+    writeln!(l, "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,straggler,dropped")?;
     for c in ledger {
         writeln!(
             l,
-            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{},{}",
+            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{},{}",
             csv_field(&c.client),
             c.round,
             c.payload_down,
@@ -123,6 +123,7 @@ pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, led
             c.transfer_seconds,
             c.wait_seconds,
             c.wall_seconds,
+            c.rtt_seconds,
             c.straggler,
             c.dropped
         )?;

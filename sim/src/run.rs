@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anchorage_client::methods::FedAvgClient;
 use anchorage_client::model::{BlockLayout, FeatureCache, FrozenBackbone, ModelSpec, Trainable};
 use anchorage_client::train::{OptimizerKind, accuracy};
-use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions};
+use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
 use anchorage_data::{SyntheticConfig, partition, synthetic};
 use anchorage_server::engine::{EngineConfig, RoundOutcome};
 use anchorage_server::methods::FedAvg;
@@ -23,6 +24,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
 use crate::record::{RoundRow, RunSummary, write_run_folder};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
@@ -58,6 +60,34 @@ pub struct SimConfig {
     /// Upload encoding: f32, f16, bf16 or int8.
     pub encoding: String,
     pub kill: Vec<KillAt>,
+    /// Link of every client, by preset name (`ethernet`, `wifi`, `lte`, `3g`, `satellite`, `iot`);
+    /// none: plain loopback.
+    pub link: Option<String>,
+    /// Explicit links for single clients (override `link`).
+    pub client_links: Vec<ClientLink>,
+}
+
+/// One client's link, written out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientLink {
+    pub client: usize,
+    pub profile: DuplexProfile,
+}
+
+impl SimConfig {
+    /// The link client `i` runs on, if shaped.
+    pub fn link_of(&self, i: usize) -> anyhow::Result<Option<DuplexProfile>> {
+        if let Some(l) = self.client_links.iter().find(|l| l.client == i) {
+            return Ok(Some(l.profile.clone()));
+        }
+        match &self.link {
+            None => Ok(None),
+            Some(name) => DuplexProfile::preset(name)
+                .map(Some)
+                .with_context(|| format!("unknown link preset `{name}` (known: {})", DuplexProfile::PRESETS.join(", "))),
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -79,6 +109,8 @@ impl Default for SimConfig {
             noise: 1.0,
             encoding: "f32".into(),
             kill: Vec::new(),
+            link: None,
+            client_links: Vec::new(),
         }
     }
 }
@@ -91,6 +123,8 @@ pub struct SimResult {
     /// Round reports from the server, in order.
     pub reports: Vec<anchorage_server::RoundReport>,
     pub run_dir: Option<PathBuf>,
+    /// Per client, the counters of its modelled link (`None`: unshaped).
+    pub link_stats: Vec<Option<DuplexStats>>,
 }
 
 /// Runs the federation; prints a table and shows progress when `progress` is set, and writes the
@@ -155,12 +189,26 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     // Clients.
     let (event_tx, mut client_events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
     let mut handles = Vec::new();
+    let mut link_handles: Vec<Option<Arc<Mutex<Option<LinkHandle>>>>> = Vec::new();
     for (i, indices) in parts.iter().enumerate() {
         let local = train.subset(indices);
         let (local_train, local_test) = local.split_per_class(0.8, config.seed ^ i as u64);
         let method = FedAvgClient::new(spec.clone(), &local_train, Some(&local_test), Device::flex().autodiff(), OptimizerKind::Adam, encoding, config.seed.wrapping_add(i as u64));
         let mut options = ClientOptions::new(server.local_addr, cert.clone(), format!("client-{i:03}"));
         options.seed = config.seed.wrapping_add(1000 + i as u64);
+        if let Some(profile) = config.link_of(i)? {
+            let (slot, seed) = (Arc::new(Mutex::new(None)), config.seed.wrapping_add(5000 + i as u64));
+            link_handles.push(Some(slot.clone()));
+            options.socket_wrapper = Some(SocketWrapper(Arc::new(move |socket| {
+                let (shaped, handle) = ShapedSocket::new(socket, profile.clone(), seed)?;
+                if let Ok(mut s) = slot.lock() {
+                    *s = Some(handle);
+                }
+                Ok(shaped as Arc<dyn quinn::AsyncUdpSocket>)
+            })));
+        } else {
+            link_handles.push(None);
+        }
         let (tx, forward) = (event_tx.clone(), mpsc::unbounded_channel::<ClientEvent>());
         let (ctx, mut crx) = forward;
         tokio::spawn(async move {
@@ -274,7 +322,11 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
             println!("run folder: {}", dir.display());
         }
     }
-    Ok(SimResult { summary, ledger, reports, run_dir: out })
+    let link_stats = link_handles
+        .iter()
+        .map(|h| h.as_ref().and_then(|slot| slot.lock().ok().and_then(|s| s.as_ref().map(LinkHandle::stats))))
+        .collect();
+    Ok(SimResult { summary, ledger, reports, run_dir: out, link_stats })
 }
 
 fn handle_client_event(
