@@ -256,9 +256,12 @@ mod tests {
     fn a_full_buffer_drops_the_tail() {
         let mut link = Link::new(LinkProfile { bandwidth_bps: 1e6, buffer_bytes: 5000, ..LinkProfile::default() }, 1);
         let results: Vec<_> = (0..10).map(|_| link.transmit(ms(0), 1250)).collect();
-        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 5);
+        // The buffer counts every byte not yet sent: four 1250-byte datagrams fill 5000 bytes.
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 4);
         assert_eq!(results[9], Err(Drop::BufferFull));
-        assert_eq!(link.stats().lost_buffer, 5);
+        assert_eq!(link.stats().lost_buffer, 6);
+        // Once the queue drained, the link accepts again.
+        assert!(link.transmit(ms(40), 1250).is_ok());
     }
 
     #[test]
