@@ -7,7 +7,9 @@
 pub mod network;
 mod record;
 mod run;
+mod setup;
+pub mod virtual_clock;
 pub mod scenario;
 
-pub use record::{RoundRow, RunSummary};
+pub use record::{RoundRow, RunSummary, write_run_folder};
 pub use run::{ClientLink, KillAt, SimConfig, SimResult, run};

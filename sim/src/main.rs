@@ -71,6 +71,13 @@ struct SimArgs {
     /// Every client's link: a preset (ethernet, wifi, lte, 3g, satellite, iot) shaping real QUIC.
     #[arg(long)]
     link: Option<String>,
+    /// `real`: QUIC on loopback in real time; `virtual`: the discrete-event clock (no sockets,
+    /// simulated time charged by the link and device models).
+    #[arg(long, default_value = "real")]
+    clock: String,
+    /// Virtual clock: simulated seconds per host second of training (device slowness).
+    #[arg(long)]
+    compute_scale: Option<f64>,
     /// Run folder (default: runs/sim-<seed>-<unix time>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -130,11 +137,36 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
     if let Some(v) = args.link {
         config.link = Some(v);
     }
+    if let Some(v) = args.compute_scale {
+        config.compute_scale = v;
+    }
     let out = args.out.unwrap_or_else(|| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         PathBuf::from("runs").join(format!("sim-{}-{now}", config.seed))
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(anchorage_sim::run(config, Some(out), true))?;
+    match args.clock.as_str() {
+        "real" => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(anchorage_sim::run(config, Some(out), true))?;
+        }
+        "virtual" => {
+            println!("anchorage sim (virtual clock): {} clients, {} rounds, FedAvg, seed {}", config.clients, config.rounds, config.seed);
+            let result = anchorage_sim::virtual_clock::run_virtual(&config)?;
+            println!("{}", anchorage_sim::RoundRow::HEADER);
+            for row in &result.summary.rounds {
+                println!("{}", row.table_line());
+            }
+            let simulated: f64 = result.summary.rounds.iter().map(|r| r.seconds).sum();
+            println!(
+                "final accuracy {:.2}% (initial {:.2}%); {simulated:.1} simulated seconds of rounds in {:.1} s",
+                result.summary.final_accuracy * 100.0,
+                result.summary.initial_accuracy * 100.0,
+                result.summary.wall_seconds
+            );
+            anchorage_sim::write_run_folder(&out, &toml::to_string_pretty(&config)?, &result.summary, &result.ledger)?;
+            println!("run folder: {}", out.display());
+        }
+        other => anyhow::bail!("unknown clock `{other}` (real or virtual)"),
+    }
     Ok(())
 }

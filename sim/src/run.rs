@@ -6,25 +6,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anchorage_client::methods::FedAvgClient;
-use anchorage_client::model::{BlockLayout, FeatureCache, FrozenBackbone, ModelSpec, Trainable};
-use anchorage_client::train::{OptimizerKind, accuracy};
 use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
-use anchorage_data::{SyntheticConfig, partition, synthetic};
-use anchorage_server::engine::{EngineConfig, RoundOutcome};
+use anchorage_server::engine::RoundOutcome;
 use anchorage_server::methods::FedAvg;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
 use anchorage_server::tls;
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::RoundConfig;
-use anchorage_shared::tensor::Encoding;
 use anyhow::Context;
-use burn::tensor::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
+use crate::setup::{Setup, client_id};
 use crate::record::{RoundRow, RunSummary, write_run_folder};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
@@ -65,6 +59,9 @@ pub struct SimConfig {
     pub link: Option<String>,
     /// Explicit links for single clients (override `link`).
     pub client_links: Vec<ClientLink>,
+    /// Virtual clock: simulated seconds charged per host second of training (a device this many
+    /// times slower than the host).
+    pub compute_scale: f64,
 }
 
 /// One client's link, written out.
@@ -111,6 +108,7 @@ impl Default for SimConfig {
             kill: Vec::new(),
             link: None,
             client_links: Vec::new(),
+            compute_scale: 1.0,
         }
     }
 }
@@ -130,42 +128,12 @@ pub struct SimResult {
 /// Runs the federation; prints a table and shows progress when `progress` is set, and writes the
 /// run folder when `out` is given.
 pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
-    anyhow::ensure!(config.clients >= 1, "need at least one client");
     let started = Instant::now();
-    let encoding = anchorage_client::encoding::parse(&config.encoding)?;
-    let device = Device::flex();
-    let spec = ModelSpec::embedded_default();
-
-    // Data: procedural images, Dirichlet label skew, a local 80/20 split per client.
-    let data = SyntheticConfig {
-        num_classes: spec.num_classes as u32,
-        side: 16,
-        train_per_class: config.train_per_class,
-        test_per_class: config.test_per_class,
-        noise: config.noise,
-        max_shift: 3,
-        seed: config.seed,
-    };
-    let (train, test) = synthetic::generate(&data);
-    let parts = partition::dirichlet(&train.labels, train.num_classes, config.clients, config.alpha, 20, config.seed)
-        .context("partitioning the synthetic data")?;
+    let Setup { spec, engine, initial, clients, train_len, test_len, evaluator } = Setup::new(&config)?;
 
     // Server on loopback with a fresh self-signed certificate that the clients pin.
     let identity = tls::self_signed(&["localhost"])?;
     let cert = identity.cert.clone();
-    let initial = Trainable::new(&spec, &device).to_blocks(Encoding::F32)?;
-    let engine = EngineConfig {
-        rounds: config.rounds,
-        min_available: config.min_available.unwrap_or(config.clients),
-        fraction: config.fraction,
-        min_fit: 1,
-        over_selection: config.over_selection,
-        min_updates: 1,
-        round_deadline: Duration::from_secs_f64(config.round_deadline_secs),
-        round: RoundConfig { local_epochs: config.local_epochs, batch_size: config.batch_size, learning_rate: config.learning_rate, deadline_ms: 0 },
-        seed: config.seed,
-        ..EngineConfig::default()
-    };
     let mut server = server_transport::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity,
@@ -176,25 +144,15 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         store: None,
     })
     .await?;
-
-    // The evaluator: the global model on the held-out test set, through the same frozen backbone.
-    let backbone = FrozenBackbone::new(&spec, &device);
-    let test_cache = FeatureCache::build(&backbone, &test, 512, &device);
-    let eval = |blocks: &[anchorage_shared::tensor::ParamBlock]| -> anyhow::Result<f64> {
-        let model = Trainable::new(&spec, &device).load_blocks(blocks, &device)?;
-        Ok(accuracy(&model, &test_cache, 1024).unwrap_or(0.0))
-    };
+    let eval = |blocks: &[anchorage_shared::tensor::ParamBlock]| evaluator.accuracy(blocks);
     let initial_accuracy = eval(&initial)?;
 
     // Clients.
     let (event_tx, mut client_events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
     let mut handles = Vec::new();
     let mut link_handles: Vec<Option<Arc<Mutex<Option<LinkHandle>>>>> = Vec::new();
-    for (i, indices) in parts.iter().enumerate() {
-        let local = train.subset(indices);
-        let (local_train, local_test) = local.split_per_class(0.8, config.seed ^ i as u64);
-        let method = FedAvgClient::new(spec.clone(), &local_train, Some(&local_test), Device::flex().autodiff(), OptimizerKind::Adam, encoding, config.seed.wrapping_add(i as u64));
-        let mut options = ClientOptions::new(server.local_addr, cert.clone(), format!("client-{i:03}"));
+    for (i, method) in clients.into_iter().enumerate() {
+        let mut options = ClientOptions::new(server.local_addr, cert.clone(), client_id(i));
         options.seed = config.seed.wrapping_add(1000 + i as u64);
         if let Some(profile) = config.link_of(i)? {
             let (slot, seed) = (Arc::new(Mutex::new(None)), config.seed.wrapping_add(5000 + i as u64));
@@ -227,7 +185,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
             bar.suspend(|| println!("{line}"));
         }
     };
-    say(format!("anchorage sim: {} clients, {} rounds, FedAvg, synthetic data ({} train / {} test, 10 classes), seed {}", config.clients, config.rounds, train.len(), test.len(), config.seed));
+    say(format!("anchorage sim: {} clients, {} rounds, FedAvg, synthetic data ({} train / {} test, 10 classes), seed {}", config.clients, config.rounds, train_len, test_len, config.seed));
     say(format!("initial global accuracy {:.2}%", initial_accuracy * 100.0));
     say(RoundRow::HEADER.to_string());
 

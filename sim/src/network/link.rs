@@ -220,6 +220,15 @@ impl Link {
         (d.as_secs_f64() * self.profile.bandwidth_bps / 8.0) as u64
     }
 
+    /// The first moment at or after `t` that no outage covers.
+    pub fn next_up(&self, t: Duration) -> Duration {
+        let mut t = t;
+        while let Some(o) = self.profile.outages.iter().find(|o| o.covers(t)) {
+            t = Duration::from_millis(o.start_ms + o.duration_ms);
+        }
+        t
+    }
+
     /// Virtual clock: time to move `bytes` as one bulk transfer starting at `start` (serialisation
     /// plus one latency; loss stretches it by the expected retransmissions, 1/(1−p)). `None`
     /// when an outage covers the start.
