@@ -75,9 +75,12 @@ struct SimArgs {
     /// simulated time charged by the link and device models).
     #[arg(long, default_value = "real")]
     clock: String,
-    /// Virtual clock: simulated seconds per host second of training (device slowness).
+    /// Every client's device: a preset (host, desktop, jetson-orin, jetson-nano, raspberry-pi-4, phone).
     #[arg(long)]
-    compute_scale: Option<f64>,
+    device: Option<String>,
+    /// FedEvolve's straggler ratio: the chance a client runs fewer local epochs (1..τ) in a round.
+    #[arg(long)]
+    stragglers: Option<f64>,
     /// Run folder (default: runs/sim-<seed>-<unix time>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -137,8 +140,12 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
     if let Some(v) = args.link {
         config.link = Some(v);
     }
-    if let Some(v) = args.compute_scale {
-        config.compute_scale = v;
+    if let Some(name) = args.device {
+        let profile = anchorage_sim::device::DeviceProfile::preset(&name).with_context(|| format!("unknown device preset `{name}`"))?;
+        config.devices = vec![profile];
+    }
+    if let Some(v) = args.stragglers {
+        config.straggler_ratio = v;
     }
     let out = args.out.unwrap_or_else(|| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

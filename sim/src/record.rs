@@ -108,11 +108,11 @@ pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, led
     }
 
     let mut l = std::fs::File::create(dir.join("ledger.csv"))?;
-    writeln!(l, "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,straggler,dropped")?;
+    writeln!(l, "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,joules,straggler,dropped")?;
     for c in ledger {
         writeln!(
             l,
-            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{},{}",
+            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{},{}",
             csv_field(&c.client),
             c.round,
             c.payload_down,
@@ -124,6 +124,7 @@ pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, led
             c.wait_seconds,
             c.wall_seconds,
             c.rtt_seconds,
+            c.joules,
             c.straggler,
             c.dropped
         )?;

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
+use crate::device::{Charge, DeviceProfile};
 use crate::setup::{Setup, client_id};
 use crate::record::{RoundRow, RunSummary, write_run_folder};
 
@@ -59,9 +60,11 @@ pub struct SimConfig {
     pub link: Option<String>,
     /// Explicit links for single clients (override `link`).
     pub client_links: Vec<ClientLink>,
-    /// Virtual clock: simulated seconds charged per host second of training (a device this many
-    /// times slower than the host).
-    pub compute_scale: f64,
+    /// The fleet's device kinds, dealt by share (empty: every client computes at host speed).
+    pub devices: Vec<DeviceProfile>,
+    /// FedEvolve's straggler ratio p: with probability p a client runs a uniform random number of
+    /// local epochs in 1..τ instead of τ.
+    pub straggler_ratio: f64,
 }
 
 /// One client's link, written out.
@@ -108,7 +111,8 @@ impl Default for SimConfig {
             kill: Vec::new(),
             link: None,
             client_links: Vec::new(),
-            compute_scale: 1.0,
+            devices: Vec::new(),
+            straggler_ratio: 0.0,
         }
     }
 }
@@ -129,7 +133,7 @@ pub struct SimResult {
 /// run folder when `out` is given.
 pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
     let started = Instant::now();
-    let Setup { spec, engine, initial, clients, train_len, test_len, evaluator } = Setup::new(&config)?;
+    let Setup { spec, engine, initial, clients, train_len, test_len, evaluator, devices } = Setup::new(&config, Charge::Sleep)?;
 
     // Server on loopback with a fresh self-signed certificate that the clients pin.
     let identity = tls::self_signed(&["localhost"])?;
@@ -203,7 +207,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
                     let deadline = Instant::now() + Duration::from_secs(3);
                     while costs_by_round.get(&report.round).map_or(0, |v| v.len()) < waiting.len() && Instant::now() < deadline {
                         match tokio::time::timeout(Duration::from_millis(50), client_events.recv()).await {
-                            Ok(Some((i, e))) => handle_client_event(i, e, &config, &mut handles, &mut killed, &mut costs_by_round),
+                            Ok(Some((i, e))) => handle_client_event(i, e, &config, &devices, &mut handles, &mut killed, &mut costs_by_round),
                             Ok(None) => break,
                             Err(_) => {}
                         }
@@ -234,7 +238,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
                 }
                 Some(ServerEvent::Finished) | None => break,
             },
-            Some((i, e)) = client_events.recv() => handle_client_event(i, e, &config, &mut handles, &mut killed, &mut costs_by_round),
+            Some((i, e)) = client_events.recv() => handle_client_event(i, e, &config, &devices, &mut handles, &mut killed, &mut costs_by_round),
         }
     }
     bar.finish_and_clear();
@@ -291,6 +295,7 @@ fn handle_client_event(
     i: usize,
     event: ClientEvent,
     config: &SimConfig,
+    devices: &[DeviceProfile],
     handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
     killed: &mut [bool],
     costs: &mut HashMap<u64, Vec<CostRecord>>,
@@ -303,7 +308,10 @@ fn handle_client_event(
                 killed[i] = true;
             }
         }
-        ClientEvent::RoundDone { cost, .. } => costs.entry(cost.round).or_default().push(cost),
+        ClientEvent::RoundDone { mut cost, .. } => {
+            cost.joules = devices[i].joules(cost.compute_seconds, cost.transfer_seconds);
+            costs.entry(cost.round).or_default().push(cost)
+        }
         _ => {}
     }
 }

@@ -13,6 +13,7 @@ use anchorage_shared::tensor::{Encoding, ParamBlock};
 use anyhow::Context;
 use burn::tensor::Device;
 
+use crate::device::{self, Charge, DeviceProfile, SimulatedDevice};
 use crate::run::SimConfig;
 
 /// The federation a run simulates.
@@ -20,8 +21,10 @@ pub struct Setup {
     pub spec: ModelSpec,
     pub engine: EngineConfig,
     pub initial: Vec<ParamBlock>,
-    /// One client half per client, in client order.
-    pub clients: Vec<FedAvgClient>,
+    /// One client half per client, in client order, on its simulated device.
+    pub clients: Vec<SimulatedDevice<FedAvgClient>>,
+    /// Each client's device profile.
+    pub devices: Vec<DeviceProfile>,
     pub train_len: usize,
     pub test_len: usize,
     pub evaluator: Evaluator,
@@ -47,7 +50,7 @@ pub fn client_id(i: usize) -> String {
 }
 
 impl Setup {
-    pub fn new(config: &SimConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
         anyhow::ensure!(config.clients >= 1, "need at least one client");
         let encoding = anchorage_client::encoding::parse(&config.encoding)?;
         let device = Device::flex();
@@ -79,17 +82,20 @@ impl Setup {
             seed: config.seed,
             ..EngineConfig::default()
         };
+        let devices = device::assign(&config.devices, config.clients, config.seed);
         let clients = parts
             .iter()
             .enumerate()
             .map(|(i, indices)| {
                 let local = train.subset(indices);
                 let (local_train, local_test) = local.split_per_class(0.8, config.seed ^ i as u64);
-                FedAvgClient::new(spec.clone(), &local_train, Some(&local_test), Device::flex().autodiff(), OptimizerKind::Adam, encoding, config.seed.wrapping_add(i as u64))
+                let seed = config.seed.wrapping_add(i as u64);
+                let method = FedAvgClient::new(spec.clone(), &local_train, Some(&local_test), Device::flex().autodiff(), OptimizerKind::Adam, encoding, seed);
+                SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed)
             })
             .collect();
         let backbone = FrozenBackbone::new(&spec, &device);
         let evaluator = Evaluator { spec: spec.clone(), device: device.clone(), test: FeatureCache::build(&backbone, &test, 512, &device) };
-        Ok(Self { spec, engine, initial, clients, train_len: train.len(), test_len: test.len(), evaluator })
+        Ok(Self { spec, engine, initial, clients, devices, train_len: train.len(), test_len: test.len(), evaluator })
     }
 }

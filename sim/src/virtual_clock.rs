@@ -20,6 +20,7 @@ use anchorage_shared::tensor::payload_bytes;
 use crate::network::{Link, LinkProfile};
 use crate::record::{RoundRow, RunSummary};
 use crate::run::{SimConfig, SimResult};
+use crate::device::Charge;
 use crate::setup::{Setup, client_id};
 
 /// Payload bytes a QUIC packet carries, and the bytes of headers, framing and AEAD tag around it
@@ -101,7 +102,7 @@ struct VirtualClient {
 /// Runs the federation of `config` on the virtual clock.
 pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
     let started = Instant::now();
-    let Setup { spec, engine: engine_config, initial, clients, train_len: _, test_len: _, evaluator } = Setup::new(config)?;
+    let Setup { spec, engine: engine_config, initial, clients, devices, train_len: _, test_len: _, evaluator } = Setup::new(config, Charge::Report)?;
     let mut engine = Engine::new(engine_config, Box::new(FedAvg::default()), initial.clone());
     let mut clients: Vec<VirtualClient> = clients
         .into_iter()
@@ -136,7 +137,7 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
         c.session.connected();
     }
     for i in 0..clients.len() {
-        drive_client(i, now, &mut clients, &mut queue, config.compute_scale);
+        drive_client(i, now, &mut clients, &mut queue);
     }
     loop {
         // The engine's deadline fires before the next event, if it comes first.
@@ -169,13 +170,14 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
                                 cost.wall_seconds = (now - at).as_secs_f64();
                                 cost.straggler = !ack.aggregated;
                                 cost.wait_seconds = (cost.wall_seconds - cost.compute_seconds - cost.transfer_seconds).max(0.0);
+                                cost.joules = devices[to].joules(cost.compute_seconds, cost.transfer_seconds);
                                 ledger.push(cost);
                             }
                         }
                         _ => {}
                     }
                     let _ = c.session.handle_message(msg);
-                    drive_client(to, now, &mut clients, &mut queue, config.compute_scale);
+                    drive_client(to, now, &mut clients, &mut queue);
                 }
                 Event::Trained { client, round, result } => {
                     let c = &mut clients[client];
@@ -183,7 +185,7 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
                         Ok(update) => c.session.trained(update),
                         Err(e) => c.session.training_failed(round, &e),
                     }
-                    drive_client(client, now, &mut clients, &mut queue, config.compute_scale);
+                    drive_client(client, now, &mut clients, &mut queue);
                 }
             }
         } else {
@@ -262,7 +264,7 @@ fn send_down(index: &HashMap<String, usize>, clients: &mut [VirtualClient], queu
 }
 
 /// Carries out a client session's actions at `now`.
-fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &mut Queue, compute_scale: f64) {
+fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &mut Queue) {
     let c = &mut clients[i];
     while let Some(action) = c.session.poll_action() {
         match action {
@@ -272,9 +274,9 @@ fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &
             }
             SessionAction::Train(b) => {
                 let round = b.round;
-                let timer = Instant::now();
+                // The device wrapper reports the device's compute seconds (host time × its scale).
                 let result = c.method.train(&b).map_err(|e| e.to_string());
-                let compute = timer.elapsed().mul_f64(compute_scale.max(0.0));
+                let compute = Duration::from_secs_f64(result.as_ref().map(|u| u.compute_seconds).unwrap_or(0.0));
                 if let Some((cost, _)) = c.costs.get_mut(&round) {
                     cost.compute_seconds = compute.as_secs_f64();
                 }

@@ -52,7 +52,7 @@ fn the_same_seed_gives_the_same_simulated_times() {
         train_per_class: 30,
         test_per_class: 10,
         link: Some("3g".into()),
-        compute_scale: 0.0,
+        devices: vec![anchorage_sim::device::DeviceProfile { compute_scale: 0.0, ..Default::default() }],
         ..SimConfig::default()
     };
     let a = run_virtual(&config).unwrap();
@@ -60,4 +60,51 @@ fn the_same_seed_gives_the_same_simulated_times() {
     let times = |r: &anchorage_sim::SimResult| r.summary.rounds.iter().map(|r| r.seconds).collect::<Vec<_>>();
     assert_eq!(times(&a), times(&b), "with compute charged as zero, simulated time is deterministic");
     assert_eq!(a.summary.final_accuracy, b.summary.final_accuracy);
+}
+
+fn epochs_run(result: &anchorage_sim::SimResult) -> Vec<f64> {
+    result
+        .reports
+        .iter()
+        .flat_map(|r| r.updates.iter())
+        .flat_map(|u| u.metrics.iter().filter(|(n, _)| n == "local_epochs").map(|(_, v)| *v))
+        .collect()
+}
+
+#[test]
+fn stragglers_run_fewer_local_epochs() {
+    let base = SimConfig { clients: 4, rounds: 3, seed: 12, local_epochs: 4, train_per_class: 20, test_per_class: 5, ..SimConfig::default() };
+    let steady = run_virtual(&base).unwrap();
+    assert!(epochs_run(&steady).iter().all(|&e| e == 4.0), "no stragglers: every client runs τ = 4 epochs");
+    let straggling = run_virtual(&SimConfig { straggler_ratio: 1.0, ..base }).unwrap();
+    let epochs = epochs_run(&straggling);
+    assert_eq!(epochs.len(), 12);
+    assert!(epochs.iter().all(|&e| (1.0..=4.0).contains(&e)));
+    let mean = epochs.iter().sum::<f64>() / epochs.len() as f64;
+    assert!(mean < 3.5, "uniform in 1..=4 has mean 2.5; got {mean}");
+}
+
+#[test]
+fn a_slow_device_misses_the_deadline_and_its_update_is_late() {
+    use anchorage_sim::device::DeviceProfile;
+    // Half the fleet is 10,000× slower than the host: their training outlasts a 5 s deadline.
+    let fast = DeviceProfile { name: "fast".into(), compute_scale: 0.0, share: 1.0, ..DeviceProfile::default() };
+    let slow = DeviceProfile { name: "slow".into(), compute_scale: 10_000.0, share: 1.0, ..DeviceProfile::default() };
+    let config = SimConfig {
+        clients: 4,
+        rounds: 2,
+        seed: 13,
+        local_epochs: 1,
+        train_per_class: 20,
+        test_per_class: 5,
+        round_deadline_secs: 5.0,
+        devices: vec![fast, slow],
+        ..SimConfig::default()
+    };
+    let result = run_virtual(&config).unwrap();
+    let first = &result.reports[0];
+    assert_eq!(first.updates.len(), 2, "the fast half is aggregated");
+    assert_eq!(first.missing.len(), 2, "the slow half misses the deadline");
+    assert!((first.seconds() - 5.0).abs() < 1e-6, "the round closed at its deadline: {}", first.seconds());
+    assert!(result.ledger.iter().all(|c| c.joules >= 0.0));
 }
