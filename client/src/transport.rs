@@ -165,6 +165,29 @@ enum Inbound {
 struct RoundCost {
     record: CostRecord,
     broadcast_at: Option<Instant>,
+    /// The upload task measured its bytes and seconds.
+    uploaded: bool,
+    /// The ack arrived (`Some(aggregated)`). It may overtake the upload task's own report.
+    acked: Option<bool>,
+}
+
+impl RoundCost {
+    /// The record, once both the ack and the upload's measurements are in.
+    fn complete(&mut self, client: &str, round: u64) -> Option<(CostRecord, bool)> {
+        let aggregated = self.acked?;
+        if !self.uploaded {
+            return None;
+        }
+        if let Some(at) = self.broadcast_at {
+            self.record.wall_seconds = at.elapsed().as_secs_f64();
+        }
+        let r = &mut self.record;
+        r.client = client.into();
+        r.round = round;
+        r.straggler = !aggregated;
+        r.wait_seconds = (r.wall_seconds - r.compute_seconds - r.transfer_seconds).max(0.0);
+        Some((r.clone(), aggregated))
+    }
 }
 
 /// Runs the client until the server says goodbye or refuses it for good. Returns the reason.
@@ -274,16 +297,12 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                                 cost.record.wire_down = wire_bytes;
                             }
                             Message::Ack(ack) => {
-                                if let Some(mut cost) = costs.remove(&ack.round) {
-                                    if let Some(at) = cost.broadcast_at {
-                                        cost.record.wall_seconds = at.elapsed().as_secs_f64();
+                                if let Some(cost) = costs.get_mut(&ack.round) {
+                                    cost.acked = Some(ack.aggregated);
+                                    if let Some((record, aggregated)) = cost.complete(&options.client_id, ack.round) {
+                                        costs.remove(&ack.round);
+                                        emit(ClientEvent::RoundDone { cost: record, aggregated });
                                     }
-                                    let r = &mut cost.record;
-                                    r.client = options.client_id.clone();
-                                    r.round = ack.round;
-                                    r.straggler = !ack.aggregated;
-                                    r.wait_seconds = (r.wall_seconds - r.compute_seconds - r.transfer_seconds).max(0.0);
-                                    emit(ClientEvent::RoundDone { cost: cost.record, aggregated: ack.aggregated });
                                 }
                             }
                             _ => {}
@@ -307,6 +326,11 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                     cost.record.rtt_seconds = rtt;
                     cost.record.wire_up = wire_up;
                     cost.record.transfer_seconds = seconds;
+                    cost.uploaded = true;
+                    if let Some((record, aggregated)) = cost.complete(&options.client_id, round) {
+                        costs.remove(&round);
+                        emit(ClientEvent::RoundDone { cost: record, aggregated });
+                    }
                 }
                 _ = heartbeat.tick() => {
                     seq += 1;
