@@ -7,6 +7,7 @@
 pub mod device;
 pub mod network;
 mod record;
+pub mod report;
 mod run;
 mod setup;
 pub mod virtual_clock;

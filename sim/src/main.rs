@@ -24,6 +24,11 @@ enum Command {
     /// Run one server and N clients in this process over real QUIC on loopback.
     /// With no arguments: the embedded default (synthetic data made in code, FedAvg).
     Sim(SimArgs),
+    /// Plots (SVG) and a Markdown summary of a run folder.
+    Report {
+        /// A run folder written by `anchorage sim`.
+        run: PathBuf,
+    },
     /// Data settings: inspect what a scenario's partition gives each client.
     #[command(subcommand)]
     Data(DataCommand),
@@ -94,6 +99,12 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Sim(args) => sim(args),
         Command::Data(DataCommand::Describe(args)) => describe(args),
+        Command::Report { run } => {
+            for file in anchorage_sim::report::write_report(&run)? {
+                println!("{}", file.display());
+            }
+            Ok(())
+        }
     }
 }
 
@@ -154,7 +165,9 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
     match args.clock.as_str() {
         "real" => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(anchorage_sim::run(config, Some(out), true))?;
+            runtime.block_on(anchorage_sim::run(config, Some(out.clone()), true))?;
+            anchorage_sim::report::write_report(&out)?;
+            println!("report: {}", out.join("report.md").display());
         }
         "virtual" => {
             println!("anchorage sim (virtual clock): {} clients, {} rounds, FedAvg, seed {}", config.clients, config.rounds, config.seed);
@@ -171,7 +184,8 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
                 result.summary.wall_seconds
             );
             anchorage_sim::write_run_folder(&out, &toml::to_string_pretty(&config)?, &result.summary, &result.ledger)?;
-            println!("run folder: {}", out.display());
+            anchorage_sim::report::write_report(&out)?;
+            println!("run folder: {} (report.md and plots inside)", out.display());
         }
         other => anyhow::bail!("unknown clock `{other}` (real or virtual)"),
     }
