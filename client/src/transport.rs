@@ -70,6 +70,19 @@ pub struct ClientOptions {
     pub seed: u64,
     /// Set to `true` to leave gracefully (goodbye, close); e.g. on SIGTERM.
     pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Wraps the client's UDP socket before QUIC uses it (the simulator's link model). `None`:
+    /// plain UDP.
+    pub socket_wrapper: Option<SocketWrapper>,
+}
+
+/// The link-shaping hook: turns the bound UDP socket into the socket quinn drives.
+#[derive(Clone)]
+pub struct SocketWrapper(pub Arc<dyn Fn(std::net::UdpSocket) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>> + Send + Sync>);
+
+impl std::fmt::Debug for SocketWrapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SocketWrapper")
+    }
 }
 
 impl ClientOptions {
@@ -88,6 +101,7 @@ impl ClientOptions {
             max_frame_bytes: DEFAULT_MAX_FRAME,
             seed: 0,
             stop: None,
+            socket_wrapper: None,
         }
     }
 }
@@ -120,7 +134,14 @@ pub fn client_crypto(server_cert: &CertificateDer<'static>) -> anyhow::Result<ru
 fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
     let bind: SocketAddr = if options.server.is_ipv4() { "0.0.0.0:0".parse()? } else { "[::]:0".parse()? };
     let socket = udp_socket(bind, 4 << 20).context("binding the client socket")?;
-    let mut endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime)).context("starting the QUIC endpoint")?;
+    let mut endpoint = match &options.socket_wrapper {
+        Some(wrap) => {
+            let socket = (wrap.0)(socket).context("wrapping the client socket")?;
+            quinn::Endpoint::new_with_abstract_socket(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime))
+        }
+        None => quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime)),
+    }
+    .context("starting the QUIC endpoint")?;
     let mut transport = quinn::TransportConfig::default();
     transport
         .max_idle_timeout(Some(options.idle_timeout.try_into().context("idle timeout")?))
@@ -144,6 +165,29 @@ enum Inbound {
 struct RoundCost {
     record: CostRecord,
     broadcast_at: Option<Instant>,
+    /// The upload task measured its bytes and seconds.
+    uploaded: bool,
+    /// The ack arrived (`Some(aggregated)`). It may overtake the upload task's own report.
+    acked: Option<bool>,
+}
+
+impl RoundCost {
+    /// The record, once both the ack and the upload's measurements are in.
+    fn complete(&mut self, client: &str, round: u64) -> Option<(CostRecord, bool)> {
+        let aggregated = self.acked?;
+        if !self.uploaded {
+            return None;
+        }
+        if let Some(at) = self.broadcast_at {
+            self.record.wall_seconds = at.elapsed().as_secs_f64();
+        }
+        let r = &mut self.record;
+        r.client = client.into();
+        r.round = round;
+        r.straggler = !aggregated;
+        r.wait_seconds = (r.wall_seconds - r.compute_seconds - r.transfer_seconds).max(0.0);
+        Some((r.clone(), aggregated))
+    }
 }
 
 /// Runs the client until the server says goodbye or refuses it for good. Returns the reason.
@@ -167,7 +211,7 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
     let endpoint = endpoint(&options)?;
     let mut rng = Rng::derive(options.seed, 0xBAC0FF);
     let (trained_tx, mut trained_rx) = mpsc::unbounded_channel::<(u64, Result<Update, String>)>();
-    let (uploaded_tx, mut uploaded_rx) = mpsc::unbounded_channel::<(u64, u64, f64)>();
+    let (uploaded_tx, mut uploaded_rx) = mpsc::unbounded_channel::<(u64, u64, f64, f64)>();
     let mut costs: HashMap<u64, RoundCost> = HashMap::new();
     let mut failures = 0u32;
     let mut stop = options.stop.clone();
@@ -253,16 +297,12 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                                 cost.record.wire_down = wire_bytes;
                             }
                             Message::Ack(ack) => {
-                                if let Some(mut cost) = costs.remove(&ack.round) {
-                                    if let Some(at) = cost.broadcast_at {
-                                        cost.record.wall_seconds = at.elapsed().as_secs_f64();
+                                if let Some(cost) = costs.get_mut(&ack.round) {
+                                    cost.acked = Some(ack.aggregated);
+                                    if let Some((record, aggregated)) = cost.complete(&options.client_id, ack.round) {
+                                        costs.remove(&ack.round);
+                                        emit(ClientEvent::RoundDone { cost: record, aggregated });
                                     }
-                                    let r = &mut cost.record;
-                                    r.client = options.client_id.clone();
-                                    r.round = ack.round;
-                                    r.straggler = !ack.aggregated;
-                                    r.wait_seconds = (r.wall_seconds - r.compute_seconds - r.transfer_seconds).max(0.0);
-                                    emit(ClientEvent::RoundDone { cost: cost.record, aggregated: ack.aggregated });
                                 }
                             }
                             _ => {}
@@ -281,10 +321,16 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                     }
                     Err(e) => session.training_failed(round, &e),
                 },
-                Some((round, wire_up, seconds)) = uploaded_rx.recv() => {
+                Some((round, wire_up, seconds, rtt)) = uploaded_rx.recv() => {
                     let cost = costs.entry(round).or_default();
+                    cost.record.rtt_seconds = rtt;
                     cost.record.wire_up = wire_up;
                     cost.record.transfer_seconds = seconds;
+                    cost.uploaded = true;
+                    if let Some((record, aggregated)) = cost.complete(&options.client_id, round) {
+                        costs.remove(&round);
+                        emit(ClientEvent::RoundDone { cost: record, aggregated });
+                    }
                 }
                 _ = heartbeat.tick() => {
                     seq += 1;
@@ -374,7 +420,7 @@ async fn accept_broadcasts(conn: quinn::Connection, tx: mpsc::UnboundedSender<In
 
 /// Uploads one update on its own uni stream and waits until the server acknowledged every byte
 /// at the QUIC level. Reports (round, UDP bytes sent meanwhile, seconds).
-async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done: mpsc::UnboundedSender<(u64, u64, f64)>) {
+async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done: mpsc::UnboundedSender<(u64, u64, f64, f64)>) {
     let round = update.round;
     let frame = match encode_frame(&Message::Update(update), max_frame) {
         Ok(f) => f,
@@ -398,7 +444,7 @@ async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done:
             let st = conn.stats();
             tracing::debug!(round, lost_bytes = st.path.lost_bytes, lost_packets = st.path.lost_packets, "upload done");
             let wire = conn.stats().udp_tx.bytes.saturating_sub(before);
-            let _ = done.send((round, wire, started.elapsed().as_secs_f64()));
+            let _ = done.send((round, wire, started.elapsed().as_secs_f64(), conn.rtt().as_secs_f64()));
         }
         Err(e) => tracing::info!(round, error = %e, "upload interrupted; it is resent after reconnecting"),
     }

@@ -20,6 +20,10 @@ pub struct CostRecord {
     pub transfer_seconds: f64,
     pub wait_seconds: f64,
     pub wall_seconds: f64,
+    /// QUIC's smoothed round-trip time at the end of the upload.
+    pub rtt_seconds: f64,
+    /// Estimated energy of the round on the client's device (compute and radio), in joules.
+    pub joules: f64,
     /// The update arrived after its round closed.
     pub straggler: bool,
     /// The client was sampled but sent nothing before the deadline.

@@ -4,8 +4,14 @@
 //! file and no network: procedural synthetic images made in code, Dirichlet label skew over the
 //! clients, FedAvg of a trainable adapter and head on a frozen backbone.
 
+pub mod device;
+pub mod network;
 mod record;
+pub mod report;
 mod run;
+mod setup;
+pub mod virtual_clock;
+pub mod scenario;
 
-pub use record::{RoundRow, RunSummary};
-pub use run::{KillAt, SimConfig, SimResult, run};
+pub use record::{RoundRow, RunSummary, write_run_folder};
+pub use run::{ClientLink, KillAt, SimConfig, SimResult, run};

@@ -5,10 +5,10 @@ use std::path::Path;
 
 use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One round as the results table shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RoundRow {
     pub round: u64,
     /// Global model accuracy on the held-out synthetic test set after the round.
@@ -29,7 +29,7 @@ pub struct RoundRow {
 }
 
 /// What the run achieved and what it cost.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunSummary {
     pub initial_accuracy: f64,
     pub final_accuracy: f64,
@@ -80,7 +80,7 @@ pub fn human_bytes(b: u64) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.2} {}", UNITS[u]) }
 }
 
-/// Writes `config.toml`, `rounds.csv`, `ledger.csv` and `metrics.json` into `dir`.
+/// Writes `config.toml`, `rounds.csv`, `ledger.csv`, `ledger.json` and `metrics.json` into `dir`.
 pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, ledger: &[CostRecord]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("config.toml"), config_toml)?;
@@ -108,11 +108,11 @@ pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, led
     }
 
     let mut l = std::fs::File::create(dir.join("ledger.csv"))?;
-    writeln!(l, "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,straggler,dropped")?;
+    writeln!(l, "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,joules,straggler,dropped")?;
     for c in ledger {
         writeln!(
             l,
-            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{},{}",
+            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{},{}",
             csv_field(&c.client),
             c.round,
             c.payload_down,
@@ -123,11 +123,14 @@ pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, led
             c.transfer_seconds,
             c.wait_seconds,
             c.wall_seconds,
+            c.rtt_seconds,
+            c.joules,
             c.straggler,
             c.dropped
         )?;
     }
     std::fs::write(dir.join("metrics.json"), serde_json::to_string_pretty(summary)?)?;
+    std::fs::write(dir.join("ledger.json"), serde_json::to_string(ledger)?)?;
     Ok(())
 }
 

@@ -3,26 +3,23 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anchorage_client::methods::FedAvgClient;
-use anchorage_client::model::{BlockLayout, FeatureCache, FrozenBackbone, ModelSpec, Trainable};
-use anchorage_client::train::{OptimizerKind, accuracy};
-use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions};
-use anchorage_data::{SyntheticConfig, partition, synthetic};
-use anchorage_server::engine::{EngineConfig, RoundOutcome};
+use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
+use anchorage_server::engine::RoundOutcome;
 use anchorage_server::methods::FedAvg;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
 use anchorage_server::tls;
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::RoundConfig;
-use anchorage_shared::tensor::Encoding;
 use anyhow::Context;
-use burn::tensor::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
+use crate::device::{Charge, DeviceProfile};
+use crate::setup::{Setup, client_id};
 use crate::record::{RoundRow, RunSummary, write_run_folder};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
@@ -58,6 +55,39 @@ pub struct SimConfig {
     /// Upload encoding: f32, f16, bf16 or int8.
     pub encoding: String,
     pub kill: Vec<KillAt>,
+    /// Link of every client, by preset name (`ethernet`, `wifi`, `lte`, `3g`, `satellite`, `iot`);
+    /// none: plain loopback.
+    pub link: Option<String>,
+    /// Explicit links for single clients (override `link`).
+    pub client_links: Vec<ClientLink>,
+    /// The fleet's device kinds, dealt by share (empty: every client computes at host speed).
+    pub devices: Vec<DeviceProfile>,
+    /// FedEvolve's straggler ratio p: with probability p a client runs a uniform random number of
+    /// local epochs in 1..τ instead of τ.
+    pub straggler_ratio: f64,
+}
+
+/// One client's link, written out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientLink {
+    pub client: usize,
+    pub profile: DuplexProfile,
+}
+
+impl SimConfig {
+    /// The link client `i` runs on, if shaped.
+    pub fn link_of(&self, i: usize) -> anyhow::Result<Option<DuplexProfile>> {
+        if let Some(l) = self.client_links.iter().find(|l| l.client == i) {
+            return Ok(Some(l.profile.clone()));
+        }
+        match &self.link {
+            None => Ok(None),
+            Some(name) => DuplexProfile::preset(name)
+                .map(Some)
+                .with_context(|| format!("unknown link preset `{name}` (known: {})", DuplexProfile::PRESETS.join(", "))),
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -79,6 +109,10 @@ impl Default for SimConfig {
             noise: 1.0,
             encoding: "f32".into(),
             kill: Vec::new(),
+            link: None,
+            client_links: Vec::new(),
+            devices: Vec::new(),
+            straggler_ratio: 0.0,
         }
     }
 }
@@ -91,47 +125,19 @@ pub struct SimResult {
     /// Round reports from the server, in order.
     pub reports: Vec<anchorage_server::RoundReport>,
     pub run_dir: Option<PathBuf>,
+    /// Per client, the counters of its modelled link (`None`: unshaped).
+    pub link_stats: Vec<Option<DuplexStats>>,
 }
 
 /// Runs the federation; prints a table and shows progress when `progress` is set, and writes the
 /// run folder when `out` is given.
 pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
-    anyhow::ensure!(config.clients >= 1, "need at least one client");
     let started = Instant::now();
-    let encoding = anchorage_client::encoding::parse(&config.encoding)?;
-    let device = Device::flex();
-    let spec = ModelSpec::embedded_default();
-
-    // Data: procedural images, Dirichlet label skew, a local 80/20 split per client.
-    let data = SyntheticConfig {
-        num_classes: spec.num_classes as u32,
-        side: 16,
-        train_per_class: config.train_per_class,
-        test_per_class: config.test_per_class,
-        noise: config.noise,
-        max_shift: 3,
-        seed: config.seed,
-    };
-    let (train, test) = synthetic::generate(&data);
-    let parts = partition::dirichlet(&train.labels, train.num_classes, config.clients, config.alpha, 20, config.seed)
-        .context("partitioning the synthetic data")?;
+    let Setup { spec, engine, initial, clients, train_len, test_len, evaluator, devices } = Setup::new(&config, Charge::Sleep)?;
 
     // Server on loopback with a fresh self-signed certificate that the clients pin.
     let identity = tls::self_signed(&["localhost"])?;
     let cert = identity.cert.clone();
-    let initial = Trainable::new(&spec, &device).to_blocks(Encoding::F32)?;
-    let engine = EngineConfig {
-        rounds: config.rounds,
-        min_available: config.min_available.unwrap_or(config.clients),
-        fraction: config.fraction,
-        min_fit: 1,
-        over_selection: config.over_selection,
-        min_updates: 1,
-        round_deadline: Duration::from_secs_f64(config.round_deadline_secs),
-        round: RoundConfig { local_epochs: config.local_epochs, batch_size: config.batch_size, learning_rate: config.learning_rate, deadline_ms: 0 },
-        seed: config.seed,
-        ..EngineConfig::default()
-    };
     let mut server = server_transport::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity,
@@ -142,25 +148,29 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         store: None,
     })
     .await?;
-
-    // The evaluator: the global model on the held-out test set, through the same frozen backbone.
-    let backbone = FrozenBackbone::new(&spec, &device);
-    let test_cache = FeatureCache::build(&backbone, &test, 512, &device);
-    let eval = |blocks: &[anchorage_shared::tensor::ParamBlock]| -> anyhow::Result<f64> {
-        let model = Trainable::new(&spec, &device).load_blocks(blocks, &device)?;
-        Ok(accuracy(&model, &test_cache, 1024).unwrap_or(0.0))
-    };
+    let eval = |blocks: &[anchorage_shared::tensor::ParamBlock]| evaluator.accuracy(blocks);
     let initial_accuracy = eval(&initial)?;
 
     // Clients.
     let (event_tx, mut client_events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
     let mut handles = Vec::new();
-    for (i, indices) in parts.iter().enumerate() {
-        let local = train.subset(indices);
-        let (local_train, local_test) = local.split_per_class(0.8, config.seed ^ i as u64);
-        let method = FedAvgClient::new(spec.clone(), &local_train, Some(&local_test), Device::flex().autodiff(), OptimizerKind::Adam, encoding, config.seed.wrapping_add(i as u64));
-        let mut options = ClientOptions::new(server.local_addr, cert.clone(), format!("client-{i:03}"));
+    let mut link_handles: Vec<Option<Arc<Mutex<Option<LinkHandle>>>>> = Vec::new();
+    for (i, method) in clients.into_iter().enumerate() {
+        let mut options = ClientOptions::new(server.local_addr, cert.clone(), client_id(i));
         options.seed = config.seed.wrapping_add(1000 + i as u64);
+        if let Some(profile) = config.link_of(i)? {
+            let (slot, seed) = (Arc::new(Mutex::new(None)), config.seed.wrapping_add(5000 + i as u64));
+            link_handles.push(Some(slot.clone()));
+            options.socket_wrapper = Some(SocketWrapper(Arc::new(move |socket| {
+                let (shaped, handle) = ShapedSocket::new(socket, profile.clone(), seed)?;
+                if let Ok(mut s) = slot.lock() {
+                    *s = Some(handle);
+                }
+                Ok(shaped as Arc<dyn quinn::AsyncUdpSocket>)
+            })));
+        } else {
+            link_handles.push(None);
+        }
         let (tx, forward) = (event_tx.clone(), mpsc::unbounded_channel::<ClientEvent>());
         let (ctx, mut crx) = forward;
         tokio::spawn(async move {
@@ -179,7 +189,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
             bar.suspend(|| println!("{line}"));
         }
     };
-    say(format!("anchorage sim: {} clients, {} rounds, FedAvg, synthetic data ({} train / {} test, 10 classes), seed {}", config.clients, config.rounds, train.len(), test.len(), config.seed));
+    say(format!("anchorage sim: {} clients, {} rounds, FedAvg, synthetic data ({} train / {} test, 10 classes), seed {}", config.clients, config.rounds, train_len, test_len, config.seed));
     say(format!("initial global accuracy {:.2}%", initial_accuracy * 100.0));
     say(RoundRow::HEADER.to_string());
 
@@ -197,7 +207,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
                     let deadline = Instant::now() + Duration::from_secs(3);
                     while costs_by_round.get(&report.round).map_or(0, |v| v.len()) < waiting.len() && Instant::now() < deadline {
                         match tokio::time::timeout(Duration::from_millis(50), client_events.recv()).await {
-                            Ok(Some((i, e))) => handle_client_event(i, e, &config, &mut handles, &mut killed, &mut costs_by_round),
+                            Ok(Some((i, e))) => handle_client_event(i, e, &config, &devices, &mut handles, &mut killed, &mut costs_by_round),
                             Ok(None) => break,
                             Err(_) => {}
                         }
@@ -228,7 +238,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
                 }
                 Some(ServerEvent::Finished) | None => break,
             },
-            Some((i, e)) = client_events.recv() => handle_client_event(i, e, &config, &mut handles, &mut killed, &mut costs_by_round),
+            Some((i, e)) = client_events.recv() => handle_client_event(i, e, &config, &devices, &mut handles, &mut killed, &mut costs_by_round),
         }
     }
     bar.finish_and_clear();
@@ -274,13 +284,18 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
             println!("run folder: {}", dir.display());
         }
     }
-    Ok(SimResult { summary, ledger, reports, run_dir: out })
+    let link_stats = link_handles
+        .iter()
+        .map(|h| h.as_ref().and_then(|slot| slot.lock().ok().and_then(|s| s.as_ref().map(LinkHandle::stats))))
+        .collect();
+    Ok(SimResult { summary, ledger, reports, run_dir: out, link_stats })
 }
 
 fn handle_client_event(
     i: usize,
     event: ClientEvent,
     config: &SimConfig,
+    devices: &[DeviceProfile],
     handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
     killed: &mut [bool],
     costs: &mut HashMap<u64, Vec<CostRecord>>,
@@ -293,7 +308,10 @@ fn handle_client_event(
                 killed[i] = true;
             }
         }
-        ClientEvent::RoundDone { cost, .. } => costs.entry(cost.round).or_default().push(cost),
+        ClientEvent::RoundDone { mut cost, .. } => {
+            cost.joules = devices[i].joules(cost.compute_seconds, cost.transfer_seconds);
+            costs.entry(cost.round).or_default().push(cost)
+        }
         _ => {}
     }
 }

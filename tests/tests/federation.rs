@@ -21,6 +21,9 @@ async fn four_clients_three_rounds_learn_over_quic() {
     assert!(s.final_accuracy > s.chance + 0.4, "global accuracy {} should rise clearly above chance {}", s.final_accuracy, s.chance);
     // Every client filed a cost record per round, with a ~1 MB upload measured at the socket.
     assert_eq!(result.ledger.len(), 12);
+    for c in &result.ledger {
+        assert!(c.wire_up >= c.payload_up && c.wire_down >= c.payload_down, "every record holds its measured wire bytes: {c:?}");
+    }
     let payload = s.mean_upload_payload.expect("uploads were measured");
     assert!(payload > 1_000_000.0, "the default update is a 1 MB-class upload: {payload}");
     let ratio = s.upload_wire_ratio.expect("wire bytes were measured");

@@ -1,0 +1,332 @@
+//! The link model: one direction of one client's network path, as a sans-IO state machine.
+//!
+//! A datagram of `n` bytes that enters the link at `now` leaves the bottleneck after the bytes
+//! queued before it and its own serialisation time (a token bucket of rate `bandwidth`, so bursts
+//! wait in a drop-tail buffer of `buffer_bytes`), then arrives `latency ± jitter` later. It may be
+//! lost instead: at random (`loss`), in bursts (a Gilbert–Elliott two-state channel), when the
+//! buffer is full, or during an outage. Deliveries stay in order (jitter never reorders).
+//!
+//! The same model drives the virtual clock (no sockets, [`Link::transfer_time`]) and the real clock
+//! (a UDP socket under quinn that asks [`Link::transmit`] about every datagram), so real QUIC
+//! congestion control, retransmission and pacing face exactly the modelled limits.
+
+use std::time::Duration;
+
+use anchorage_shared::rng::Rng;
+use serde::{Deserialize, Serialize};
+
+/// Bursty loss (Gilbert–Elliott): a good and a bad state with their own loss probabilities.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BurstLoss {
+    /// Probability per datagram of moving from good to bad.
+    pub p_good_to_bad: f64,
+    /// Probability per datagram of moving from bad to good (mean burst length 1/p).
+    pub p_bad_to_good: f64,
+    /// Loss probability in the bad state (the good state uses the link's `loss`).
+    pub loss_in_bad: f64,
+}
+
+/// An interval of simulated time, from the link's start, during which nothing gets through.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Outage {
+    pub start_ms: u64,
+    pub duration_ms: u64,
+}
+
+impl Outage {
+    fn covers(&self, t: Duration) -> bool {
+        let start = Duration::from_millis(self.start_ms);
+        t >= start && t < start + Duration::from_millis(self.duration_ms)
+    }
+}
+
+/// One direction of a link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinkProfile {
+    /// Bottleneck rate in bits per second; 0 means unlimited.
+    pub bandwidth_bps: f64,
+    /// One-way propagation delay.
+    pub latency_ms: f64,
+    /// Uniform jitter added to the latency, in [0, jitter_ms].
+    pub jitter_ms: f64,
+    /// Independent loss probability per datagram.
+    pub loss: f64,
+    pub burst_loss: Option<BurstLoss>,
+    /// Bytes the bottleneck may queue before it drops (drop-tail).
+    pub buffer_bytes: u64,
+    pub outages: Vec<Outage>,
+}
+
+impl Default for LinkProfile {
+    fn default() -> Self {
+        Self {
+            bandwidth_bps: 0.0,
+            latency_ms: 0.0,
+            jitter_ms: 0.0,
+            loss: 0.0,
+            burst_loss: None,
+            buffer_bytes: 256 * 1024,
+            outages: Vec::new(),
+        }
+    }
+}
+
+/// Both directions of a client's link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DuplexProfile {
+    pub up: LinkProfile,
+    pub down: LinkProfile,
+}
+
+impl Default for DuplexProfile {
+    fn default() -> Self {
+        Self { up: LinkProfile::default(), down: LinkProfile::default() }
+    }
+}
+
+impl DuplexProfile {
+    /// Named presets (typical figures, not measurements): `loopback`, `ethernet`, `wifi`, `lte`,
+    /// `3g`, `satellite`, `iot` (a constrained LPWAN-class uplink).
+    pub fn preset(name: &str) -> Option<Self> {
+        let side = |mbps: f64, latency_ms: f64, jitter_ms: f64, loss: f64, buffer_kib: u64| LinkProfile {
+            bandwidth_bps: mbps * 1e6,
+            latency_ms,
+            jitter_ms,
+            loss,
+            buffer_bytes: buffer_kib * 1024,
+            ..LinkProfile::default()
+        };
+        Some(match name {
+            "loopback" => Self::default(),
+            "ethernet" => Self { up: side(100.0, 1.0, 0.1, 0.0, 512), down: side(100.0, 1.0, 0.1, 0.0, 512) },
+            "wifi" => Self { up: side(20.0, 5.0, 2.0, 0.001, 256), down: side(50.0, 5.0, 2.0, 0.001, 256) },
+            "lte" => Self { up: side(5.0, 25.0, 8.0, 0.002, 256), down: side(20.0, 25.0, 8.0, 0.002, 512) },
+            "3g" => Self { up: side(0.5, 75.0, 20.0, 0.01, 64), down: side(2.0, 75.0, 20.0, 0.01, 128) },
+            "satellite" => Self { up: side(3.0, 300.0, 10.0, 0.005, 512), down: side(25.0, 300.0, 10.0, 0.005, 1024) },
+            "iot" => Self { up: side(0.25, 100.0, 30.0, 0.02, 32), down: side(0.25, 100.0, 30.0, 0.02, 32) },
+            _ => return None,
+        })
+    }
+
+    /// Names accepted by [`DuplexProfile::preset`].
+    pub const PRESETS: &'static [&'static str] = &["loopback", "ethernet", "wifi", "lte", "3g", "satellite", "iot"];
+}
+
+/// Why a datagram did not get through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drop {
+    RandomLoss,
+    BurstLoss,
+    BufferFull,
+    Outage,
+}
+
+/// Counters of one link direction.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LinkStats {
+    pub datagrams: u64,
+    pub bytes: u64,
+    pub delivered: u64,
+    pub lost_random: u64,
+    pub lost_burst: u64,
+    pub lost_buffer: u64,
+    pub lost_outage: u64,
+}
+
+/// One direction of a link in motion. Time is a `Duration` since the link started.
+#[derive(Debug, Clone)]
+pub struct Link {
+    profile: LinkProfile,
+    rng: Rng,
+    /// When the bottleneck finishes sending what is queued.
+    busy_until: Duration,
+    /// The latest arrival handed out (arrivals stay in order).
+    last_arrival: Duration,
+    bad_state: bool,
+    stats: LinkStats,
+}
+
+impl Link {
+    pub fn new(profile: LinkProfile, seed: u64) -> Self {
+        Self { profile, rng: Rng::new(seed), busy_until: Duration::ZERO, last_arrival: Duration::ZERO, bad_state: false, stats: LinkStats::default() }
+    }
+
+    pub fn profile(&self) -> &LinkProfile {
+        &self.profile
+    }
+
+    pub fn stats(&self) -> &LinkStats {
+        &self.stats
+    }
+
+    /// Seconds the bottleneck needs to send `bytes`.
+    fn serialisation(&self, bytes: u64) -> Duration {
+        if self.profile.bandwidth_bps > 0.0 {
+            Duration::from_secs_f64(bytes as f64 * 8.0 / self.profile.bandwidth_bps)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    fn delay(&mut self) -> Duration {
+        let jitter = self.profile.jitter_ms.max(0.0) * self.rng.f64();
+        Duration::from_secs_f64((self.profile.latency_ms.max(0.0) + jitter) / 1000.0)
+    }
+
+    /// A datagram of `bytes` enters the link at `now`: when it arrives at the far end, or why it
+    /// was dropped.
+    pub fn transmit(&mut self, now: Duration, bytes: u64) -> Result<Duration, Drop> {
+        self.stats.datagrams += 1;
+        self.stats.bytes += bytes;
+        if self.profile.outages.iter().any(|o| o.covers(now)) {
+            self.stats.lost_outage += 1;
+            return Err(Drop::Outage);
+        }
+        if let Some(burst) = &self.profile.burst_loss {
+            let flip = if self.bad_state { burst.p_bad_to_good } else { burst.p_good_to_bad };
+            if self.rng.f64() < flip {
+                self.bad_state = !self.bad_state;
+            }
+            if self.bad_state && self.rng.f64() < burst.loss_in_bad {
+                self.stats.lost_burst += 1;
+                return Err(Drop::BurstLoss);
+            }
+        }
+        if self.profile.loss > 0.0 && self.rng.f64() < self.profile.loss {
+            self.stats.lost_random += 1;
+            return Err(Drop::RandomLoss);
+        }
+        let start = self.busy_until.max(now);
+        if self.profile.bandwidth_bps > 0.0 {
+            let queued = self.serialisation_bytes(start - now);
+            if queued + bytes > self.profile.buffer_bytes.max(bytes) {
+                self.stats.lost_buffer += 1;
+                return Err(Drop::BufferFull);
+            }
+        }
+        self.busy_until = start + self.serialisation(bytes);
+        let arrival = (self.busy_until + self.delay()).max(self.last_arrival);
+        self.last_arrival = arrival;
+        self.stats.delivered += 1;
+        Ok(arrival)
+    }
+
+    /// Bytes the bottleneck sends in `d` (the backlog a queueing delay `d` stands for).
+    fn serialisation_bytes(&self, d: Duration) -> u64 {
+        (d.as_secs_f64() * self.profile.bandwidth_bps / 8.0) as u64
+    }
+
+    /// The first moment at or after `t` that no outage covers.
+    pub fn next_up(&self, t: Duration) -> Duration {
+        let mut t = t;
+        while let Some(o) = self.profile.outages.iter().find(|o| o.covers(t)) {
+            t = Duration::from_millis(o.start_ms + o.duration_ms);
+        }
+        t
+    }
+
+    /// Virtual clock: time to move `bytes` as one bulk transfer starting at `start` (serialisation
+    /// plus one latency; loss stretches it by the expected retransmissions, 1/(1−p)). `None`
+    /// when an outage covers the start.
+    pub fn transfer_time(&mut self, start: Duration, bytes: u64) -> Option<Duration> {
+        if self.profile.outages.iter().any(|o| o.covers(start)) {
+            return None;
+        }
+        let loss = self.profile.loss.clamp(0.0, 0.99);
+        let serial = self.serialisation(bytes).mul_f64(1.0 / (1.0 - loss));
+        Some(serial + self.delay())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn bandwidth_serialises_and_latency_delays() {
+        // 1 Mbit/s: a 1250-byte datagram takes 10 ms; 20 ms latency on top.
+        let mut link = Link::new(LinkProfile { bandwidth_bps: 1e6, latency_ms: 20.0, ..LinkProfile::default() }, 1);
+        assert_eq!(link.transmit(ms(0), 1250), Ok(ms(30)));
+        // The second queues behind the first.
+        assert_eq!(link.transmit(ms(0), 1250), Ok(ms(40)));
+        // After the queue drained, no waiting.
+        assert_eq!(link.transmit(ms(100), 1250), Ok(ms(130)));
+    }
+
+    #[test]
+    fn a_full_buffer_drops_the_tail() {
+        let mut link = Link::new(LinkProfile { bandwidth_bps: 1e6, buffer_bytes: 5000, ..LinkProfile::default() }, 1);
+        let results: Vec<_> = (0..10).map(|_| link.transmit(ms(0), 1250)).collect();
+        // The buffer counts every byte not yet sent: four 1250-byte datagrams fill 5000 bytes.
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 4);
+        assert_eq!(results[9], Err(Drop::BufferFull));
+        assert_eq!(link.stats().lost_buffer, 6);
+        // Once the queue drained, the link accepts again.
+        assert!(link.transmit(ms(40), 1250).is_ok());
+    }
+
+    #[test]
+    fn random_loss_matches_its_rate() {
+        let mut link = Link::new(LinkProfile { loss: 0.1, ..LinkProfile::default() }, 7);
+        let lost = (0..20_000).filter(|_| link.transmit(ms(0), 100).is_err()).count();
+        assert!((1800..2200).contains(&lost), "lost {lost} of 20000 at 10%");
+    }
+
+    #[test]
+    fn bursts_cluster_losses() {
+        let burst = BurstLoss { p_good_to_bad: 0.01, p_bad_to_good: 0.2, loss_in_bad: 1.0 };
+        let mut link = Link::new(LinkProfile { burst_loss: Some(burst), ..LinkProfile::default() }, 3);
+        let lost: Vec<bool> = (0..50_000).map(|_| link.transmit(ms(0), 100).is_err()).collect();
+        let rate = lost.iter().filter(|l| **l).count() as f64 / lost.len() as f64;
+        let after_loss = lost.windows(2).filter(|w| w[0]).count();
+        let loss_after_loss = lost.windows(2).filter(|w| w[0] && w[1]).count() as f64 / after_loss as f64;
+        assert!(rate > 0.02 && rate < 0.08, "stationary loss {rate}");
+        assert!(loss_after_loss > 0.6, "losses cluster: P(loss | loss) = {loss_after_loss}");
+    }
+
+    #[test]
+    fn outages_drop_everything_inside_them() {
+        let profile = LinkProfile { outages: vec![Outage { start_ms: 1000, duration_ms: 500 }], ..LinkProfile::default() };
+        let mut link = Link::new(profile, 1);
+        assert!(link.transmit(ms(999), 10).is_ok());
+        assert_eq!(link.transmit(ms(1000), 10), Err(Drop::Outage));
+        assert_eq!(link.transmit(ms(1499), 10), Err(Drop::Outage));
+        assert!(link.transmit(ms(1500), 10).is_ok());
+        assert_eq!(link.transfer_time(ms(1200), 10), None);
+    }
+
+    #[test]
+    fn jitter_never_reorders() {
+        let mut link = Link::new(LinkProfile { latency_ms: 50.0, jitter_ms: 40.0, ..LinkProfile::default() }, 9);
+        let arrivals: Vec<Duration> = (0..1000).map(|i| link.transmit(ms(i), 100).unwrap()).collect();
+        assert!(arrivals.windows(2).all(|w| w[0] <= w[1]));
+        assert!(arrivals.iter().enumerate().all(|(i, a)| *a >= ms(i as u64 + 50) && *a <= ms(i as u64 + 91)));
+    }
+
+    #[test]
+    fn virtual_transfer_time_of_a_megabyte_at_one_megabit() {
+        let mut link = Link::new(LinkProfile { bandwidth_bps: 1e6, latency_ms: 10.0, ..LinkProfile::default() }, 1);
+        let t = link.transfer_time(Duration::ZERO, 1_000_000).unwrap();
+        assert!((t.as_secs_f64() - 8.01).abs() < 1e-9, "{t:?}");
+    }
+
+    #[test]
+    fn presets_exist_and_parse_from_toml() {
+        for name in DuplexProfile::PRESETS {
+            assert!(DuplexProfile::preset(name).is_some(), "{name}");
+        }
+        assert!(DuplexProfile::preset("carrier-pigeon").is_none());
+        let p: DuplexProfile = toml::from_str("[up]\nbandwidth_bps = 1e6\nlatency_ms = 20\n[down]\nloss = 0.1\n").unwrap();
+        assert_eq!(p.up.bandwidth_bps, 1e6);
+        assert_eq!(p.down.loss, 0.1);
+        assert!(toml::from_str::<DuplexProfile>("[up]\nbandwith = 1\n").is_err(), "typos are errors");
+    }
+}

@@ -1,0 +1,8 @@
+//! The network model: one [`link::Link`] per direction of every client's path, used both by the
+//! virtual clock and, through [`socket::ShapedSocket`], under real QUIC.
+
+pub mod link;
+pub mod socket;
+
+pub use link::{BurstLoss, DuplexProfile, Link, LinkProfile, LinkStats, Outage};
+pub use socket::{DuplexStats, LinkHandle, ShapedSocket};

@@ -1,0 +1,168 @@
+//! Minimal SVG charts (no plotting dependency): line charts, stacked bars, with axes and a legend.
+
+use std::fmt::Write;
+
+const W: f64 = 720.0;
+const H: f64 = 400.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 160.0;
+const TOP: f64 = 40.0;
+const BOTTOM: f64 = 50.0;
+const COLOURS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+
+/// One named series of (x, y) points.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// Rounded tick positions covering [lo, hi].
+fn ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let span = (hi - lo).max(1e-12);
+    let raw = span / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * mag).find(|s| span / s <= 6.0).unwrap_or(10.0 * mag);
+    let first = (lo / step).ceil() * step;
+    (0..=12).map(|i| first + i as f64 * step).take_while(|t| *t <= hi + step * 1e-9).collect()
+}
+
+fn label(v: f64) -> String {
+    if v.abs() >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v.abs() >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else if v.fract().abs() < 1e-9 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+struct Frame {
+    x: (f64, f64),
+    y: (f64, f64),
+}
+
+impl Frame {
+    fn px(&self, x: f64) -> f64 {
+        LEFT + (x - self.x.0) / (self.x.1 - self.x.0).max(1e-12) * (W - LEFT - RIGHT)
+    }
+    fn py(&self, y: f64) -> f64 {
+        H - BOTTOM - (y - self.y.0) / (self.y.1 - self.y.0).max(1e-12) * (H - TOP - BOTTOM)
+    }
+}
+
+fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &str, x_ticks: bool) {
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
+        (W - RIGHT + LEFT) / 2.0,
+        escape(title)
+    );
+    for t in ticks(frame.y.0, frame.y.1) {
+        let y = frame.py(t);
+        let _ = write!(svg, r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##, W - RIGHT, LEFT - 6.0, y + 4.0, label(t));
+    }
+    for t in ticks(frame.x.0, frame.x.1).into_iter().filter(|_| x_ticks) {
+        let x = frame.px(t);
+        let _ = write!(svg, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, H - BOTTOM + 16.0, label(t));
+    }
+    let _ = write!(
+        svg,
+        r#"<line x1="{LEFT}" y1="{b}" x2="{r}" y2="{b}" stroke="black"/><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{b}" stroke="black"/><text x="{cx}" y="{xl}" text-anchor="middle">{}</text><text x="16" y="{cy}" text-anchor="middle" transform="rotate(-90 16 {cy})">{}</text>"#,
+        escape(x_label),
+        escape(y_label),
+        b = H - BOTTOM,
+        r = W - RIGHT,
+        cx = (W - RIGHT + LEFT) / 2.0,
+        xl = H - 10.0,
+        cy = (H - BOTTOM + TOP) / 2.0,
+    );
+}
+
+fn legend(svg: &mut String, names: &[&str]) {
+    for (i, name) in names.iter().enumerate() {
+        let y = TOP + 10.0 + i as f64 * 18.0;
+        let _ = write!(svg, r#"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#, W - RIGHT + 12.0, y - 10.0, COLOURS[i % COLOURS.len()], W - RIGHT + 30.0, y, escape(name));
+    }
+}
+
+fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
+    if !lo.is_finite() { (0.0, 1.0) } else if hi - lo < 1e-12 { (lo - 0.5, hi + 0.5) } else { (lo, hi) }
+}
+
+/// A line chart; `y_range` fixes the y axis (e.g. 0–100 for accuracy).
+pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], y_range: Option<(f64, f64)>) -> String {
+    let x = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
+    let y = y_range.unwrap_or_else(|| {
+        let (lo, hi) = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
+        (lo.min(0.0), hi * 1.05)
+    });
+    let frame = Frame { x, y };
+    let mut svg = String::new();
+    open(&mut svg, title, &frame, x_label, y_label, true);
+    for (i, s) in series.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        let path: Vec<String> = s.points.iter().map(|(a, b)| format!("{:.1},{:.1}", frame.px(*a), frame.py(*b))).collect();
+        let _ = write!(svg, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
+        for (a, b) in &s.points {
+            let _ = write!(svg, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"/>"#, frame.px(*a), frame.py(*b));
+        }
+    }
+    legend(&mut svg, &series.iter().map(|s| s.name.as_str()).collect::<Vec<_>>());
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Stacked bars: one bar per category, one segment per named layer.
+pub fn stacked_bars(title: &str, x_label: &str, y_label: &str, categories: &[String], layers: &[(&str, Vec<f64>)]) -> String {
+    let totals: Vec<f64> = (0..categories.len()).map(|c| layers.iter().map(|(_, v)| v.get(c).copied().unwrap_or(0.0)).sum()).collect();
+    let hi = totals.iter().cloned().fold(0.0, f64::max).max(1e-9) * 1.05;
+    let n = categories.len().max(1) as f64;
+    let frame = Frame { x: (0.0, n), y: (0.0, hi) };
+    let mut svg = String::new();
+    open(&mut svg, title, &Frame { x: (0.5, n + 0.5), y: (0.0, hi) }, x_label, y_label, false);
+    let width = (W - LEFT - RIGHT) / n * 0.7;
+    for (c, name) in categories.iter().enumerate() {
+        let x = frame.px(c as f64 + 0.5) - width / 2.0;
+        let mut base = 0.0;
+        for (l, (_, values)) in layers.iter().enumerate() {
+            let v = values.get(c).copied().unwrap_or(0.0);
+            let (y0, y1) = (frame.py(base), frame.py(base + v));
+            let _ = write!(svg, r#"<rect x="{x:.1}" y="{y1:.1}" width="{width:.1}" height="{:.1}" fill="{}"/>"#, (y0 - y1).max(0.0), COLOURS[l % COLOURS.len()]);
+            base += v;
+        }
+        if categories.len() <= 30 {
+            let _ = write!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, x + width / 2.0, H - BOTTOM + 16.0, escape(name));
+        }
+    }
+    legend(&mut svg, &layers.iter().map(|(n, _)| *n).collect::<Vec<_>>());
+    svg.push_str("</svg>\n");
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_and_cover_the_range() {
+        assert_eq!(ticks(0.0, 100.0), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
+        let t = ticks(0.13, 0.87);
+        assert!(t.first().unwrap() >= &0.13 && t.last().unwrap() <= &0.87 && t.len() >= 3, "{t:?}");
+    }
+
+    #[test]
+    fn charts_are_well_formed_svg() {
+        let s = line_chart("a <b>", "x", "y", &[Series { name: "s".into(), points: vec![(1.0, 2.0), (2.0, 3.0)] }], None);
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert!(s.contains("a &lt;b&gt;") && s.contains("<polyline"));
+        let b = stacked_bars("t", "x", "y", &["1".into(), "2".into()], &[("a", vec![1.0, 2.0]), ("b", vec![0.5, 0.0])]);
+        assert_eq!(b.matches("<rect x=").count(), 4 + 2, "four segments and two legend swatches");
+    }
+}

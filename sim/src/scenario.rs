@@ -1,0 +1,44 @@
+//! Scenario files (`scenarios/*.toml`): one per paper setting. Each holds a `[data]` table (the
+//! data crate's [`DataSpec`]) beside the method, model and federation tables.
+
+use std::path::Path;
+
+use anchorage_data::DataSpec;
+use anyhow::Context;
+
+/// Reads the `[data]` table of a scenario file.
+pub fn data_spec(path: &Path) -> anyhow::Result<DataSpec> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let doc: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let data = doc.get("data").cloned().with_context(|| format!("{} has no [data] table", path.display()))?;
+    data.try_into().with_context(|| format!("the [data] table of {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_file_has_a_valid_data_table() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                data_spec(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                seen += 1;
+            }
+        }
+        assert!(seen >= 7, "expected the seven paper scenarios, found {seen}");
+    }
+
+    #[test]
+    fn a_file_without_data_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("anchorage-scenario-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("empty.toml");
+        std::fs::write(&path, "[method]\nname = \"fedavg\"\n").unwrap();
+        let err = format!("{:#}", data_spec(&path).unwrap_err());
+        assert!(err.contains("no [data] table"), "{err}");
+    }
+}

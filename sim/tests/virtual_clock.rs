@@ -1,0 +1,110 @@
+//! The virtual clock drives the real engine and sessions with no sockets.
+
+use anchorage_sim::SimConfig;
+use anchorage_sim::network::DuplexProfile;
+use anchorage_sim::virtual_clock::{run_virtual, wire_bytes};
+
+#[test]
+fn a_virtual_federation_learns_and_charges_its_links() {
+    let link = DuplexProfile::preset("lte").unwrap();
+    let config = SimConfig {
+        clients: 4,
+        rounds: 3,
+        seed: 5,
+        local_epochs: 1,
+        train_per_class: 40,
+        test_per_class: 20,
+        link: Some("lte".into()),
+        ..SimConfig::default()
+    };
+    let result = run_virtual(&config).expect("virtual run");
+    let s = &result.summary;
+    assert_eq!(s.rounds.len(), 3);
+    assert!(s.rounds.iter().all(|r| r.outcome == "aggregated" && r.aggregated == 4));
+    assert!(s.final_accuracy > s.chance + 0.15, "learns: {} vs chance {}", s.final_accuracy, s.chance);
+    // Uploads of ~1 MB at LTE's 5 Mbit/s uplink take about 1.7 s each: the simulated rounds show it.
+    let upload = result.ledger[0].payload_up as f64 * 8.0 / link.up.bandwidth_bps;
+    for r in &s.rounds {
+        assert!(r.seconds > upload, "round {} took {} simulated s, less than one upload ({upload} s)", r.round, r.seconds);
+    }
+    assert_eq!(result.ledger.len(), 12, "one cost record per client per round");
+    for c in &result.ledger {
+        assert!(c.transfer_seconds >= upload * 0.99, "{c:?}");
+        assert!(c.wire_up > c.payload_up && c.wire_up < c.payload_up + c.payload_up / 20);
+    }
+}
+
+#[test]
+fn the_packet_model_adds_a_few_percent() {
+    assert_eq!(wire_bytes(0), 0);
+    assert_eq!(wire_bytes(1200), 1240);
+    let mb = wire_bytes(1_000_000) as f64 / 1e6;
+    assert!((1.03..1.04).contains(&mb), "{mb}");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_simulated_times() {
+    let config = SimConfig {
+        clients: 3,
+        rounds: 2,
+        seed: 9,
+        local_epochs: 1,
+        train_per_class: 30,
+        test_per_class: 10,
+        link: Some("3g".into()),
+        devices: vec![anchorage_sim::device::DeviceProfile { compute_scale: 0.0, ..Default::default() }],
+        ..SimConfig::default()
+    };
+    let a = run_virtual(&config).unwrap();
+    let b = run_virtual(&config).unwrap();
+    let times = |r: &anchorage_sim::SimResult| r.summary.rounds.iter().map(|r| r.seconds).collect::<Vec<_>>();
+    assert_eq!(times(&a), times(&b), "with compute charged as zero, simulated time is deterministic");
+    assert_eq!(a.summary.final_accuracy, b.summary.final_accuracy);
+}
+
+fn epochs_run(result: &anchorage_sim::SimResult) -> Vec<f64> {
+    result
+        .reports
+        .iter()
+        .flat_map(|r| r.updates.iter())
+        .flat_map(|u| u.metrics.iter().filter(|(n, _)| n == "local_epochs").map(|(_, v)| *v))
+        .collect()
+}
+
+#[test]
+fn stragglers_run_fewer_local_epochs() {
+    let base = SimConfig { clients: 4, rounds: 3, seed: 12, local_epochs: 4, train_per_class: 20, test_per_class: 5, ..SimConfig::default() };
+    let steady = run_virtual(&base).unwrap();
+    assert!(epochs_run(&steady).iter().all(|&e| e == 4.0), "no stragglers: every client runs τ = 4 epochs");
+    let straggling = run_virtual(&SimConfig { straggler_ratio: 1.0, ..base }).unwrap();
+    let epochs = epochs_run(&straggling);
+    assert_eq!(epochs.len(), 12);
+    assert!(epochs.iter().all(|&e| (1.0..=4.0).contains(&e)));
+    let mean = epochs.iter().sum::<f64>() / epochs.len() as f64;
+    assert!(mean < 3.5, "uniform in 1..=4 has mean 2.5; got {mean}");
+}
+
+#[test]
+fn a_slow_device_misses_the_deadline_and_its_update_is_late() {
+    use anchorage_sim::device::DeviceProfile;
+    // Half the fleet is 10,000× slower than the host: their training outlasts a 5 s deadline.
+    let fast = DeviceProfile { name: "fast".into(), compute_scale: 0.0, share: 1.0, ..DeviceProfile::default() };
+    let slow = DeviceProfile { name: "slow".into(), compute_scale: 10_000.0, share: 1.0, ..DeviceProfile::default() };
+    let config = SimConfig {
+        clients: 4,
+        rounds: 2,
+        seed: 13,
+        local_epochs: 1,
+        train_per_class: 20,
+        test_per_class: 5,
+        round_deadline_secs: 5.0,
+        devices: vec![fast, slow],
+        ..SimConfig::default()
+    };
+    let result = run_virtual(&config).unwrap();
+    let first = &result.reports[0];
+    assert_eq!(first.updates.len(), 2, "the fast half is aggregated");
+    assert_eq!(first.missing.len(), 2, "the slow half misses the deadline");
+    assert!((first.seconds() - 5.0).abs() < 1e-6, "the round closed at its deadline: {}", first.seconds());
+    assert!(result.ledger.iter().all(|c| c.joules >= 0.0));
+}

@@ -1,0 +1,42 @@
+//! The same scenario on both clocks: real QUIC through the shaped socket, and the discrete-event
+//! virtual clock through the same link model. Per-round durations must agree within 15%.
+
+use anchorage_sim::network::{DuplexProfile, LinkProfile};
+use anchorage_sim::virtual_clock::run_virtual;
+use anchorage_sim::{ClientLink, SimConfig, run};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_and_virtual_round_durations_agree() {
+    let side = |mbps: f64| LinkProfile { bandwidth_bps: mbps * 1e6, latency_ms: 20.0, buffer_bytes: 128 * 1024, ..LinkProfile::default() };
+    let profile = DuplexProfile { up: side(2.0), down: side(10.0) };
+    let config = SimConfig {
+        clients: 2,
+        rounds: 2,
+        seed: 31,
+        local_epochs: 1,
+        train_per_class: 40,
+        test_per_class: 10,
+        client_links: (0..2).map(|client| ClientLink { client, profile: profile.clone() }).collect(),
+        ..SimConfig::default()
+    };
+    let virtual_run = tokio::task::spawn_blocking({
+        let config = config.clone();
+        move || run_virtual(&config)
+    })
+    .await
+    .unwrap()
+    .expect("virtual run");
+    let real_run = run(config, None, false).await.expect("real run");
+    let real: Vec<f64> = real_run.summary.rounds.iter().map(|r| r.seconds).collect();
+    let simulated: Vec<f64> = virtual_run.summary.rounds.iter().map(|r| r.seconds).collect();
+    println!("per-round seconds: real clock {real:?}, virtual clock {simulated:?}");
+    assert_eq!(real.len(), 2);
+    assert_eq!(simulated.len(), 2);
+    for (r, v) in real.iter().zip(&simulated) {
+        assert!(*r > 4.0, "the shaped link dominates the round: {r}");
+        assert!((r - v).abs() <= 0.15 * r, "real {r:.2} s vs virtual {v:.2} s differ by more than 15%");
+    }
+    for run in [&real_run, &virtual_run] {
+        assert!(run.summary.rounds.iter().all(|r| r.outcome == "aggregated" && r.aggregated == 2));
+    }
+}

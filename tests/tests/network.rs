@@ -1,0 +1,91 @@
+//! The link model under real QUIC on loopback: bandwidth, latency, loss and outages shape what
+//! quinn's congestion control and loss recovery face, and the federation copes.
+
+use anchorage_sim::network::{DuplexProfile, LinkProfile, Outage};
+use anchorage_sim::{ClientLink, SimConfig, run};
+
+fn small(clients: usize, rounds: u64, seed: u64) -> SimConfig {
+    SimConfig { clients, rounds, seed, local_epochs: 1, train_per_class: 40, test_per_class: 10, ..SimConfig::default() }
+}
+
+fn uplink(client: usize, up: LinkProfile) -> ClientLink {
+    ClientLink { client, profile: DuplexProfile { up, down: LinkProfile::default() } }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_megabit_uplink_carries_a_megabyte_in_eight_seconds() {
+    let link = LinkProfile { bandwidth_bps: 1e6, latency_ms: 10.0, buffer_bytes: 64 * 1024, ..LinkProfile::default() };
+    let config = SimConfig { client_links: vec![uplink(0, link)], ..small(1, 1, 21) };
+    let result = run(config, None, false).await.expect("simulation runs");
+    let cost = &result.ledger[0];
+    let megabits = cost.payload_up as f64 * 8.0 / 1e6;
+    let expected = megabits; // seconds at 1 Mbit/s
+    println!(
+        "1 Mbit/s uplink: payload {} B ({megabits:.2} Mbit), wire {} B, upload took {:.2} s (expected {expected:.2} s ± 10%); link {:?}",
+        cost.payload_up, cost.wire_up, cost.transfer_seconds, result.link_stats[0]
+    );
+    assert!(cost.payload_up > 1_000_000);
+    assert!(
+        (cost.transfer_seconds - expected).abs() <= 0.1 * expected,
+        "upload took {:.2} s, expected {expected:.2} s ± 10%",
+        cost.transfer_seconds
+    );
+    assert_eq!(result.summary.rounds[0].outcome, "aggregated");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn added_latency_shows_in_the_measured_rtt() {
+    let plain = run(small(1, 1, 22), None, false).await.expect("plain run");
+    let slow = LinkProfile { latency_ms: 60.0, ..LinkProfile::default() };
+    let shaped = SimConfig { client_links: vec![ClientLink { client: 0, profile: DuplexProfile { up: slow.clone(), down: slow } }], ..small(1, 1, 22) };
+    let delayed = run(shaped, None, false).await.expect("shaped run");
+    let (rtt0, rtt1) = (plain.ledger[0].rtt_seconds, delayed.ledger[0].rtt_seconds);
+    println!("RTT on plain loopback {:.1} ms, with 60 ms each way {:.1} ms", rtt0 * 1e3, rtt1 * 1e3);
+    assert!(rtt0 < 0.05, "loopback RTT {rtt0}");
+    assert!(rtt1 >= 0.12 && rtt1 < 0.3, "RTT with 2 × 60 ms latency: {rtt1}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_percent_loss_still_completes_the_rounds() {
+    let lossy = LinkProfile { loss: 0.1, latency_ms: 5.0, ..LinkProfile::default() };
+    let both = DuplexProfile { up: lossy.clone(), down: lossy };
+    let config = SimConfig {
+        client_links: (0..2).map(|client| ClientLink { client, profile: both.clone() }).collect(),
+        ..small(2, 2, 23)
+    };
+    let result = run(config, None, false).await.expect("simulation runs");
+    for r in &result.summary.rounds {
+        assert_eq!((r.outcome.as_str(), r.aggregated), ("aggregated", 2), "round {}", r.round);
+    }
+    let stats: Vec<_> = result.link_stats.iter().flatten().collect();
+    let lost: u64 = stats.iter().map(|s| s.up.lost_random + s.down.lost_random).sum();
+    let sent: u64 = stats.iter().map(|s| s.up.datagrams + s.down.datagrams).sum();
+    println!("10% loss: {lost} of {sent} datagrams dropped; wire/payload {:?}", result.summary.upload_wire_ratio);
+    assert!(lost as f64 > 0.05 * sent as f64, "the link really dropped datagrams: {lost} of {sent}");
+    assert!(result.summary.upload_wire_ratio.unwrap() > 1.05, "retransmissions show in the wire bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_the_deadline_drops_the_client_which_rejoins_later() {
+    // Client 1 loses its link from 0.3 s to 3.3 s after it starts; rounds wait 2.5 s, so at least
+    // one round closes at its deadline without it.
+    let outage = vec![Outage { start_ms: 300, duration_ms: 3000 }];
+    let dark = LinkProfile { outages: outage, ..LinkProfile::default() };
+    let config = SimConfig {
+        client_links: vec![ClientLink { client: 1, profile: DuplexProfile { up: dark.clone(), down: dark } }],
+        round_deadline_secs: 2.5,
+        ..small(2, 4, 24)
+    };
+    let result = run(config, None, false).await.expect("simulation runs");
+    for r in &result.reports {
+        println!("round {}: aggregated {:?}, missing {:?}", r.round, r.updates.iter().map(|u| &u.client).collect::<Vec<_>>(), r.missing);
+    }
+    let dark = "client-001".to_string();
+    let missed = result.reports.iter().position(|r| r.missing.contains(&dark)).expect("the dark client misses a round at its deadline");
+    let r = &result.reports[missed];
+    assert_eq!(r.outcome, anchorage_server::engine::RoundOutcome::Aggregated, "the round closes at its deadline without it");
+    assert!(r.updates.iter().any(|u| u.client == "client-000"), "the round still aggregates the other client");
+    let rejoined = result.reports[missed + 1..].iter().any(|r| r.updates.iter().any(|u| u.client == dark));
+    assert!(rejoined, "after the outage the client is aggregated again in a later round");
+    assert!(result.link_stats[1].as_ref().unwrap().up.lost_outage > 0);
+}
