@@ -41,7 +41,7 @@ pub struct ClientConfig {
     pub client_id: String,
     /// Durable state: the unacknowledged update survives restarts here.
     pub state_dir: PathBuf,
-    /// `cpu`, `ndarray` or `auto`.
+    /// `cpu` (flex), `ndarray`, `wgpu`, `vulkan`, `cuda:N` or `auto` (see [`crate::device`]).
     #[serde(default = "default_device")]
     pub device: String,
     #[serde(default = "default_memory")]

@@ -1,60 +1,185 @@
 //! Choosing the compute device at run time from the backends compiled in.
 //!
-//! `cpu` is the pure-Rust `flex` backend (the default feature); `ndarray` is kept behind its
-//! feature for users who ask for it. GPU backends (`wgpu`, `vulkan`, `cuda:N`) arrive with the
-//! backbone issue; asking for one that is not compiled in is a clear error, never a panic.
+//! Names (config key `device`, flag `--device`): `cpu` / `flex` (the pure-Rust default),
+//! `ndarray`, `wgpu` (WGSL; Mesa lavapipe in CI), `vulkan` (SPIR-V), `cuda` / `cuda:N`, and
+//! `auto`, which probes what is compiled in and present in the order cuda, vulkan, wgpu, cpu,
+//! ndarray and logs what it picked and why. Cargo features `wgpu`, `vulkan`, `cuda` and
+//! `ndarray` compile the backends in (all off by default); asking for one that is not compiled
+//! in, or not present, is a clear error, never a panic.
 
-use burn::tensor::Device;
+use std::fmt;
+use std::str::FromStr;
+
+use burn::tensor::{Device, Tensor};
 
 /// The requested device cannot be used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DeviceError {
-    #[error("device `{0}` is not compiled into this build (compiled: {1})")]
-    NotCompiled(String, String),
-    #[error("unknown device `{0}`; use cpu, ndarray or auto")]
+    #[error("device `{0}` is not compiled into this build (compiled: {1}); rebuild with `--features {2}`")]
+    NotCompiled(String, String, &'static str),
+    #[error("unknown device `{0}`; use cpu, flex, ndarray, wgpu, vulkan, cuda[:N] or auto")]
     Unknown(String),
+    #[error("device `{0}` is compiled in but does not work here: {1}")]
+    Unavailable(String, String),
+    #[error("no compiled backend works here (tried: {0})")]
+    NoneWorks(String),
+}
+
+/// A parsed device name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// The flex CPU backend.
+    Cpu,
+    NdArray,
+    Wgpu,
+    Vulkan,
+    Cuda(usize),
+    Auto,
+}
+
+impl FromStr for DeviceSpec {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Self, DeviceError> {
+        let name = s.trim().to_ascii_lowercase();
+        Ok(match name.as_str() {
+            "cpu" | "flex" => DeviceSpec::Cpu,
+            "ndarray" => DeviceSpec::NdArray,
+            "wgpu" => DeviceSpec::Wgpu,
+            "vulkan" => DeviceSpec::Vulkan,
+            "cuda" => DeviceSpec::Cuda(0),
+            "auto" => DeviceSpec::Auto,
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(i)) => DeviceSpec::Cuda(i),
+                _ => return Err(DeviceError::Unknown(s.to_string())),
+            },
+        })
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::NdArray => f.write_str("ndarray"),
+            DeviceSpec::Wgpu => f.write_str("wgpu"),
+            DeviceSpec::Vulkan => f.write_str("vulkan"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+            DeviceSpec::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// The cargo feature that compiles this backend in.
+    pub fn feature(self) -> &'static str {
+        match self {
+            DeviceSpec::Cpu | DeviceSpec::Auto => "flex",
+            DeviceSpec::NdArray => "ndarray",
+            DeviceSpec::Wgpu => "wgpu",
+            DeviceSpec::Vulkan => "vulkan",
+            DeviceSpec::Cuda(_) => "cuda",
+        }
+    }
+
+    pub fn is_compiled(self) -> bool {
+        match self {
+            DeviceSpec::Cpu => cfg!(feature = "flex"),
+            DeviceSpec::NdArray => cfg!(feature = "ndarray"),
+            DeviceSpec::Wgpu => cfg!(feature = "wgpu"),
+            DeviceSpec::Vulkan => cfg!(feature = "vulkan"),
+            DeviceSpec::Cuda(_) => cfg!(feature = "cuda"),
+            DeviceSpec::Auto => !compiled().is_empty(),
+        }
+    }
+
+    /// The device, without checking that it works (construction is lazy in burn).
+    fn construct(self) -> Option<Device> {
+        match self {
+            #[cfg(feature = "flex")]
+            DeviceSpec::Cpu => Some(Device::flex()),
+            #[cfg(feature = "ndarray")]
+            #[allow(deprecated)]
+            DeviceSpec::NdArray => Some(Device::ndarray()),
+            #[cfg(feature = "wgpu")]
+            DeviceSpec::Wgpu => Some(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
+            #[cfg(feature = "vulkan")]
+            DeviceSpec::Vulkan => Some(Device::vulkan(burn::tensor::DeviceKind::DefaultDevice)),
+            #[cfg(feature = "cuda")]
+            DeviceSpec::Cuda(i) => Some(Device::cuda(i)),
+            _ => None,
+        }
+    }
 }
 
 /// Backends compiled into this build, in `auto` probing order.
 pub fn compiled() -> Vec<&'static str> {
     let mut v = Vec::new();
-    if cfg!(feature = "flex") {
-        v.push("cpu");
-    }
-    if cfg!(feature = "ndarray") {
-        v.push("ndarray");
+    for (on, name) in [
+        (cfg!(feature = "cuda"), "cuda"),
+        (cfg!(feature = "vulkan"), "vulkan"),
+        (cfg!(feature = "wgpu"), "wgpu"),
+        (cfg!(feature = "flex"), "cpu"),
+        (cfg!(feature = "ndarray"), "ndarray"),
+    ] {
+        if on {
+            v.push(name);
+        }
     }
     v
 }
 
-/// The device named `name` (`cpu`, `ndarray`, `auto`) and the name of what was picked.
+/// Runs one tiny operation on `device`; a backend that panics (no adapter, no driver) is an error.
+fn probe(device: &Device) -> Result<(), String> {
+    let device = device.clone();
+    std::panic::catch_unwind(move || {
+        let x = Tensor::<1>::from_floats([1.0, 2.0], &device);
+        (x * 2.0).sum().into_scalar::<f32>()
+    })
+    .map_err(|e| {
+        e.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    })
+    .and_then(|v| if v == 6.0 { Ok(()) } else { Err(format!("probe computed {v}, expected 6")) })
+}
+
+/// The device named `name` and the name of what was picked. GPU devices are probed with one tiny
+/// operation so that an absent GPU is an error here rather than a panic later.
 pub fn select(name: &str) -> Result<(Device, &'static str), DeviceError> {
-    let compiled = compiled();
-    let not_compiled = || DeviceError::NotCompiled(name.to_string(), compiled.join(", "));
-    match name {
-        "auto" => {
-            let first = *compiled.first().ok_or_else(not_compiled)?;
-            let picked = select(first)?;
-            tracing::info!(device = picked.1, "auto picked the first compiled backend");
-            Ok(picked)
+    let spec: DeviceSpec = name.parse()?;
+    let compiled_list = || compiled().join(", ");
+    if spec == DeviceSpec::Auto {
+        let mut tried = Vec::new();
+        for candidate in compiled() {
+            match select(candidate) {
+                Ok(picked) => {
+                    tracing::info!(device = picked.1, tried = ?tried, "auto picked the first compiled backend that works");
+                    return Ok(picked);
+                }
+                Err(e) => {
+                    tracing::info!(device = candidate, error = %e, "auto: backend skipped");
+                    tried.push(format!("{candidate} ({e})"));
+                }
+            }
         }
-        "cpu" | "flex" => {
-            #[cfg(feature = "flex")]
-            return Ok((Device::flex(), "cpu"));
-            #[allow(unreachable_code)]
-            Err(not_compiled())
-        }
-        "ndarray" => {
-            #[cfg(feature = "ndarray")]
-            #[allow(deprecated)]
-            return Ok((Device::ndarray(), "ndarray"));
-            #[allow(unreachable_code)]
-            Err(not_compiled())
-        }
-        "wgpu" | "vulkan" => Err(not_compiled()),
-        other if other.starts_with("cuda") => Err(not_compiled()),
-        other => Err(DeviceError::Unknown(other.to_string())),
+        return Err(DeviceError::NoneWorks(tried.join("; ")));
     }
+    let device =
+        spec.construct().ok_or_else(|| DeviceError::NotCompiled(name.to_string(), compiled_list(), spec.feature()))?;
+    let label = match spec {
+        DeviceSpec::Cpu => "cpu",
+        DeviceSpec::NdArray => "ndarray",
+        DeviceSpec::Wgpu => "wgpu",
+        DeviceSpec::Vulkan => "vulkan",
+        DeviceSpec::Cuda(_) => "cuda",
+        DeviceSpec::Auto => unreachable!("handled above"),
+    };
+    if matches!(spec, DeviceSpec::Wgpu | DeviceSpec::Vulkan | DeviceSpec::Cuda(_)) {
+        probe(&device).map_err(|e| DeviceError::Unavailable(spec.to_string(), e))?;
+    }
+    Ok((device, label))
 }
 
 #[cfg(test)]
@@ -62,9 +187,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn names_parse() {
+        assert_eq!("cpu".parse(), Ok(DeviceSpec::Cpu));
+        assert_eq!("FLEX".parse(), Ok(DeviceSpec::Cpu));
+        assert_eq!("cuda".parse(), Ok(DeviceSpec::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(DeviceSpec::Cuda(3)));
+        assert_eq!("vulkan".parse(), Ok(DeviceSpec::Vulkan));
+        assert_eq!("wgpu".parse(), Ok(DeviceSpec::Wgpu));
+        assert_eq!("ndarray".parse(), Ok(DeviceSpec::NdArray));
+        assert!(matches!("cuda:x".parse::<DeviceSpec>(), Err(DeviceError::Unknown(_))));
+        assert!(matches!("tpu".parse::<DeviceSpec>(), Err(DeviceError::Unknown(_))));
+        assert_eq!(DeviceSpec::Cuda(2).to_string(), "cuda:2");
+    }
+
+    #[test]
     fn absent_and_unknown_devices_are_errors() {
-        assert!(matches!(select("cuda:0"), Err(DeviceError::NotCompiled(..))));
+        for name in ["cuda:0", "wgpu", "vulkan", "ndarray"] {
+            let spec: DeviceSpec = name.parse().unwrap();
+            if !spec.is_compiled() {
+                let err = select(name).unwrap_err();
+                assert!(matches!(err, DeviceError::NotCompiled(..)), "{err}");
+                assert!(err.to_string().contains(spec.feature()), "{err}");
+            }
+        }
         assert!(matches!(select("tpu"), Err(DeviceError::Unknown(_))));
-        assert_eq!(select("auto").unwrap().1, compiled()[0]);
+        let (_, picked) = select("auto").unwrap();
+        assert!(compiled().contains(&picked));
+    }
+
+    #[test]
+    fn cpu_works() {
+        if cfg!(feature = "flex") {
+            let (device, name) = select("cpu").unwrap();
+            assert_eq!(name, "cpu");
+            probe(&device).unwrap();
+        }
     }
 }
