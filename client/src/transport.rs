@@ -301,7 +301,8 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                                     cost.acked = Some(ack.aggregated);
                                     if let Some((record, aggregated)) = cost.complete(&options.client_id, ack.round) {
                                         costs.remove(&ack.round);
-                                        emit(ClientEvent::RoundDone { cost: record, aggregated });
+                                        emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
+                                        report_cost(&mut control, record, options.max_frame_bytes).await;
                                     }
                                 }
                             }
@@ -329,7 +330,8 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                     cost.uploaded = true;
                     if let Some((record, aggregated)) = cost.complete(&options.client_id, round) {
                         costs.remove(&round);
-                        emit(ClientEvent::RoundDone { cost: record, aggregated });
+                        emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
+                        report_cost(&mut control, record, options.max_frame_bytes).await;
                     }
                 }
                 _ = heartbeat.tick() => {
@@ -420,6 +422,15 @@ async fn accept_broadcasts(conn: quinn::Connection, tx: mpsc::UnboundedSender<In
 
 /// Uploads one update on its own uni stream and waits until the server acknowledged every byte
 /// at the QUIC level. Reports (round, UDP bytes sent meanwhile, seconds).
+/// Sends a round's measured cost to the server's ledger (best effort: the sim keeps its own copy).
+async fn report_cost(control: &mut quinn::SendStream, record: CostRecord, max_frame: usize) {
+    if let Ok(frame) = encode_frame(&Message::Cost(record), max_frame)
+        && let Err(e) = write_frame(control, &frame).await
+    {
+        tracing::debug!(error = %e, "could not report a round's cost");
+    }
+}
+
 async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done: mpsc::UnboundedSender<(u64, u64, f64, f64)>) {
     let round = update.round;
     let frame = match encode_frame(&Message::Update(update), max_frame) {

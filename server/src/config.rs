@@ -28,6 +28,9 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     #[serde(default)]
     pub limits: Limits,
+    /// Address of the Prometheus endpoint (`GET /metrics`); none: no endpoint.
+    #[serde(default)]
+    pub metrics_bind: Option<SocketAddr>,
 }
 
 fn default_names() -> Vec<String> {

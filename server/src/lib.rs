@@ -3,12 +3,14 @@
 //! - [`engine`]: the sans-IO round engine.
 //! - [`methods`]: server halves of the methods (aggregation, prototype rules).
 //! - [`transport`]: the quinn endpoint driving the engine.
-//! - [`store`]: durable server state (atomic checkpoint files).
+//! - [`store`]: durable server state (atomic checkpoint files, the cost ledger).
+//! - [`metrics`]: counters and their Prometheus exposition over HTTP.
 //! - [`tls`]: certificates for development and pinning.
 
 pub mod config;
 pub mod engine;
 pub mod methods;
+pub mod metrics;
 pub mod store;
 pub mod tls;
 pub mod transport;

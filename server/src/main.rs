@@ -47,6 +47,11 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     })
     .await?;
     tracing::info!(addr = %server.local_addr, method = %config.method, "listening");
+    let (_metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(bind) = config.metrics_bind {
+        let addr = anchorage_server::metrics::serve(bind, server.metrics.clone(), metrics_stop_rx).await.with_context(|| format!("binding the metrics endpoint {bind}"))?;
+        tracing::info!(%addr, "Prometheus metrics at http://{addr}/metrics");
+    }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {

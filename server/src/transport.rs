@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
@@ -80,23 +80,7 @@ impl Limits {
     }
 }
 
-/// Counters of the transport: what a Prometheus exporter publishes.
-#[derive(Debug, Default)]
-pub struct ServerMetrics {
-    pub connections: AtomicU64,
-    pub frames_in: AtomicU64,
-    pub bytes_in: AtomicU64,
-    pub frames_out: AtomicU64,
-    pub decode_errors: AtomicU64,
-    pub refusals: AtomicU64,
-    pub store_errors: AtomicU64,
-}
-
-impl ServerMetrics {
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-}
+pub use crate::metrics::ServerMetrics;
 
 /// What the running server tells its owner.
 #[derive(Debug, Clone)]
@@ -172,6 +156,13 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     };
 
     let metrics = Arc::new(ServerMetrics::default());
+    if let Some(store) = &options.store {
+        let (records, skipped) = store.load_ledger()?;
+        records.iter().for_each(|r| metrics.record_cost(r));
+        if skipped > 0 {
+            tracing::warn!(skipped, path = %store.ledger_path().display(), "unreadable ledger lines were skipped");
+        }
+    }
     let (input_tx, input_rx) = mpsc::unbounded_channel();
     let (event_tx, events) = mpsc::unbounded_channel();
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -276,7 +267,23 @@ async fn run_engine(
                         }
                     }
                 }
+                Action::Ledger(record) => {
+                    metrics.record_cost(&record);
+                    if let Some(store) = &store {
+                        let store = store.clone();
+                        match tokio::task::spawn_blocking(move || store.append_ledger(&[record])).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                                tracing::error!(error = %e, "could not append to the cost ledger");
+                            }
+                            Err(e) => tracing::error!(error = %e, "ledger task failed"),
+                        }
+                    }
+                }
                 Action::RoundClosed(report, checkpoint) => {
+                    metrics.rounds_closed.fetch_add(1, Ordering::Relaxed);
+                    metrics.round.store(report.round, Ordering::Relaxed);
                     let _ = events.send(ServerEvent::RoundClosed { report, checkpoint });
                 }
                 Action::Finished => {

@@ -29,3 +29,24 @@ pub struct CostRecord {
     /// The client was sampled but sent nothing before the deadline.
     pub dropped: bool,
 }
+
+impl CostRecord {
+    /// Checks what arrives from a peer: finite non-negative seconds and joules, a bounded name.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.client.len() > 128 {
+            return Err("client id longer than 128 bytes".into());
+        }
+        let fields = [
+            ("compute_seconds", self.compute_seconds),
+            ("transfer_seconds", self.transfer_seconds),
+            ("wait_seconds", self.wait_seconds),
+            ("wall_seconds", self.wall_seconds),
+            ("rtt_seconds", self.rtt_seconds),
+            ("joules", self.joules),
+        ];
+        match fields.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+            Some((name, v)) => Err(alloc::format!("{name} = {v} is not a finite non-negative number")),
+            None => Ok(()),
+        }
+    }
+}

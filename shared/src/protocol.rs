@@ -9,6 +9,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
+use crate::ledger::CostRecord;
 use crate::prototype::Prototype;
 use crate::tensor::{ParamBlock, TensorError};
 
@@ -172,6 +173,9 @@ pub enum Message {
     Heartbeat(Heartbeat),
     Refusal(Refusal),
     Goodbye(Goodbye),
+    /// A client's measured cost of one round, sent after the round's ack (the server keeps the
+    /// cost ledger). The `client` field is ignored: the server uses the connection's identity.
+    Cost(CostRecord),
 }
 
 impl Message {
@@ -186,6 +190,7 @@ impl Message {
             Message::Heartbeat(_) => 6,
             Message::Refusal(_) => 7,
             Message::Goodbye(_) => 8,
+            Message::Cost(_) => 9,
         }
     }
 
@@ -205,6 +210,7 @@ impl Message {
             Message::Heartbeat(m) => postcard::to_allocvec(m),
             Message::Refusal(m) => postcard::to_allocvec(m),
             Message::Goodbye(m) => postcard::to_allocvec(m),
+            Message::Cost(m) => postcard::to_allocvec(m),
         };
         // Serialising owned in-memory structs into a growable Vec cannot fail.
         r.unwrap_or_default()
@@ -223,6 +229,7 @@ impl Message {
             6 => Message::Heartbeat(postcard::from_bytes(body).map_err(bad)?),
             7 => Message::Refusal(postcard::from_bytes(body).map_err(bad)?),
             8 => Message::Goodbye(postcard::from_bytes(body).map_err(bad)?),
+            9 => Message::Cost(postcard::from_bytes(body).map_err(bad)?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
         msg.validate()?;
@@ -243,6 +250,7 @@ impl Message {
                 }
                 Ok(())
             }
+            Message::Cost(c) => c.validate().map_err(DecodeError::Invalid),
             Message::Hello(h) if h.client_id.is_empty() || h.client_id.len() > 128 => {
                 Err(DecodeError::Invalid("client id must have 1 to 128 bytes".into()))
             }
@@ -277,6 +285,7 @@ pub fn kind_name(kind: u8) -> Option<&'static str> {
         6 => "heartbeat",
         7 => "refusal",
         8 => "goodbye",
+        9 => "cost",
         _ => return None,
     })
 }

@@ -3,6 +3,7 @@
 
 use anchorage_shared::frame::{DEFAULT_MAX_FRAME, FrameReader, HEADER_BYTES, LEN_BYTES, decode_frame, encode_frame};
 use anchorage_shared::protocol::*;
+use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::tensor::{Encoding, ParamBlock, TensorError};
 use anchorage_shared::{Message, PROTOCOL_VERSION, Prototype};
 use proptest::prelude::*;
@@ -49,6 +50,17 @@ fn every_message() -> Vec<Message> {
         Message::Heartbeat(Heartbeat { seq: u64::MAX }),
         Message::Refusal(Refusal { reason: RefusalReason::ShapeMismatch, detail: "block `head.weight`".into() }),
         Message::Goodbye(Goodbye { reason: "federation finished".into() }),
+        Message::Cost(CostRecord {
+            client: String::new(),
+            round: 5,
+            payload_up: 1_000_000,
+            wire_up: 1_030_000,
+            compute_seconds: 2.5,
+            transfer_seconds: 8.1,
+            rtt_seconds: 0.04,
+            joules: 12.0,
+            ..CostRecord::default()
+        }),
     ]
 }
 
@@ -56,7 +68,7 @@ fn every_message() -> Vec<Message> {
 fn every_message_round_trips_through_a_frame() {
     let messages = every_message();
     let kinds: Vec<u8> = messages.iter().map(Message::kind).collect();
-    assert_eq!(kinds, (1..=8).collect::<Vec<u8>>(), "one message of each kind");
+    assert_eq!(kinds, (1..=9).collect::<Vec<u8>>(), "one message of each kind");
     for msg in messages {
         let frame = encode_frame(&msg, DEFAULT_MAX_FRAME).unwrap();
         assert_eq!(frame[LEN_BYTES], PROTOCOL_VERSION);
@@ -185,6 +197,11 @@ fn bad_tensors_are_refused_at_decode() {
     assert!(matches!(decode_frame(&encode(&time), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
     let hello = Message::Hello(Hello { client_id: String::new(), capabilities: capabilities(), num_samples: 0, last_round: None });
     assert!(matches!(decode_frame(&encode(&hello), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
+    // A cost report with a negative or non-finite figure.
+    let cost = Message::Cost(CostRecord { transfer_seconds: f64::NAN, ..CostRecord::default() });
+    assert!(matches!(decode_frame(&encode(&cost), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
+    let cost = Message::Cost(CostRecord { joules: -1.0, ..CostRecord::default() });
+    assert!(matches!(decode_frame(&encode(&cost), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
     // A prototype that is not a vector.
     let mut proto = Prototype::encode(1, 1, &[1.0, 2.0], Encoding::F32);
     proto.vector.shape = vec![1, 2];
@@ -231,7 +248,7 @@ proptest! {
     /// intact header with a mutated body either decodes to a valid message or is refused.
     #[test]
     fn mutated_frames_never_panic(
-        which in 0usize..8,
+        which in 0usize..9,
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         cut in any::<prop::sample::Index>(),
         insert in proptest::collection::vec(any::<u8>(), 0..6),

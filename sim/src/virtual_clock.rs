@@ -200,6 +200,12 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
                         send_down(&index, &mut clients, &mut queue, now, &client, (*msg).clone());
                     }
                 }
+                // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
+                Action::Ledger(record) => {
+                    if record.dropped {
+                        ledger.push(record);
+                    }
+                }
                 Action::Persist(_) => {}
                 Action::RoundClosed(report, checkpoint) => {
                     let accuracy = evaluator.accuracy(&checkpoint.global)?;

@@ -84,8 +84,20 @@ async fn restarted_server_resumes_from_its_checkpoint() {
     assert_eq!(saved.round, 2);
     assert_ne!(saved.global, initial, "the checkpoint holds the trained global model");
 
+    // The clients' cost reports are in the server's durable ledger, under their connection identity.
+    let (ledger, skipped) = store.load_ledger().unwrap();
+    println!("ledger after the first run: {} records", ledger.len());
+    assert_eq!(skipped, 0);
+    assert!(ledger.len() >= 2, "cost records of the first rounds are on disk: {ledger:?}");
+    assert!(ledger.iter().all(|c| (c.client == "c0" || c.client == "c1") && c.wire_up >= c.payload_up && c.payload_up > 0));
+
     // A new process on the same state folder, allowed two more rounds: it continues at round 3.
     let mut second = start(&identity, 4, 2, &store, initial.clone()).await;
+    assert_eq!(
+        anchorage_server::transport::ServerMetrics::get(&second.metrics.ledger_records),
+        ledger.len() as u64,
+        "the ledger totals are replayed into the metrics after a restart"
+    );
     let addr = second.local_addr;
     let clients: Vec<_> = (0..2)
         .map(|i| tokio::spawn(client::run(ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")), Box::new(fedavg_client(i)), None)))
@@ -97,6 +109,8 @@ async fn restarted_server_resumes_from_its_checkpoint() {
     }
     second.shutdown().await.unwrap();
     assert_eq!(store.load().unwrap().unwrap().round, 4);
+    let (after, _) = store.load_ledger().unwrap();
+    assert!(after.len() > ledger.len() && after.starts_with(&ledger), "the second run appended to the same ledger");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -175,7 +175,7 @@ impl Session {
             }
             Message::Goodbye(g) => self.finish(g.reason),
             Message::Heartbeat(_) => {}
-            Message::Hello(_) | Message::Update(_) => return Err(self.unexpected(msg.kind_name())),
+            Message::Hello(_) | Message::Update(_) | Message::Cost(_) => return Err(self.unexpected(msg.kind_name())),
         }
         Ok(())
     }

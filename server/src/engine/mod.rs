@@ -23,6 +23,7 @@ use std::time::Duration;
 use anchorage_shared::protocol::{
     Ack, Broadcast, Goodbye, Hello, Message, Refusal, RefusalReason, Update, Welcome,
 };
+use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{ParamBlock, payload_bytes};
 use serde::{Deserialize, Serialize};
@@ -48,6 +49,8 @@ pub enum Action {
     Persist(Arc<Checkpoint>),
     /// A round closed (aggregated or failed).
     RoundClosed(Arc<RoundReport>, Arc<Checkpoint>),
+    /// Append one record to the cost ledger (a client's measured round, or a dropped client).
+    Ledger(CostRecord),
     /// All configured rounds are done; goodbyes have been queued.
     Finished,
 }
@@ -189,6 +192,7 @@ impl Engine {
             Message::Update(update) => self.on_update(now, client, update),
             Message::Heartbeat(_) => {}
             Message::Goodbye(_) => self.handle_disconnect(now, client),
+            Message::Cost(record) => self.on_cost(client, record),
             other => {
                 tracing::warn!(client, kind = other.kind_name(), "unexpected message from a client");
                 self.refuse(client, RefusalReason::Malformed, format!("a client may not send {}", other.kind_name()));
@@ -295,6 +299,20 @@ impl Engine {
         }
     }
 
+    /// A client's measured cost of a round it took part in: into the ledger under its identity.
+    fn on_cost(&mut self, client: &str, mut record: CostRecord) {
+        if !self.clients.contains_key(client) {
+            self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
+            return;
+        }
+        if record.round == 0 || record.round > self.last_round.max(self.open.as_ref().map_or(0, |o| o.round)) {
+            self.refuse(client, RefusalReason::Malformed, format!("cost report for round {} that never opened", record.round));
+            return;
+        }
+        record.client = client.into();
+        self.actions.push_back(Action::Ledger(record));
+    }
+
     fn refuse(&mut self, client: &str, reason: RefusalReason, detail: String) {
         self.stats.refused += 1;
         tracing::warn!(client, ?reason, %detail, "refused");
@@ -376,6 +394,16 @@ impl Engine {
             self.stats.failed_rounds += 1;
         }
         self.stats.dropped += missing.len() as u64;
+        for client in &missing {
+            self.actions.push_back(Action::Ledger(CostRecord {
+                client: client.clone(),
+                round: open.round,
+                payload_down,
+                dropped: true,
+                wall_seconds: now.saturating_sub(open.started).as_secs_f64(),
+                ..CostRecord::default()
+            }));
+        }
         self.last_round = open.round;
         self.last_accepted = open.updates.keys().cloned().collect();
         self.rng = Rng::derive(self.config.seed, self.last_round);

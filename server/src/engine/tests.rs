@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Capabilities, Hello, Message, RefusalReason, Update};
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 
@@ -309,4 +310,35 @@ fn goodbyes_and_finished_follow_the_last_round() {
     assert_eq!(goodbyes, 2);
     assert!(matches!(actions.last(), Some(Action::Finished)));
     assert_eq!(e.open_round(), None);
+}
+
+fn ledger(actions: &[Action]) -> Vec<CostRecord> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Ledger(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn cost_reports_and_dropped_clients_land_in_the_ledger() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    e.handle_timeout(secs(10));
+    let dropped = ledger(&drain(&mut e));
+    assert_eq!(dropped.len(), 1);
+    assert!(dropped[0].dropped && dropped[0].client == "b" && dropped[0].round == 1 && dropped[0].payload_down == 8);
+    // A client's report is filed under its connection's identity, whatever it claims.
+    let report = CostRecord { client: "someone-else".into(), round: 1, wire_up: 1234, ..CostRecord::default() };
+    e.handle_message(secs(11), "a", Message::Cost(report));
+    let filed = ledger(&drain(&mut e));
+    assert_eq!((filed[0].client.as_str(), filed[0].wire_up), ("a", 1234));
+    // Reports for rounds that never opened, or from strangers, are refused.
+    e.handle_message(secs(11), "a", Message::Cost(CostRecord { round: 99, ..CostRecord::default() }));
+    assert_eq!(refusals(&drain(&mut e), "a"), vec![RefusalReason::Malformed]);
+    e.handle_message(secs(11), "x", Message::Cost(CostRecord { round: 1, ..CostRecord::default() }));
+    assert_eq!(refusals(&drain(&mut e), "x"), vec![RefusalReason::NotEnrolled]);
 }
