@@ -75,10 +75,25 @@ impl ServerMetrics {
         metric("frames_out_total", "counter", "Frames sent to clients.", &[("", g(&self.frames_out) as f64)]);
         metric("decode_errors_total", "counter", "Malformed frames received.", &[("", g(&self.decode_errors) as f64)]);
         metric("refusals_total", "counter", "Messages or clients refused.", &[("", g(&self.refusals) as f64)]);
-        metric("store_errors_total", "counter", "Failed writes of durable state.", &[("", g(&self.store_errors) as f64)]);
-        metric("rounds_closed_total", "counter", "Rounds closed since this process started.", &[("", g(&self.rounds_closed) as f64)]);
+        metric(
+            "store_errors_total",
+            "counter",
+            "Failed writes of durable state.",
+            &[("", g(&self.store_errors) as f64)],
+        );
+        metric(
+            "rounds_closed_total",
+            "counter",
+            "Rounds closed since this process started.",
+            &[("", g(&self.rounds_closed) as f64)],
+        );
         metric("round", "gauge", "The last round that closed.", &[("", g(&self.round) as f64)]);
-        metric("ledger_records_total", "counter", "Cost ledger records (one per client per round).", &[("", g(&self.ledger_records) as f64)]);
+        metric(
+            "ledger_records_total",
+            "counter",
+            "Cost ledger records (one per client per round).",
+            &[("", g(&self.ledger_records) as f64)],
+        );
         metric(
             "ledger_bytes_total",
             "counter",
@@ -100,15 +115,34 @@ impl ServerMetrics {
                 ("{phase=\"wait\"}", g(&self.wait_micros) as f64 / 1e6),
             ],
         );
-        metric("ledger_joules_total", "counter", "Estimated client energy.", &[("", g(&self.millijoules) as f64 / 1e3)]);
-        metric("ledger_dropped_total", "counter", "Sampled clients that sent nothing before the deadline.", &[("", g(&self.dropped) as f64)]);
-        metric("ledger_stragglers_total", "counter", "Updates that arrived after their round closed.", &[("", g(&self.stragglers) as f64)]);
+        metric(
+            "ledger_joules_total",
+            "counter",
+            "Estimated client energy.",
+            &[("", g(&self.millijoules) as f64 / 1e3)],
+        );
+        metric(
+            "ledger_dropped_total",
+            "counter",
+            "Sampled clients that sent nothing before the deadline.",
+            &[("", g(&self.dropped) as f64)],
+        );
+        metric(
+            "ledger_stragglers_total",
+            "counter",
+            "Updates that arrived after their round closed.",
+            &[("", g(&self.stragglers) as f64)],
+        );
         out
     }
 }
 
 /// Serves `GET /metrics` on `bind` until `shutdown` turns true. Returns the bound address.
-pub async fn serve(bind: SocketAddr, metrics: Arc<ServerMetrics>, mut shutdown: watch::Receiver<bool>) -> std::io::Result<SocketAddr> {
+pub async fn serve(
+    bind: SocketAddr,
+    metrics: Arc<ServerMetrics>,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(bind).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -160,7 +194,13 @@ mod tests {
     #[test]
     fn ledger_records_add_up_in_the_exposition() {
         let m = ServerMetrics::default();
-        m.record_cost(&CostRecord { wire_up: 1000, payload_up: 900, compute_seconds: 1.5, joules: 2.0, ..Default::default() });
+        m.record_cost(&CostRecord {
+            wire_up: 1000,
+            payload_up: 900,
+            compute_seconds: 1.5,
+            joules: 2.0,
+            ..Default::default()
+        });
         m.record_cost(&CostRecord { wire_up: 500, dropped: true, ..Default::default() });
         let text = m.render();
         assert!(text.contains("anchorage_ledger_bytes_total{direction=\"up\",kind=\"wire\"} 1500"), "{text}");

@@ -38,7 +38,13 @@ impl DeviceProfile {
     /// Named presets (rough figures relative to a desktop CPU core): `host`, `desktop`,
     /// `jetson-orin`, `jetson-nano`, `raspberry-pi-4`, `phone`.
     pub fn preset(name: &str) -> Option<Self> {
-        let p = |compute_scale: f64, compute_watts: f64, radio_watts: f64| DeviceProfile { name: name.into(), compute_scale, compute_watts, radio_watts, share: 1.0 };
+        let p = |compute_scale: f64, compute_watts: f64, radio_watts: f64| DeviceProfile {
+            name: name.into(),
+            compute_scale,
+            compute_watts,
+            radio_watts,
+            share: 1.0,
+        };
         Some(match name {
             "host" => Self::default(),
             "desktop" => p(0.5, 65.0, 2.0),
@@ -70,7 +76,8 @@ pub fn assign(profiles: &[DeviceProfile], clients: usize, seed: u64) -> Vec<Devi
     for &i in order.iter().cycle().take(clients - counts.iter().sum::<usize>()) {
         counts[i] += 1;
     }
-    let mut out: Vec<DeviceProfile> = counts.iter().enumerate().flat_map(|(i, &n)| std::iter::repeat_n(profiles[i].clone(), n)).collect();
+    let mut out: Vec<DeviceProfile> =
+        counts.iter().enumerate().flat_map(|(i, &n)| std::iter::repeat_n(profiles[i].clone(), n)).collect();
     Rng::new(seed).shuffle(&mut out);
     out
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
-use anchorage_server::engine::RoundOutcome;
+use anchorage_server::engine::{AggregationMode, RoundOutcome};
 use anchorage_server::methods::FedAvg;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
 use anchorage_server::tls;
@@ -65,6 +65,9 @@ pub struct SimConfig {
     /// FedEvolve's straggler ratio p: with probability p a client runs a uniform random number of
     /// local epochs in 1..τ instead of τ.
     pub straggler_ratio: f64,
+    /// Synchronous rounds (default) or FedBuff-style buffered aggregation:
+    /// `aggregation = { kind = "buffered", buffer = 4, concurrency = 8, max_staleness = 4 }`.
+    pub aggregation: AggregationMode,
 }
 
 /// One client's link, written out.
@@ -113,6 +116,7 @@ impl Default for SimConfig {
             client_links: Vec::new(),
             devices: Vec::new(),
             straggler_ratio: 0.0,
+            aggregation: AggregationMode::Synchronous,
         }
     }
 }

@@ -67,8 +67,15 @@ impl Setup {
         };
         let (train, test) = synthetic::generate(&data);
         let min_per_client = (train.len() / config.clients / 4).clamp(1, 20);
-        let parts = partition::dirichlet(&train.labels, train.num_classes, config.clients, config.alpha, min_per_client, config.seed)
-            .context("partitioning the synthetic data")?;
+        let parts = partition::dirichlet(
+            &train.labels,
+            train.num_classes,
+            config.clients,
+            config.alpha,
+            min_per_client,
+            config.seed,
+        )
+        .context("partitioning the synthetic data")?;
         let initial = Trainable::new(&spec, &device).to_blocks(Encoding::F32)?;
         let engine = EngineConfig {
             rounds: config.rounds,
@@ -78,8 +85,14 @@ impl Setup {
             over_selection: config.over_selection,
             min_updates: 1,
             round_deadline: Duration::from_secs_f64(config.round_deadline_secs),
-            round: RoundConfig { local_epochs: config.local_epochs, batch_size: config.batch_size, learning_rate: config.learning_rate, deadline_ms: 0 },
+            round: RoundConfig {
+                local_epochs: config.local_epochs,
+                batch_size: config.batch_size,
+                learning_rate: config.learning_rate,
+                deadline_ms: 0,
+            },
             seed: config.seed,
+            mode: config.aggregation.clone(),
             ..EngineConfig::default()
         };
         let devices = device::assign(&config.devices, config.clients, config.seed);
@@ -90,12 +103,24 @@ impl Setup {
                 let local = train.subset(indices);
                 let (local_train, local_test) = local.split_per_class(0.8, config.seed ^ i as u64);
                 let seed = config.seed.wrapping_add(i as u64);
-                let method = FedAvgClient::new(spec.clone(), &local_train, Some(&local_test), Device::flex().autodiff(), OptimizerKind::Adam, encoding, seed);
+                let method = FedAvgClient::new(
+                    spec.clone(),
+                    &local_train,
+                    Some(&local_test),
+                    Device::flex().autodiff(),
+                    OptimizerKind::Adam,
+                    encoding,
+                    seed,
+                );
                 SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed)
             })
             .collect();
         let backbone = FrozenBackbone::new(&spec, &device);
-        let evaluator = Evaluator { spec: spec.clone(), device: device.clone(), test: FeatureCache::build(&backbone, &test, 512, &device) };
+        let evaluator = Evaluator {
+            spec: spec.clone(),
+            device: device.clone(),
+            test: FeatureCache::build(&backbone, &test, 512, &device),
+        };
         Ok(Self { spec, engine, initial, clients, devices, train_len: train.len(), test_len: test.len(), evaluator })
     }
 }

@@ -17,10 +17,10 @@ use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Capabilities, Message};
 use anchorage_shared::tensor::payload_bytes;
 
+use crate::device::Charge;
 use crate::network::{Link, LinkProfile};
 use crate::record::{RoundRow, RunSummary};
 use crate::run::{SimConfig, SimResult};
-use crate::device::Charge;
 use crate::setup::{Setup, client_id};
 
 /// Payload bytes a QUIC packet carries, and the bytes of headers, framing and AEAD tag around it
@@ -102,7 +102,8 @@ struct VirtualClient {
 /// Runs the federation of `config` on the virtual clock.
 pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
     let started = Instant::now();
-    let Setup { spec, engine: engine_config, initial, clients, devices, train_len: _, test_len: _, evaluator } = Setup::new(config, Charge::Report)?;
+    let Setup { spec, engine: engine_config, initial, clients, devices, train_len: _, test_len: _, evaluator } =
+        Setup::new(config, Charge::Report)?;
     let mut engine = Engine::new(engine_config, Box::new(FedAvg::default()), initial.clone());
     let mut clients: Vec<VirtualClient> = clients
         .into_iter()
@@ -169,7 +170,8 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
                             if let Some((mut cost, at)) = c.costs.remove(&ack.round) {
                                 cost.wall_seconds = (now - at).as_secs_f64();
                                 cost.straggler = !ack.aggregated;
-                                cost.wait_seconds = (cost.wall_seconds - cost.compute_seconds - cost.transfer_seconds).max(0.0);
+                                cost.wait_seconds =
+                                    (cost.wall_seconds - cost.compute_seconds - cost.transfer_seconds).max(0.0);
                                 cost.joules = devices[to].joules(cost.compute_seconds, cost.transfer_seconds);
                                 ledger.push(cost);
                             }
@@ -194,7 +196,9 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
         while let Some(action) = engine.poll_action() {
             match action {
                 Action::Send { to, msg } => send_down(&index, &mut clients, &mut queue, now, &to, msg),
-                Action::Close { client, refusal } => send_down(&index, &mut clients, &mut queue, now, &client, Message::Refusal(refusal)),
+                Action::Close { client, refusal } => {
+                    send_down(&index, &mut clients, &mut queue, now, &client, Message::Refusal(refusal))
+                }
                 Action::Broadcast { to, msg } => {
                     for client in to {
                         send_down(&index, &mut clients, &mut queue, now, &client, (*msg).clone());
@@ -247,8 +251,11 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
         initial_accuracy,
         final_accuracy: rows.last().map(|r| r.accuracy).unwrap_or(initial_accuracy),
         chance: 1.0 / spec.num_classes as f64,
-        upload_wire_ratio: (!uploads.is_empty()).then(|| uploads.iter().map(|c| c.wire_up as f64 / c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
-        mean_upload_payload: (!uploads.is_empty()).then(|| uploads.iter().map(|c| c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
+        upload_wire_ratio: (!uploads.is_empty()).then(|| {
+            uploads.iter().map(|c| c.wire_up as f64 / c.payload_up as f64).sum::<f64>() / uploads.len() as f64
+        }),
+        mean_upload_payload: (!uploads.is_empty())
+            .then(|| uploads.iter().map(|c| c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
         refused: engine.stats().refused,
         decode_errors: 0,
@@ -263,7 +270,14 @@ fn frame_len(msg: &Message) -> u64 {
     encode_frame(msg, usize::MAX).map(|f| f.len() as u64).unwrap_or(0)
 }
 
-fn send_down(index: &HashMap<String, usize>, clients: &mut [VirtualClient], queue: &mut Queue, now: Duration, to: &str, msg: Message) {
+fn send_down(
+    index: &HashMap<String, usize>,
+    clients: &mut [VirtualClient],
+    queue: &mut Queue,
+    now: Duration,
+    to: &str,
+    msg: Message,
+) {
     let Some(&i) = index.get(to) else { return };
     let at = clients[i].down.carry(now, frame_len(&msg));
     queue.push(at, Event::ToClient { to: i, msg });

@@ -7,6 +7,8 @@ use anchorage_shared::frame::DEFAULT_MAX_FRAME;
 use anchorage_shared::protocol::RoundConfig;
 use serde::{Deserialize, Serialize};
 
+use super::AggregationMode;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
@@ -37,6 +39,8 @@ pub struct EngineConfig {
     pub round: RoundConfig,
     /// Seed of client sampling.
     pub seed: u64,
+    /// Synchronous rounds (default) or FedBuff-style buffered semi-asynchronous aggregation.
+    pub mode: AggregationMode,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +58,7 @@ impl Default for EngineConfig {
             max_frame_bytes: DEFAULT_MAX_FRAME as u32,
             round: RoundConfig { local_epochs: 1, batch_size: 32, learning_rate: 1e-3, deadline_ms: 0 },
             seed: 0,
+            mode: AggregationMode::Synchronous,
         }
     }
 }

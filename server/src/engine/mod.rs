@@ -11,6 +11,7 @@
 //! aggregated and never silently dropped; a second update from the same client for the same round
 //! is counted once.
 
+mod buffered;
 pub mod config;
 mod report;
 #[cfg(test)]
@@ -28,6 +29,7 @@ use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{ParamBlock, payload_bytes};
 use serde::{Deserialize, Serialize};
 
+pub use buffered::{AggregationMode, staleness_weight};
 pub use config::EngineConfig;
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport};
 
@@ -68,6 +70,8 @@ pub struct Checkpoint {
 #[derive(Debug, Clone)]
 struct ClientInfo {
     connected: bool,
+    /// Buffered mode: the last version this client was dispatched to train on.
+    last_version: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -95,6 +99,8 @@ pub struct Engine {
     /// duplicate, not a late update.
     last_accepted: BTreeSet<ClientId>,
     open: Option<OpenRound>,
+    /// State of the semi-asynchronous mode (unused in synchronous rounds).
+    buffered: buffered::Buffered,
     stats: EngineStats,
     finished: bool,
     actions: VecDeque<Action>,
@@ -121,6 +127,7 @@ impl Engine {
             last_round: checkpoint.round,
             last_accepted: BTreeSet::new(),
             open: None,
+            buffered: buffered::Buffered::default(),
             stats: checkpoint.stats,
             actions: VecDeque::new(),
         }
@@ -166,11 +173,18 @@ impl Engine {
 
     /// When the engine next needs [`Engine::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.is_buffered() {
+            return self.buffered_timeout();
+        }
         self.open.as_ref().map(|o| o.deadline)
     }
 
     /// The clock reached `now`: close the open round if its deadline passed.
     pub fn handle_timeout(&mut self, now: Duration) {
+        if self.is_buffered() {
+            self.buffered_timeout_fired(now);
+            return;
+        }
         if self.open.as_ref().is_some_and(|o| now >= o.deadline) {
             self.close_round(now);
         }
@@ -218,7 +232,8 @@ impl Engine {
             });
             return;
         }
-        self.clients.insert(client.into(), ClientInfo { connected: true });
+        let last_version = self.clients.get(client).and_then(|c| c.last_version);
+        self.clients.insert(client.into(), ClientInfo { connected: true, last_version });
         self.actions.push_back(Action::Send {
             to: client.into(),
             msg: Message::Welcome(Welcome {
@@ -246,6 +261,10 @@ impl Engine {
     fn on_update(&mut self, now: Duration, client: &str, update: Update) {
         if !self.clients.contains_key(client) {
             self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
+            return;
+        }
+        if self.is_buffered() {
+            self.buffered_update(now, client, update);
             return;
         }
         let round = update.round;
@@ -321,6 +340,12 @@ impl Engine {
 
     fn maybe_start_round(&mut self, now: Duration) {
         if self.finished || self.open.is_some() {
+            return;
+        }
+        if self.is_buffered() {
+            if self.last_round > 0 || self.connected() >= self.config.min_available.max(1) {
+                self.dispatch(now);
+            }
             return;
         }
         let available: Vec<ClientId> =
@@ -404,10 +429,8 @@ impl Engine {
                 ..CostRecord::default()
             }));
         }
-        self.last_round = open.round;
         self.last_accepted = open.updates.keys().cloned().collect();
-        self.rng = Rng::derive(self.config.seed, self.last_round);
-        let report = Arc::new(RoundReport {
+        let report = RoundReport {
             round: open.round,
             outcome,
             sampled: open.sampled.len(),
@@ -420,7 +443,16 @@ impl Engine {
             payload_down,
             started: open.started,
             closed: now,
-        });
+        };
+        self.close_version(report, now);
+    }
+
+    /// A new global version exists (a round closed, or a buffer aggregated): persist it before
+    /// anything is announced, report it, and finish after the last configured round.
+    fn close_version(&mut self, report: RoundReport, _now: Duration) {
+        self.last_round = report.round;
+        self.rng = Rng::derive(self.config.seed, self.last_round);
+        let report = Arc::new(report);
         tracing::info!(round = report.round, aggregated = report.updates.len(), missing = report.missing.len(), outcome = ?report.outcome, "round closed");
         let checkpoint = Arc::new(Checkpoint {
             round: self.last_round,

@@ -7,6 +7,7 @@ use anchorage_shared::protocol::{Capabilities, Hello, Message, RefusalReason, Up
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 
 use super::*;
+use crate::engine::AggregationMode;
 use crate::methods::FedAvg;
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -341,4 +342,69 @@ fn cost_reports_and_dropped_clients_land_in_the_ledger() {
     assert_eq!(refusals(&drain(&mut e), "a"), vec![RefusalReason::Malformed]);
     e.handle_message(secs(11), "x", Message::Cost(CostRecord { round: 1, ..CostRecord::default() }));
     assert_eq!(refusals(&drain(&mut e), "x"), vec![RefusalReason::NotEnrolled]);
+}
+
+fn buffered(buffer: usize, concurrency: usize, max_staleness: u64) -> EngineConfig {
+    EngineConfig { mode: AggregationMode::Buffered { buffer, concurrency, max_staleness }, rounds: 10, ..config(2, 1) }
+}
+
+fn dispatched(actions: &[Action]) -> Vec<(ClientId, u64)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Broadcast { to, msg } => match msg.as_ref() {
+                Message::Broadcast(b) => Some(to.iter().map(|c| (c.clone(), b.round)).collect::<Vec<_>>()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn buffered_mode_keeps_clients_busy_and_aggregates_every_k_updates() {
+    let mut e = engine(buffered(2, 3, 5));
+    let actions = join(&mut e, secs(0), &["a", "b", "c", "d"]);
+    let first = dispatched(&actions);
+    assert_eq!(first.len(), 3, "concurrency 3 of 4 connected: {first:?}");
+    assert!(first.iter().all(|(_, r)| *r == 1), "all train on version 0 (round 1)");
+    let (x, y, z) = (first[0].0.clone(), first[1].0.clone(), first[2].0.clone());
+    e.handle_message(secs(1), &x, update(1, &[2.0, 2.0], 1));
+    let a1 = drain(&mut e);
+    assert_eq!(acks(&a1, &x), vec![(1, true)]);
+    assert!(reports(&a1).is_empty(), "one update in a buffer of two");
+    let refill = dispatched(&a1);
+    assert_eq!(refill.len(), 1, "the freed slot goes to the idle client");
+    assert_ne!(refill[0].0, x, "a client does not train twice on the same version");
+    e.handle_message(secs(2), &y, update(1, &[4.0, 4.0], 1));
+    let a2 = drain(&mut e);
+    let r = reports(&a2);
+    assert_eq!((r.len(), r[0].round), (1, 1), "two buffered updates make version 1");
+    assert_eq!(e.global()[0].decode().unwrap(), vec![3.0, 3.0]);
+    assert!(dispatched(&a2).iter().any(|(c, round)| (c == &x || c == &y) && *round == 2), "freed clients train on version 1");
+    // z trained on version 0 and arrives after version 1: staleness 1, rebased and down-weighted.
+    e.handle_message(secs(3), &z, update(1, &[0.0, 0.0], 1));
+    let a3 = drain(&mut e);
+    assert_eq!(acks(&a3, &z), vec![(1, true)]);
+    assert_eq!(e.last_round(), 1);
+}
+
+#[test]
+fn buffered_mode_counts_too_stale_updates_and_frees_expired_slots() {
+    let mut e = engine(EngineConfig { round_deadline: secs(5), ..buffered(1, 2, 0) });
+    let first = dispatched(&join(&mut e, secs(0), &["a", "b"]));
+    let (x, y) = (first[0].0.clone(), first[1].0.clone());
+    e.handle_message(secs(1), &x, update(1, &[1.0, 1.0], 1));
+    assert_eq!(reports(&drain(&mut e)).len(), 1, "buffer of one: version 1 at once");
+    // y trained on version 0; with max staleness 0 its update is counted, not used.
+    e.handle_message(secs(2), &y, update(1, &[50.0, 50.0], 1));
+    assert_eq!(acks(&drain(&mut e), &y), vec![(1, false)]);
+    assert_eq!(e.stats().late_updates, 1);
+    assert_eq!(e.global()[0].decode().unwrap(), vec![1.0, 1.0]);
+    // Whoever is training on version 1 now and stays silent loses its slot at the deadline.
+    assert!(e.poll_timeout().is_some());
+    let dropped_before = e.stats().dropped;
+    e.handle_timeout(secs(30));
+    assert!(e.stats().dropped > dropped_before);
 }

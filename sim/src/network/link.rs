@@ -152,7 +152,14 @@ pub struct Link {
 
 impl Link {
     pub fn new(profile: LinkProfile, seed: u64) -> Self {
-        Self { profile, rng: Rng::new(seed), busy_until: Duration::ZERO, last_arrival: Duration::ZERO, bad_state: false, stats: LinkStats::default() }
+        Self {
+            profile,
+            rng: Rng::new(seed),
+            busy_until: Duration::ZERO,
+            last_arrival: Duration::ZERO,
+            bad_state: false,
+            stats: LinkStats::default(),
+        }
     }
 
     pub fn profile(&self) -> &LinkProfile {
@@ -294,7 +301,8 @@ mod tests {
 
     #[test]
     fn outages_drop_everything_inside_them() {
-        let profile = LinkProfile { outages: vec![Outage { start_ms: 1000, duration_ms: 500 }], ..LinkProfile::default() };
+        let profile =
+            LinkProfile { outages: vec![Outage { start_ms: 1000, duration_ms: 500 }], ..LinkProfile::default() };
         let mut link = Link::new(profile, 1);
         assert!(link.transmit(ms(999), 10).is_ok());
         assert_eq!(link.transmit(ms(1000), 10), Err(Drop::Outage));
@@ -324,7 +332,8 @@ mod tests {
             assert!(DuplexProfile::preset(name).is_some(), "{name}");
         }
         assert!(DuplexProfile::preset("carrier-pigeon").is_none());
-        let p: DuplexProfile = toml::from_str("[up]\nbandwidth_bps = 1e6\nlatency_ms = 20\n[down]\nloss = 0.1\n").unwrap();
+        let p: DuplexProfile =
+            toml::from_str("[up]\nbandwidth_bps = 1e6\nlatency_ms = 20\n[down]\nloss = 0.1\n").unwrap();
         assert_eq!(p.up.bandwidth_bps, 1e6);
         assert_eq!(p.down.loss, 0.1);
         assert!(toml::from_str::<DuplexProfile>("[up]\nbandwith = 1\n").is_err(), "typos are errors");

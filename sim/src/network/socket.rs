@@ -154,7 +154,12 @@ impl AsyncUdpSocket for ShapedSocket {
         Ok(())
     }
 
-    fn poll_recv(&self, cx: &mut Context, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> Poll<io::Result<usize>> {
+    fn poll_recv(
+        &self,
+        cx: &mut Context,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
         let mut ready = self.ready.lock().map_err(|_| io::Error::other("link state poisoned"))?;
         let mut filled = 0;
         while filled < bufs.len().min(meta.len()) {

@@ -65,11 +65,19 @@ fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &s
     );
     for t in ticks(frame.y.0, frame.y.1) {
         let y = frame.py(t);
-        let _ = write!(svg, r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##, W - RIGHT, LEFT - 6.0, y + 4.0, label(t));
+        let _ = write!(
+            svg,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            W - RIGHT,
+            LEFT - 6.0,
+            y + 4.0,
+            label(t)
+        );
     }
     for t in ticks(frame.x.0, frame.x.1).into_iter().filter(|_| x_ticks) {
         let x = frame.px(t);
-        let _ = write!(svg, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, H - BOTTOM + 16.0, label(t));
+        let _ =
+            write!(svg, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, H - BOTTOM + 16.0, label(t));
     }
     let _ = write!(
         svg,
@@ -87,13 +95,28 @@ fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &s
 fn legend(svg: &mut String, names: &[&str]) {
     for (i, name) in names.iter().enumerate() {
         let y = TOP + 10.0 + i as f64 * 18.0;
-        let _ = write!(svg, r#"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#, W - RIGHT + 12.0, y - 10.0, COLOURS[i % COLOURS.len()], W - RIGHT + 30.0, y, escape(name));
+        let _ = write!(
+            svg,
+            r#"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            W - RIGHT + 12.0,
+            y - 10.0,
+            COLOURS[i % COLOURS.len()],
+            W - RIGHT + 30.0,
+            y,
+            escape(name)
+        );
     }
 }
 
 fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
-    if !lo.is_finite() { (0.0, 1.0) } else if hi - lo < 1e-12 { (lo - 0.5, hi + 0.5) } else { (lo, hi) }
+    if !lo.is_finite() {
+        (0.0, 1.0)
+    } else if hi - lo < 1e-12 {
+        (lo - 0.5, hi + 0.5)
+    } else {
+        (lo, hi)
+    }
 }
 
 /// A line chart; `y_range` fixes the y axis (e.g. 0–100 for accuracy).
@@ -108,8 +131,10 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], 
     open(&mut svg, title, &frame, x_label, y_label, true);
     for (i, s) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
-        let path: Vec<String> = s.points.iter().map(|(a, b)| format!("{:.1},{:.1}", frame.px(*a), frame.py(*b))).collect();
-        let _ = write!(svg, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
+        let path: Vec<String> =
+            s.points.iter().map(|(a, b)| format!("{:.1},{:.1}", frame.px(*a), frame.py(*b))).collect();
+        let _ =
+            write!(svg, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
         for (a, b) in &s.points {
             let _ = write!(svg, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"/>"#, frame.px(*a), frame.py(*b));
         }
@@ -120,8 +145,15 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], 
 }
 
 /// Stacked bars: one bar per category, one segment per named layer.
-pub fn stacked_bars(title: &str, x_label: &str, y_label: &str, categories: &[String], layers: &[(&str, Vec<f64>)]) -> String {
-    let totals: Vec<f64> = (0..categories.len()).map(|c| layers.iter().map(|(_, v)| v.get(c).copied().unwrap_or(0.0)).sum()).collect();
+pub fn stacked_bars(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    categories: &[String],
+    layers: &[(&str, Vec<f64>)],
+) -> String {
+    let totals: Vec<f64> =
+        (0..categories.len()).map(|c| layers.iter().map(|(_, v)| v.get(c).copied().unwrap_or(0.0)).sum()).collect();
     let hi = totals.iter().cloned().fold(0.0, f64::max).max(1e-9) * 1.05;
     let n = categories.len().max(1) as f64;
     let frame = Frame { x: (0.0, n), y: (0.0, hi) };
@@ -134,11 +166,22 @@ pub fn stacked_bars(title: &str, x_label: &str, y_label: &str, categories: &[Str
         for (l, (_, values)) in layers.iter().enumerate() {
             let v = values.get(c).copied().unwrap_or(0.0);
             let (y0, y1) = (frame.py(base), frame.py(base + v));
-            let _ = write!(svg, r#"<rect x="{x:.1}" y="{y1:.1}" width="{width:.1}" height="{:.1}" fill="{}"/>"#, (y0 - y1).max(0.0), COLOURS[l % COLOURS.len()]);
+            let _ = write!(
+                svg,
+                r#"<rect x="{x:.1}" y="{y1:.1}" width="{width:.1}" height="{:.1}" fill="{}"/>"#,
+                (y0 - y1).max(0.0),
+                COLOURS[l % COLOURS.len()]
+            );
             base += v;
         }
         if categories.len() <= 30 {
-            let _ = write!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, x + width / 2.0, H - BOTTOM + 16.0, escape(name));
+            let _ = write!(
+                svg,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                x + width / 2.0,
+                H - BOTTOM + 16.0,
+                escape(name)
+            );
         }
     }
     legend(&mut svg, &layers.iter().map(|(n, _)| *n).collect::<Vec<_>>());
@@ -159,7 +202,8 @@ mod tests {
 
     #[test]
     fn charts_are_well_formed_svg() {
-        let s = line_chart("a <b>", "x", "y", &[Series { name: "s".into(), points: vec![(1.0, 2.0), (2.0, 3.0)] }], None);
+        let s =
+            line_chart("a <b>", "x", "y", &[Series { name: "s".into(), points: vec![(1.0, 2.0), (2.0, 3.0)] }], None);
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert!(s.contains("a &lt;b&gt;") && s.contains("<polyline"));
         let b = stacked_bars("t", "x", "y", &["1".into(), "2".into()], &[("a", vec![1.0, 2.0]), ("b", vec![0.5, 0.0])]);
