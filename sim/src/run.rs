@@ -44,7 +44,7 @@ pub struct SimConfig {
     pub over_selection: f64,
     /// Clients required before a round opens (default: all of them).
     pub min_available: Option<usize>,
-    /// Dirichlet α of the label skew over clients (smaller is more non-IID).
+    /// Dirichlet α of the label skew over clients (smaller is more non-IID; `inf`: IID).
     pub alpha: f64,
     pub round_deadline_secs: f64,
     pub train_per_class: usize,

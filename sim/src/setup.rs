@@ -67,15 +67,13 @@ impl Setup {
         };
         let (train, test) = synthetic::generate(&data);
         let min_per_client = (train.len() / config.clients / 4).clamp(1, 20);
-        let parts = partition::dirichlet(
-            &train.labels,
-            train.num_classes,
-            config.clients,
-            config.alpha,
-            min_per_client,
-            config.seed,
-        )
-        .context("partitioning the synthetic data")?;
+        // α = inf (TOML `inf`) is the IID limit of the Dirichlet split.
+        let parts = if config.alpha.is_infinite() {
+            partition::iid(train.len(), config.clients, config.seed)
+        } else {
+            partition::dirichlet(&train.labels, train.num_classes, config.clients, config.alpha, min_per_client, config.seed)
+                .context("partitioning the synthetic data")?
+        };
         let initial = Trainable::new(&spec, &device).to_blocks(Encoding::F32)?;
         let engine = EngineConfig {
             rounds: config.rounds,
