@@ -46,6 +46,29 @@ pub struct RunSummary {
 }
 
 impl RoundRow {
+    /// The row of a closed round: the engine's report, the global accuracy after it, and the
+    /// wire bytes of the clients' cost records.
+    pub fn from_report(report: &anchorage_server::RoundReport, accuracy: f64, costs: &[CostRecord]) -> Self {
+        Self {
+            round: report.round,
+            accuracy,
+            train_loss: report.weighted_metric("train_loss"),
+            aggregated: report.updates.len(),
+            sampled: report.sampled,
+            late_total: report.late_total,
+            dropped: report.missing.len(),
+            payload_up: report.payload_up(),
+            wire_up: costs.iter().map(|c| c.wire_up).sum(),
+            payload_down: report.payload_down * report.sampled as u64,
+            wire_down: costs.iter().map(|c| c.wire_down).sum(),
+            seconds: report.seconds(),
+            outcome: match &report.outcome {
+                anchorage_server::engine::RoundOutcome::Aggregated => "aggregated".into(),
+                anchorage_server::engine::RoundOutcome::Failed { reason } => format!("failed: {reason}"),
+            },
+        }
+    }
+
     pub const HEADER: &'static str = "round  accuracy  loss    clients  late  dropped  up payload  up wire     down payload  down wire   seconds";
 
     /// The row as the results table prints it.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
-use anchorage_server::engine::{AggregationMode, RoundOutcome};
+use anchorage_server::engine::AggregationMode;
 use anchorage_server::methods::FedAvg;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
 use anchorage_server::tls;
@@ -218,21 +218,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
                     }
                     let costs = costs_by_round.remove(&report.round).unwrap_or_default();
                     let acc = eval(&checkpoint.global)?;
-                    let row = RoundRow {
-                        round: report.round,
-                        accuracy: acc,
-                        train_loss: report.weighted_metric("train_loss"),
-                        aggregated: report.updates.len(),
-                        sampled: report.sampled,
-                        late_total: report.late_total,
-                        dropped: report.missing.len(),
-                        payload_up: report.payload_up(),
-                        wire_up: costs.iter().map(|c| c.wire_up).sum(),
-                        payload_down: report.payload_down * report.sampled as u64,
-                        wire_down: costs.iter().map(|c| c.wire_down).sum(),
-                        seconds: report.seconds(),
-                        outcome: match &report.outcome { RoundOutcome::Aggregated => "aggregated".into(), RoundOutcome::Failed { reason } => format!("failed: {reason}") },
-                    };
+                    let row = RoundRow::from_report(&report, acc, &costs);
                     say(row.table_line());
                     bar.inc(1);
                     bar.set_message(format!("acc {:.1}%", acc * 100.0));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::session::{Session, SessionAction};
-use anchorage_server::engine::{Action, Engine, RoundOutcome};
+use anchorage_server::engine::{Action, Engine};
 use anchorage_server::methods::FedAvg;
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::ledger::CostRecord;
@@ -213,24 +213,7 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
                 Action::Persist(_) => {}
                 Action::RoundClosed(report, checkpoint) => {
                     let accuracy = evaluator.accuracy(&checkpoint.global)?;
-                    rows.push(RoundRow {
-                        round: report.round,
-                        accuracy,
-                        train_loss: report.weighted_metric("train_loss"),
-                        aggregated: report.updates.len(),
-                        sampled: report.sampled,
-                        late_total: report.late_total,
-                        dropped: report.missing.len(),
-                        payload_up: report.payload_up(),
-                        wire_up: 0,
-                        payload_down: report.payload_down * report.sampled as u64,
-                        wire_down: 0,
-                        seconds: report.seconds(),
-                        outcome: match &report.outcome {
-                            RoundOutcome::Aggregated => "aggregated".into(),
-                            RoundOutcome::Failed { reason } => format!("failed: {reason}"),
-                        },
-                    });
+                    rows.push(RoundRow::from_report(&report, accuracy, &[]));
                     reports.push((*report).clone());
                 }
                 Action::Finished => finished = true,
