@@ -408,3 +408,12 @@ fn buffered_mode_counts_too_stale_updates_and_frees_expired_slots() {
     e.handle_timeout(secs(30));
     assert!(e.stats().dropped > dropped_before);
 }
+
+#[test]
+fn the_aggregation_mode_reads_from_toml() {
+    let c: EngineConfig = toml::from_str("rounds = 5\n[mode]\nkind = \"buffered\"\nbuffer = 4\nconcurrency = 8\nmax_staleness = 3\n").unwrap();
+    assert_eq!(c.mode, AggregationMode::Buffered { buffer: 4, concurrency: 8, max_staleness: 3 });
+    let d: EngineConfig = toml::from_str("rounds = 5\n").unwrap();
+    assert_eq!(d.mode, AggregationMode::Synchronous);
+    assert!(toml::from_str::<EngineConfig>("[mode]\nkind = \"buffered\"\nbufer = 4\n").is_err(), "typos are errors");
+}
