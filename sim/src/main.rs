@@ -171,7 +171,7 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
         }
         "virtual" => {
             println!("anchorage sim (virtual clock): {} clients, {} rounds, FedAvg, seed {}", config.clients, config.rounds, config.seed);
-            let result = anchorage_sim::virtual_clock::run_virtual(&config)?;
+            let result = anchorage_sim::virtual_clock::run_virtual_with_progress(&config, true)?;
             println!("{}", anchorage_sim::RoundRow::HEADER);
             for row in &result.summary.rounds {
                 println!("{}", row.table_line());

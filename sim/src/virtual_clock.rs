@@ -101,6 +101,15 @@ struct VirtualClient {
 
 /// Runs the federation of `config` on the virtual clock.
 pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
+    run_virtual_with_progress(config, false)
+}
+
+/// [`run_virtual`], with a progress bar (rounds, simulated time, ETA) on the terminal.
+pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::Result<SimResult> {
+    let bar = if progress { indicatif::ProgressBar::new(config.rounds) } else { indicatif::ProgressBar::hidden() };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} round {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}")?.progress_chars("=> "),
+    );
     let started = Instant::now();
     let Setup { spec, engine: engine_config, initial, clients, devices, train_len: _, test_len: _, evaluator } =
         Setup::new(config, Charge::Report)?;
@@ -215,6 +224,8 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
                     let accuracy = evaluator.accuracy(&checkpoint.global)?;
                     rows.push(RoundRow::from_report(&report, accuracy, &[]));
                     reports.push((*report).clone());
+                    bar.inc(1);
+                    bar.set_message(format!("simulated {:.0} s, acc {:.1}%", now.as_secs_f64(), accuracy * 100.0));
                 }
                 Action::Finished => finished = true,
             }
@@ -245,6 +256,7 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
         rounds: rows,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
+    bar.finish_and_clear();
     tracing::info!(simulated = ?now, wall = summary.wall_seconds, "virtual run finished");
     Ok(SimResult { summary, ledger, reports, run_dir: None, link_stats: Vec::new() })
 }
