@@ -348,11 +348,12 @@ impl Engine {
             }
             return;
         }
-        let available: Vec<ClientId> =
-            self.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id.clone()).collect();
-        if available.len() < self.config.min_available.max(1) {
+        // Count before collecting: every hello lands here, and fleets have thousands of clients.
+        if self.connected() < self.config.min_available.max(1) {
             return;
         }
+        let available: Vec<ClientId> =
+            self.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id.clone()).collect();
         let target = self.config.sample_size(available.len());
         let invited = self.config.invited(target, available.len());
         let sampled: BTreeSet<ClientId> =
