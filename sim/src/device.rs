@@ -26,11 +26,36 @@ pub struct DeviceProfile {
     pub radio_watts: f64,
     /// Share of the fleet with this profile (weights need not sum to 1).
     pub share: f64,
+    /// Virtual clock: chance that the device crashes when a round's broadcast reaches it (the
+    /// round's work is lost; the process restarts from its store).
+    pub crash_probability: f64,
+    /// Seconds a crashed device stays away before it rejoins.
+    pub rejoin_seconds: f64,
+    /// Virtual clock: the device is reachable `on_seconds`, then away `off_seconds`, repeatedly,
+    /// from a random phase (e.g. a board that sleeps or loses power on a schedule).
+    pub on_off: Option<OnOff>,
+}
+
+/// An availability cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnOff {
+    pub on_seconds: f64,
+    pub off_seconds: f64,
 }
 
 impl Default for DeviceProfile {
     fn default() -> Self {
-        Self { name: "host".into(), compute_scale: 1.0, compute_watts: 15.0, radio_watts: 1.0, share: 1.0 }
+        Self {
+            name: "host".into(),
+            compute_scale: 1.0,
+            compute_watts: 15.0,
+            radio_watts: 1.0,
+            share: 1.0,
+            crash_probability: 0.0,
+            rejoin_seconds: 30.0,
+            on_off: None,
+        }
     }
 }
 
@@ -43,7 +68,7 @@ impl DeviceProfile {
             compute_scale,
             compute_watts,
             radio_watts,
-            share: 1.0,
+            ..DeviceProfile::default()
         };
         Some(match name {
             "host" => Self::default(),

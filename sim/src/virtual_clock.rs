@@ -15,9 +15,10 @@ use anchorage_server::methods::FedAvg;
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Capabilities, Message};
+use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::payload_bytes;
 
-use crate::device::Charge;
+use crate::device::{Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
 use crate::record::{RoundRow, RunSummary};
 use crate::run::{SimConfig, SimResult};
@@ -36,7 +37,12 @@ pub fn wire_bytes(bytes: u64) -> u64 {
 enum Event {
     ToServer { from: usize, msg: Message },
     ToClient { to: usize, msg: Message },
-    Trained { client: usize, round: u64, result: Result<anchorage_shared::protocol::Update, String> },
+    /// Training finished; `life` tells whether the process that trained still runs.
+    Trained { client: usize, life: u64, round: u64, result: Result<anchorage_shared::protocol::Update, String> },
+    /// The device becomes unreachable; it returns after `back_after`. `crash`: the process restarts
+    /// (work in progress is lost, the store survives).
+    Offline { client: usize, back_after: Duration, crash: bool },
+    Online { client: usize },
 }
 
 /// Events ordered by time, then by insertion (deterministic for equal times).
@@ -92,6 +98,12 @@ impl Path {
 
 struct VirtualClient {
     session: Session,
+    capabilities: Capabilities,
+    device: DeviceProfile,
+    rng: Rng,
+    online: bool,
+    /// Incremented by every crash: results of an earlier life are discarded.
+    life: u64,
     method: Box<dyn ClientMethod>,
     up: Path,
     down: Path,
@@ -122,10 +134,15 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
             let mut methods = heapless::Vec::new();
             let _ = methods.push(heapless::String::try_from(method.name()).unwrap_or_default());
             let capabilities = Capabilities { backend: "virtual".into(), memory_mb: 1024, methods };
-            let session = Session::new(client_id(i), capabilities, method.num_samples(), None);
+            let session = Session::new(client_id(i), capabilities.clone(), method.num_samples(), None);
             let seed = config.seed.wrapping_add(5000 + i as u64);
             Ok(VirtualClient {
                 session,
+                capabilities,
+                device: devices[i].clone(),
+                rng: Rng::derive(seed, 0xC4A5),
+                online: true,
+                life: 0,
                 method: Box::new(method) as Box<dyn ClientMethod>,
                 up: Path::new(profile.up, seed),
                 down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
@@ -143,8 +160,13 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
     let mut ledger = Vec::new();
     let mut finished = false;
 
-    for c in clients.iter_mut() {
+    for (i, c) in clients.iter_mut().enumerate() {
         c.session.connected();
+        // Devices on an availability cycle start at a random phase of it.
+        if let Some(cycle) = c.device.on_off {
+            let first_off = Duration::from_secs_f64(cycle.on_seconds.max(0.0) * c.rng.f64());
+            queue.push(first_off, Event::Offline { client: i, back_after: Duration::from_secs_f64(cycle.off_seconds.max(0.0)), crash: false });
+        }
     }
     for i in 0..clients.len() {
         drive_client(i, now, &mut clients, &mut queue);
@@ -163,6 +185,14 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                 Event::ToServer { from, msg } => engine.handle_message(now, &client_id(from), msg),
                 Event::ToClient { to, msg } => {
                     let c = &mut clients[to];
+                    if !c.online {
+                        continue; // unreachable: the datagrams are lost
+                    }
+                    if matches!(msg, Message::Broadcast(_)) && c.device.crash_probability > 0.0 && c.rng.f64() < c.device.crash_probability {
+                        let back_after = Duration::from_secs_f64(c.device.rejoin_seconds.max(0.0));
+                        queue.push(now, Event::Offline { client: to, back_after, crash: true });
+                        continue;
+                    }
                     match &msg {
                         Message::Broadcast(b) => {
                             let bytes = frame_len(&msg);
@@ -190,7 +220,38 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                     let _ = c.session.handle_message(msg);
                     drive_client(to, now, &mut clients, &mut queue);
                 }
-                Event::Trained { client, round, result } => {
+                Event::Offline { client, back_after, crash } => {
+                    let c = &mut clients[client];
+                    if c.online {
+                        c.online = false;
+                        engine.handle_disconnect(now, &client_id(client));
+                        if crash {
+                            // The process restarts: a new session from what the store kept.
+                            c.life += 1;
+                            let pending = c.session.pending().cloned();
+                            c.session = Session::new(client_id(client), c.capabilities.clone(), c.method.num_samples(), pending);
+                        } else {
+                            c.session.disconnected();
+                        }
+                        if !finished {
+                            queue.push(now + back_after, Event::Online { client });
+                        }
+                    }
+                }
+                Event::Online { client } => {
+                    let c = &mut clients[client];
+                    if !c.online {
+                        c.online = true;
+                        c.session.connected();
+                        if let Some(cycle) = c.device.on_off.filter(|_| !finished) {
+                            let off = Duration::from_secs_f64(cycle.off_seconds.max(0.0));
+                            queue.push(now + Duration::from_secs_f64(cycle.on_seconds.max(0.0)), Event::Offline { client, back_after: off, crash: false });
+                        }
+                        drive_client(client, now, &mut clients, &mut queue);
+                    }
+                }
+                Event::Trained { client, life, .. } if life != clients[client].life => {}
+                Event::Trained { client, life: _, round, result } => {
                     let c = &mut clients[client];
                     match result {
                         Ok(update) => c.session.trained(update),
@@ -295,7 +356,7 @@ fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &
                 if let Some((cost, _)) = c.costs.get_mut(&round) {
                     cost.compute_seconds = compute.as_secs_f64();
                 }
-                queue.push(now + compute, Event::Trained { client: i, round, result });
+                queue.push(now + compute, Event::Trained { client: i, life: c.life, round, result });
             }
             SessionAction::Upload(update) => {
                 let msg = Message::Update(update);

@@ -132,3 +132,57 @@ fn buffered_aggregation_runs_on_the_virtual_clock() {
     assert!(stale.iter().any(|s| *s > 0.0), "with 4 clients in flight and buffers of 2, some updates are stale: {stale:?}");
     assert!(s.final_accuracy > s.initial_accuracy + 0.1, "learns: {} → {}", s.initial_accuracy, s.final_accuracy);
 }
+
+#[test]
+fn crashing_devices_miss_rounds_and_rejoin() {
+    use anchorage_sim::device::DeviceProfile;
+    let flaky = DeviceProfile { crash_probability: 0.4, rejoin_seconds: 3.0, compute_scale: 0.0, ..DeviceProfile::default() };
+    let config = SimConfig {
+        clients: 5,
+        rounds: 6,
+        seed: 15,
+        local_epochs: 1,
+        train_per_class: 30,
+        test_per_class: 5,
+        alpha: f64::INFINITY,
+        min_available: Some(2),
+        round_deadline_secs: 2.0,
+        devices: vec![flaky],
+        ..SimConfig::default()
+    };
+    let result = run_virtual(&config).expect("a flaky fleet still runs");
+    assert_eq!(result.summary.rounds.len(), 6);
+    let missed: usize = result.reports.iter().map(|r| r.missing.len()).sum();
+    assert!(missed > 0, "crashes leave sampled clients silent at the deadline");
+    assert!(result.ledger.iter().any(|c| c.dropped), "dropped clients are in the ledger");
+    let crashed_then_aggregated = result.reports.iter().enumerate().any(|(i, r)| {
+        r.missing.iter().any(|m| result.reports[i + 1..].iter().any(|later| later.updates.iter().any(|u| &u.client == m)))
+    });
+    assert!(crashed_then_aggregated, "a client that missed a round is aggregated again after rejoining");
+}
+
+#[test]
+fn devices_on_an_availability_cycle_come_and_go() {
+    use anchorage_sim::device::{DeviceProfile, OnOff};
+    let sleepy = DeviceProfile { on_off: Some(OnOff { on_seconds: 1.0, off_seconds: 1.0 }), compute_scale: 0.0, ..DeviceProfile::default() };
+    let always = DeviceProfile { compute_scale: 0.0, ..DeviceProfile::default() };
+    let config = SimConfig {
+        clients: 4,
+        rounds: 8,
+        seed: 16,
+        local_epochs: 1,
+        train_per_class: 20,
+        test_per_class: 5,
+        alpha: f64::INFINITY,
+        min_available: Some(1),
+        link: Some("wifi".into()),
+        round_deadline_secs: 6.0,
+        devices: vec![DeviceProfile { share: 1.0, ..sleepy }, DeviceProfile { share: 1.0, ..always }],
+        ..SimConfig::default()
+    };
+    let result = run_virtual(&config).expect("runs");
+    assert_eq!(result.summary.rounds.len(), 8);
+    let sampled: Vec<usize> = result.reports.iter().map(|r| r.sampled).collect();
+    assert!(sampled.iter().any(|&s| s < 4), "some rounds open while sleepy devices are away: {sampled:?}");
+    assert!(result.reports.iter().all(|r| !r.updates.is_empty()), "the always-on half keeps every round going");
+}
