@@ -28,7 +28,11 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log filter")?;
     let fmt = tracing_subscriber::fmt().with_env_filter(filter);
-    if cli.log_json { fmt.json().init() } else { fmt.init() }
+    if cli.log_json {
+        fmt.json().init()
+    } else {
+        fmt.init()
+    }
     let config = ClientConfig::load(&cli.config)?;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(config))
 }
@@ -48,7 +52,8 @@ async fn run(config: ClientConfig) -> anyhow::Result<()> {
     tracing::info!(train = train.len(), test = test.len(), "local data (embedded synthetic set)");
     let enc = encoding::parse(&config.encoding)?;
     let method = FedAvgClient::new(spec, &train, Some(&test), dev.autodiff(), config.optimizer, enc, 0);
-    let cert = std::fs::read(&config.server_cert).with_context(|| format!("reading the pinned server certificate {}", config.server_cert.display()))?;
+    let cert = std::fs::read(&config.server_cert)
+        .with_context(|| format!("reading the pinned server certificate {}", config.server_cert.display()))?;
     let mut options = ClientOptions::new(config.server, cert.into(), config.client_id.clone());
     options.server_name = config.server_name.clone();
     options.backend = picked.into();

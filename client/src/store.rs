@@ -43,7 +43,10 @@ impl ClientStore {
         match update {
             Some(u) => {
                 let mut bytes = MAGIC.to_vec();
-                bytes.extend(postcard::to_allocvec(u).map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?);
+                bytes.extend(
+                    postcard::to_allocvec(u)
+                        .map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?,
+                );
                 write_atomic(&path, &bytes).map_err(io)
             }
             None => match std::fs::remove_file(&path) {

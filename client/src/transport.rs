@@ -77,7 +77,9 @@ pub struct ClientOptions {
 
 /// The link-shaping hook: turns the bound UDP socket into the socket quinn drives.
 #[derive(Clone)]
-pub struct SocketWrapper(pub Arc<dyn Fn(std::net::UdpSocket) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>> + Send + Sync>);
+pub struct SocketWrapper(
+    pub Arc<dyn Fn(std::net::UdpSocket) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>> + Send + Sync>,
+);
 
 impl std::fmt::Debug for SocketWrapper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,11 +113,20 @@ impl ClientOptions {
 pub enum ClientEvent {
     Connected,
     /// A round's broadcast arrived; training starts.
-    RoundStarted { round: u64 },
-    Disconnected { reason: String },
+    RoundStarted {
+        round: u64,
+    },
+    Disconnected {
+        reason: String,
+    },
     /// A round's update was acknowledged; its cost record is complete.
-    RoundDone { cost: CostRecord, aggregated: bool },
-    Finished { reason: String },
+    RoundDone {
+        cost: CostRecord,
+        aggregated: bool,
+    },
+    Finished {
+        reason: String,
+    },
 }
 
 /// Pinned-certificate rustls config (ring provider only, TLS 1.3).
@@ -137,7 +148,12 @@ fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
     let mut endpoint = match &options.socket_wrapper {
         Some(wrap) => {
             let socket = (wrap.0)(socket).context("wrapping the client socket")?;
-            quinn::Endpoint::new_with_abstract_socket(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime))
+            quinn::Endpoint::new_with_abstract_socket(
+                quinn::EndpointConfig::default(),
+                None,
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )
         }
         None => quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime)),
     }
@@ -149,7 +165,8 @@ fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
         .send_window(16 << 20)
         .stream_receive_window(quinn::VarInt::from_u32(8 << 20))
         .receive_window(quinn::VarInt::from_u32(16 << 20));
-    let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto(&options.server_cert)?)?));
+    let mut config =
+        quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto(&options.server_cert)?)?));
     config.transport_config(Arc::new(transport));
     endpoint.set_default_client_config(config);
     Ok(endpoint)
@@ -191,7 +208,11 @@ impl RoundCost {
 }
 
 /// Runs the client until the server says goodbye or refuses it for good. Returns the reason.
-pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: Option<mpsc::UnboundedSender<ClientEvent>>) -> anyhow::Result<String> {
+pub async fn run(
+    options: ClientOptions,
+    method: Box<dyn ClientMethod>,
+    events: Option<mpsc::UnboundedSender<ClientEvent>>,
+) -> anyhow::Result<String> {
     let emit = |e: ClientEvent| {
         if let Some(tx) = &events {
             let _ = tx.send(e);
@@ -254,7 +275,9 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                     SessionAction::Train(b) => {
                         let round = b.round;
                         let cost = costs.entry(round).or_default();
-                        cost.record.payload_down = (payload_bytes(&b.blocks) + b.prototypes.iter().map(|p| p.vector.data.len()).sum::<usize>()) as u64;
+                        cost.record.payload_down = (payload_bytes(&b.blocks)
+                            + b.prototypes.iter().map(|p| p.vector.data.len()).sum::<usize>())
+                            as u64;
                         let (method, tx) = (method.clone(), trained_tx.clone());
                         tokio::task::spawn_blocking(move || {
                             let result = match method.lock() {
@@ -275,7 +298,9 @@ pub async fn run(options: ClientOptions, method: Box<dyn ClientMethod>, events: 
                         }
                     }
                     SessionAction::Finished { reason } => {
-                        if let Ok(frame) = encode_frame(&Message::Goodbye(Goodbye { reason: "done".into() }), options.max_frame_bytes) {
+                        if let Ok(frame) =
+                            encode_frame(&Message::Goodbye(Goodbye { reason: "done".into() }), options.max_frame_bytes)
+                        {
                             let _ = write_frame(&mut control, &frame).await;
                             let _ = control.finish();
                         }
@@ -431,7 +456,12 @@ async fn report_cost(control: &mut quinn::SendStream, record: CostRecord, max_fr
     }
 }
 
-async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done: mpsc::UnboundedSender<(u64, u64, f64, f64)>) {
+async fn upload(
+    conn: quinn::Connection,
+    update: Update,
+    max_frame: usize,
+    done: mpsc::UnboundedSender<(u64, u64, f64, f64)>,
+) {
     let round = update.round;
     let frame = match encode_frame(&Message::Update(update), max_frame) {
         Ok(f) => f,

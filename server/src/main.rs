@@ -27,7 +27,11 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log filter")?;
     let fmt = tracing_subscriber::fmt().with_env_filter(filter);
-    if cli.log_json { fmt.json().init() } else { fmt.init() }
+    if cli.log_json {
+        fmt.json().init()
+    } else {
+        fmt.init()
+    }
     let config = ServerConfig::load(&cli.config)?;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
 }
@@ -49,7 +53,9 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     tracing::info!(addr = %server.local_addr, method = %config.method, "listening");
     let (_metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
     if let Some(bind) = config.metrics_bind {
-        let addr = anchorage_server::metrics::serve(bind, server.metrics.clone(), metrics_stop_rx).await.with_context(|| format!("binding the metrics endpoint {bind}"))?;
+        let addr = anchorage_server::metrics::serve(bind, server.metrics.clone(), metrics_stop_rx)
+            .await
+            .with_context(|| format!("binding the metrics endpoint {bind}"))?;
         tracing::info!(%addr, "Prometheus metrics at http://{addr}/metrics");
     }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

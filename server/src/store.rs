@@ -38,7 +38,10 @@ impl ServerStore {
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
         let path = self.checkpoint_path();
         let mut bytes = MAGIC.to_vec();
-        bytes.extend(postcard::to_allocvec(checkpoint).map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?);
+        bytes.extend(
+            postcard::to_allocvec(checkpoint)
+                .map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?,
+        );
         write_atomic(&path, &bytes).map_err(|source| StoreError::Io { path, source })
     }
 
@@ -115,7 +118,10 @@ impl ServerStore {
         std::fs::create_dir_all(&self.dir).map_err(|source| StoreError::Io { path: self.dir.clone(), source })?;
         let mut text = String::new();
         for r in records {
-            text.push_str(&serde_json::to_string(r).map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?);
+            text.push_str(
+                &serde_json::to_string(r)
+                    .map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?,
+            );
             text.push('\n');
         }
         // A line torn by a crash must not swallow the next record: start on a fresh line.

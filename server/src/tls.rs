@@ -47,18 +47,26 @@ pub fn load_or_create(dir: &Path, names: &[&str]) -> anyhow::Result<Identity> {
     if cert_path.exists() && key_path.exists() {
         let cert = std::fs::read(&cert_path).with_context(|| format!("reading {}", cert_path.display()))?;
         let key = std::fs::read(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
-        return Ok(Identity { cert: CertificateDer::from(cert), key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key)) });
+        return Ok(Identity {
+            cert: CertificateDer::from(cert),
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key)),
+        });
     }
     let id = self_signed(names)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    anchorage_shared::io::write_atomic(&cert_path, id.cert.as_ref()).with_context(|| format!("writing {}", cert_path.display()))?;
-    anchorage_shared::io::write_atomic(&key_path, id.key.secret_der()).with_context(|| format!("writing {}", key_path.display()))?;
+    anchorage_shared::io::write_atomic(&cert_path, id.cert.as_ref())
+        .with_context(|| format!("writing {}", cert_path.display()))?;
+    anchorage_shared::io::write_atomic(&key_path, id.key.secret_der())
+        .with_context(|| format!("writing {}", key_path.display()))?;
     tracing::info!(cert = %cert_path.display(), "created a self-signed development certificate; clients pin this file");
     Ok(id)
 }
 
 /// Server-side rustls config. `client_verifier` is `None` for server-only authentication.
-pub fn server_crypto(identity: &Identity, client_verifier: Option<Arc<dyn ClientCertVerifier>>) -> anyhow::Result<rustls::ServerConfig> {
+pub fn server_crypto(
+    identity: &Identity,
+    client_verifier: Option<Arc<dyn ClientCertVerifier>>,
+) -> anyhow::Result<rustls::ServerConfig> {
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3 with ring")?;

@@ -139,16 +139,28 @@ enum Outbound {
 /// Binds the endpoint and starts the engine. Resumes from the store's checkpoint if one exists.
 pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let crypto = server_crypto(&options.identity, None)?;
-    let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(crypto).context("QUIC TLS config")?));
+    let mut server_config =
+        quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(crypto).context("QUIC TLS config")?));
     server_config.transport_config(Arc::new(options.limits.transport_config()?));
-    let socket = udp_socket(options.bind, options.limits.socket_buffer).with_context(|| format!("binding {}", options.bind))?;
-    let endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(server_config), socket, Arc::new(quinn::TokioRuntime))
-        .with_context(|| format!("starting the QUIC endpoint on {}", options.bind))?;
+    let socket =
+        udp_socket(options.bind, options.limits.socket_buffer).with_context(|| format!("binding {}", options.bind))?;
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server_config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .with_context(|| format!("starting the QUIC endpoint on {}", options.bind))?;
     let local_addr = endpoint.local_addr()?;
 
     let engine = match options.store.as_ref().map(ServerStore::load).transpose()?.flatten() {
         Some(cp) => {
-            anyhow::ensure!(cp.method == options.method.name(), "checkpoint was written by method `{}`, not `{}`", cp.method, options.method.name());
+            anyhow::ensure!(
+                cp.method == options.method.name(),
+                "checkpoint was written by method `{}`, not `{}`",
+                cp.method,
+                options.method.name()
+            );
             tracing::info!(round = cp.round, "resuming from checkpoint");
             Engine::resume(options.engine.clone(), options.method, cp)
         }
@@ -176,7 +188,13 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         while let Some(incoming) = accept_endpoint.accept().await {
             next_conn += 1;
             accept_metrics.connections.fetch_add(1, Ordering::Relaxed);
-            let ctx = ConnCtx { id: next_conn, inputs: input_tx.clone(), metrics: accept_metrics.clone(), max_frame, limits: limits.clone() };
+            let ctx = ConnCtx {
+                id: next_conn,
+                inputs: input_tx.clone(),
+                metrics: accept_metrics.clone(),
+                max_frame,
+                limits: limits.clone(),
+            };
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
                 if let Err(e) = ctx.run(incoming).await {
@@ -186,7 +204,8 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         }
     });
 
-    let task = tokio::spawn(run_engine(engine, input_rx, event_tx, shutdown_rx, options.store, metrics.clone(), max_frame));
+    let task =
+        tokio::spawn(run_engine(engine, input_rx, event_tx, shutdown_rx, options.store, metrics.clone(), max_frame));
     Ok(ServerHandle { local_addr, metrics, events, shutdown, endpoint, task })
 }
 
@@ -344,8 +363,9 @@ impl ConnCtx {
     async fn run(self, incoming: quinn::Incoming) -> anyhow::Result<()> {
         let conn = incoming.await?;
         let remote = conn.remote_address();
-        let (mut control_send, mut control_recv) =
-            tokio::time::timeout(self.limits.hello_timeout, conn.accept_bi()).await.context("no control stream in time")??;
+        let (mut control_send, mut control_recv) = tokio::time::timeout(self.limits.hello_timeout, conn.accept_bi())
+            .await
+            .context("no control stream in time")??;
         let first = tokio::time::timeout(self.limits.hello_timeout, read_frame(&mut control_recv, self.max_frame))
             .await
             .context("no hello in time")?;
@@ -355,7 +375,10 @@ impl ConnCtx {
                 msg
             }
             Ok(Some((other, _))) => {
-                let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: format!("expected hello, got {}", other.kind_name()) };
+                let refusal = Refusal {
+                    reason: RefusalReason::NotEnrolled,
+                    detail: format!("expected hello, got {}", other.kind_name()),
+                };
                 return self.refuse(&conn, &mut control_send, refusal, &remote.to_string()).await;
             }
             Ok(None) => return Ok(()),
@@ -395,7 +418,13 @@ impl ConnCtx {
         self.metrics.bytes_in.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
-    async fn refuse(&self, conn: &quinn::Connection, control: &mut quinn::SendStream, refusal: Refusal, who: &str) -> anyhow::Result<()> {
+    async fn refuse(
+        &self,
+        conn: &quinn::Connection,
+        control: &mut quinn::SendStream,
+        refusal: Refusal,
+        who: &str,
+    ) -> anyhow::Result<()> {
         self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(who, reason = ?refusal.reason, detail = %refusal.detail, "refusing connection");
         if let Ok(frame) = encode_frame(&Message::Refusal(refusal), self.max_frame) {
@@ -409,7 +438,12 @@ impl ConnCtx {
 
     /// Reads control frames until the stream ends. A bad frame closes the connection with a
     /// refusal; returns whether that happened.
-    async fn read_loop(&self, mut recv: quinn::RecvStream, client: ClientId, out: mpsc::UnboundedSender<Outbound>) -> bool {
+    async fn read_loop(
+        &self,
+        mut recv: quinn::RecvStream,
+        client: ClientId,
+        out: mpsc::UnboundedSender<Outbound>,
+    ) -> bool {
         loop {
             match read_frame(&mut recv, self.max_frame).await {
                 Ok(Some((msg, n))) => {
@@ -437,7 +471,12 @@ impl ConnCtx {
     }
 
     /// Accepts upload streams, one frame each; returns whether a bad one was refused.
-    async fn accept_uploads(&self, conn: &quinn::Connection, client: ClientId, out: mpsc::UnboundedSender<Outbound>) -> bool {
+    async fn accept_uploads(
+        &self,
+        conn: &quinn::Connection,
+        client: ClientId,
+        out: mpsc::UnboundedSender<Outbound>,
+    ) -> bool {
         while let Ok(mut recv) = conn.accept_uni().await {
             match read_frame(&mut recv, self.max_frame).await {
                 Ok(Some((msg, n))) => {
@@ -458,7 +497,11 @@ impl ConnCtx {
     }
 }
 
-async fn write_loop(conn: quinn::Connection, mut control: quinn::SendStream, mut out: mpsc::UnboundedReceiver<Outbound>) {
+async fn write_loop(
+    conn: quinn::Connection,
+    mut control: quinn::SendStream,
+    mut out: mpsc::UnboundedReceiver<Outbound>,
+) {
     while let Some(item) = out.recv().await {
         match item {
             Outbound::Control(frame) => {

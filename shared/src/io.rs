@@ -24,7 +24,10 @@ pub enum FrameIoError {
 /// Reads one frame. `Ok(None)` on a clean end of stream before any byte of a new frame; a stream
 /// that ends inside a frame is [`DecodeError::Truncated`]. Returns the message and its size on
 /// the stream. A declared length above `max_frame` is refused before its body is read.
-pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max_frame: usize) -> Result<Option<(Message, usize)>, FrameIoError> {
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max_frame: usize,
+) -> Result<Option<(Message, usize)>, FrameIoError> {
     let mut reader = FrameReader::new(max_frame);
     let mut prefix = [0u8; LEN_BYTES];
     let mut got = 0;

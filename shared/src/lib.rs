@@ -29,4 +29,4 @@ pub mod tensor;
 pub use frame::{FrameError, FrameReader, encode_frame};
 pub use protocol::{DecodeError, Message, PROTOCOL_VERSION};
 pub use prototype::Prototype;
-pub use tensor::{Encoding, EncodedTensor, ParamBlock, TensorError};
+pub use tensor::{EncodedTensor, Encoding, ParamBlock, TensorError};

@@ -109,7 +109,9 @@ impl Rng {
             }
             let v = v * v * v;
             let u = self.f64();
-            if u < 1.0 - 0.0331 * x * x * x * x || libm_ln(u.max(f64::MIN_POSITIVE)) < 0.5 * x * x + d * (1.0 - v + libm_ln(v)) {
+            if u < 1.0 - 0.0331 * x * x * x * x
+                || libm_ln(u.max(f64::MIN_POSITIVE)) < 0.5 * x * x + d * (1.0 - v + libm_ln(v))
+            {
                 return d * v;
             }
         }
@@ -205,8 +207,18 @@ mod tests {
 
     #[test]
     fn same_seed_same_stream() {
-        let a: Vec<u64> = (0..5).map({ let mut r = Rng::new(7); move |_| r.next_u64() }).collect();
-        let b: Vec<u64> = (0..5).map({ let mut r = Rng::new(7); move |_| r.next_u64() }).collect();
+        let a: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::new(7);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let b: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::new(7);
+                move |_| r.next_u64()
+            })
+            .collect();
         assert_eq!(a, b);
         assert_ne!(Rng::new(7).next_u64(), Rng::new(8).next_u64());
     }

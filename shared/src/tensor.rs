@@ -92,15 +92,11 @@ impl EncodedTensor {
                 Encoding::F32
             }
             Encoding::F16 => {
-                values
-                    .iter()
-                    .for_each(|v| data.extend_from_slice(&f16::from_f32(*v).to_le_bytes()));
+                values.iter().for_each(|v| data.extend_from_slice(&f16::from_f32(*v).to_le_bytes()));
                 Encoding::F16
             }
             Encoding::Bf16 => {
-                values
-                    .iter()
-                    .for_each(|v| data.extend_from_slice(&bf16::from_f32(*v).to_le_bytes()));
+                values.iter().for_each(|v| data.extend_from_slice(&bf16::from_f32(*v).to_le_bytes()));
                 Encoding::Bf16
             }
             Encoding::Int8 { .. } => {
@@ -149,21 +145,9 @@ impl EncodedTensor {
             });
         }
         let values: Vec<f32> = match self.encoding {
-            Encoding::F32 => self
-                .data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Encoding::F16 => self
-                .data
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Encoding::Bf16 => self
-                .data
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+            Encoding::F32 => self.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Encoding::F16 => self.data.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Encoding::Bf16 => self.data.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             Encoding::Int8 { scale } => {
                 if !scale.is_finite() || scale < 0.0 {
                     return Err(TensorError::BadScale { scale });

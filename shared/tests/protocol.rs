@@ -2,8 +2,8 @@
 //! its typed error, and no byte string makes the decoder panic (property tests).
 
 use anchorage_shared::frame::{DEFAULT_MAX_FRAME, FrameReader, HEADER_BYTES, LEN_BYTES, decode_frame, encode_frame};
-use anchorage_shared::protocol::*;
 use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::protocol::*;
 use anchorage_shared::tensor::{Encoding, ParamBlock, TensorError};
 use anchorage_shared::{Message, PROTOCOL_VERSION, Prototype};
 use proptest::prelude::*;
@@ -29,7 +29,12 @@ fn every_message() -> Vec<Message> {
     let config = RoundConfig { local_epochs: 2, batch_size: 16, learning_rate: 1e-3, deadline_ms: 30_000 };
     let prototypes = vec![Prototype::encode(3, 17, &[0.25, -0.5, 1.0], Encoding::F32)];
     vec![
-        Message::Hello(Hello { client_id: "jetson-07".into(), capabilities: capabilities(), num_samples: 1234, last_round: Some(4) }),
+        Message::Hello(Hello {
+            client_id: "jetson-07".into(),
+            capabilities: capabilities(),
+            num_samples: 1234,
+            last_round: Some(4),
+        }),
         Message::Welcome(Welcome {
             server_id: "anchorage".into(),
             method: "fedavg".into(),
@@ -132,7 +137,9 @@ fn malformed_frames_get_typed_errors() {
     // Wrong version.
     let mut wrong = good.clone();
     wrong[LEN_BYTES] = PROTOCOL_VERSION + 1;
-    assert!(matches!(decode_frame(&wrong, DEFAULT_MAX_FRAME), Err(DecodeError::WrongVersion { got, .. }) if got == PROTOCOL_VERSION + 1));
+    assert!(
+        matches!(decode_frame(&wrong, DEFAULT_MAX_FRAME), Err(DecodeError::WrongVersion { got, .. }) if got == PROTOCOL_VERSION + 1)
+    );
     // Unknown kind.
     let mut unknown = good.clone();
     unknown[LEN_BYTES + 1] = 200;
@@ -150,7 +157,14 @@ fn malformed_frames_get_typed_errors() {
 }
 
 fn update_with(block: ParamBlock) -> Message {
-    Message::Update(Update { round: 1, num_samples: 1, blocks: vec![block], prototypes: vec![], metrics: vec![], compute_seconds: 0.0 })
+    Message::Update(Update {
+        round: 1,
+        num_samples: 1,
+        blocks: vec![block],
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.0,
+    })
 }
 
 #[test]
@@ -160,12 +174,17 @@ fn bad_tensors_are_refused_at_decode() {
     let mut short = ParamBlock::encode("head.weight", &[2, 3], &[0.0; 6], Encoding::F32);
     short.tensor.data.truncate(20);
     let err = decode_frame(&encode(&update_with(short)), DEFAULT_MAX_FRAME).unwrap_err();
-    assert!(matches!(&err, DecodeError::Tensor(TensorError::InBlock { name, source })
-        if name == "head.weight" && matches!(**source, TensorError::LengthMismatch { expected: 24, got: 20, .. })), "{err}");
+    assert!(
+        matches!(&err, DecodeError::Tensor(TensorError::InBlock { name, source })
+        if name == "head.weight" && matches!(**source, TensorError::LengthMismatch { expected: 24, got: 20, .. })),
+        "{err}"
+    );
     // Non-finite values.
     let nan = ParamBlock::encode("head.bias", &[3], &[0.0, f32::NAN, 1.0], Encoding::F32);
     let err = decode_frame(&encode(&update_with(nan)), DEFAULT_MAX_FRAME).unwrap_err();
-    assert!(matches!(&err, DecodeError::Tensor(TensorError::InBlock { source, .. }) if matches!(**source, TensorError::NonFinite { index: 1 })));
+    assert!(
+        matches!(&err, DecodeError::Tensor(TensorError::InBlock { source, .. }) if matches!(**source, TensorError::NonFinite { index: 1 }))
+    );
     let inf = ParamBlock::encode("head.bias", &[1], &[f32::INFINITY], Encoding::F16);
     assert!(decode_frame(&encode(&update_with(inf)), DEFAULT_MAX_FRAME).is_err());
     // Bad int8 scale.
@@ -180,9 +199,19 @@ fn bad_tensors_are_refused_at_decode() {
     deep.tensor.shape = vec![1; 9];
     assert!(decode_frame(&encode(&update_with(deep)), DEFAULT_MAX_FRAME).is_err());
     // Empty name, duplicate blocks, non-finite metrics, negative compute time, empty client id.
-    assert!(decode_frame(&encode(&update_with(ParamBlock::encode("", &[1], &[0.0], Encoding::F32))), DEFAULT_MAX_FRAME).is_err());
+    assert!(
+        decode_frame(&encode(&update_with(ParamBlock::encode("", &[1], &[0.0], Encoding::F32))), DEFAULT_MAX_FRAME)
+            .is_err()
+    );
     let b = ParamBlock::encode("head.bias", &[1], &[0.0], Encoding::F32);
-    let dup = Message::Update(Update { round: 1, num_samples: 1, blocks: vec![b.clone(), b], prototypes: vec![], metrics: vec![], compute_seconds: 0.0 });
+    let dup = Message::Update(Update {
+        round: 1,
+        num_samples: 1,
+        blocks: vec![b.clone(), b],
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.0,
+    });
     assert!(matches!(decode_frame(&encode(&dup), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
     let metric = Message::Update(Update {
         round: 1,
@@ -193,9 +222,21 @@ fn bad_tensors_are_refused_at_decode() {
         compute_seconds: 0.0,
     });
     assert!(matches!(decode_frame(&encode(&metric), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
-    let time = Message::Update(Update { round: 1, num_samples: 1, blocks: vec![], prototypes: vec![], metrics: vec![], compute_seconds: -1.0 });
+    let time = Message::Update(Update {
+        round: 1,
+        num_samples: 1,
+        blocks: vec![],
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: -1.0,
+    });
     assert!(matches!(decode_frame(&encode(&time), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
-    let hello = Message::Hello(Hello { client_id: String::new(), capabilities: capabilities(), num_samples: 0, last_round: None });
+    let hello = Message::Hello(Hello {
+        client_id: String::new(),
+        capabilities: capabilities(),
+        num_samples: 0,
+        last_round: None,
+    });
     assert!(matches!(decode_frame(&encode(&hello), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
     // A cost report with a negative or non-finite figure.
     let cost = Message::Cost(CostRecord { transfer_seconds: f64::NAN, ..CostRecord::default() });
@@ -205,8 +246,14 @@ fn bad_tensors_are_refused_at_decode() {
     // A prototype that is not a vector.
     let mut proto = Prototype::encode(1, 1, &[1.0, 2.0], Encoding::F32);
     proto.vector.shape = vec![1, 2];
-    let bad_proto =
-        Message::Update(Update { round: 1, num_samples: 1, blocks: vec![], prototypes: vec![proto], metrics: vec![], compute_seconds: 0.0 });
+    let bad_proto = Message::Update(Update {
+        round: 1,
+        num_samples: 1,
+        blocks: vec![],
+        prototypes: vec![proto],
+        metrics: vec![],
+        compute_seconds: 0.0,
+    });
     assert!(decode_frame(&encode(&bad_proto), DEFAULT_MAX_FRAME).is_err());
 }
 

@@ -9,9 +9,9 @@ pub mod network;
 mod record;
 pub mod report;
 mod run;
+pub mod scenario;
 mod setup;
 pub mod virtual_clock;
-pub mod scenario;
 
 pub use record::{RoundRow, RunSummary, write_run_folder};
 pub use run::{ClientLink, KillAt, SimConfig, SimResult, run};

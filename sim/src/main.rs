@@ -95,7 +95,11 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log filter")?;
     let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if cli.log_json { fmt.json().init() } else { fmt.init() }
+    if cli.log_json {
+        fmt.json().init()
+    } else {
+        fmt.init()
+    }
     match cli.command {
         Command::Sim(args) => sim(args),
         Command::Data(DataCommand::Describe(args)) => describe(args),
@@ -114,7 +118,8 @@ fn describe(args: DescribeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("describing the data of {}", args.scenario.display()))?;
     println!("{description}");
     let csv = args.csv.unwrap_or_else(|| {
-        let stem = args.scenario.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
+        let stem =
+            args.scenario.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
         PathBuf::from(format!("{stem}.describe.csv"))
     });
     std::fs::write(&csv, description.to_csv()).with_context(|| format!("writing {}", csv.display()))?;
@@ -152,7 +157,8 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
         config.link = Some(v);
     }
     if let Some(name) = args.device {
-        let profile = anchorage_sim::device::DeviceProfile::preset(&name).with_context(|| format!("unknown device preset `{name}`"))?;
+        let profile = anchorage_sim::device::DeviceProfile::preset(&name)
+            .with_context(|| format!("unknown device preset `{name}`"))?;
         config.devices = vec![profile];
     }
     if let Some(v) = args.stragglers {
@@ -170,7 +176,10 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
             println!("report: {}", out.join("report.md").display());
         }
         "virtual" => {
-            println!("anchorage sim (virtual clock): {} clients, {} rounds, FedAvg, seed {}", config.clients, config.rounds, config.seed);
+            println!(
+                "anchorage sim (virtual clock): {} clients, {} rounds, FedAvg, seed {}",
+                config.clients, config.rounds, config.seed
+            );
             let result = anchorage_sim::virtual_clock::run_virtual_with_progress(&config, true)?;
             println!("{}", anchorage_sim::RoundRow::HEADER);
             for row in &result.summary.rounds {

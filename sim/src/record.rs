@@ -69,7 +69,8 @@ impl RoundRow {
         }
     }
 
-    pub const HEADER: &'static str = "round  accuracy  loss    clients  late  dropped  up payload  up wire     down payload  down wire   seconds";
+    pub const HEADER: &'static str =
+        "round  accuracy  loss    clients  late  dropped  up payload  up wire     down payload  down wire   seconds";
 
     /// The row as the results table prints it.
     pub fn table_line(&self) -> String {
@@ -104,12 +105,20 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 /// Writes `config.toml`, `rounds.csv`, `ledger.csv`, `ledger.json` and `metrics.json` into `dir`.
-pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, ledger: &[CostRecord]) -> anyhow::Result<()> {
+pub fn write_run_folder(
+    dir: &Path,
+    config_toml: &str,
+    summary: &RunSummary,
+    ledger: &[CostRecord],
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("config.toml"), config_toml)?;
 
     let mut rounds = std::fs::File::create(dir.join("rounds.csv"))?;
-    writeln!(rounds, "round,accuracy,train_loss,aggregated,sampled,late_total,dropped,payload_up,wire_up,payload_down,wire_down,seconds,outcome")?;
+    writeln!(
+        rounds,
+        "round,accuracy,train_loss,aggregated,sampled,late_total,dropped,payload_up,wire_up,payload_down,wire_down,seconds,outcome"
+    )?;
     for r in &summary.rounds {
         writeln!(
             rounds,
@@ -131,7 +140,10 @@ pub fn write_run_folder(dir: &Path, config_toml: &str, summary: &RunSummary, led
     }
 
     let mut l = std::fs::File::create(dir.join("ledger.csv"))?;
-    writeln!(l, "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,joules,straggler,dropped")?;
+    writeln!(
+        l,
+        "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,joules,straggler,dropped"
+    )?;
     for c in ledger {
         writeln!(
             l,

@@ -9,18 +9,18 @@ use std::time::{Duration, Instant};
 use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
 use anchorage_server::engine::AggregationMode;
 use anchorage_server::methods::FedAvg;
-use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
 use anchorage_server::tls;
+use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
 use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
 use crate::device::{Charge, DeviceProfile};
-use crate::setup::{Setup, client_id};
+use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
 use crate::record::{RoundRow, RunSummary, write_run_folder};
+use crate::setup::{Setup, client_id};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,9 +86,9 @@ impl SimConfig {
         }
         match &self.link {
             None => Ok(None),
-            Some(name) => DuplexProfile::preset(name)
-                .map(Some)
-                .with_context(|| format!("unknown link preset `{name}` (known: {})", DuplexProfile::PRESETS.join(", "))),
+            Some(name) => DuplexProfile::preset(name).map(Some).with_context(|| {
+                format!("unknown link preset `{name}` (known: {})", DuplexProfile::PRESETS.join(", "))
+            }),
         }
     }
 }
@@ -137,7 +137,8 @@ pub struct SimResult {
 /// run folder when `out` is given.
 pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
     let started = Instant::now();
-    let Setup { spec, engine, initial, clients, train_len, test_len, evaluator, devices } = Setup::new(&config, Charge::Sleep)?;
+    let Setup { spec, engine, initial, clients, train_len, test_len, evaluator, devices } =
+        Setup::new(&config, Charge::Sleep)?;
 
     // Server on loopback with a fresh self-signed certificate that the clients pin.
     let identity = tls::self_signed(&["localhost"])?;
@@ -187,13 +188,19 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     drop(event_tx);
 
     let bar = if progress { ProgressBar::new(config.rounds) } else { ProgressBar::hidden() };
-    bar.set_style(ProgressStyle::with_template("{spinner} round {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}")?.progress_chars("=> "));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} round {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}")?
+            .progress_chars("=> "),
+    );
     let say = |line: String| {
         if progress {
             bar.suspend(|| println!("{line}"));
         }
     };
-    say(format!("anchorage sim: {} clients, {} rounds, FedAvg, synthetic data ({} train / {} test, 10 classes), seed {}", config.clients, config.rounds, train_len, test_len, config.seed));
+    say(format!(
+        "anchorage sim: {} clients, {} rounds, FedAvg, synthetic data ({} train / {} test, 10 classes), seed {}",
+        config.clients, config.rounds, train_len, test_len, config.seed
+    ));
     say(format!("initial global accuracy {:.2}%", initial_accuracy * 100.0));
     say(RoundRow::HEADER.to_string());
 
@@ -249,8 +256,11 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         initial_accuracy,
         final_accuracy: rows.last().map(|r| r.accuracy).unwrap_or(initial_accuracy),
         chance: 1.0 / spec.num_classes as f64,
-        upload_wire_ratio: (!uploads.is_empty()).then(|| uploads.iter().map(|c| c.wire_up as f64 / c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
-        mean_upload_payload: (!uploads.is_empty()).then(|| uploads.iter().map(|c| c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
+        upload_wire_ratio: (!uploads.is_empty()).then(|| {
+            uploads.iter().map(|c| c.wire_up as f64 / c.payload_up as f64).sum::<f64>() / uploads.len() as f64
+        }),
+        mean_upload_payload: (!uploads.is_empty())
+            .then(|| uploads.iter().map(|c| c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
         refused: ServerMetrics::get(&metrics.refusals),
         decode_errors: ServerMetrics::get(&metrics.decode_errors),

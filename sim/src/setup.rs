@@ -71,8 +71,15 @@ impl Setup {
         let parts = if config.alpha.is_infinite() {
             partition::iid(train.len(), config.clients, config.seed)
         } else {
-            partition::dirichlet(&train.labels, train.num_classes, config.clients, config.alpha, min_per_client, config.seed)
-                .context("partitioning the synthetic data")?
+            partition::dirichlet(
+                &train.labels,
+                train.num_classes,
+                config.clients,
+                config.alpha,
+                min_per_client,
+                config.seed,
+            )
+            .context("partitioning the synthetic data")?
         };
         let initial = Trainable::new(&spec, &device).to_blocks(Encoding::F32)?;
         let engine = EngineConfig {

@@ -35,14 +35,31 @@ pub fn wire_bytes(bytes: u64) -> u64 {
 }
 
 enum Event {
-    ToServer { from: usize, msg: Message },
-    ToClient { to: usize, msg: Message },
+    ToServer {
+        from: usize,
+        msg: Message,
+    },
+    ToClient {
+        to: usize,
+        msg: Message,
+    },
     /// Training finished; `life` tells whether the process that trained still runs.
-    Trained { client: usize, life: u64, round: u64, result: Result<anchorage_shared::protocol::Update, String> },
+    Trained {
+        client: usize,
+        life: u64,
+        round: u64,
+        result: Result<anchorage_shared::protocol::Update, String>,
+    },
     /// The device becomes unreachable; it returns after `back_after`. `crash`: the process restarts
     /// (work in progress is lost, the store survives).
-    Offline { client: usize, back_after: Duration, crash: bool },
-    Online { client: usize },
+    Offline {
+        client: usize,
+        back_after: Duration,
+        crash: bool,
+    },
+    Online {
+        client: usize,
+    },
 }
 
 /// Events ordered by time, then by insertion (deterministic for equal times).
@@ -120,7 +137,10 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
 pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::Result<SimResult> {
     let bar = if progress { indicatif::ProgressBar::new(config.rounds) } else { indicatif::ProgressBar::hidden() };
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} round {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}")?.progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "{spinner} round {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}",
+        )?
+        .progress_chars("=> "),
     );
     let started = Instant::now();
     let Setup { spec, engine: engine_config, initial, clients, devices, train_len: _, test_len: _, evaluator } =
@@ -165,7 +185,14 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         // Devices on an availability cycle start at a random phase of it.
         if let Some(cycle) = c.device.on_off {
             let first_off = Duration::from_secs_f64(cycle.on_seconds.max(0.0) * c.rng.f64());
-            queue.push(first_off, Event::Offline { client: i, back_after: Duration::from_secs_f64(cycle.off_seconds.max(0.0)), crash: false });
+            queue.push(
+                first_off,
+                Event::Offline {
+                    client: i,
+                    back_after: Duration::from_secs_f64(cycle.off_seconds.max(0.0)),
+                    crash: false,
+                },
+            );
         }
     }
     for i in 0..clients.len() {
@@ -188,7 +215,10 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                     if !c.online {
                         continue; // unreachable: the datagrams are lost
                     }
-                    if matches!(msg, Message::Broadcast(_)) && c.device.crash_probability > 0.0 && c.rng.f64() < c.device.crash_probability {
+                    if matches!(msg, Message::Broadcast(_))
+                        && c.device.crash_probability > 0.0
+                        && c.rng.f64() < c.device.crash_probability
+                    {
                         let back_after = Duration::from_secs_f64(c.device.rejoin_seconds.max(0.0));
                         queue.push(now, Event::Offline { client: to, back_after, crash: true });
                         continue;
@@ -229,7 +259,12 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                             // The process restarts: a new session from what the store kept.
                             c.life += 1;
                             let pending = c.session.pending().cloned();
-                            c.session = Session::new(client_id(client), c.capabilities.clone(), c.method.num_samples(), pending);
+                            c.session = Session::new(
+                                client_id(client),
+                                c.capabilities.clone(),
+                                c.method.num_samples(),
+                                pending,
+                            );
                         } else {
                             c.session.disconnected();
                         }
@@ -245,7 +280,10 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                         c.session.connected();
                         if let Some(cycle) = c.device.on_off.filter(|_| !finished) {
                             let off = Duration::from_secs_f64(cycle.off_seconds.max(0.0));
-                            queue.push(now + Duration::from_secs_f64(cycle.on_seconds.max(0.0)), Event::Offline { client, back_after: off, crash: false });
+                            queue.push(
+                                now + Duration::from_secs_f64(cycle.on_seconds.max(0.0)),
+                                Event::Offline { client, back_after: off, crash: false },
+                            );
                         }
                         drive_client(client, now, &mut clients, &mut queue);
                     }

@@ -8,12 +8,28 @@ use anchorage_sim::{SimConfig, write_run_folder};
 fn a_run_folder_gets_plots_and_a_summary() {
     let dir = std::env::temp_dir().join(format!("anchorage-report-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let config = SimConfig { clients: 3, rounds: 2, seed: 4, local_epochs: 1, train_per_class: 20, test_per_class: 5, link: Some("wifi".into()), ..SimConfig::default() };
+    let config = SimConfig {
+        clients: 3,
+        rounds: 2,
+        seed: 4,
+        local_epochs: 1,
+        train_per_class: 20,
+        test_per_class: 5,
+        link: Some("wifi".into()),
+        ..SimConfig::default()
+    };
     let result = run_virtual(&config).unwrap();
     write_run_folder(&dir, &toml::to_string_pretty(&config).unwrap(), &result.summary, &result.ledger).unwrap();
     let files = write_report(&dir).unwrap();
     let names: Vec<String> = files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
-    for expected in ["accuracy_by_round.svg", "accuracy_by_time.svg", "bytes_per_round.svg", "round_time_breakdown.svg", "round_time_cdf.svg", "report.md"] {
+    for expected in [
+        "accuracy_by_round.svg",
+        "accuracy_by_time.svg",
+        "bytes_per_round.svg",
+        "round_time_breakdown.svg",
+        "round_time_cdf.svg",
+        "report.md",
+    ] {
         assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
     }
     let svg = std::fs::read_to_string(dir.join("accuracy_by_round.svg")).unwrap();

@@ -25,7 +25,12 @@ fn a_virtual_federation_learns_and_charges_its_links() {
     // Uploads of ~1 MB at LTE's 5 Mbit/s uplink take about 1.7 s each: the simulated rounds show it.
     let upload = result.ledger[0].payload_up as f64 * 8.0 / link.up.bandwidth_bps;
     for r in &s.rounds {
-        assert!(r.seconds > upload, "round {} took {} simulated s, less than one upload ({upload} s)", r.round, r.seconds);
+        assert!(
+            r.seconds > upload,
+            "round {} took {} simulated s, less than one upload ({upload} s)",
+            r.round,
+            r.seconds
+        );
     }
     assert_eq!(result.ledger.len(), 12, "one cost record per client per round");
     for c in &result.ledger {
@@ -73,7 +78,15 @@ fn epochs_run(result: &anchorage_sim::SimResult) -> Vec<f64> {
 
 #[test]
 fn stragglers_run_fewer_local_epochs() {
-    let base = SimConfig { clients: 4, rounds: 3, seed: 12, local_epochs: 4, train_per_class: 20, test_per_class: 5, ..SimConfig::default() };
+    let base = SimConfig {
+        clients: 4,
+        rounds: 3,
+        seed: 12,
+        local_epochs: 4,
+        train_per_class: 20,
+        test_per_class: 5,
+        ..SimConfig::default()
+    };
     let steady = run_virtual(&base).unwrap();
     assert!(epochs_run(&steady).iter().all(|&e| e == 4.0), "no stragglers: every client runs τ = 4 epochs");
     let straggling = run_virtual(&SimConfig { straggler_ratio: 1.0, ..base }).unwrap();
@@ -127,16 +140,28 @@ fn buffered_aggregation_runs_on_the_virtual_clock() {
     let result = run_virtual(&config).expect("buffered run");
     let s = &result.summary;
     assert_eq!(s.rounds.len(), 6, "six versions");
-    assert!(s.rounds.iter().all(|r| r.outcome == "aggregated" && r.aggregated == 2), "each version from a buffer of two");
-    let stale: Vec<f64> = result.reports.iter().flat_map(|r| r.updates.iter()).flat_map(|u| u.metrics.iter().filter(|(n, _)| n == "staleness").map(|(_, v)| *v)).collect();
-    assert!(stale.iter().any(|s| *s > 0.0), "with 4 clients in flight and buffers of 2, some updates are stale: {stale:?}");
+    assert!(
+        s.rounds.iter().all(|r| r.outcome == "aggregated" && r.aggregated == 2),
+        "each version from a buffer of two"
+    );
+    let stale: Vec<f64> = result
+        .reports
+        .iter()
+        .flat_map(|r| r.updates.iter())
+        .flat_map(|u| u.metrics.iter().filter(|(n, _)| n == "staleness").map(|(_, v)| *v))
+        .collect();
+    assert!(
+        stale.iter().any(|s| *s > 0.0),
+        "with 4 clients in flight and buffers of 2, some updates are stale: {stale:?}"
+    );
     assert!(s.final_accuracy > s.initial_accuracy + 0.1, "learns: {} → {}", s.initial_accuracy, s.final_accuracy);
 }
 
 #[test]
 fn crashing_devices_miss_rounds_and_rejoin() {
     use anchorage_sim::device::DeviceProfile;
-    let flaky = DeviceProfile { crash_probability: 0.4, rejoin_seconds: 3.0, compute_scale: 0.0, ..DeviceProfile::default() };
+    let flaky =
+        DeviceProfile { crash_probability: 0.4, rejoin_seconds: 3.0, compute_scale: 0.0, ..DeviceProfile::default() };
     let config = SimConfig {
         clients: 5,
         rounds: 6,
@@ -156,7 +181,9 @@ fn crashing_devices_miss_rounds_and_rejoin() {
     assert!(missed > 0, "crashes leave sampled clients silent at the deadline");
     assert!(result.ledger.iter().any(|c| c.dropped), "dropped clients are in the ledger");
     let crashed_then_aggregated = result.reports.iter().enumerate().any(|(i, r)| {
-        r.missing.iter().any(|m| result.reports[i + 1..].iter().any(|later| later.updates.iter().any(|u| &u.client == m)))
+        r.missing
+            .iter()
+            .any(|m| result.reports[i + 1..].iter().any(|later| later.updates.iter().any(|u| &u.client == m)))
     });
     assert!(crashed_then_aggregated, "a client that missed a round is aggregated again after rejoining");
 }
@@ -164,7 +191,11 @@ fn crashing_devices_miss_rounds_and_rejoin() {
 #[test]
 fn devices_on_an_availability_cycle_come_and_go() {
     use anchorage_sim::device::{DeviceProfile, OnOff};
-    let sleepy = DeviceProfile { on_off: Some(OnOff { on_seconds: 1.0, off_seconds: 1.0 }), compute_scale: 0.0, ..DeviceProfile::default() };
+    let sleepy = DeviceProfile {
+        on_off: Some(OnOff { on_seconds: 1.0, off_seconds: 1.0 }),
+        compute_scale: 0.0,
+        ..DeviceProfile::default()
+    };
     let always = DeviceProfile { compute_scale: 0.0, ..DeviceProfile::default() };
     let config = SimConfig {
         clients: 4,

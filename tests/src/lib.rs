@@ -12,7 +12,10 @@ use quinn::crypto::rustls::QuicClientConfig;
 use rustls::pki_types::CertificateDer;
 
 /// A bare QUIC connection to the server, trusting its pinned certificate.
-pub async fn raw_connect(server: SocketAddr, cert: &CertificateDer<'static>) -> anyhow::Result<(quinn::Endpoint, quinn::Connection)> {
+pub async fn raw_connect(
+    server: SocketAddr,
+    cert: &CertificateDer<'static>,
+) -> anyhow::Result<(quinn::Endpoint, quinn::Connection)> {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
     let crypto = anchorage_client::transport::client_crypto(cert)?;
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(crypto)?)));

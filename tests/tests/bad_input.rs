@@ -141,7 +141,11 @@ async fn server_refuses_bad_input_and_keeps_serving() {
     };
     assert_eq!(report.updates.len(), 2);
     let m = &server.metrics;
-    println!("decode errors {}, refusals {}", m.decode_errors.load(Ordering::Relaxed), m.refusals.load(Ordering::Relaxed));
+    println!(
+        "decode errors {}, refusals {}",
+        m.decode_errors.load(Ordering::Relaxed),
+        m.refusals.load(Ordering::Relaxed)
+    );
     assert!(m.decode_errors.load(Ordering::Relaxed) >= 5, "every malformed frame is counted");
     assert!(m.refusals.load(Ordering::Relaxed) >= 6, "every refusal is counted");
     server.shutdown().await.unwrap();

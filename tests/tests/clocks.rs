@@ -7,7 +7,12 @@ use anchorage_sim::{ClientLink, SimConfig, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_and_virtual_round_durations_agree() {
-    let side = |mbps: f64| LinkProfile { bandwidth_bps: mbps * 1e6, latency_ms: 20.0, buffer_bytes: 128 * 1024, ..LinkProfile::default() };
+    let side = |mbps: f64| LinkProfile {
+        bandwidth_bps: mbps * 1e6,
+        latency_ms: 20.0,
+        buffer_bytes: 128 * 1024,
+        ..LinkProfile::default()
+    };
     let profile = DuplexProfile { up: side(2.0), down: side(10.0) };
     let config = SimConfig {
         clients: 2,

@@ -19,7 +19,12 @@ async fn killed_client_round_completes_at_deadline() {
     };
     let result = run(config, None, false).await.expect("simulation runs");
     let r2 = &result.reports[1];
-    println!("round 2: {} updates, missing {:?}, open for {:.2} s (deadline {deadline} s)", r2.updates.len(), r2.missing, r2.seconds());
+    println!(
+        "round 2: {} updates, missing {:?}, open for {:.2} s (deadline {deadline} s)",
+        r2.updates.len(),
+        r2.missing,
+        r2.seconds()
+    );
     assert_eq!(r2.round, 2);
     assert_eq!(r2.updates.len(), 3, "the three live clients' updates are aggregated");
     assert_eq!(r2.missing, vec!["client-000".to_string()]);

@@ -18,11 +18,19 @@ async fn four_clients_three_rounds_learn_over_quic() {
         assert_eq!(r.aggregated, 4, "round {} aggregated all four clients", r.round);
     }
     assert!(s.initial_accuracy < s.chance + 0.1, "the untrained model is near chance: {}", s.initial_accuracy);
-    assert!(s.final_accuracy > s.chance + 0.4, "global accuracy {} should rise clearly above chance {}", s.final_accuracy, s.chance);
+    assert!(
+        s.final_accuracy > s.chance + 0.4,
+        "global accuracy {} should rise clearly above chance {}",
+        s.final_accuracy,
+        s.chance
+    );
     // Every client filed a cost record per round, with a ~1 MB upload measured at the socket.
     assert_eq!(result.ledger.len(), 12);
     for c in &result.ledger {
-        assert!(c.wire_up >= c.payload_up && c.wire_down >= c.payload_down, "every record holds its measured wire bytes: {c:?}");
+        assert!(
+            c.wire_up >= c.payload_up && c.wire_down >= c.payload_down,
+            "every record holds its measured wire bytes: {c:?}"
+        );
     }
     let payload = s.mean_upload_payload.expect("uploads were measured");
     assert!(payload > 1_000_000.0, "the default update is a 1 MB-class upload: {payload}");

@@ -5,7 +5,15 @@ use anchorage_sim::network::{DuplexProfile, LinkProfile, Outage};
 use anchorage_sim::{ClientLink, SimConfig, run};
 
 fn small(clients: usize, rounds: u64, seed: u64) -> SimConfig {
-    SimConfig { clients, rounds, seed, local_epochs: 1, train_per_class: 40, test_per_class: 10, ..SimConfig::default() }
+    SimConfig {
+        clients,
+        rounds,
+        seed,
+        local_epochs: 1,
+        train_per_class: 40,
+        test_per_class: 10,
+        ..SimConfig::default()
+    }
 }
 
 fn uplink(client: usize, up: LinkProfile) -> ClientLink {
@@ -37,7 +45,10 @@ async fn a_one_megabit_uplink_carries_a_megabyte_in_eight_seconds() {
 async fn added_latency_shows_in_the_measured_rtt() {
     let plain = run(small(1, 1, 22), None, false).await.expect("plain run");
     let slow = LinkProfile { latency_ms: 60.0, ..LinkProfile::default() };
-    let shaped = SimConfig { client_links: vec![ClientLink { client: 0, profile: DuplexProfile { up: slow.clone(), down: slow } }], ..small(1, 1, 22) };
+    let shaped = SimConfig {
+        client_links: vec![ClientLink { client: 0, profile: DuplexProfile { up: slow.clone(), down: slow } }],
+        ..small(1, 1, 22)
+    };
     let delayed = run(shaped, None, false).await.expect("shaped run");
     let (rtt0, rtt1) = (plain.ledger[0].rtt_seconds, delayed.ledger[0].rtt_seconds);
     println!("RTT on plain loopback {:.1} ms, with 60 ms each way {:.1} ms", rtt0 * 1e3, rtt1 * 1e3);
@@ -78,12 +89,25 @@ async fn an_outage_longer_than_the_deadline_drops_the_client_which_rejoins_later
     };
     let result = run(config, None, false).await.expect("simulation runs");
     for r in &result.reports {
-        println!("round {}: aggregated {:?}, missing {:?}", r.round, r.updates.iter().map(|u| &u.client).collect::<Vec<_>>(), r.missing);
+        println!(
+            "round {}: aggregated {:?}, missing {:?}",
+            r.round,
+            r.updates.iter().map(|u| &u.client).collect::<Vec<_>>(),
+            r.missing
+        );
     }
     let dark = "client-001".to_string();
-    let missed = result.reports.iter().position(|r| r.missing.contains(&dark)).expect("the dark client misses a round at its deadline");
+    let missed = result
+        .reports
+        .iter()
+        .position(|r| r.missing.contains(&dark))
+        .expect("the dark client misses a round at its deadline");
     let r = &result.reports[missed];
-    assert_eq!(r.outcome, anchorage_server::engine::RoundOutcome::Aggregated, "the round closes at its deadline without it");
+    assert_eq!(
+        r.outcome,
+        anchorage_server::engine::RoundOutcome::Aggregated,
+        "the round closes at its deadline without it"
+    );
     assert!(r.updates.iter().any(|u| u.client == "client-000"), "the round still aggregates the other client");
     let rejoined = result.reports[missed + 1..].iter().any(|r| r.updates.iter().any(|u| u.client == dark));
     assert!(rejoined, "after the outage the client is aggregated again in a later round");

@@ -11,12 +11,12 @@ use anchorage_client::store::ClientStore;
 use anchorage_client::train::OptimizerKind;
 use anchorage_client::transport::{self as client, ClientOptions};
 use anchorage_data::{SyntheticConfig, synthetic};
+use anchorage_server::RoundReport;
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
 use anchorage_server::store::ServerStore;
 use anchorage_server::tls::{self, Identity};
 use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHandle, ServerOptions};
-use anchorage_server::RoundReport;
 use anchorage_shared::protocol::{Metric, RoundConfig, Update};
 use anchorage_shared::tensor::Encoding;
 use burn::tensor::Device;
@@ -27,7 +27,13 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
-async fn start(identity: &Identity, rounds: u64, min_clients: usize, store: &ServerStore, initial: Vec<anchorage_shared::tensor::ParamBlock>) -> ServerHandle {
+async fn start(
+    identity: &Identity,
+    rounds: u64,
+    min_clients: usize,
+    store: &ServerStore,
+    initial: Vec<anchorage_shared::tensor::ParamBlock>,
+) -> ServerHandle {
     server::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity: identity.clone(),
@@ -49,14 +55,28 @@ async fn start(identity: &Identity, rounds: u64, min_clients: usize, store: &Ser
 }
 
 fn fedavg_client(index: u64) -> FedAvgClient {
-    let (train, test) = synthetic::generate(&SyntheticConfig { train_per_class: 30, test_per_class: 10, seed: 3 + index, ..Default::default() });
-    FedAvgClient::new(ModelSpec::embedded_default(), &train, Some(&test), Device::flex().autodiff(), OptimizerKind::Adam, Encoding::F32, index)
+    let (train, test) = synthetic::generate(&SyntheticConfig {
+        train_per_class: 30,
+        test_per_class: 10,
+        seed: 3 + index,
+        ..Default::default()
+    });
+    FedAvgClient::new(
+        ModelSpec::embedded_default(),
+        &train,
+        Some(&test),
+        Device::flex().autodiff(),
+        OptimizerKind::Adam,
+        Encoding::F32,
+        index,
+    )
 }
 
 async fn reports_until_finished(server: &mut ServerHandle) -> Vec<RoundReport> {
     let mut reports = Vec::new();
     loop {
-        match tokio::time::timeout(Duration::from_secs(60), server.events.recv()).await.expect("server makes progress") {
+        match tokio::time::timeout(Duration::from_secs(60), server.events.recv()).await.expect("server makes progress")
+        {
             Some(ServerEvent::RoundClosed { report, .. }) => reports.push((*report).clone()),
             Some(ServerEvent::Finished) | None => return reports,
         }
@@ -72,7 +92,13 @@ async fn restarted_server_resumes_from_its_checkpoint() {
     let mut first = start(&identity, 2, 2, &store, initial.clone()).await;
     let addr = first.local_addr;
     let clients: Vec<_> = (0..2)
-        .map(|i| tokio::spawn(client::run(ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")), Box::new(fedavg_client(i)), None)))
+        .map(|i| {
+            tokio::spawn(client::run(
+                ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")),
+                Box::new(fedavg_client(i)),
+                None,
+            ))
+        })
         .collect();
     let reports = reports_until_finished(&mut first).await;
     assert_eq!(reports.iter().map(|r| r.round).collect::<Vec<_>>(), vec![1, 2]);
@@ -89,7 +115,9 @@ async fn restarted_server_resumes_from_its_checkpoint() {
     println!("ledger after the first run: {} records", ledger.len());
     assert_eq!(skipped, 0);
     assert!(ledger.len() >= 2, "cost records of the first rounds are on disk: {ledger:?}");
-    assert!(ledger.iter().all(|c| (c.client == "c0" || c.client == "c1") && c.wire_up >= c.payload_up && c.payload_up > 0));
+    assert!(
+        ledger.iter().all(|c| (c.client == "c0" || c.client == "c1") && c.wire_up >= c.payload_up && c.payload_up > 0)
+    );
 
     // A new process on the same state folder, allowed two more rounds: it continues at round 3.
     let mut second = start(&identity, 4, 2, &store, initial.clone()).await;
@@ -100,7 +128,13 @@ async fn restarted_server_resumes_from_its_checkpoint() {
     );
     let addr = second.local_addr;
     let clients: Vec<_> = (0..2)
-        .map(|i| tokio::spawn(client::run(ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")), Box::new(fedavg_client(i)), None)))
+        .map(|i| {
+            tokio::spawn(client::run(
+                ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")),
+                Box::new(fedavg_client(i)),
+                None,
+            ))
+        })
         .collect();
     let reports = reports_until_finished(&mut second).await;
     assert_eq!(reports.iter().map(|r| r.round).collect::<Vec<_>>(), vec![3, 4]);
@@ -122,7 +156,8 @@ async fn restarted_client_resends_its_unacknowledged_update_once() {
 
     // The client crashed after training round 1 and persisting the update, before the ack.
     let client_store = ClientStore::new(temp_dir("resend-client"));
-    let trained = Trainable::new(&ModelSpec { seed: 99, ..spec.clone() }, &Device::flex()).to_blocks(Encoding::F32).unwrap();
+    let trained =
+        Trainable::new(&ModelSpec { seed: 99, ..spec.clone() }, &Device::flex()).to_blocks(Encoding::F32).unwrap();
     let pending = Update {
         round: 1,
         num_samples: 42,
@@ -148,6 +183,9 @@ async fn restarted_client_resends_its_unacknowledged_update_once() {
     assert_eq!(client_store.load_pending().unwrap(), None, "the acknowledged update is cleared from the store");
     // Nothing follows `Finished`: no second round was opened by the resent copy.
     let after = tokio::time::timeout(Duration::from_millis(200), server.events.recv()).await;
-    assert!(!matches!(after, Ok(Some(ServerEvent::RoundClosed { .. }))), "no further round after the federation finished");
+    assert!(
+        !matches!(after, Ok(Some(ServerEvent::RoundClosed { .. }))),
+        "no further round after the federation finished"
+    );
     server.shutdown().await.unwrap();
 }

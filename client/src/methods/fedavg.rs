@@ -26,7 +26,15 @@ pub struct FedAvgClient {
 
 impl FedAvgClient {
     /// Builds the feature caches of the local train (and optional local test) data once.
-    pub fn new(spec: ModelSpec, train: &Dataset, test: Option<&Dataset>, device: Device, optimizer: OptimizerKind, encoding: Encoding, seed: u64) -> Self {
+    pub fn new(
+        spec: ModelSpec,
+        train: &Dataset,
+        test: Option<&Dataset>,
+        device: Device,
+        optimizer: OptimizerKind,
+        encoding: Encoding,
+        seed: u64,
+    ) -> Self {
         let backbone = FrozenBackbone::new(&spec, &device);
         let train = FeatureCache::build(&backbone, train, 512, &device);
         let test = test.map(|t| FeatureCache::build(&backbone, t, 512, &device));
@@ -50,7 +58,16 @@ impl ClientMethod for FedAvgClient {
         let started = Instant::now();
         let model = Trainable::new(&self.spec, &self.device).load_blocks(&broadcast.blocks, &self.device)?;
         let c = &broadcast.config;
-        let (model, report) = fit(model, &self.train, c.local_epochs, c.batch_size as usize, c.learning_rate as f64, self.optimizer, &mut self.rng, &self.device);
+        let (model, report) = fit(
+            model,
+            &self.train,
+            c.local_epochs,
+            c.batch_size as usize,
+            c.learning_rate as f64,
+            self.optimizer,
+            &mut self.rng,
+            &self.device,
+        );
         let mut metrics = vec![Metric { name: "train_loss".into(), value: report.last_epoch_loss }];
         if let Some(acc) = self.test.as_ref().and_then(|t| accuracy(&model, t, 512)) {
             metrics.push(Metric { name: "local_accuracy".into(), value: acc });

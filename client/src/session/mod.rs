@@ -38,9 +38,13 @@ pub enum SessionState {
     /// Waiting for a broadcast.
     Idle,
     /// Training for a round.
-    Training { round: u64 },
+    Training {
+        round: u64,
+    },
     /// Update sent, waiting for its acknowledgement.
-    Uploading { round: u64 },
+    Uploading {
+        round: u64,
+    },
     Finished,
 }
 
@@ -69,7 +73,12 @@ pub struct Session {
 
 impl Session {
     /// A session; `pending` is an unacknowledged update restored from the store.
-    pub fn new(client_id: impl Into<String>, capabilities: Capabilities, num_samples: u64, pending: Option<Update>) -> Self {
+    pub fn new(
+        client_id: impl Into<String>,
+        capabilities: Capabilities,
+        num_samples: u64,
+        pending: Option<Update>,
+    ) -> Self {
         let last_trained = pending.as_ref().map(|u| u.round);
         Self {
             client_id: client_id.into(),
@@ -161,7 +170,10 @@ impl Session {
                     RefusalReason::VersionMismatch | RefusalReason::UnknownMethod | RefusalReason::NotEnrolled => {
                         self.finish(format!("refused: {:?}: {}", r.reason, r.detail));
                     }
-                    RefusalReason::ShapeMismatch | RefusalReason::BadTensor | RefusalReason::NotSampled | RefusalReason::Malformed => {
+                    RefusalReason::ShapeMismatch
+                    | RefusalReason::BadTensor
+                    | RefusalReason::NotSampled
+                    | RefusalReason::Malformed => {
                         // The pending update can never be accepted: drop it rather than resend forever.
                         if self.pending.take().is_some() {
                             self.actions.push_back(SessionAction::Persist(None));

@@ -1,6 +1,8 @@
 //! Session tests: the state machine driven by hand, no socket and no training.
 
-use anchorage_shared::protocol::{Ack, Broadcast, Goodbye, Message, Refusal, RefusalReason, RoundConfig, Update, Welcome};
+use anchorage_shared::protocol::{
+    Ack, Broadcast, Goodbye, Message, Refusal, RefusalReason, RoundConfig, Update, Welcome,
+};
 
 use super::*;
 
@@ -52,7 +54,9 @@ fn join_train_upload_ack() {
     let mut s = Session::new("c1", capabilities(), 5, None);
     s.connected();
     let actions = drain(&mut s);
-    assert!(matches!(&actions[..], [SessionAction::Send(Message::Hello(h))] if h.client_id == "c1" && h.last_round.is_none()));
+    assert!(
+        matches!(&actions[..], [SessionAction::Send(Message::Hello(h))] if h.client_id == "c1" && h.last_round.is_none())
+    );
     assert_eq!(s.state(), SessionState::Joining);
     s.handle_message(welcome()).unwrap();
     assert_eq!(s.state(), SessionState::Idle);

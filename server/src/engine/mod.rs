@@ -21,10 +21,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anchorage_shared::protocol::{
-    Ack, Broadcast, Goodbye, Hello, Message, Refusal, RefusalReason, Update, Welcome,
-};
 use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::protocol::{Ack, Broadcast, Goodbye, Hello, Message, Refusal, RefusalReason, Update, Welcome};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{ParamBlock, payload_bytes};
 use serde::{Deserialize, Serialize};
@@ -110,7 +108,8 @@ impl Engine {
     /// A fresh engine whose first round broadcasts `initial` (empty: clients start from their
     /// own seeded initialisation, and the first round's updates fix the shapes).
     pub fn new(config: EngineConfig, method: Box<dyn ServerMethod>, initial: Vec<ParamBlock>) -> Self {
-        let checkpoint = Checkpoint { round: 0, method: method.name().into(), global: initial, stats: EngineStats::default() };
+        let checkpoint =
+            Checkpoint { round: 0, method: method.name().into(), global: initial, stats: EngineStats::default() };
         Self::resume(config, method, checkpoint)
     }
 
@@ -219,7 +218,10 @@ impl Engine {
             self.stats.refused += 1;
             self.actions.push_back(Action::Close {
                 client: client.into(),
-                refusal: Refusal { reason: RefusalReason::NotEnrolled, detail: format!("hello names `{}` but the connection is `{client}`", hello.client_id) },
+                refusal: Refusal {
+                    reason: RefusalReason::NotEnrolled,
+                    detail: format!("hello names `{}` but the connection is `{client}`", hello.client_id),
+                },
             });
             return;
         }
@@ -228,7 +230,10 @@ impl Engine {
             self.stats.refused += 1;
             self.actions.push_back(Action::Close {
                 client: client.into(),
-                refusal: Refusal { reason: RefusalReason::UnknownMethod, detail: format!("this federation runs `{}`", self.method.name()) },
+                refusal: Refusal {
+                    reason: RefusalReason::UnknownMethod,
+                    detail: format!("this federation runs `{}`", self.method.name()),
+                },
             });
             return;
         }
@@ -271,12 +276,14 @@ impl Engine {
         let Some(open) = self.open.as_mut().filter(|o| o.round == round) else {
             if round == self.last_round && self.last_accepted.contains(client) {
                 self.stats.duplicate_updates += 1;
-                self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
+                self.actions
+                    .push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
             } else if round <= self.last_round {
                 // Late: its round already closed. Acknowledge so the client stops resending.
                 self.stats.late_updates += 1;
                 tracing::info!(client, round, "late update counted, not aggregated");
-                self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: false }) });
+                self.actions
+                    .push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: false }) });
             } else {
                 self.refuse(client, RefusalReason::NotSampled, format!("round {round} is not open"));
             }
@@ -290,7 +297,8 @@ impl Engine {
         if open.updates.contains_key(client) {
             open.duplicates += 1;
             self.stats.duplicate_updates += 1;
-            self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
+            self.actions
+                .push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
             return;
         }
         let reference = if self.global.is_empty() {
@@ -325,7 +333,11 @@ impl Engine {
             return;
         }
         if record.round == 0 || record.round > self.last_round.max(self.open.as_ref().map_or(0, |o| o.round)) {
-            self.refuse(client, RefusalReason::Malformed, format!("cost report for round {} that never opened", record.round));
+            self.refuse(
+                client,
+                RefusalReason::Malformed,
+                format!("cost report for round {} that never opened", record.round),
+            );
             return;
         }
         record.client = client.into();
@@ -401,11 +413,16 @@ impl Engine {
                 metrics: u.metrics.iter().map(|m| (m.name.clone(), m.value)).collect(),
             })
             .collect();
-        let missing: Vec<ClientId> =
-            open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
+        let missing: Vec<ClientId> = open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
         let enough = open.updates.len() >= self.config.min_updates.max(1);
         let outcome = if !enough {
-            RoundOutcome::Failed { reason: format!("{} of at least {} updates arrived", open.updates.len(), self.config.min_updates.max(1)) }
+            RoundOutcome::Failed {
+                reason: format!(
+                    "{} of at least {} updates arrived",
+                    open.updates.len(),
+                    self.config.min_updates.max(1)
+                ),
+            }
         } else {
             let inputs: Vec<(&str, &Update)> = open.updates.iter().map(|(id, (u, _))| (id.as_str(), u)).collect();
             match self.method.aggregate(&self.global, &inputs) {
@@ -465,7 +482,8 @@ impl Engine {
         self.actions.push_back(Action::RoundClosed(report, checkpoint));
         if self.config.rounds > 0 && self.last_round >= self.config.rounds {
             self.finished = true;
-            let to: Vec<ClientId> = self.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id.clone()).collect();
+            let to: Vec<ClientId> =
+                self.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id.clone()).collect();
             for client in to {
                 self.actions.push_back(Action::Send { to: client, msg: goodbye("federation finished") });
             }
@@ -487,7 +505,10 @@ fn same_layout(reference: &[ParamBlock], update: &[ParamBlock]) -> Result<(), St
         match update.iter().find(|u| u.name == r.name) {
             None => return Err(format!("block `{}` is missing", r.name)),
             Some(u) if u.tensor.shape != r.tensor.shape => {
-                return Err(format!("block `{}` has shape {:?}, expected {:?}", r.name, u.tensor.shape, r.tensor.shape));
+                return Err(format!(
+                    "block `{}` has shape {:?}, expected {:?}",
+                    r.name, u.tensor.shape, r.tensor.shape
+                ));
             }
             Some(_) => {}
         }

@@ -69,7 +69,9 @@ impl RoundReport {
         let (sum, weight) = self
             .updates
             .iter()
-            .filter_map(|u| u.metrics.iter().find(|(n, _)| n == name).map(|(_, v)| (v * u.num_samples as f64, u.num_samples as f64)))
+            .filter_map(|u| {
+                u.metrics.iter().find(|(n, _)| n == name).map(|(_, v)| (v * u.num_samples as f64, u.num_samples as f64))
+            })
             .fold((0.0, 0.0), |(s, w), (v, n)| (s + v, w + n));
         (weight > 0.0).then(|| sum / weight)
     }

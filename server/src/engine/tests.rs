@@ -36,7 +36,14 @@ fn hello(id: &str) -> Message {
 }
 
 fn update(round: u64, values: &[f32], n: u64) -> Message {
-    Message::Update(Update { round, num_samples: n, blocks: vec![block(values)], prototypes: vec![], metrics: vec![], compute_seconds: 0.5 })
+    Message::Update(Update {
+        round,
+        num_samples: n,
+        blocks: vec![block(values)],
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.5,
+    })
 }
 
 fn secs(s: u64) -> Duration {
@@ -122,8 +129,11 @@ fn fedavg_round_closes_when_all_updates_arrived() {
     assert_eq!(r[0].updates.len(), 2);
     assert_eq!(r[0].closed, secs(3));
     assert_eq!(e.global()[0].decode().unwrap(), vec![4.0, 5.0], "sample-weighted mean");
-    assert!(matches!(actions.iter().position(|a| matches!(a, Action::Persist(_))), Some(i)
-        if i < actions.iter().position(|a| matches!(a, Action::Broadcast { .. })).unwrap()), "persist before announcing round 2");
+    assert!(
+        matches!(actions.iter().position(|a| matches!(a, Action::Persist(_))), Some(i)
+        if i < actions.iter().position(|a| matches!(a, Action::Broadcast { .. })).unwrap()),
+        "persist before announcing round 2"
+    );
     assert_eq!(e.open_round(), Some(2));
 }
 
@@ -290,7 +300,8 @@ fn the_federation_finishes_and_resumes_from_its_checkpoint() {
     let checkpoint = checkpoint.unwrap();
     assert_eq!(checkpoint.round, 3);
     // A restarted engine with more rounds configured continues at round 4 from the saved model.
-    let mut resumed = Engine::resume(EngineConfig { rounds: 5, ..config(2, 2) }, Box::new(FedAvg::default()), (*checkpoint).clone());
+    let mut resumed =
+        Engine::resume(EngineConfig { rounds: 5, ..config(2, 2) }, Box::new(FedAvg::default()), (*checkpoint).clone());
     assert_eq!(resumed.global()[0].decode().unwrap(), vec![3.0, 0.0]);
     join(&mut resumed, secs(0), &["a", "b"]);
     assert_eq!(resumed.open_round(), Some(4));
@@ -382,7 +393,10 @@ fn buffered_mode_keeps_clients_busy_and_aggregates_every_k_updates() {
     let r = reports(&a2);
     assert_eq!((r.len(), r[0].round), (1, 1), "two buffered updates make version 1");
     assert_eq!(e.global()[0].decode().unwrap(), vec![3.0, 3.0]);
-    assert!(dispatched(&a2).iter().any(|(c, round)| (c == &x || c == &y) && *round == 2), "freed clients train on version 1");
+    assert!(
+        dispatched(&a2).iter().any(|(c, round)| (c == &x || c == &y) && *round == 2),
+        "freed clients train on version 1"
+    );
     // z trained on version 0 and arrives after version 1: staleness 1, rebased and down-weighted.
     e.handle_message(secs(3), &z, update(1, &[0.0, 0.0], 1));
     let a3 = drain(&mut e);
@@ -411,7 +425,9 @@ fn buffered_mode_counts_too_stale_updates_and_frees_expired_slots() {
 
 #[test]
 fn the_aggregation_mode_reads_from_toml() {
-    let c: EngineConfig = toml::from_str("rounds = 5\n[mode]\nkind = \"buffered\"\nbuffer = 4\nconcurrency = 8\nmax_staleness = 3\n").unwrap();
+    let c: EngineConfig =
+        toml::from_str("rounds = 5\n[mode]\nkind = \"buffered\"\nbuffer = 4\nconcurrency = 8\nmax_staleness = 3\n")
+            .unwrap();
     assert_eq!(c.mode, AggregationMode::Buffered { buffer: 4, concurrency: 8, max_staleness: 3 });
     let d: EngineConfig = toml::from_str("rounds = 5\n").unwrap();
     assert_eq!(d.mode, AggregationMode::Synchronous);

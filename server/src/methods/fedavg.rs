@@ -19,14 +19,22 @@ impl ServerMethod for FedAvg {
         "fedavg"
     }
 
-    fn aggregate(&mut self, _global: &[ParamBlock], updates: &[(&str, &Update)]) -> Result<Vec<ParamBlock>, MethodError> {
+    fn aggregate(
+        &mut self,
+        _global: &[ParamBlock],
+        updates: &[(&str, &Update)],
+    ) -> Result<Vec<ParamBlock>, MethodError> {
         let (_, first) = updates.first().ok_or(MethodError::Empty)?;
         let encoding = self.encoding.unwrap_or(Encoding::F32);
         let mut out = Vec::with_capacity(first.blocks.len());
         for block in &first.blocks {
             let mut decoded = Vec::with_capacity(updates.len());
             for (_, u) in updates {
-                let b = u.blocks.iter().find(|b| b.name == block.name).ok_or_else(|| MethodError::Inconsistent(block.name.clone()))?;
+                let b = u
+                    .blocks
+                    .iter()
+                    .find(|b| b.name == block.name)
+                    .ok_or_else(|| MethodError::Inconsistent(block.name.clone()))?;
                 decoded.push((b.decode()?, u.num_samples as f64));
             }
             let parts: Vec<(&[f32], f64)> = decoded.iter().map(|(v, w)| (v.as_slice(), *w)).collect();

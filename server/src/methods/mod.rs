@@ -27,7 +27,8 @@ pub trait ServerMethod: Send {
     fn name(&self) -> &'static str;
 
     /// Next global shared blocks from the current ones and the round's updates (client id, update).
-    fn aggregate(&mut self, global: &[ParamBlock], updates: &[(&str, &Update)]) -> Result<Vec<ParamBlock>, MethodError>;
+    fn aggregate(&mut self, global: &[ParamBlock], updates: &[(&str, &Update)])
+    -> Result<Vec<ParamBlock>, MethodError>;
 
     /// Global prototypes to broadcast with the next round (none for FedAvg).
     fn prototypes(&self) -> Vec<Prototype> {
