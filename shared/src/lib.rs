@@ -6,7 +6,8 @@
 //! - [`protocol`]: versioned messages and their typed decode errors.
 //! - [`frame`]: length-prefixed framing with a configurable maximum, and an incremental reader.
 //! - [`tensor`]: named parameter blocks and their wire encodings (f32, f16, bf16, int8 + scale).
-//! - [`prototype`]: class prototypes and the pure math on them.
+//! - [`prototype`]: class prototypes as they travel.
+//! - [`prototype_rules`]: the papers' prototype rules (fusion, evolving prototype, translation, BGPS).
 //! - [`math`]: weighted means and cosine similarity, the one copy used everywhere.
 //! - [`ledger`]: the cost record of one client in one round.
 //! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.
@@ -23,6 +24,7 @@ pub mod ledger;
 pub mod math;
 pub mod protocol;
 pub mod prototype;
+pub mod prototype_rules;
 pub mod rng;
 pub mod tensor;
 
