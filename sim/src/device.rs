@@ -93,16 +93,26 @@ pub fn assign(profiles: &[DeviceProfile], clients: usize, seed: u64) -> Vec<Devi
     if profiles.is_empty() {
         return vec![DeviceProfile::default(); clients];
     }
-    let total: f64 = profiles.iter().map(|p| p.share.max(0.0)).sum::<f64>().max(f64::MIN_POSITIVE);
-    let exact: Vec<f64> = profiles.iter().map(|p| p.share.max(0.0) / total * clients as f64).collect();
+    let weighted: Vec<(DeviceProfile, f64)> = profiles.iter().map(|p| (p.clone(), p.share)).collect();
+    deal_by_share(&weighted, clients, seed)
+}
+
+/// Deals `n` items in proportion to their shares (largest remainder), then shuffles them with
+/// `seed` so the kinds are spread over client ids. Empty `items` give an empty list.
+pub fn deal_by_share<T: Clone>(items: &[(T, f64)], n: usize, seed: u64) -> Vec<T> {
+    if items.is_empty() {
+        return Vec::new();
+    }
+    let total: f64 = items.iter().map(|(_, s)| s.max(0.0)).sum::<f64>().max(f64::MIN_POSITIVE);
+    let exact: Vec<f64> = items.iter().map(|(_, s)| s.max(0.0) / total * n as f64).collect();
     let mut counts: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
-    let mut order: Vec<usize> = (0..profiles.len()).collect();
+    let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())));
-    for &i in order.iter().cycle().take(clients - counts.iter().sum::<usize>()) {
+    for &i in order.iter().cycle().take(n.saturating_sub(counts.iter().sum::<usize>())) {
         counts[i] += 1;
     }
-    let mut out: Vec<DeviceProfile> =
-        counts.iter().enumerate().flat_map(|(i, &n)| std::iter::repeat_n(profiles[i].clone(), n)).collect();
+    let mut out: Vec<T> =
+        counts.iter().enumerate().flat_map(|(i, &k)| std::iter::repeat_n(items[i].0.clone(), k)).collect();
     Rng::new(seed).shuffle(&mut out);
     out
 }
@@ -199,5 +209,31 @@ mod tests {
     fn energy_is_power_times_time() {
         let p = DeviceProfile { compute_watts: 10.0, radio_watts: 2.0, ..DeviceProfile::default() };
         assert_eq!(p.joules(3.0, 5.0), 40.0);
+    }
+}
+
+#[cfg(test)]
+mod deal_tests {
+    use super::*;
+
+    #[test]
+    fn a_link_mix_is_dealt_by_share() {
+        let config = crate::SimConfig {
+            clients: 10,
+            link_mix: vec![
+                crate::LinkShare { preset: "wifi".into(), share: 0.7 },
+                crate::LinkShare { preset: "3g".into(), share: 0.3 },
+            ],
+            client_links: vec![crate::ClientLink { client: 0, profile: Default::default() }],
+            ..Default::default()
+        };
+        let links = config.links().unwrap();
+        assert_eq!(links.len(), 10);
+        assert_eq!(links[0], Some(Default::default()), "an explicit client link wins");
+        let slow = links.iter().filter(|l| l.as_ref().is_some_and(|p| p.up.bandwidth_bps == 0.5e6)).count();
+        assert!((2..=3).contains(&slow), "30% of the fleet on 3g (one slot taken by the explicit link): {slow}");
+        let bad = crate::SimConfig { link: Some("carrier-pigeon".into()), ..Default::default() };
+        assert!(format!("{:#}", bad.links().unwrap_err()).contains("unknown link preset"));
+        assert!(deal_by_share::<u8>(&[], 3, 1).is_empty());
     }
 }

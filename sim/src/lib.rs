@@ -14,4 +14,4 @@ mod setup;
 pub mod virtual_clock;
 
 pub use record::{RoundRow, RunSummary, write_run_folder};
-pub use run::{ClientLink, KillAt, SimConfig, SimResult, run};
+pub use run::{ClientLink, KillAt, LinkShare, SimConfig, SimResult, run};

@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::device::{Charge, DeviceProfile};
+use crate::device::{Charge, DeviceProfile, deal_by_share};
 use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
 use crate::record::{RoundRow, RunSummary, write_run_folder};
 use crate::setup::{Setup, client_id};
@@ -58,7 +58,9 @@ pub struct SimConfig {
     /// Link of every client, by preset name (`ethernet`, `wifi`, `lte`, `3g`, `satellite`, `iot`);
     /// none: plain loopback.
     pub link: Option<String>,
-    /// Explicit links for single clients (override `link`).
+    /// A fleet of mixed links: presets dealt to clients by share (overrides `link`).
+    pub link_mix: Vec<LinkShare>,
+    /// Explicit links for single clients (override `link` and `link_mix`).
     pub client_links: Vec<ClientLink>,
     /// The fleet's device kinds, dealt by share (empty: every client computes at host speed).
     pub devices: Vec<DeviceProfile>,
@@ -68,6 +70,14 @@ pub struct SimConfig {
     /// Synchronous rounds (default) or FedBuff-style buffered aggregation:
     /// `aggregation = { kind = "buffered", buffer = 4, concurrency = 8, max_staleness = 4 }`.
     pub aggregation: AggregationMode,
+}
+
+/// A preset and its share of the fleet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkShare {
+    pub preset: String,
+    pub share: f64,
 }
 
 /// One client's link, written out.
@@ -80,16 +90,23 @@ pub struct ClientLink {
 
 impl SimConfig {
     /// The link client `i` runs on, if shaped.
-    pub fn link_of(&self, i: usize) -> anyhow::Result<Option<DuplexProfile>> {
-        if let Some(l) = self.client_links.iter().find(|l| l.client == i) {
-            return Ok(Some(l.profile.clone()));
-        }
-        match &self.link {
-            None => Ok(None),
-            Some(name) => DuplexProfile::preset(name).map(Some).with_context(|| {
-                format!("unknown link preset `{name}` (known: {})", DuplexProfile::PRESETS.join(", "))
-            }),
-        }
+    /// Every client's link, in client order: an entry of `client_links` first, else a preset
+    /// dealt from `link_mix` by share, else `link`, else none (plain loopback).
+    pub fn links(&self) -> anyhow::Result<Vec<Option<DuplexProfile>>> {
+        let preset = |name: &str| {
+            DuplexProfile::preset(name)
+                .with_context(|| format!("unknown link preset `{name}` (known: {})", DuplexProfile::PRESETS.join(", ")))
+        };
+        let mix: Vec<(DuplexProfile, f64)> =
+            self.link_mix.iter().map(|m| Ok((preset(&m.preset)?, m.share))).collect::<anyhow::Result<_>>()?;
+        let dealt = deal_by_share(&mix, self.clients, self.seed ^ 0x11AC);
+        let default = self.link.as_deref().map(preset).transpose()?;
+        Ok((0..self.clients)
+            .map(|i| match self.client_links.iter().find(|l| l.client == i) {
+                Some(l) => Some(l.profile.clone()),
+                None => dealt.get(i).cloned().or_else(|| default.clone()),
+            })
+            .collect())
     }
 }
 
@@ -113,6 +130,7 @@ impl Default for SimConfig {
             encoding: "f32".into(),
             kill: Vec::new(),
             link: None,
+            link_mix: Vec::new(),
             client_links: Vec::new(),
             devices: Vec::new(),
             straggler_ratio: 0.0,
@@ -160,10 +178,11 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     let (event_tx, mut client_events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
     let mut handles = Vec::new();
     let mut link_handles: Vec<Option<Arc<Mutex<Option<LinkHandle>>>>> = Vec::new();
+    let links = config.links()?;
     for (i, method) in clients.into_iter().enumerate() {
         let mut options = ClientOptions::new(server.local_addr, cert.clone(), client_id(i));
         options.seed = config.seed.wrapping_add(1000 + i as u64);
-        if let Some(profile) = config.link_of(i)? {
+        if let Some(profile) = links[i].clone() {
             let (slot, seed) = (Arc::new(Mutex::new(None)), config.seed.wrapping_add(5000 + i as u64));
             link_handles.push(Some(slot.clone()));
             options.socket_wrapper = Some(SocketWrapper(Arc::new(move |socket| {

@@ -146,11 +146,12 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
     let Setup { spec, engine: engine_config, initial, clients, devices, train_len: _, test_len: _, evaluator } =
         Setup::new(config, Charge::Report)?;
     let mut engine = Engine::new(engine_config, Box::new(FedAvg::default()), initial.clone());
+    let links = config.links()?;
     let mut clients: Vec<VirtualClient> = clients
         .into_iter()
         .enumerate()
         .map(|(i, method)| {
-            let profile = config.link_of(i)?.unwrap_or_default();
+            let profile = links[i].clone().unwrap_or_default();
             let mut methods = heapless::Vec::new();
             let _ = methods.push(heapless::String::try_from(method.name()).unwrap_or_default());
             let capabilities = Capabilities { backend: "virtual".into(), memory_mb: 1024, methods };
