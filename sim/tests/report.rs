@@ -32,6 +32,10 @@ fn a_run_folder_gets_plots_and_a_summary() {
     ] {
         assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
     }
+    for png in ["accuracy_by_round.png", "round_time_cdf.png"] {
+        let bytes = std::fs::read(dir.join(png)).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 5_000, "{png}: {} bytes", bytes.len());
+    }
     let svg = std::fs::read_to_string(dir.join("accuracy_by_round.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();

@@ -1,6 +1,7 @@
 //! `anchorage report <run-folder>`: plots and a Markdown summary from a run folder's
-//! `metrics.json` and `ledger.json` (written by both clocks). Charts are SVG.
+//! `metrics.json` and `ledger.json` (written by both clocks). Charts are SVG and PNG.
 
+mod png;
 mod svg;
 
 use std::fmt::Write;
@@ -35,9 +36,15 @@ pub fn write_report(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let rounds: Vec<u64> = summary.rounds.iter().map(|r| r.round).collect();
     let by_round = |round: u64| ledger.iter().filter(move |c| c.round == round);
     let mut files = Vec::new();
+    // Every chart is written as SVG and as PNG.
     let mut put = |name: &str, text: String| -> anyhow::Result<()> {
         let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+        if path.extension().is_some_and(|e| e == "svg") {
+            let png = path.with_extension("png");
+            png::write_png(&text, &png)?;
+            files.push(png);
+        }
         files.push(path);
         Ok(())
     };
@@ -185,6 +192,6 @@ fn markdown(summary: &RunSummary, ledger: &[CostRecord]) -> String {
             m(&|c| c.wait_seconds)
         );
     }
-    md.push_str("\nPlots: `accuracy_by_round.svg`, `accuracy_by_time.svg`, `bytes_per_round.svg`, `round_time_breakdown.svg`, `round_time_cdf.svg`.\n");
+    md.push_str("\nPlots (SVG and PNG): `accuracy_by_round`, `accuracy_by_time`, `bytes_per_round`, `round_time_breakdown`, `round_time_cdf`.\n");
     md
 }
