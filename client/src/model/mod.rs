@@ -8,6 +8,7 @@
 pub mod backbone;
 mod blocks;
 pub mod cache;
+pub mod circle_mlp;
 pub mod input;
 mod mlp;
 pub mod mnist_cnn;
@@ -18,6 +19,7 @@ pub mod weights;
 pub use backbone::{Backbone, FeatureNet, Frozen};
 pub use blocks::{BlockLayout, ModelError};
 pub use cache::{CacheError, CacheStats, FeatureCache, FeatureStore};
+pub use circle_mlp::{CircleMlp, CircleMlpConfig};
 pub use input::InputTransform;
 pub use mlp::{FrozenBackbone, ModelSpec, Trainable};
 pub use mnist_cnn::{MnistCnn, MnistCnnConfig};
