@@ -332,7 +332,8 @@ impl Engine {
             self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
             return;
         }
-        if record.round == 0 || record.round > self.last_round.max(self.open.as_ref().map_or(0, |o| o.round)) {
+        // The newest round a client can have trained for is the one after the last version (open or in flight).
+        if record.round == 0 || record.round > self.last_round + 1 {
             self.refuse(
                 client,
                 RefusalReason::Malformed,
