@@ -14,6 +14,7 @@ mod mlp;
 pub mod mnist_cnn;
 pub mod mobilenet_v2;
 pub mod resnet_cifar;
+pub mod vit;
 pub mod weights;
 
 pub use backbone::{Backbone, FeatureNet, Frozen};
@@ -25,4 +26,5 @@ pub use mlp::{FrozenBackbone, ModelSpec, Trainable};
 pub use mnist_cnn::{MnistCnn, MnistCnnConfig};
 pub use mobilenet_v2::{MobileNetV2, MobileNetV2Config};
 pub use resnet_cifar::{ResNetCifar, ResNetCifarConfig};
+pub use vit::{Vit, VitConfig};
 pub use weights::WeightError;
