@@ -170,7 +170,8 @@ mod tests {
     #[test]
     fn bgps_picks_the_most_distinct_prototype_and_locks_below_the_threshold() {
         // Class 0 has two candidates: one close to class 1's, one orthogonal to it.
-        let candidates: [(u32, &[f32]); 4] = [(0, &[1.0, 0.9]), (0, &[1.0, -1.0]), (1, &[0.9, 1.0]), (2, &[-1.0, -1.0])];
+        let candidates: [(u32, &[f32]); 4] =
+            [(0, &[1.0, 0.9]), (0, &[1.0, -1.0]), (1, &[0.9, 1.0]), (2, &[-1.0, -1.0])];
         let sel = best_global_prototypes(&candidates, 0.25, &BTreeSet::new());
         assert_eq!(sel.chosen[&0], 1, "the candidate least similar to the other classes");
         assert_eq!(sel.chosen[&1], 2);

@@ -13,7 +13,9 @@ fn uploads() -> impl Strategy<Value = Vec<ClassMean>> {
 fn close(a: &[ClassMean], b: &[ClassMean]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
-            x.class == y.class && x.count == y.count && x.vector.iter().zip(&y.vector).all(|(p, q)| (p - q).abs() <= 1e-4 * (1.0 + p.abs()))
+            x.class == y.class
+                && x.count == y.count
+                && x.vector.iter().zip(&y.vector).all(|(p, q)| (p - q).abs() <= 1e-4 * (1.0 + p.abs()))
         })
 }
 

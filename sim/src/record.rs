@@ -45,6 +45,38 @@ pub struct RunSummary {
     pub wall_seconds: f64,
 }
 
+/// What a run's summary is made of, besides the rows and the ledger.
+pub struct SummaryInputs {
+    pub initial_accuracy: f64,
+    pub chance: f64,
+    pub late_updates: u64,
+    pub refused: u64,
+    pub decode_errors: u64,
+    pub wall_seconds: f64,
+}
+
+impl RunSummary {
+    /// The summary of a run from its rows and its ledger (uploads with measured wire bytes).
+    pub fn new(inputs: SummaryInputs, rows: Vec<RoundRow>, ledger: &[CostRecord]) -> Self {
+        let uploads: Vec<&CostRecord> = ledger.iter().filter(|c| c.payload_up > 0 && c.wire_up > 0).collect();
+        let mean = |f: &dyn Fn(&CostRecord) -> f64| {
+            (!uploads.is_empty()).then(|| uploads.iter().map(|c| f(c)).sum::<f64>() / uploads.len() as f64)
+        };
+        Self {
+            initial_accuracy: inputs.initial_accuracy,
+            final_accuracy: rows.last().map(|r| r.accuracy).unwrap_or(inputs.initial_accuracy),
+            chance: inputs.chance,
+            upload_wire_ratio: mean(&|c| c.wire_up as f64 / c.payload_up as f64),
+            mean_upload_payload: mean(&|c| c.payload_up as f64),
+            late_updates: inputs.late_updates,
+            refused: inputs.refused,
+            decode_errors: inputs.decode_errors,
+            rounds: rows,
+            wall_seconds: inputs.wall_seconds,
+        }
+    }
+}
+
 impl RoundRow {
     /// The row of a closed round: the engine's report, the global accuracy after it, and the
     /// wire bytes of the clients' cost records.

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::device::{Charge, DeviceProfile, deal_by_share};
 use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
-use crate::record::{RoundRow, RunSummary, write_run_folder};
+use crate::record::{RoundRow, RunSummary, SummaryInputs, write_run_folder};
 use crate::setup::{Setup, client_id};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
@@ -270,22 +270,15 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     let metrics = server.metrics.clone();
     server.shutdown().await?;
 
-    let uploads: Vec<&CostRecord> = ledger.iter().filter(|c| c.payload_up > 0 && c.wire_up > 0).collect();
-    let summary = RunSummary {
+    let inputs = SummaryInputs {
         initial_accuracy,
-        final_accuracy: rows.last().map(|r| r.accuracy).unwrap_or(initial_accuracy),
         chance: 1.0 / spec.num_classes as f64,
-        upload_wire_ratio: (!uploads.is_empty()).then(|| {
-            uploads.iter().map(|c| c.wire_up as f64 / c.payload_up as f64).sum::<f64>() / uploads.len() as f64
-        }),
-        mean_upload_payload: (!uploads.is_empty())
-            .then(|| uploads.iter().map(|c| c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
         refused: ServerMetrics::get(&metrics.refusals),
         decode_errors: ServerMetrics::get(&metrics.decode_errors),
-        rounds: rows,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
+    let summary = RunSummary::new(inputs, rows, &ledger);
     if progress {
         println!(
             "final accuracy {:.2}% (initial {:.2}%, chance {:.0}%); mean upload {} payload, wire/payload {:.4}; {:.1} s",

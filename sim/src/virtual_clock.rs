@@ -20,7 +20,7 @@ use anchorage_shared::tensor::payload_bytes;
 
 use crate::device::{Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
-use crate::record::{RoundRow, RunSummary};
+use crate::record::{RoundRow, RunSummary, SummaryInputs};
 use crate::run::{SimConfig, SimResult};
 use crate::setup::{Setup, client_id};
 
@@ -340,22 +340,15 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         let costs = ledger.iter().filter(|c| c.round == row.round);
         (row.wire_up, row.wire_down) = costs.fold((0, 0), |(u, d), c| (u + c.wire_up, d + c.wire_down));
     }
-    let uploads: Vec<&CostRecord> = ledger.iter().filter(|c| c.payload_up > 0).collect();
-    let summary = RunSummary {
+    let inputs = SummaryInputs {
         initial_accuracy,
-        final_accuracy: rows.last().map(|r| r.accuracy).unwrap_or(initial_accuracy),
         chance: 1.0 / spec.num_classes as f64,
-        upload_wire_ratio: (!uploads.is_empty()).then(|| {
-            uploads.iter().map(|c| c.wire_up as f64 / c.payload_up as f64).sum::<f64>() / uploads.len() as f64
-        }),
-        mean_upload_payload: (!uploads.is_empty())
-            .then(|| uploads.iter().map(|c| c.payload_up as f64).sum::<f64>() / uploads.len() as f64),
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
         refused: engine.stats().refused,
         decode_errors: 0,
-        rounds: rows,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
+    let summary = RunSummary::new(inputs, rows, &ledger);
     bar.finish_and_clear();
     tracing::info!(simulated = ?now, wall = summary.wall_seconds, "virtual run finished");
     Ok(SimResult { summary, ledger, reports, run_dir: None, link_stats: Vec::new() })
