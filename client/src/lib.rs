@@ -8,10 +8,12 @@
 //! - [`device`]: choosing the compute device at run time.
 //! - [`transport`]: the quinn shell with reconnect and resend.
 //! - [`store`]: the durable local state (the unacknowledged update).
+//! - [`memory`]: the process's peak memory, reported with every update.
 
 pub mod config;
 pub mod device;
 pub mod encoding;
+pub mod memory;
 pub mod methods;
 pub mod model;
 pub mod session;

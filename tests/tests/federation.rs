@@ -37,4 +37,14 @@ async fn four_clients_three_rounds_learn_over_quic() {
     let ratio = s.upload_wire_ratio.expect("wire bytes were measured");
     assert!((1.0..1.10).contains(&ratio), "wire bytes within 10% of payload (QUIC overhead included): {ratio}");
     assert_eq!(s.decode_errors, 0);
+    // Clients report their peak memory with every update.
+    let peaks: Vec<f64> = result
+        .reports
+        .iter()
+        .flat_map(|r| r.updates.iter())
+        .filter_map(|u| u.metrics.iter().find(|(n, _)| n == "peak_rss_mb").map(|(_, v)| *v))
+        .collect();
+    println!("client peak memory reported: {:.0} MiB (max over updates)", peaks.iter().cloned().fold(0.0, f64::max));
+    assert_eq!(peaks.len(), 12);
+    assert!(peaks.iter().all(|&p| p > 1.0));
 }

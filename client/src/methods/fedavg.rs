@@ -72,6 +72,9 @@ impl ClientMethod for FedAvgClient {
         if let Some(acc) = self.test.as_ref().and_then(|t| accuracy(&model, t, 512)) {
             metrics.push(Metric { name: "local_accuracy".into(), value: acc });
         }
+        if let Some(peak) = crate::memory::peak_rss_bytes() {
+            metrics.push(Metric { name: "peak_rss_mb".into(), value: peak as f64 / (1 << 20) as f64 });
+        }
         metrics.retain(|m| m.value.is_finite());
         Ok(Update {
             round: broadcast.round,
