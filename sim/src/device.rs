@@ -6,7 +6,7 @@
 //! time — on the real clock by sleeping the difference, on the virtual clock by advancing
 //! simulated time (the wrapper only reports the charged seconds).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anchorage_client::methods::{ClientMethod, TrainError};
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
@@ -179,11 +179,6 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
         update.metrics.push(Metric { name: "straggler".into(), value: if straggles { 1.0 } else { 0.0 } });
         Ok(update)
     }
-}
-
-/// The host-seconds → device-seconds charge, for callers that time training themselves.
-pub fn charged(measured: Duration, profile: &DeviceProfile) -> Duration {
-    measured.mul_f64(profile.compute_scale.max(0.0))
 }
 
 #[cfg(test)]

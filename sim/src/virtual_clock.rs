@@ -39,9 +39,11 @@ enum Event {
         from: usize,
         msg: Message,
     },
+    /// `bytes`: the frame's length, computed once per message (once per broadcast, not per client).
     ToClient {
         to: usize,
         msg: Message,
+        bytes: u64,
     },
     /// Training finished; `life` tells whether the process that trained still runs.
     Trained {
@@ -100,16 +102,11 @@ impl Path {
 
     /// When a message of `bytes` sent at `now` arrives (after any outage and the messages ahead).
     fn carry(&mut self, now: Duration, bytes: u64) -> Duration {
-        let mut start = self.link.next_up(now.max(self.free_at));
-        loop {
-            match self.link.transfer_time(start, wire_bytes(bytes)) {
-                Some(d) => {
-                    self.free_at = start + d;
-                    return start + d;
-                }
-                None => start = self.link.next_up(start),
-            }
-        }
+        let start = self.link.next_up(now.max(self.free_at));
+        // `next_up` left every outage behind, so the transfer is possible.
+        let d = self.link.transfer_time(start, wire_bytes(bytes)).unwrap_or_default();
+        self.free_at = start + d;
+        start + d
     }
 }
 
@@ -211,7 +208,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
             now = t;
             match event {
                 Event::ToServer { from, msg } => engine.handle_message(now, &client_id(from), msg),
-                Event::ToClient { to, msg } => {
+                Event::ToClient { to, msg, bytes } => {
                     let c = &mut clients[to];
                     if !c.online {
                         continue; // unreachable: the datagrams are lost
@@ -226,7 +223,6 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                     }
                     match &msg {
                         Message::Broadcast(b) => {
-                            let bytes = frame_len(&msg);
                             let cost = CostRecord {
                                 client: client_id(to),
                                 round: b.round,
@@ -309,8 +305,12 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                     send_down(&index, &mut clients, &mut queue, now, &client, Message::Refusal(refusal))
                 }
                 Action::Broadcast { to, msg } => {
+                    let bytes = frame_len(&msg);
                     for client in to {
-                        send_down(&index, &mut clients, &mut queue, now, &client, (*msg).clone());
+                        if let Some(&i) = index.get(&client) {
+                            let at = clients[i].down.carry(now, bytes);
+                            queue.push(at, Event::ToClient { to: i, msg: (*msg).clone(), bytes });
+                        }
                     }
                 }
                 // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
@@ -367,8 +367,9 @@ fn send_down(
     msg: Message,
 ) {
     let Some(&i) = index.get(to) else { return };
-    let at = clients[i].down.carry(now, frame_len(&msg));
-    queue.push(at, Event::ToClient { to: i, msg });
+    let bytes = frame_len(&msg);
+    let at = clients[i].down.carry(now, bytes);
+    queue.push(at, Event::ToClient { to: i, msg, bytes });
 }
 
 /// Carries out a client session's actions at `now`.

@@ -72,6 +72,19 @@ fn fedavg_client(index: u64) -> FedAvgClient {
     )
 }
 
+/// Clients `c0` and `c1`, running until the federation says goodbye.
+fn spawn_clients(addr: SocketAddr, identity: &Identity) -> Vec<tokio::task::JoinHandle<anyhow::Result<String>>> {
+    (0..2)
+        .map(|i| {
+            tokio::spawn(client::run(
+                ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")),
+                Box::new(fedavg_client(i)),
+                None,
+            ))
+        })
+        .collect()
+}
+
 async fn reports_until_finished(server: &mut ServerHandle) -> Vec<RoundReport> {
     let mut reports = Vec::new();
     loop {
@@ -91,15 +104,7 @@ async fn restarted_server_resumes_from_its_checkpoint() {
 
     let mut first = start(&identity, 2, 2, &store, initial.clone()).await;
     let addr = first.local_addr;
-    let clients: Vec<_> = (0..2)
-        .map(|i| {
-            tokio::spawn(client::run(
-                ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")),
-                Box::new(fedavg_client(i)),
-                None,
-            ))
-        })
-        .collect();
+    let clients = spawn_clients(addr, &identity);
     let reports = reports_until_finished(&mut first).await;
     assert_eq!(reports.iter().map(|r| r.round).collect::<Vec<_>>(), vec![1, 2]);
     for c in clients {
@@ -127,15 +132,7 @@ async fn restarted_server_resumes_from_its_checkpoint() {
         "the ledger totals are replayed into the metrics after a restart"
     );
     let addr = second.local_addr;
-    let clients: Vec<_> = (0..2)
-        .map(|i| {
-            tokio::spawn(client::run(
-                ClientOptions::new(addr, identity.cert.clone(), format!("c{i}")),
-                Box::new(fedavg_client(i)),
-                None,
-            ))
-        })
-        .collect();
+    let clients = spawn_clients(addr, &identity);
     let reports = reports_until_finished(&mut second).await;
     assert_eq!(reports.iter().map(|r| r.round).collect::<Vec<_>>(), vec![3, 4]);
     for c in clients {

@@ -234,18 +234,9 @@ impl Engine {
             Some(reason) => RoundOutcome::Failed { reason },
             None => {
                 let inputs: Vec<(&str, &Update)> = rebased.iter().map(|(c, u)| (c.as_str(), u)).collect();
-                match self.method.aggregate(&self.global, &inputs) {
-                    Ok(global) => {
-                        self.global = global;
-                        RoundOutcome::Aggregated
-                    }
-                    Err(e) => RoundOutcome::Failed { reason: format!("aggregation failed: {e}") },
-                }
+                self.aggregate(&inputs)
             }
         };
-        if matches!(outcome, RoundOutcome::Failed { .. }) {
-            self.stats.failed_rounds += 1;
-        }
         let started = self.buffered.version_started;
         let updates = entries
             .iter()
@@ -276,7 +267,7 @@ impl Engine {
             started,
             closed: now,
         };
-        self.close_version(report, now);
+        self.close_version(report);
         // Keep only the versions a non-stale update can still have trained on.
         let (_, _, max_staleness) = self.buffered_params().unwrap_or((1, 1, 0));
         let oldest = self.last_round.saturating_sub(max_staleness);

@@ -426,17 +426,8 @@ impl Engine {
             }
         } else {
             let inputs: Vec<(&str, &Update)> = open.updates.iter().map(|(id, (u, _))| (id.as_str(), u)).collect();
-            match self.method.aggregate(&self.global, &inputs) {
-                Ok(global) => {
-                    self.global = global;
-                    RoundOutcome::Aggregated
-                }
-                Err(e) => RoundOutcome::Failed { reason: format!("aggregation failed: {e}") },
-            }
+            self.aggregate(&inputs)
         };
-        if matches!(outcome, RoundOutcome::Failed { .. }) {
-            self.stats.failed_rounds += 1;
-        }
         self.stats.dropped += missing.len() as u64;
         for client in &missing {
             self.actions.push_back(Action::Ledger(CostRecord {
@@ -463,12 +454,26 @@ impl Engine {
             started: open.started,
             closed: now,
         };
-        self.close_version(report, now);
+        self.close_version(report);
+    }
+
+    /// Runs the method's aggregation; on success the result becomes the global model.
+    fn aggregate(&mut self, inputs: &[(&str, &Update)]) -> RoundOutcome {
+        match self.method.aggregate(&self.global, inputs) {
+            Ok(global) => {
+                self.global = global;
+                RoundOutcome::Aggregated
+            }
+            Err(e) => RoundOutcome::Failed { reason: format!("aggregation failed: {e}") },
+        }
     }
 
     /// A new global version exists (a round closed, or a buffer aggregated): persist it before
     /// anything is announced, report it, and finish after the last configured round.
-    fn close_version(&mut self, report: RoundReport, _now: Duration) {
+    fn close_version(&mut self, report: RoundReport) {
+        if matches!(report.outcome, RoundOutcome::Failed { .. }) {
+            self.stats.failed_rounds += 1;
+        }
         self.last_round = report.round;
         self.rng = Rng::derive(self.config.seed, self.last_round);
         let report = Arc::new(report);

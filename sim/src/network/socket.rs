@@ -24,7 +24,6 @@ pub struct ShapedSocket {
     socket: Arc<tokio::net::UdpSocket>,
     epoch: Instant,
     up: Arc<Mutex<Link>>,
-    down: Arc<Mutex<Link>>,
     egress: mpsc::UnboundedSender<(Instant, Datagram)>,
     ready: Mutex<mpsc::UnboundedReceiver<Datagram>>,
     /// Dropping it stops the receive task.
@@ -70,13 +69,9 @@ impl ShapedSocket {
         let (ready_tx, ready) = mpsc::unbounded_channel();
         let (stop, stop_rx) = oneshot::channel();
         tokio::spawn(send_when_due(socket.clone(), egress_rx));
-        tokio::spawn(receive(socket.clone(), down.clone(), epoch, ready_tx, stop_rx));
         let handle = LinkHandle { up: up.clone(), down: down.clone() };
-        Ok((Arc::new(Self { socket, epoch, up, down, egress, ready: Mutex::new(ready), _stop: stop }), handle))
-    }
-
-    pub fn handle(&self) -> LinkHandle {
-        LinkHandle { up: self.up.clone(), down: self.down.clone() }
+        tokio::spawn(receive(socket.clone(), down, epoch, ready_tx, stop_rx));
+        Ok((Arc::new(Self { socket, epoch, up, egress, ready: Mutex::new(ready), _stop: stop }), handle))
     }
 }
 
