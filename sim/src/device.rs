@@ -6,11 +6,13 @@
 //! time — on the real clock by sleeping the difference, on the virtual clock by advancing
 //! simulated time (the wrapper only reports the charged seconds).
 
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anchorage_client::methods::{ClientMethod, TrainError};
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
 use anchorage_shared::rng::Rng;
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 /// A kind of device.
@@ -34,6 +36,14 @@ pub struct DeviceProfile {
     /// Virtual clock: the device is reachable `on_seconds`, then away `off_seconds`, repeatedly,
     /// from a random phase (e.g. a board that sleeps or loses power on a schedule).
     pub on_off: Option<OnOff>,
+    /// Virtual clock: a CSV file of the intervals when the device is reachable (FedScale-style
+    /// availability trace): header `start_seconds,end_seconds`, one interval per line, in any
+    /// order, in simulated seconds from the start of the run (relative paths: from the working
+    /// directory). The trace repeats every `trace_period_seconds`, by default its last end. Every
+    /// device of the profile follows the same trace. Excludes `on_off`.
+    pub availability_trace: Option<PathBuf>,
+    /// Period of `availability_trace` (at least its last end).
+    pub trace_period_seconds: Option<f64>,
 }
 
 /// An availability cycle.
@@ -42,6 +52,165 @@ pub struct DeviceProfile {
 pub struct OnOff {
     pub on_seconds: f64,
     pub off_seconds: f64,
+}
+
+/// When a device is reachable, on its own timeline (the virtual clock adds a phase). The cycle
+/// and the trace share one code path: a list of windows repeated with a period.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Availability {
+    Always,
+    /// On from 0 to `on_seconds`, then off until `on_seconds + off_seconds`, repeated. Build it
+    /// with [`Availability::cycle`]; an unchecked cycle with no on-time counts as always on.
+    Cycle(OnOff),
+    /// Reachable in these windows (sorted, disjoint, non-empty, within one period), repeated
+    /// every period. Build it with [`Availability::read_trace`] or [`Availability::parse_trace`].
+    Trace(Vec<(Duration, Duration)>, Duration),
+}
+
+/// The header of an availability trace file.
+pub const TRACE_HEADER: &str = "start_seconds,end_seconds";
+
+impl Availability {
+    /// A checked on/off cycle (finite, non-negative seconds; some on-time).
+    pub fn cycle(cycle: OnOff) -> anyhow::Result<Self> {
+        for (name, v) in [("on_seconds", cycle.on_seconds), ("off_seconds", cycle.off_seconds)] {
+            anyhow::ensure!(v.is_finite() && v >= 0.0, "on_off: {name} must be a finite number ≥ 0, not {v}");
+            Duration::try_from_secs_f64(v).with_context(|| format!("on_off: {name} {v} is too large"))?;
+        }
+        anyhow::ensure!(cycle.on_seconds > 0.0, "on_off: on_seconds must be positive (the device is never on)");
+        Ok(if cycle.off_seconds == 0.0 { Self::Always } else { Self::Cycle(cycle) })
+    }
+
+    /// Reads a trace file (see [`DeviceProfile::availability_trace`]); errors name the file
+    /// and the line.
+    pub fn read_trace(path: &Path, period_seconds: Option<f64>) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading availability trace {}", path.display()))?;
+        Self::parse_trace(&text, &path.display().to_string(), period_seconds)
+    }
+
+    /// Parses a trace's text; `source` names it in errors (`source:line: ...`).
+    pub fn parse_trace(text: &str, source: &str, period_seconds: Option<f64>) -> anyhow::Result<Self> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.trim()))
+            .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
+        match lines.next() {
+            Some((_, l)) if l.split(',').map(str::trim).eq(TRACE_HEADER.split(',')) => {}
+            Some((n, l)) => anyhow::bail!("{source}:{n}: expected the header `{TRACE_HEADER}`, found `{l}`"),
+            None => anyhow::bail!("{source}: empty file, expected the header `{TRACE_HEADER}` and intervals"),
+        }
+        let mut windows = Vec::new();
+        let mut last_end = 0.0f64;
+        for (n, line) in lines {
+            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+            let [start, end] = fields[..] else {
+                anyhow::bail!("{source}:{n}: expected two numbers `{TRACE_HEADER}`, found `{line}`")
+            };
+            let number = |name: &str, field: &str| -> anyhow::Result<f64> {
+                let v: f64 =
+                    field.parse().map_err(|_| anyhow::anyhow!("{source}:{n}: {name} `{field}` is not a number"))?;
+                anyhow::ensure!(v.is_finite(), "{source}:{n}: {name} `{field}` is not finite");
+                anyhow::ensure!(v >= 0.0, "{source}:{n}: {name} {v} is negative");
+                Ok(v)
+            };
+            let (text_end, (start, end)) = (end, (number("start_seconds", start)?, number("end_seconds", end)?));
+            anyhow::ensure!(end >= start, "{source}:{n}: end_seconds {end} is before start_seconds {start}");
+            let (s, e) = (Duration::try_from_secs_f64(start), Duration::try_from_secs_f64(end));
+            let (Ok(s), Ok(e)) = (s, e) else { anyhow::bail!("{source}:{n}: {text_end} seconds is too large") };
+            last_end = last_end.max(end);
+            windows.push((s, e));
+        }
+        let period = match period_seconds {
+            Some(p) => {
+                anyhow::ensure!(
+                    p.is_finite() && p > 0.0 && p >= last_end,
+                    "{source}: trace_period_seconds {p} must be positive and at least the trace's last end ({last_end})"
+                );
+                Duration::try_from_secs_f64(p)
+                    .with_context(|| format!("{source}: trace_period_seconds {p} is too large"))?
+            }
+            None => windows.iter().map(|w| w.1).max().unwrap_or_default(),
+        };
+        windows.retain(|(s, e)| s < e);
+        anyhow::ensure!(
+            !windows.is_empty(),
+            "{source}: no interval of positive length (the device is never reachable)"
+        );
+        windows.sort();
+        let mut merged: Vec<(Duration, Duration)> = Vec::with_capacity(windows.len());
+        for (s, e) in windows {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        Ok(if merged == [(Duration::ZERO, period)] { Self::Always } else { Self::Trace(merged, period) })
+    }
+
+    /// Where the device starts on its timeline: a cycle at a random point of its on-time (the
+    /// first departure comes after a uniform fraction of it), a trace at 0.
+    pub fn start_phase(&self, rng: &mut Rng) -> Duration {
+        match self {
+            Self::Cycle(c) => Duration::try_from_secs_f64(c.on_seconds * (1.0 - rng.f64())).unwrap_or_default(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The window of availability that holds `t`, or else the next one: its start (≤ `t` when
+    /// the device is reachable at `t`) and its end (`None`: it never ends).
+    pub fn window(&self, t: Duration) -> (Duration, Option<Duration>) {
+        let secs = |v: f64| Duration::try_from_secs_f64(v).unwrap_or_default();
+        let cycle;
+        let (windows, period): (&[(Duration, Duration)], Duration) = match self {
+            Self::Always => return (t, None),
+            Self::Cycle(c) => {
+                let on = secs(c.on_seconds);
+                cycle = [(Duration::ZERO, on)];
+                (&cycle, on + secs(c.off_seconds))
+            }
+            Self::Trace(w, p) => (w, *p),
+        };
+        let (Some(first), Some(last)) = (windows.first(), windows.last()) else { return (t, None) };
+        let (p, tn) = (period.as_nanos(), t.as_nanos());
+        if p == 0 || first.1.is_zero() {
+            return (t, None); // degenerate (unchecked): treated as always reachable
+        }
+        // The last window runs on into the next period's first one.
+        let wraps = first.0.is_zero() && last.1 == period;
+        if wraps && windows.len() == 1 {
+            return (t, None);
+        }
+        let base = tn / p * p;
+        let x = tn - base;
+        let (s, e, base) = match windows.iter().find(|w| x < w.1.as_nanos()) {
+            Some(w) => (w.0.as_nanos(), w.1.as_nanos(), base),
+            None => (first.0.as_nanos(), first.1.as_nanos(), base + p),
+        };
+        let start = base + s;
+        let end = base + e + if wraps && e == p { first.1.as_nanos() } else { 0 };
+        (nanos(start), Some(nanos(end)))
+    }
+
+    /// Whether the device is reachable at `t`.
+    pub fn available_at(&self, t: Duration) -> bool {
+        self.window(t).0 <= t
+    }
+
+    /// The first time from `t` on when the device is reachable.
+    pub fn next_available(&self, t: Duration) -> Duration {
+        self.window(t).0.max(t)
+    }
+
+    /// When the window that holds `t` (or else the next one) ends; `None`: never.
+    pub fn window_end(&self, t: Duration) -> Option<Duration> {
+        self.window(t).1
+    }
+}
+
+fn nanos(n: u128) -> Duration {
+    Duration::new((n / 1_000_000_000) as u64, (n % 1_000_000_000) as u32)
 }
 
 impl Default for DeviceProfile {
@@ -55,6 +224,8 @@ impl Default for DeviceProfile {
             crash_probability: 0.0,
             rejoin_seconds: 30.0,
             on_off: None,
+            availability_trace: None,
+            trace_period_seconds: None,
         }
     }
 }
@@ -79,6 +250,21 @@ impl DeviceProfile {
             "phone" => p(3.0, 4.0, 1.0),
             _ => return None,
         })
+    }
+
+    /// When the device is reachable: `on_off`, `availability_trace` (read and checked here) or
+    /// always.
+    pub fn availability(&self) -> anyhow::Result<Availability> {
+        let what = || format!("availability of device profile `{}`", self.name);
+        match (&self.on_off, &self.availability_trace) {
+            (Some(_), Some(_)) => anyhow::bail!("{}: set `on_off` or `availability_trace`, not both", what()),
+            (_, None) if self.trace_period_seconds.is_some() => {
+                anyhow::bail!("{}: `trace_period_seconds` needs an `availability_trace`", what())
+            }
+            (Some(cycle), None) => Availability::cycle(*cycle).with_context(what),
+            (None, Some(path)) => Availability::read_trace(path, self.trace_period_seconds).with_context(what),
+            (None, None) => Ok(Availability::Always),
+        }
     }
 
     /// Estimated joules of a round: compute at compute power, transfer at radio power.
@@ -198,6 +384,99 @@ mod tests {
         assert_eq!(fleet, assign(&profiles, 10, 1));
         assert_eq!(assign(&profiles, 7, 1).len(), 7);
         assert_eq!(assign(&[], 3, 1), vec![DeviceProfile::default(); 3]);
+    }
+
+    fn s(v: f64) -> Duration {
+        Duration::from_secs_f64(v)
+    }
+
+    fn trace(text: &str, period: Option<f64>) -> anyhow::Result<Availability> {
+        Availability::parse_trace(text, "t.csv", period)
+    }
+
+    #[test]
+    fn a_trace_is_parsed_sorted_and_merged() {
+        let a = trace("start_seconds,end_seconds\n50, 60\n\n10,20\n15,30\n40,40\n", None).unwrap();
+        assert_eq!(a, Availability::Trace(vec![(s(10.0), s(30.0)), (s(50.0), s(60.0))], s(60.0)));
+        let a = trace(" start_seconds , end_seconds \n0,5\n", Some(8.0)).unwrap();
+        assert_eq!(a, Availability::Trace(vec![(s(0.0), s(5.0))], s(8.0)));
+        assert_eq!(trace("start_seconds,end_seconds\n0,5\n5,9\n", None).unwrap(), Availability::Always);
+    }
+
+    #[test]
+    fn trace_queries_repeat_with_the_period() {
+        let a = trace("start_seconds,end_seconds\n10,20\n30,40\n", Some(50.0)).unwrap();
+        assert!(!a.available_at(s(0.0)) && a.available_at(s(10.0)) && !a.available_at(s(20.0)));
+        assert_eq!(a.window(s(5.0)), (s(10.0), Some(s(20.0))));
+        assert_eq!(a.window(s(12.0)), (s(10.0), Some(s(20.0))));
+        assert_eq!(a.window(s(20.0)), (s(30.0), Some(s(40.0))), "windows are half-open");
+        assert_eq!(a.next_available(s(45.0)), s(60.0), "the next period");
+        assert_eq!(a.window_end(s(45.0)), Some(s(70.0)));
+        assert_eq!(a.window(s(135.0)), (s(130.0), Some(s(140.0))));
+        assert_eq!(a.next_available(s(15.0)), s(15.0));
+        // Period = last end: [0, 10) joins [25, 40) across the wrap.
+        let w = trace("start_seconds,end_seconds\n25,40\n0,10\n", None).unwrap();
+        assert!(w.available_at(s(39.0)) && w.available_at(s(40.0)) && !w.available_at(s(50.0)));
+        assert_eq!(w.window_end(s(30.0)), Some(s(50.0)), "on through the wrap until 40 + 10");
+        assert_eq!(w.window_end(s(5.0)), Some(s(10.0)));
+        assert_eq!(w.window(s(50.0)), (s(65.0), Some(s(90.0))));
+        assert_eq!(Availability::Always.window(s(7.0)), (s(7.0), None));
+    }
+
+    #[test]
+    fn a_cycle_uses_the_same_windows() {
+        let c = Availability::cycle(OnOff { on_seconds: 3.0, off_seconds: 2.0 }).unwrap();
+        assert_eq!(c.window(s(1.0)), (s(0.0), Some(s(3.0))));
+        assert_eq!(c.window(s(3.5)), (s(5.0), Some(s(8.0))));
+        assert!(c.available_at(s(11.0)) && !c.available_at(s(14.0)));
+        let phase = c.start_phase(&mut Rng::new(1));
+        assert!(phase <= s(3.0) && c.available_at(phase));
+        assert_eq!(Availability::cycle(OnOff { on_seconds: 3.0, off_seconds: 0.0 }).unwrap(), Availability::Always);
+        for bad in [(0.0, 1.0), (-1.0, 1.0), (1.0, f64::NAN), (1.0, 1e300)] {
+            assert!(Availability::cycle(OnOff { on_seconds: bad.0, off_seconds: bad.1 }).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bad_traces_are_clear_errors() {
+        let err = |text: &str, period: Option<f64>| format!("{:#}", trace(text, period).unwrap_err());
+        let h = "start_seconds,end_seconds\n";
+        assert!(err("", None).contains("t.csv: empty"));
+        assert!(err("start,end\n1,2\n", None).contains("t.csv:1: expected the header"));
+        assert!(err(&format!("{h}1,2\n3,x\n"), None).contains("t.csv:3: end_seconds `x` is not a number"));
+        assert!(err(&format!("{h}1,2,3\n"), None).contains("t.csv:2: expected two numbers"));
+        assert!(err(&format!("{h}\n5,4\n"), None).contains("t.csv:3: end_seconds 4 is before start_seconds 5"));
+        assert!(err(&format!("{h}-1,4\n"), None).contains("t.csv:2: start_seconds -1 is negative"));
+        assert!(err(&format!("{h}1,inf\n"), None).contains("t.csv:2: end_seconds `inf` is not finite"));
+        assert!(err(&format!("{h}1,1e300\n"), None).contains("t.csv:2: 1e300 seconds is too large"));
+        assert!(err(&format!("{h}3,3\n"), None).contains("no interval of positive length"));
+        assert!(err(&format!("{h}0,10\n"), Some(5.0)).contains("trace_period_seconds 5"));
+        let missing = DeviceProfile {
+            name: "flaky".into(),
+            availability_trace: Some("/nonexistent/trace.csv".into()),
+            ..DeviceProfile::default()
+        };
+        let e = format!("{:#}", missing.availability().unwrap_err());
+        assert!(e.contains("`flaky`") && e.contains("reading availability trace /nonexistent/trace.csv"), "{e}");
+        let both = DeviceProfile { on_off: Some(OnOff { on_seconds: 1.0, off_seconds: 1.0 }), ..missing.clone() };
+        assert!(format!("{:#}", both.availability().unwrap_err()).contains("not both"));
+        let orphan = DeviceProfile { trace_period_seconds: Some(3.0), ..DeviceProfile::default() };
+        assert!(format!("{:#}", orphan.availability().unwrap_err()).contains("needs an `availability_trace`"));
+    }
+
+    #[test]
+    fn a_profile_reads_its_trace_file() {
+        let path = std::env::temp_dir().join(format!("anchorage-trace-{}.csv", std::process::id()));
+        std::fs::write(&path, "start_seconds,end_seconds\n0,10\n20,30\n").unwrap();
+        let p = DeviceProfile { availability_trace: Some(path.clone()), ..DeviceProfile::default() };
+        assert_eq!(
+            p.availability().unwrap(),
+            Availability::Trace(vec![(s(0.0), s(10.0)), (s(20.0), s(30.0))], s(30.0))
+        );
+        let toml = toml::to_string(&p).unwrap();
+        assert_eq!(toml::from_str::<DeviceProfile>(&toml).unwrap(), p, "{toml}");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(DeviceProfile::default().availability().unwrap(), Availability::Always);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use anchorage_shared::protocol::{Capabilities, Message};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::payload_bytes;
 
-use crate::device::{Charge, DeviceProfile};
+use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
 use crate::record::{RoundRow, RunSummary, SummaryInputs};
 use crate::run::{SimConfig, SimResult};
@@ -35,15 +35,18 @@ pub fn wire_bytes(bytes: u64) -> u64 {
 }
 
 enum Event {
+    /// `conn`: the client's connection when the message left (see [`VirtualClient::conn`]).
     ToServer {
         from: usize,
         msg: Message,
+        conn: u64,
     },
     /// `bytes`: the frame's length, computed once per message (once per broadcast, not per client).
     ToClient {
         to: usize,
         msg: Message,
         bytes: u64,
+        conn: u64,
     },
     /// Training finished; `life` tells whether the process that trained still runs.
     Trained {
@@ -114,8 +117,14 @@ struct VirtualClient {
     session: Session,
     capabilities: Capabilities,
     device: DeviceProfile,
+    /// When the device is reachable (on its own timeline, `phase` ahead of the simulated clock).
+    availability: Availability,
+    phase: Duration,
     rng: Rng,
     online: bool,
+    /// Incremented whenever the device goes away or comes back: messages in flight across such a
+    /// change are lost.
+    conn: u64,
     /// Incremented by every crash: results of an earlier life are discarded.
     life: u64,
     method: Box<dyn ClientMethod>,
@@ -144,6 +153,20 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         Setup::new(config, Charge::Report)?;
     let mut engine = Engine::new(engine_config, Box::new(FedAvg::default()), initial.clone());
     let links = config.links()?;
+    // Availability traces are read once per profile; a bad one is an error here, before the run.
+    let mut read: Vec<(&DeviceProfile, Availability)> = Vec::new();
+    let mut availabilities = Vec::with_capacity(devices.len());
+    for d in &devices {
+        let a = match read.iter().find(|(p, _)| *p == d) {
+            Some((_, a)) => a.clone(),
+            None => {
+                let a = d.availability()?;
+                read.push((d, a.clone()));
+                a
+            }
+        };
+        availabilities.push(a);
+    }
     let mut clients: Vec<VirtualClient> = clients
         .into_iter()
         .enumerate()
@@ -158,8 +181,11 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                 session,
                 capabilities,
                 device: devices[i].clone(),
+                availability: availabilities[i].clone(),
+                phase: Duration::ZERO,
                 rng: Rng::derive(seed, 0xC4A5),
                 online: true,
+                conn: 0,
                 life: 0,
                 method: Box::new(method) as Box<dyn ClientMethod>,
                 up: Path::new(profile.up, seed),
@@ -179,18 +205,15 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
     let mut finished = false;
 
     for (i, c) in clients.iter_mut().enumerate() {
-        c.session.connected();
-        // Devices on an availability cycle start at a random phase of it.
-        if let Some(cycle) = c.device.on_off {
-            let first_off = Duration::from_secs_f64(cycle.on_seconds.max(0.0) * c.rng.f64());
-            queue.push(
-                first_off,
-                Event::Offline {
-                    client: i,
-                    back_after: Duration::from_secs_f64(cycle.off_seconds.max(0.0)),
-                    crash: false,
-                },
-            );
+        // Devices on an availability cycle start at a random phase of it; a trace starts at 0.
+        c.phase = c.availability.start_phase(&mut c.rng);
+        let (start, _) = c.window(now);
+        if start > now {
+            c.online = false;
+            queue.push(start, Event::Online { client: i });
+        } else {
+            c.session.connected();
+            schedule_departure(i, c, now, &mut queue);
         }
     }
     for i in 0..clients.len() {
@@ -207,10 +230,16 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         } else if let Some((t, event)) = queue.pop() {
             now = t;
             match event {
-                Event::ToServer { from, msg } => engine.handle_message(now, &client_id(from), msg),
-                Event::ToClient { to, msg, bytes } => {
+                Event::ToServer { from, msg, conn } => {
+                    let c = &clients[from];
+                    if !c.online || conn != c.conn {
+                        continue; // sent on a connection that is gone: lost
+                    }
+                    engine.handle_message(now, &client_id(from), msg)
+                }
+                Event::ToClient { to, msg, bytes, conn } => {
                     let c = &mut clients[to];
-                    if !c.online {
+                    if !c.online || conn != c.conn {
                         continue; // unreachable: the datagrams are lost
                     }
                     if matches!(msg, Message::Broadcast(_))
@@ -251,6 +280,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                     let c = &mut clients[client];
                     if c.online {
                         c.online = false;
+                        c.conn += 1;
                         engine.handle_disconnect(now, &client_id(client));
                         if crash {
                             // The process restarts: a new session from what the store kept.
@@ -273,14 +303,19 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                 Event::Online { client } => {
                     let c = &mut clients[client];
                     if !c.online {
+                        // A crashed device that rejoins while away waits for its next window.
+                        let (start, _) = c.window(now);
+                        if start > now {
+                            if !finished {
+                                queue.push(start, Event::Online { client });
+                            }
+                            continue;
+                        }
                         c.online = true;
+                        c.conn += 1;
                         c.session.connected();
-                        if let Some(cycle) = c.device.on_off.filter(|_| !finished) {
-                            let off = Duration::from_secs_f64(cycle.off_seconds.max(0.0));
-                            queue.push(
-                                now + Duration::from_secs_f64(cycle.on_seconds.max(0.0)),
-                                Event::Offline { client, back_after: off, crash: false },
-                            );
+                        if !finished {
+                            schedule_departure(client, c, now, &mut queue);
                         }
                         drive_client(client, now, &mut clients, &mut queue);
                     }
@@ -309,7 +344,8 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                     for client in to {
                         if let Some(&i) = index.get(&client) {
                             let at = clients[i].down.carry(now, bytes);
-                            queue.push(at, Event::ToClient { to: i, msg: (*msg).clone(), bytes });
+                            let conn = clients[i].conn;
+                            queue.push(at, Event::ToClient { to: i, msg: (*msg).clone(), bytes, conn });
                         }
                     }
                 }
@@ -354,6 +390,23 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
     Ok(SimResult { summary, ledger, reports, run_dir: None, link_stats: Vec::new() })
 }
 
+impl VirtualClient {
+    /// The device's window of availability that holds `now`, or else the next one, on the
+    /// simulated clock: (start, end; `None`: it never ends).
+    fn window(&self, now: Duration) -> (Duration, Option<Duration>) {
+        let (start, end) = self.availability.window(now + self.phase);
+        (start.saturating_sub(self.phase), end.map(|e| e.saturating_sub(self.phase)))
+    }
+}
+
+/// Queues a reachable device's departure at the end of its window, back at the start of the next.
+fn schedule_departure(client: usize, c: &VirtualClient, now: Duration, queue: &mut Queue) {
+    if let (_, Some(end)) = c.window(now) {
+        let (back, _) = c.window(end);
+        queue.push(end, Event::Offline { client, back_after: back.saturating_sub(end), crash: false });
+    }
+}
+
 fn frame_len(msg: &Message) -> u64 {
     encode_frame(msg, usize::MAX).map(|f| f.len() as u64).unwrap_or(0)
 }
@@ -369,7 +422,7 @@ fn send_down(
     let Some(&i) = index.get(to) else { return };
     let bytes = frame_len(&msg);
     let at = clients[i].down.carry(now, bytes);
-    queue.push(at, Event::ToClient { to: i, msg, bytes });
+    queue.push(at, Event::ToClient { to: i, msg, bytes, conn: clients[i].conn });
 }
 
 /// Carries out a client session's actions at `now`.
@@ -379,7 +432,7 @@ fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &
         match action {
             SessionAction::Send(msg) => {
                 let at = c.up.carry(now, frame_len(&msg));
-                queue.push(at, Event::ToServer { from: i, msg });
+                queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
             }
             SessionAction::Train(b) => {
                 let round = b.round;
@@ -402,9 +455,86 @@ fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &
                     cost.wire_up = wire_bytes(bytes);
                     cost.transfer_seconds = (at - now).as_secs_f64();
                 }
-                queue.push(at, Event::ToServer { from: i, msg });
+                queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
             }
             SessionAction::Persist(_) | SessionAction::Finished { .. } => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{self, OnOff};
+
+    fn config(flaky: DeviceProfile) -> SimConfig {
+        let steady =
+            DeviceProfile { name: "steady".into(), compute_scale: 0.0, share: 2.0, ..DeviceProfile::default() };
+        SimConfig {
+            clients: 3,
+            rounds: 4,
+            seed: 21,
+            local_epochs: 1,
+            train_per_class: 20,
+            test_per_class: 5,
+            min_available: Some(2),
+            link: Some("lte".into()),
+            devices: vec![steady, DeviceProfile { name: "flaky".into(), compute_scale: 0.0, share: 1.0, ..flaky }],
+            ..SimConfig::default()
+        }
+    }
+
+    fn clients_of(result: &SimResult, round: u64) -> Vec<String> {
+        let report = result.reports.iter().find(|r| r.round == round).expect("round report");
+        report.updates.iter().map(|u| u.client.to_string()).collect()
+    }
+
+    #[test]
+    fn a_device_away_in_round_two_by_its_trace_misses_it_and_returns() {
+        // Rounds take about 2.3 simulated s on LTE (round 2 from about 2.3 s); the flaky device is
+        // away from 3 s to 7 s, and round 2 closes at its 3 s deadline without it.
+        let path = std::env::temp_dir().join(format!("anchorage-vc-trace-{}.csv", std::process::id()));
+        std::fs::write(&path, "start_seconds,end_seconds\n7,1000\n0,3\n").unwrap();
+        let flaky = DeviceProfile { availability_trace: Some(path.clone()), ..DeviceProfile::default() };
+        let c = SimConfig { round_deadline_secs: 3.0, rounds: 6, ..config(flaky) };
+        let result = run_virtual(&c).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let fleet = device::assign(&c.devices, c.clients, c.seed);
+        let flaky = client_id(fleet.iter().position(|d| d.name == "flaky").unwrap());
+        let report = |round: u64| result.reports.iter().find(|r| r.round == round).unwrap();
+        assert!(report(2).started < Duration::from_secs(3) && report(2).closed > Duration::from_secs(3));
+        assert!(clients_of(&result, 1).contains(&flaky), "in round 1: {:?}", clients_of(&result, 1));
+        assert!(!clients_of(&result, 2).contains(&flaky), "away in round 2: {:?}", clients_of(&result, 2));
+        assert_eq!(clients_of(&result, 2).len(), 2, "the others carry round 2");
+        assert!(report(2).closed < Duration::from_secs(7), "round 2 closed while the device was away");
+        let back = (3..=c.rounds).find(|&r| clients_of(&result, r).contains(&flaky));
+        assert!(back.is_some(), "aggregated again after it returns: {:?}", result.reports);
+        assert!(result.summary.rounds.iter().all(|r| r.outcome == "aggregated"));
+    }
+
+    #[test]
+    fn an_on_off_cycle_still_runs_and_a_bad_trace_fails_before_the_run() {
+        let cycle =
+            DeviceProfile { on_off: Some(OnOff { on_seconds: 4.0, off_seconds: 1.0 }), ..DeviceProfile::default() };
+        let result = run_virtual(&config(cycle)).unwrap();
+        assert_eq!(result.summary.rounds.len(), 4);
+        let bad =
+            DeviceProfile { availability_trace: Some("/nonexistent/trace.csv".into()), ..DeviceProfile::default() };
+        let err = format!("{:#}", run_virtual(&config(bad)).unwrap_err());
+        assert!(err.contains("reading availability trace /nonexistent/trace.csv"), "{err}");
+    }
+
+    #[test]
+    fn a_device_away_at_the_start_joins_when_its_trace_begins() {
+        let path = std::env::temp_dir().join(format!("anchorage-vc-late-{}.csv", std::process::id()));
+        std::fs::write(&path, "start_seconds,end_seconds\n3,1000\n").unwrap();
+        let late = DeviceProfile { availability_trace: Some(path.clone()), ..DeviceProfile::default() };
+        let c = config(late);
+        let result = run_virtual(&c).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let fleet = device::assign(&c.devices, c.clients, c.seed);
+        let late = client_id(fleet.iter().position(|d| d.name == "flaky").unwrap());
+        assert!(!clients_of(&result, 1).contains(&late), "away in round 1: {:?}", clients_of(&result, 1));
+        assert!((2..=c.rounds).any(|r| clients_of(&result, r).contains(&late)), "joins later");
     }
 }
