@@ -1,8 +1,12 @@
 //! `anchorage report <run-folder>`: plots and a Markdown summary from a run folder's
-//! `metrics.json` and `ledger.json` (written by both clocks). Charts are SVG and PNG.
+//! `metrics.json` and `ledger.json` (written by both clocks), and the task accuracy matrix from
+//! `accuracy.csv` when a continual run wrote one. Charts are SVG and PNG.
 
+mod accuracy;
 mod png;
 mod svg;
+
+pub use accuracy::{AccuracyRow, CLIENTS_MEAN, accuracy_matrix, load_accuracy};
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -11,7 +15,7 @@ use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 
 use crate::record::{RunSummary, human_bytes};
-use svg::{Series, line_chart, stacked_bars};
+use svg::{Series, heat_map, line_chart, stacked_bars};
 
 /// Reads a run folder's summary and ledger.
 pub fn load(dir: &Path) -> anyhow::Result<(RunSummary, Vec<CostRecord>)> {
@@ -133,11 +137,35 @@ pub fn write_report(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         ),
     )?;
 
-    put("report.md", markdown(&summary, &ledger))?;
+    // The task accuracy matrix: the global model, and the mean of the clients' local models.
+    let (mut global, mut matrices) = (None, Vec::new());
+    if let Some(rows) = load_accuracy(dir)? {
+        let (row_label, col_label) = ("after task t", "test task k");
+        if rows.iter().any(|r| r.model == "global") {
+            let matrix = accuracy_matrix(&rows, "global");
+            put("accuracy_matrix.svg", heat_map("Task accuracy (%): global model", &matrix, row_label, col_label))?;
+            global = Some(matrix);
+            matrices.push("accuracy_matrix");
+        }
+        if accuracy::has_clients(&rows) {
+            let matrix = accuracy_matrix(&rows, CLIENTS_MEAN);
+            let title = "Task accuracy (%): mean of the clients' local models";
+            put("accuracy_matrix_clients.svg", heat_map(title, &matrix, row_label, col_label))?;
+            matrices.push("accuracy_matrix_clients");
+        }
+    }
+
+    put("report.md", markdown(&summary, &ledger, global.as_deref(), &matrices))?;
     Ok(files)
 }
 
-fn markdown(summary: &RunSummary, ledger: &[CostRecord]) -> String {
+/// `tasks`: the global task accuracy matrix; `more_plots`: plots besides the usual five.
+fn markdown(
+    summary: &RunSummary,
+    ledger: &[CostRecord],
+    tasks: Option<&[Vec<Option<f64>>]>,
+    more_plots: &[&str],
+) -> String {
     let mut md = String::from("# Run report\n\n");
     let total = |f: &dyn Fn(&CostRecord) -> u64| ledger.iter().map(f).sum::<u64>();
     let _ = writeln!(md, "| | |\n|---|---|");
@@ -192,6 +220,80 @@ fn markdown(summary: &RunSummary, ledger: &[CostRecord]) -> String {
             m(&|c| c.wait_seconds)
         );
     }
-    md.push_str("\nPlots (SVG and PNG): `accuracy_by_round`, `accuracy_by_time`, `bytes_per_round`, `round_time_breakdown`, `round_time_cdf`.\n");
+    if let Some(matrix) = tasks {
+        let _ = writeln!(
+            md,
+            "\n## Task accuracy matrix (global model)\n\nAccuracy on each test task at the last round of each task (from `accuracy.csv`).\n"
+        );
+        md.push_str(&accuracy::markdown_table(matrix));
+        if let Some(avg) = accuracy::final_average(matrix) {
+            let _ = writeln!(md, "\nAverage accuracy after the last task: {:.2}%.", avg * 100.0);
+        }
+    }
+    md.push_str("\nPlots (SVG and PNG): `accuracy_by_round`, `accuracy_by_time`, `bytes_per_round`, `round_time_breakdown`, `round_time_cdf`");
+    for name in more_plots {
+        let _ = write!(md, ", `{name}`");
+    }
+    md.push_str(".\n");
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::SummaryInputs;
+
+    #[test]
+    fn a_run_with_accuracy_csv_gets_heat_maps_and_a_table() {
+        let dir = std::env::temp_dir().join(format!("anchorage-report-matrix-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let inputs = SummaryInputs {
+            initial_accuracy: 0.1,
+            chance: 0.1,
+            late_updates: 0,
+            refused: 0,
+            decode_errors: 0,
+            wall_seconds: 1.0,
+        };
+        let summary = RunSummary::new(inputs, Vec::new(), &[]);
+        std::fs::write(dir.join("metrics.json"), serde_json::to_string(&summary).unwrap()).unwrap();
+        std::fs::write(dir.join("ledger.json"), "[]").unwrap();
+        let without = write_report(&dir).unwrap();
+        assert!(!without.iter().any(|f| f.to_string_lossy().contains("accuracy_matrix")), "no csv, no matrix");
+        // Four tasks of three rounds; every model is tested on the tasks seen so far, and forgets.
+        let mut csv = String::from(accuracy::HEADER);
+        for t in 0..4usize {
+            for k in 0..=t {
+                let global = 0.92 - 0.15 * (t - k) as f64 - 0.02 * k as f64;
+                csv.push_str(&format!("\n{},{t},global,{k},{global:.4}", 3 * t + 3));
+                for c in 0..3 {
+                    let local = global - 0.05 * c as f64 - 0.1;
+                    csv.push_str(&format!("\n{},{t},client-{c:03},{k},{local:.4}", 3 * t + 3));
+                }
+            }
+            csv.push_str(&format!("\n{},{t},global,{t},0.3", 3 * t + 1));
+        }
+        std::fs::write(dir.join(accuracy::FILE), csv + "\n").unwrap();
+        let files = write_report(&dir).unwrap();
+        for name in
+            ["accuracy_matrix.svg", "accuracy_matrix.png", "accuracy_matrix_clients.svg", "accuracy_matrix_clients.png"]
+        {
+            assert!(files.contains(&dir.join(name)), "{name} missing from {files:?}");
+        }
+        let png = std::fs::read(dir.join("accuracy_matrix.png")).unwrap();
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 3_000, "{} bytes", png.len());
+        let svg = std::fs::read_to_string(dir.join("accuracy_matrix.svg")).unwrap();
+        assert_eq!(svg.matches(r#"class="cell""#).count(), 16);
+        assert!(svg.contains(">92.0<") && svg.contains(">47.0<"), "first and forgotten entries");
+        let clients = std::fs::read_to_string(dir.join("accuracy_matrix_clients.svg")).unwrap();
+        assert!(clients.contains(">77.0<"), "mean of 0.82, 0.77 and 0.72");
+        let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        assert!(md.contains("## Task accuracy matrix (global model)"), "{md}");
+        assert!(md.contains("| 0 | 92.0% | – | – | – |") && md.contains("| 3 | 47.0% |"), "{md}");
+        assert!(md.contains("`accuracy_matrix`, `accuracy_matrix_clients`."), "{md}");
+        std::fs::write(dir.join(accuracy::FILE), format!("{}\n1,0,global,0,2.5\n", accuracy::HEADER)).unwrap();
+        let err = format!("{:#}", write_report(&dir).unwrap_err());
+        assert!(err.contains("accuracy.csv:2: accuracy 2.5 is outside [0, 1]"), "{err}");
+    }
 }

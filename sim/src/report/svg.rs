@@ -1,4 +1,5 @@
-//! Minimal SVG charts (no plotting dependency): line charts, stacked bars, with axes and a legend.
+//! Minimal SVG charts (no plotting dependency): line charts, stacked bars, with axes and a legend;
+//! heat maps with a colour scale.
 
 use std::fmt::Write;
 
@@ -189,6 +190,105 @@ pub fn stacked_bars(
     svg
 }
 
+/// Viridis, sampled: the heat map's colour scale from 0 to 1.
+const SCALE: [(u8, u8, u8); 5] =
+    [(0x44, 0x01, 0x54), (0x3b, 0x52, 0x8b), (0x21, 0x91, 0x8c), (0x5e, 0xc9, 0x62), (0xfd, 0xe7, 0x25)];
+
+/// The scale's colour of `v` in [0, 1] (clamped).
+fn scale_colour(v: f64) -> String {
+    let x = v.clamp(0.0, 1.0) * (SCALE.len() - 1) as f64;
+    let i = (x.floor() as usize).min(SCALE.len() - 2);
+    let f = x - i as f64;
+    let (a, b) = (SCALE[i], SCALE[i + 1]);
+    let mix = |p: u8, q: u8| (p as f64 + (q as f64 - p as f64) * f).round() as u8;
+    format!("#{:02x}{:02x}{:02x}", mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
+}
+
+/// A heat map of `matrix` (values in [0, 1], shown in percent; `None`: a grey cell with no value):
+/// row `t` labelled `t` under the axis title `row_label`, column `k` under `col_label`, the value
+/// printed in each cell, and a colour legend from 0 to 100%.
+pub fn heat_map(title: &str, matrix: &[Vec<Option<f64>>], row_label: &str, col_label: &str) -> String {
+    let rows = matrix.len();
+    let cols = matrix.iter().map(Vec::len).max().unwrap_or(0);
+    let cell = (440.0 / rows.max(cols).max(1) as f64).clamp(22.0, 64.0);
+    let (left, top, bottom, right) = (80.0, 50.0, 56.0, 120.0);
+    let (grid_w, grid_h) = (cols as f64 * cell, (rows as f64 * cell).max(cell));
+    let (w, h) = ((left + grid_w + right).max(360.0), top + grid_h + bottom);
+    let font = (cell * 0.3).clamp(8.0, 13.0);
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{:.1}" y="24" text-anchor="middle" font-size="15">{}</text>"#,
+        w / 2.0,
+        escape(title)
+    );
+    for (t, row) in matrix.iter().enumerate() {
+        let y = top + t as f64 * cell;
+        let _ =
+            write!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{t}</text>"#, left - 6.0, y + cell / 2.0 + 4.0);
+        for k in 0..cols {
+            let x = left + k as f64 * cell;
+            let value = row.get(k).copied().flatten();
+            let fill = value.map(scale_colour).unwrap_or_else(|| "#eeeeee".into());
+            let _ = write!(
+                svg,
+                r#"<rect class="cell" x="{x:.1}" y="{y:.1}" width="{cell:.1}" height="{cell:.1}" fill="{fill}" stroke="white"/>"#
+            );
+            if let Some(v) = value {
+                let text = if cell >= 40.0 { format!("{:.1}", v * 100.0) } else { format!("{:.0}", v * 100.0) };
+                let ink = if v < 0.6 { "white" } else { "black" };
+                let _ = write!(
+                    svg,
+                    r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="{font:.0}" fill="{ink}">{text}</text>"#,
+                    x + cell / 2.0,
+                    y + cell / 2.0 + font * 0.35
+                );
+            }
+        }
+    }
+    for k in 0..cols {
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{k}</text>"#,
+            left + (k as f64 + 0.5) * cell,
+            top + grid_h + 16.0
+        );
+    }
+    let cy = top + grid_h / 2.0;
+    let _ = write!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="22" y="{cy:.1}" text-anchor="middle" transform="rotate(-90 22 {cy:.1})">{}</text>"#,
+        left + grid_w / 2.0,
+        top + grid_h + 40.0,
+        escape(col_label),
+        escape(row_label)
+    );
+    // The legend: a vertical bar, 100% at the top.
+    let (lx, lh) = (left + grid_w + 30.0, grid_h.clamp(100.0, 240.0));
+    svg.push_str(r#"<defs><linearGradient id="scale" x1="0" y1="1" x2="0" y2="0">"#);
+    for (i, _) in SCALE.iter().enumerate() {
+        let at = i as f64 / (SCALE.len() - 1) as f64;
+        let _ = write!(svg, r#"<stop offset="{at}" stop-color="{}"/>"#, scale_colour(at));
+    }
+    let _ = write!(
+        svg,
+        r##"</linearGradient></defs><rect x="{lx:.1}" y="{top}" width="16" height="{lh:.1}" fill="url(#scale)" stroke="#999"/>"##
+    );
+    for pct in [0, 25, 50, 75, 100] {
+        let y = top + lh * (1.0 - pct as f64 / 100.0);
+        let _ = write!(
+            svg,
+            r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="black"/><text x="{:.1}" y="{:.1}">{pct}%</text>"#,
+            lx + 16.0,
+            lx + 20.0,
+            lx + 24.0,
+            y + 4.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +308,29 @@ mod tests {
         assert!(s.contains("a &lt;b&gt;") && s.contains("<polyline"));
         let b = stacked_bars("t", "x", "y", &["1".into(), "2".into()], &[("a", vec![1.0, 2.0]), ("b", vec![0.5, 0.0])]);
         assert_eq!(b.matches("<rect x=").count(), 4 + 2, "four segments and two legend swatches");
+    }
+
+    #[test]
+    fn a_heat_map_has_a_cell_per_entry_with_its_value() {
+        let m = vec![
+            vec![Some(0.9), None, None],
+            vec![Some(0.5), Some(0.875), None],
+            vec![Some(0.0), Some(0.25), Some(1.0)],
+        ];
+        let s = heat_map("tasks & <models>", &m, "after task t", "test task k");
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches(r#"class="cell""#).count(), 9, "one cell per entry, evaluated or not");
+        for v in [">90.0<", ">50.0<", ">87.5<", ">0.0<", ">25.0<", ">100.0<"] {
+            assert!(s.contains(v), "{v} printed");
+        }
+        assert_eq!(s.matches(r##"fill="#eeeeee""##).count(), 3, "three entries not evaluated");
+        assert!(s.contains("after task t") && s.contains("test task k") && s.contains("tasks &amp; &lt;models&gt;"));
+        assert!(s.contains(">100%<") && s.contains(">0%<") && s.contains("linearGradient"), "a colour legend");
+        assert_eq!((scale_colour(0.0).as_str(), scale_colour(1.0).as_str()), ("#440154", "#fde725"));
+        let big = vec![vec![Some(0.5); 20]; 20];
+        let s = heat_map("t", &big, "r", "c");
+        assert_eq!(s.matches(r#"class="cell""#).count(), 400);
+        assert!(s.contains(">50<"), "small cells print whole percents");
+        assert!(heat_map("empty", &[], "r", "c").ends_with("</svg>\n"));
     }
 }
