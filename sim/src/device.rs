@@ -38,8 +38,8 @@ pub struct DeviceProfile {
     pub on_off: Option<OnOff>,
     /// Virtual clock: a CSV file of the intervals when the device is reachable (FedScale-style
     /// availability trace): header `start_seconds,end_seconds`, one interval per line, in any
-    /// order, in simulated seconds from the start of the run (relative paths: from the working
-    /// directory). The trace repeats every `trace_period_seconds`, by default its last end. Every
+    /// order, in simulated seconds from the start of the run (blank and `#` lines are skipped;
+    /// relative paths: from the working directory). The trace repeats every `trace_period_seconds`, by default its last end. Every
     /// device of the profile follows the same trace. Excludes `on_off`.
     pub availability_trace: Option<PathBuf>,
     /// Period of `availability_trace` (at least its last end).
@@ -168,7 +168,7 @@ impl Availability {
             Self::Cycle(c) => {
                 let on = secs(c.on_seconds);
                 cycle = [(Duration::ZERO, on)];
-                (&cycle, on + secs(c.off_seconds))
+                (&cycle, on.saturating_add(secs(c.off_seconds)))
             }
             Self::Trace(w, p) => (w, *p),
         };
