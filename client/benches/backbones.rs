@@ -148,7 +148,7 @@ fn head_epochs<M: anchorage_client::model::FeatureNet>(backbone: &Frozen<M>, nam
     let train_device = device.clone().autodiff();
 
     // Without the cache: backbone forward (no grad) + head step per batch.
-    let mut model = Trainable::new(&spec, &train_device);
+    let mut model = Trainable::new(&spec.net(), &train_device);
     let mut optim = AdamConfig::new().init();
     let loss_fn = CrossEntropyLossConfig::new().init(&train_device);
     let t = Instant::now();
@@ -177,7 +177,7 @@ fn head_epochs<M: anchorage_client::model::FeatureNet>(backbone: &Frozen<M>, nam
         ..cache
     };
     let build = t.elapsed();
-    let model = Trainable::new(&spec, &train_device);
+    let model = Trainable::new(&spec.net(), &train_device);
     let mut rng = Rng::new(1);
     let _ = fit(model.clone(), &cache, 1, batch, 1e-3, OptimizerKind::Adam, &mut rng, &train_device);
     let epoch = best(3, || {

@@ -52,6 +52,9 @@ pub struct ClientConfig {
     #[serde(default)]
     pub optimizer: OptimizerKind,
     pub data: DataSource,
+    /// The method's name and hyperparameters (default: FedAvg); must match the server's.
+    #[serde(default)]
+    pub method: anchorage_shared::method::MethodConfig,
     #[serde(default)]
     pub reconnect: ReconnectConfig,
 }

@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 
 use anchorage_client::config::{ClientConfig, DataSource};
-use anchorage_client::methods::FedAvgClient;
-use anchorage_client::model::ModelSpec;
+use anchorage_client::methods::{self, MethodContext};
 use anchorage_client::store::ClientStore;
 use anchorage_client::transport::{self, Backoff, ClientOptions};
 use anchorage_client::{device, encoding};
@@ -40,7 +39,6 @@ fn main() -> anyhow::Result<()> {
 async fn run(config: ClientConfig) -> anyhow::Result<()> {
     let (dev, picked) = device::select(&config.device)?;
     tracing::info!(device = picked, "compute device");
-    let spec = ModelSpec::embedded_default();
     let (train, test) = match &config.data {
         DataSource::Synthetic { seed, clients, index, alpha } => {
             anyhow::ensure!(index < clients, "data.index {index} must be below data.clients {clients}");
@@ -51,7 +49,9 @@ async fn run(config: ClientConfig) -> anyhow::Result<()> {
     };
     tracing::info!(train = train.len(), test = test.len(), "local data (embedded synthetic set)");
     let enc = encoding::parse(&config.encoding)?;
-    let method = FedAvgClient::new(spec, &train, Some(&test), dev.autodiff(), config.optimizer, enc, 0);
+    let context =
+        MethodContext::embedded(config.method.clone(), &train, &test, dev.autodiff(), config.optimizer, enc, 0);
+    let method = methods::build(context)?;
     let cert = std::fs::read(&config.server_cert)
         .with_context(|| format!("reading the pinned server certificate {}", config.server_cert.display()))?;
     let mut options = ClientOptions::new(config.server, cert.into(), config.client_id.clone());
@@ -78,7 +78,7 @@ async fn run(config: ClientConfig) -> anyhow::Result<()> {
         tracing::info!("stopping: goodbye to the server");
         let _ = stop_tx.send(true);
     });
-    let reason = transport::run(options, Box::new(method), None).await?;
+    let reason = transport::run(options, method, None).await?;
     tracing::info!(%reason, "client finished");
     Ok(())
 }

@@ -2,10 +2,11 @@
 //! client half shares.
 
 use anchorage_shared::rng::Rng;
+use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{FeatureCache, Trainable};
@@ -37,8 +38,72 @@ pub struct FitReport {
     pub steps: usize,
 }
 
-/// Minibatch training of `model` on cached features with cross-entropy. The batch order comes from
-/// `rng`, so a seeded run is reproducible.
+/// One minibatch of cached features.
+pub struct Batch {
+    pub x: Tensor<2>,
+    pub y: Tensor<1, Int>,
+    /// The labels, on the host.
+    pub labels: Vec<u32>,
+}
+
+/// Which parameters a step updates: the gradients of the chosen part of the model.
+pub type Part<M> = fn(&mut Gradients, &M) -> GradientsParams;
+
+/// Every parameter of the model.
+pub fn whole<M: Module>(grads: &mut Gradients, model: &M) -> GradientsParams {
+    GradientsParams::from_module(grads, model)
+}
+
+/// Minibatch training on cached features: the one loop every method's client half runs. The batch
+/// order comes from `rng`, so a seeded run is reproducible; the optimizer state lives as long as
+/// the trainer (one local round).
+pub struct Trainer {
+    optim: ModuleOptimizer,
+    learning_rate: f64,
+    batch_size: usize,
+    /// Optimizer steps taken.
+    pub steps: usize,
+}
+
+impl Trainer {
+    pub fn new(optimizer: OptimizerKind, learning_rate: f64, batch_size: usize) -> Self {
+        Self { optim: optimizer.build(), learning_rate, batch_size: batch_size.max(1), steps: 0 }
+    }
+
+    /// One epoch over `cache`: for each batch, `loss(model, batch)` is minimised over the
+    /// parameters `part` selects. Returns the model and the epoch's mean loss (NaN when empty).
+    pub fn epoch<M: Module>(
+        &mut self,
+        mut model: M,
+        cache: &FeatureCache,
+        rng: &mut Rng,
+        part: Part<M>,
+        mut loss: impl FnMut(&M, &Batch) -> Tensor<1>,
+    ) -> (M, f64) {
+        let n = cache.len();
+        let mut order: Vec<i64> = (0..n as i64).collect();
+        rng.shuffle(&mut order);
+        let device = cache.features.device();
+        let mut loss_sum = 0.0;
+        for chunk in order.chunks(self.batch_size) {
+            let idx = Tensor::<1, Int>::from_data(TensorData::new(chunk.to_vec(), [chunk.len()]), &device);
+            let batch = Batch {
+                x: cache.features.clone().select(0, idx.clone()),
+                y: cache.labels.clone().select(0, idx),
+                labels: chunk.iter().map(|&i| cache.labels_host[i as usize]).collect(),
+            };
+            let l = loss(&model, &batch);
+            loss_sum += l.clone().into_scalar::<f32>() as f64 * chunk.len() as f64;
+            let mut grads = l.backward();
+            let grads = part(&mut grads, &model);
+            model = self.optim.step(self.learning_rate, model, grads);
+            self.steps += 1;
+        }
+        (model, if n == 0 { f64::NAN } else { loss_sum / n as f64 })
+    }
+}
+
+/// Minibatch training of `model` on cached features with cross-entropy.
 pub fn fit(
     mut model: Trainable,
     cache: &FeatureCache,
@@ -49,45 +114,40 @@ pub fn fit(
     rng: &mut Rng,
     device: &Device,
 ) -> (Trainable, FitReport) {
-    let mut optim = optimizer.build();
-    let loss_fn = CrossEntropyLossConfig::new().init(device);
-    let n = cache.len();
-    let batch_size = batch_size.max(1);
-    let mut order: Vec<i64> = (0..n as i64).collect();
+    let mut trainer = Trainer::new(optimizer, learning_rate, batch_size);
+    let ce = CrossEntropyLossConfig::new().init(device);
     let mut report = FitReport { last_epoch_loss: f64::NAN, steps: 0 };
     for _ in 0..epochs {
-        rng.shuffle(&mut order);
-        let mut loss_sum = 0.0;
-        for batch in order.chunks(batch_size) {
-            let idx = Tensor::<1, Int>::from_data(TensorData::new(batch.to_vec(), [batch.len()]), device);
-            let x = cache.features.clone().select(0, idx.clone());
-            let y = cache.labels.clone().select(0, idx);
-            let loss = loss_fn.forward(model.forward(x), y);
-            let value: f32 = loss.clone().into_scalar::<f32>();
-            loss_sum += value as f64 * batch.len() as f64;
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(learning_rate, model, grads);
-            report.steps += 1;
-        }
-        if n > 0 {
-            report.last_epoch_loss = loss_sum / n as f64;
-        }
+        let (m, loss) = trainer.epoch(model, cache, rng, whole, |m, b| ce.forward(m.forward(b.x.clone()), b.y.clone()));
+        model = m;
+        report.last_epoch_loss = loss;
     }
+    report.steps = trainer.steps;
     (model, report)
 }
 
 /// Top-1 accuracy of `model` on cached features; `None` for an empty set.
 pub fn accuracy(model: &Trainable, cache: &FeatureCache, batch_size: usize) -> Option<f64> {
+    let model = model.valid();
+    accuracy_of(cache, batch_size, |x| model.forward(x).argmax(1))
+}
+
+/// Top-1 accuracy of any predictor (features `[n, d]` → class indices `[n, 1]`) on cached
+/// features, in batches; `None` for an empty set.
+pub fn accuracy_of(
+    cache: &FeatureCache,
+    batch_size: usize,
+    predict: impl Fn(Tensor<2>) -> Tensor<2, Int>,
+) -> Option<f64> {
     let n = cache.len();
     if n == 0 {
         return None;
     }
-    let model = burn::module::Module::valid(model);
     let mut correct = 0usize;
     for start in (0..n).step_by(batch_size.max(1)) {
         let end = (start + batch_size.max(1)).min(n);
         let x = cache.features.clone().slice(start..end);
-        let pred: Vec<i64> = model.forward(x).argmax(1).into_data().try_into_vec_as::<i64>().unwrap_or_default();
+        let pred: Vec<i64> = predict(x).into_data().convert::<i64>().try_to_vec::<i64>().unwrap_or_default();
         correct += pred.iter().zip(&cache.labels_host[start..end]).filter(|(p, l)| **p == **l as i64).count();
     }
     Some(correct as f64 / n as f64)

@@ -87,6 +87,12 @@ impl Dataset {
     /// Splits into (first, second) with `fraction` of each class in the first (rounded), after a
     /// seeded shuffle within the class.
     pub fn split_per_class(&self, fraction: f64, seed: u64) -> (Dataset, Dataset) {
+        let (first, second) = self.split_indices_per_class(fraction, seed);
+        (self.subset(&first), self.subset(&second))
+    }
+
+    /// The indices of [`Dataset::split_per_class`]'s two parts, each sorted.
+    pub fn split_indices_per_class(&self, fraction: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
         let mut rng = Rng::new(seed);
         let (mut first, mut second) = (Vec::new(), Vec::new());
         for mut idx in self.indices_by_class() {
@@ -97,7 +103,7 @@ impl Dataset {
         }
         first.sort_unstable();
         second.sort_unstable();
-        (self.subset(&first), self.subset(&second))
+        (first, second)
     }
 }
 

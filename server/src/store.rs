@@ -89,6 +89,8 @@ mod tests {
             method: "fedavg".into(),
             global: vec![ParamBlock::encode("head.bias", &[2], &[1.0, -1.0], Encoding::F32)],
             stats: EngineStats { late_updates: 2, ..Default::default() },
+            method_state: vec![1, 2, 3],
+            prototypes: vec![],
         };
         store.save(&cp).unwrap();
         assert_eq!(store.load().unwrap(), Some(cp.clone()));

@@ -8,6 +8,7 @@
 //! - [`tensor`]: named parameter blocks and their wire encodings (f32, f16, bf16, int8 + scale).
 //! - [`prototype`]: class prototypes as they travel.
 //! - [`prototype_rules`]: the papers' prototype rules (fusion, evolving prototype, translation, BGPS).
+//! - [`method`]: every method's hyperparameters, read by both halves.
 //! - [`math`]: weighted means and cosine similarity, the one copy used everywhere.
 //! - [`ledger`]: the cost record of one client in one round.
 //! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.
@@ -22,6 +23,7 @@ pub mod frame;
 pub mod io;
 pub mod ledger;
 pub mod math;
+pub mod method;
 pub mod protocol;
 pub mod prototype;
 pub mod prototype_rules;
@@ -29,6 +31,7 @@ pub mod rng;
 pub mod tensor;
 
 pub use frame::{FrameError, FrameReader, encode_frame};
+pub use method::MethodConfig;
 pub use protocol::{DecodeError, Message, PROTOCOL_VERSION};
 pub use prototype::Prototype;
 pub use tensor::{EncodedTensor, Encoding, ParamBlock, TensorError};

@@ -342,6 +342,18 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
         self.inner.num_samples()
     }
 
+    fn global_accuracy(
+        &self,
+        broadcast: &Broadcast,
+        test: &anchorage_client::model::FeatureCache,
+    ) -> Result<Option<f64>, TrainError> {
+        self.inner.global_accuracy(broadcast, test)
+    }
+
+    fn initial_blocks(&self) -> Result<Vec<anchorage_shared::tensor::ParamBlock>, TrainError> {
+        self.inner.initial_blocks()
+    }
+
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         let tau = broadcast.config.local_epochs.max(1);
         let straggles = self.straggler_ratio > 0.0 && self.rng.f64() < self.straggler_ratio;

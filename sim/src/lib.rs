@@ -4,6 +4,7 @@
 //! file and no network: procedural synthetic images made in code, Dirichlet label skew over the
 //! clients, FedAvg of a trainable adapter and head on a frozen backbone.
 
+pub mod continual;
 pub mod device;
 pub mod network;
 mod record;

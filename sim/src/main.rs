@@ -56,8 +56,20 @@ struct DescribeArgs {
 
 #[derive(Args)]
 struct SimArgs {
-    /// A TOML file with any `SimConfig` fields; flags override it.
+    /// A scenario file (`scenarios/*.toml`) or a TOML file of `SimConfig` fields; flags override it.
     config: Option<PathBuf>,
+    /// The method: fedavg, fedprox, fedrep, local, gldp, fedprok, fedevolve, fedevp.
+    #[arg(long)]
+    method: Option<String>,
+    /// Folder of the real datasets and weights (`../shared/data`).
+    #[arg(long, env = "ANCHORAGE_DATA")]
+    data_dir: Option<PathBuf>,
+    /// Fraction of the scenario's data to use (its `[data] scale`), for a quick CPU run.
+    #[arg(long)]
+    data_scale: Option<f64>,
+    /// Rounds per task of the stream.
+    #[arg(long)]
+    rounds_per_task: Option<u64>,
     #[arg(long)]
     clients: Option<usize>,
     #[arg(long)]
@@ -129,12 +141,21 @@ fn describe(args: DescribeArgs) -> anyhow::Result<()> {
 
 fn sim(args: SimArgs) -> anyhow::Result<()> {
     let mut config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            toml::from_str::<SimConfig>(&text).with_context(|| format!("parsing {}", path.display()))?
-        }
+        Some(path) => anchorage_sim::scenario::sim_config(path)?,
         None => SimConfig::default(),
     };
+    if let Some(v) = args.method {
+        config.method.name = v;
+    }
+    if let Some(v) = args.data_dir {
+        config.data_dir = Some(v);
+    }
+    if let (Some(scale), Some(data)) = (args.data_scale, config.data.as_mut()) {
+        data.scale = scale;
+    }
+    if let Some(v) = args.rounds_per_task {
+        config.rounds_per_task = v;
+    }
     if let Some(v) = args.clients {
         config.clients = v;
     }
@@ -176,10 +197,6 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
             println!("report: {}", out.join("report.md").display());
         }
         "virtual" => {
-            println!(
-                "anchorage sim (virtual clock): {} clients, {} rounds, FedAvg, seed {}",
-                config.clients, config.rounds, config.seed
-            );
             let result = anchorage_sim::virtual_clock::run_virtual_with_progress(&config, true)?;
             println!("{}", anchorage_sim::RoundRow::HEADER);
             for row in &result.summary.rounds {
@@ -192,7 +209,13 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
                 result.summary.initial_accuracy * 100.0,
                 result.summary.wall_seconds
             );
-            anchorage_sim::write_run_folder(&out, &toml::to_string_pretty(&config)?, &result.summary, &result.ledger)?;
+            anchorage_sim::write_run_folder(
+                &out,
+                &toml::to_string_pretty(&config)?,
+                &result.summary,
+                &result.ledger,
+                &result.accuracy,
+            )?;
             anchorage_sim::report::write_report(&out)?;
             println!("run folder: {} (report.md and plots inside)", out.display());
         }

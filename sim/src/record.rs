@@ -7,6 +7,9 @@ use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use crate::continual::ContinualMetrics;
+use crate::report::AccuracyRow;
+
 /// One round as the results table shows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RoundRow {
@@ -43,6 +46,9 @@ pub struct RunSummary {
     pub refused: u64,
     pub decode_errors: u64,
     pub wall_seconds: f64,
+    /// Metrics of the task accuracy matrix (DESIGN.md §7).
+    #[serde(default)]
+    pub continual: ContinualMetrics,
 }
 
 /// What a run's summary is made of, besides the rows and the ledger.
@@ -55,9 +61,54 @@ pub struct SummaryInputs {
     pub wall_seconds: f64,
 }
 
+/// The accuracy records of a closed round: the global model per test task, and each client's
+/// local model per test task from its update's `acc.task.K` / `acc.target` metrics.
+pub fn accuracy_records(report: &anchorage_server::RoundReport, task: u32, global: &[(u32, f64)]) -> Vec<AccuracyRow> {
+    let target = global.iter().map(|(k, _)| *k).max().unwrap_or(task);
+    let mut out: Vec<AccuracyRow> = global
+        .iter()
+        .map(|(k, a)| AccuracyRow {
+            round: report.round,
+            task: task as usize,
+            model: "global".into(),
+            test_task: *k as usize,
+            accuracy: *a,
+        })
+        .collect();
+    for u in &report.updates {
+        for (name, value) in &u.metrics {
+            let test_task = match name.strip_prefix("acc.task.") {
+                Some(k) => k.parse::<usize>().ok(),
+                None => (name == "acc.target").then_some(target as usize),
+            };
+            if let Some(k) = test_task.filter(|_| value.is_finite() && (0.0..=1.0).contains(value)) {
+                out.push(AccuracyRow {
+                    round: report.round,
+                    task: task as usize,
+                    model: u.client.clone(),
+                    test_task: k,
+                    accuracy: *value,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The round's headline accuracy: the global model's mean over the seen tasks, or the clients'
+/// local models' mean where the method has no global predictor (Local-only, FedRep).
+pub fn round_accuracy(global: &[(u32, f64)], rows: &[AccuracyRow]) -> f64 {
+    if !global.is_empty() {
+        return crate::setup::mean_accuracy(global);
+    }
+    let local: Vec<f64> = rows.iter().filter(|r| r.is_client()).map(|r| r.accuracy).collect();
+    if local.is_empty() { 0.0 } else { local.iter().sum::<f64>() / local.len() as f64 }
+}
+
 impl RunSummary {
-    /// The summary of a run from its rows and its ledger (uploads with measured wire bytes).
-    pub fn new(inputs: SummaryInputs, rows: Vec<RoundRow>, ledger: &[CostRecord]) -> Self {
+    /// The summary of a run from its rows, its ledger (uploads with measured wire bytes) and its
+    /// accuracy records (the continual-learning metrics).
+    pub fn new(inputs: SummaryInputs, rows: Vec<RoundRow>, ledger: &[CostRecord], accuracy: &[AccuracyRow]) -> Self {
         let uploads: Vec<&CostRecord> = ledger.iter().filter(|c| c.payload_up > 0 && c.wire_up > 0).collect();
         let mean = |f: &dyn Fn(&CostRecord) -> f64| {
             (!uploads.is_empty()).then(|| uploads.iter().map(|c| f(c)).sum::<f64>() / uploads.len() as f64)
@@ -73,6 +124,7 @@ impl RunSummary {
             decode_errors: inputs.decode_errors,
             rounds: rows,
             wall_seconds: inputs.wall_seconds,
+            continual: ContinualMetrics::from_records(accuracy),
         }
     }
 }
@@ -142,9 +194,15 @@ pub fn write_run_folder(
     config_toml: &str,
     summary: &RunSummary,
     ledger: &[CostRecord],
+    accuracy: &[AccuracyRow],
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("config.toml"), config_toml)?;
+    let mut acc = std::fs::File::create(dir.join(crate::report::ACCURACY_FILE))?;
+    writeln!(acc, "{}", crate::report::ACCURACY_HEADER)?;
+    for r in accuracy {
+        writeln!(acc, "{},{},{},{},{}", r.round, r.task, csv_field(&r.model), r.test_task, r.accuracy)?;
+    }
 
     let mut rounds = std::fs::File::create(dir.join("rounds.csv"))?;
     writeln!(

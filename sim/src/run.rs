@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
+use anchorage_data::DataSpec;
 use anchorage_server::engine::AggregationMode;
-use anchorage_server::methods::FedAvg;
+use anchorage_server::methods;
 use anchorage_server::tls;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
 use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::method::MethodConfig;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -19,8 +21,8 @@ use tokio::sync::mpsc;
 
 use crate::device::{Charge, DeviceProfile, deal_by_share};
 use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
-use crate::record::{RoundRow, RunSummary, SummaryInputs, write_run_folder};
-use crate::setup::{Setup, client_id};
+use crate::record::{RoundRow, RunSummary, SummaryInputs, accuracy_records, round_accuracy, write_run_folder};
+use crate::setup::{Setup, client_id, mean_accuracy};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +72,36 @@ pub struct SimConfig {
     /// Synchronous rounds (default) or FedBuff-style buffered aggregation:
     /// `aggregation = { kind = "buffered", buffer = 4, concurrency = 8, max_staleness = 4 }`.
     pub aggregation: AggregationMode,
+    /// The method and its hyperparameters (`[method]` of a scenario file).
+    pub method: MethodConfig,
+    /// The frozen backbone and the trainable net on it (`[model]`).
+    pub model: ModelConfig,
+    /// The scenario's data (`[data]`); none: the embedded synthetic set (`alpha`, `noise`, ...).
+    pub data: Option<DataSpec>,
+    /// Where real datasets and weights are (`../shared/data`, `ANCHORAGE_DATA`).
+    pub data_dir: Option<PathBuf>,
+    /// Rounds per task of the stream (FedProK's R); 0: a single task.
+    pub rounds_per_task: u64,
+    /// FedEvolve's protocol: the clients hold every source domain from the start and the last
+    /// domain of the split is the unseen target the accuracy is measured on.
+    pub evolving: bool,
+}
+
+/// The frozen backbone and the trainable net on its features.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `embedded` (random features, the default), `identity` (raw inputs), `resnet20`, `resnet56`,
+    /// `mobilenet_v2` (pretrained, from the data directory).
+    pub backbone: String,
+    /// Widths of the trainable adapter's layers (the representation); the head follows.
+    pub hidden: Vec<usize>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self { backbone: "embedded".into(), hidden: vec![512] }
+    }
 }
 
 /// A preset and its share of the fleet.
@@ -135,6 +167,12 @@ impl Default for SimConfig {
             devices: Vec::new(),
             straggler_ratio: 0.0,
             aggregation: AggregationMode::Synchronous,
+            method: MethodConfig::default(),
+            model: ModelConfig::default(),
+            data: None,
+            data_dir: None,
+            rounds_per_task: 0,
+            evolving: false,
         }
     }
 }
@@ -149,14 +187,18 @@ pub struct SimResult {
     pub run_dir: Option<PathBuf>,
     /// Per client, the counters of its modelled link (`None`: unshaped).
     pub link_stats: Vec<Option<DuplexStats>>,
+    /// The accuracy records (global and local models per test task, per round).
+    pub accuracy: Vec<crate::report::AccuracyRow>,
 }
 
 /// Runs the federation; prints a table and shows progress when `progress` is set, and writes the
 /// run folder when `out` is given.
 pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
     let started = Instant::now();
-    let Setup { spec, engine, initial, clients, train_len, test_len, evaluator, devices } =
+    let Setup { engine, initial, clients, evaluator, devices, num_classes, headline } =
         Setup::new(&config, Charge::Sleep)?;
+    let schedule = engine.clone();
+    let task_of = |round: u64| schedule.task_of(round);
 
     // Server on loopback with a fresh self-signed certificate that the clients pin.
     let identity = tls::self_signed(&["localhost"])?;
@@ -164,15 +206,15 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     let mut server = server_transport::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity,
-        engine,
-        method: Box::new(FedAvg::default()),
+        engine: engine.clone(),
+        method: methods::build(&config.method).with_context(|| format!("unknown method `{}`", config.method.name))?,
         initial: initial.clone(),
         limits: Limits::default(),
         store: None,
     })
     .await?;
-    let eval = |blocks: &[anchorage_shared::tensor::ParamBlock]| evaluator.accuracy(blocks);
-    let initial_accuracy = eval(&initial)?;
+    let initial_accuracy = mean_accuracy(&evaluator.evaluate(&initial, &[], 0)?);
+    let mut accuracy_rows = Vec::new();
 
     // Clients.
     let (event_tx, mut client_events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
@@ -216,10 +258,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
             bar.suspend(|| println!("{line}"));
         }
     };
-    say(format!(
-        "anchorage sim: {} clients, {} rounds, FedAvg, synthetic data ({} train / {} test, 10 classes), seed {}",
-        config.clients, config.rounds, train_len, test_len, config.seed
-    ));
+    say(format!("anchorage sim: {headline}"));
     say(format!("initial global accuracy {:.2}%", initial_accuracy * 100.0));
     say(RoundRow::HEADER.to_string());
 
@@ -243,7 +282,11 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
                         }
                     }
                     let costs = costs_by_round.remove(&report.round).unwrap_or_default();
-                    let acc = eval(&checkpoint.global)?;
+                    let task = task_of(report.round);
+                    let global = evaluator.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
+                    let new_rows = accuracy_records(&report, task, &global);
+                    let acc = round_accuracy(&global, &new_rows);
+                    accuracy_rows.extend(new_rows);
                     let row = RoundRow::from_report(&report, acc, &costs);
                     say(row.table_line());
                     bar.inc(1);
@@ -272,13 +315,13 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
 
     let inputs = SummaryInputs {
         initial_accuracy,
-        chance: 1.0 / spec.num_classes as f64,
+        chance: 1.0 / num_classes as f64,
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
         refused: ServerMetrics::get(&metrics.refusals),
         decode_errors: ServerMetrics::get(&metrics.decode_errors),
         wall_seconds: started.elapsed().as_secs_f64(),
     };
-    let summary = RunSummary::new(inputs, rows, &ledger);
+    let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
     if progress {
         println!(
             "final accuracy {:.2}% (initial {:.2}%, chance {:.0}%); mean upload {} payload, wire/payload {:.4}; {:.1} s",
@@ -291,7 +334,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         );
     }
     if let Some(dir) = &out {
-        write_run_folder(dir, &toml::to_string_pretty(&config)?, &summary, &ledger)?;
+        write_run_folder(dir, &toml::to_string_pretty(&config)?, &summary, &ledger, &accuracy_rows)?;
         if progress {
             println!("run folder: {}", dir.display());
         }
@@ -300,7 +343,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         .iter()
         .map(|h| h.as_ref().and_then(|slot| slot.lock().ok().and_then(|s| s.as_ref().map(LinkHandle::stats))))
         .collect();
-    Ok(SimResult { summary, ledger, reports, run_dir: out, link_stats })
+    Ok(SimResult { summary, ledger, reports, run_dir: out, link_stats, accuracy: accuracy_rows })
 }
 
 fn handle_client_event(

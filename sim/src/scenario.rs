@@ -14,6 +14,32 @@ pub fn data_spec(path: &Path) -> anyhow::Result<DataSpec> {
     data.try_into().with_context(|| format!("the [data] table of {}", path.display()))
 }
 
+/// A whole scenario file as a [`SimConfig`]: `[federation]` holds SimConfig fields (clients,
+/// rounds, rounds_per_task, local_epochs, batch_size, learning_rate, evolving, ...), `[method]`,
+/// `[model]` and `[data]` their tables; `[scenario]` is a description. A plain SimConfig file
+/// (no `[scenario]` table) is read as it is.
+pub fn sim_config(path: &Path) -> anyhow::Result<crate::SimConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut doc: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    if doc.remove("scenario").is_none() {
+        return toml::from_str(&text).with_context(|| format!("parsing {}", path.display()));
+    }
+    let mut config = match doc.remove("federation") {
+        Some(toml::Value::Table(t)) => t,
+        Some(_) => anyhow::bail!("{}: [federation] must be a table", path.display()),
+        None => toml::Table::new(),
+    };
+    for key in ["method", "model", "data"] {
+        if let Some(v) = doc.remove(key) {
+            config.insert(key.into(), v);
+        }
+    }
+    if let Some(extra) = doc.keys().next() {
+        anyhow::bail!("{}: unknown table [{extra}]", path.display());
+    }
+    toml::Value::Table(config).try_into().with_context(|| format!("the scenario {}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,15 +1,18 @@
-//! What both clocks build from a [`SimConfig`]: the data and its split, each client's method, the
-//! engine's configuration, the initial global model and the evaluator.
+//! What both clocks build from a [`SimConfig`]: the data and its split into task streams, the
+//! frozen backbone's features (computed once per sample), each client's method half, the engine's
+//! configuration, the initial global model and the evaluator.
 
 use std::time::Duration;
 
-use anchorage_client::methods::FedAvgClient;
-use anchorage_client::model::{BlockLayout, FeatureCache, FrozenBackbone, ModelSpec, Trainable};
-use anchorage_client::train::{OptimizerKind, accuracy};
-use anchorage_data::{SyntheticConfig, partition, synthetic};
+use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
+use anchorage_client::model::{FeatureCache, NetSpec, zoo};
+use anchorage_client::train::OptimizerKind;
+use anchorage_data::partition::FederatedSplit;
+use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
 use anchorage_server::engine::EngineConfig;
-use anchorage_shared::protocol::RoundConfig;
-use anchorage_shared::tensor::{Encoding, ParamBlock};
+use anchorage_shared::protocol::{Broadcast, RoundConfig};
+use anchorage_shared::prototype::Prototype;
+use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
 use burn::tensor::Device;
 
@@ -18,30 +21,58 @@ use crate::run::SimConfig;
 
 /// The federation a run simulates.
 pub struct Setup {
-    pub spec: ModelSpec,
     pub engine: EngineConfig,
     pub initial: Vec<ParamBlock>,
     /// One client half per client, in client order, on its simulated device.
-    pub clients: Vec<SimulatedDevice<FedAvgClient>>,
+    pub clients: Vec<SimulatedDevice<Box<dyn ClientMethod>>>,
     /// Each client's device profile.
     pub devices: Vec<DeviceProfile>,
-    pub train_len: usize,
-    pub test_len: usize,
+    pub num_classes: usize,
     pub evaluator: Evaluator,
+    /// One line on the run: method, data, sizes.
+    pub headline: String,
 }
 
-/// The global model on the held-out test set, through the same frozen backbone.
+/// The global model on the global test data of each task, predicted the way the method predicts.
 pub struct Evaluator {
-    spec: ModelSpec,
-    device: Device,
-    test: FeatureCache,
+    method: Box<dyn ClientMethod>,
+    /// Test data per task (class-incremental) or the single target domain (evolving).
+    tests: Vec<(u32, FeatureCache)>,
+    /// Evolving shifts: only the target is evaluated, whatever the task.
+    target_only: bool,
 }
 
 impl Evaluator {
-    pub fn accuracy(&self, blocks: &[ParamBlock]) -> anyhow::Result<f64> {
-        let model = Trainable::new(&self.spec, &self.device).load_blocks(blocks, &self.device)?;
-        Ok(accuracy(&model, &self.test, 1024).unwrap_or(0.0))
+    /// Global accuracy on the test data of every task seen by a round of `task` (or on the
+    /// target), as `(test task, accuracy)`; methods without a global predictor give none.
+    pub fn evaluate(
+        &self,
+        blocks: &[ParamBlock],
+        prototypes: &[Prototype],
+        task: u32,
+    ) -> anyhow::Result<Vec<(u32, f64)>> {
+        let broadcast = Broadcast {
+            round: 0,
+            task,
+            config: RoundConfig { local_epochs: 0, batch_size: 1, learning_rate: 0.0, deadline_ms: 0 },
+            blocks: blocks.to_vec(),
+            prototypes: prototypes.to_vec(),
+        };
+        let mut out = Vec::new();
+        for (k, test) in &self.tests {
+            if self.target_only || *k <= task {
+                if let Some(a) = self.method.global_accuracy(&broadcast, test)? {
+                    out.push((*k, a));
+                }
+            }
+        }
+        Ok(out)
     }
+}
+
+/// The mean of per-task accuracies (the average accuracy of the seen tasks); 0 for none.
+pub fn mean_accuracy(accuracies: &[(u32, f64)]) -> f64 {
+    if accuracies.is_empty() { 0.0 } else { accuracies.iter().map(|(_, a)| a).sum::<f64>() / accuracies.len() as f64 }
 }
 
 /// Client ids as both clocks name them.
@@ -49,41 +80,138 @@ pub fn client_id(i: usize) -> String {
     format!("client-{i:03}")
 }
 
+/// The data before features: pools, each client's tasks as index lists, and the global tests.
+struct Prepared {
+    train: Dataset,
+    test: Dataset,
+    split: FederatedSplit,
+    source: String,
+}
+
+/// Local test indices of a task: the client's held-out share where the split has one, else the
+/// task's test-pool samples. `true`: the indices are into the training pool.
+fn local_test(task: &anchorage_data::partition::TaskSplit) -> (&[usize], bool) {
+    if task.local_test.is_empty() { (&task.test, false) } else { (&task.local_test, true) }
+}
+
 impl Setup {
     pub fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
         anyhow::ensure!(config.clients >= 1, "need at least one client");
         let encoding = anchorage_client::encoding::parse(&config.encoding)?;
-        let device = Device::flex();
-        let spec = ModelSpec::embedded_default();
-        // Data: procedural images, Dirichlet label skew, a local 80/20 split per client.
-        let data = SyntheticConfig {
-            num_classes: spec.num_classes as u32,
-            side: 16,
-            train_per_class: config.train_per_class,
-            test_per_class: config.test_per_class,
-            noise: config.noise,
-            max_shift: 3,
-            seed: config.seed,
+        let plain = Device::flex();
+        let train_device = Device::flex().autodiff();
+        let prepared = match &config.data {
+            None => embedded_data(config)?,
+            Some(spec) => {
+                let dir = config.data_dir.as_deref();
+                let pools = anchorage_data::label_pools(spec, dir).context("reading the scenario's labels")?;
+                let split = anchorage_data::build_split(spec, &pools).context("partitioning the scenario's data")?;
+                let loaded = anchorage_data::load(spec, dir).context("loading the scenario's data")?;
+                Prepared { train: loaded.train, test: loaded.test, split, source: loaded.source }
+            }
         };
-        let (train, test) = synthetic::generate(&data);
-        let min_per_client = (train.len() / config.clients / 4).clamp(1, 20);
-        // α = inf (TOML `inf`) is the IID limit of the Dirichlet split.
-        let parts = if config.alpha.is_infinite() {
-            partition::iid(train.len(), config.clients, config.seed)
-        } else {
-            partition::dirichlet(
-                &train.labels,
-                train.num_classes,
-                config.clients,
-                config.alpha,
-                min_per_client,
-                config.seed,
-            )
-            .context("partitioning the synthetic data")?
+        let Prepared { train, test, split, source } = prepared;
+        anyhow::ensure!(
+            split.num_clients() == config.clients,
+            "the data split has {} clients, the federation {}",
+            split.num_clients(),
+            config.clients
+        );
+        let backbone = zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), &plain)
+            .context("building the frozen backbone")?;
+        // Features once per sample of each pool; clients take rows of them.
+        let train_features = FeatureCache::build(backbone.as_ref(), &train, 256, &plain);
+        let test_features = FeatureCache::build(backbone.as_ref(), &test, 256, &plain);
+        let rows = |in_train: bool, idx: &[usize]| {
+            if in_train { train_features.subset(idx) } else { test_features.subset(idx) }
         };
-        let initial = Trainable::new(&spec, &device).to_blocks(Encoding::F32)?;
+        let num_classes = train.num_classes as usize;
+        let net = NetSpec {
+            input_dim: backbone.feature_dim(),
+            hidden: config.model.hidden.clone(),
+            num_classes,
+            seed: config.seed ^ 0x5EED,
+        };
+        let evolving = config.evolving;
+        let num_tasks = split.clients.iter().map(|c| c.tasks.len()).max().unwrap_or(0);
+        anyhow::ensure!(num_tasks > 0, "the split gives the clients no tasks");
+        anyhow::ensure!(
+            !evolving || num_tasks >= 2,
+            "evolving shifts need at least two domains (sources and a target)"
+        );
+        let context = |stream: TaskStream, seed: u64| MethodContext {
+            method: config.method.clone(),
+            net: net.clone(),
+            stream,
+            device: train_device.clone(),
+            optimizer: OptimizerKind::Adam,
+            encoding,
+            seed,
+        };
+
+        let mut streams = Vec::with_capacity(config.clients);
+        for client in &split.clients {
+            let task_data = |t: &anchorage_data::partition::TaskSplit| {
+                let (idx, in_train) = local_test(t);
+                TaskData { classes: t.classes.clone(), train: rows(true, &t.train), test: rows(in_train, idx) }
+            };
+            let stream = if evolving {
+                let (sources, target) = client.tasks.split_at(client.tasks.len() - 1);
+                let t = &target[0];
+                let all: Vec<usize> = t.train.iter().chain(&t.local_test).copied().collect();
+                TaskStream {
+                    tasks: sources.iter().map(task_data).collect(),
+                    reveal: Reveal::All,
+                    target: Some(rows(true, &all)),
+                }
+            } else {
+                TaskStream { tasks: client.tasks.iter().map(task_data).collect(), reveal: Reveal::ByTask, target: None }
+            };
+            streams.push(stream);
+        }
+
+        // Global tests: per task, the union of the clients' test data of that task.
+        let mut tests = Vec::new();
+        for k in 0..num_tasks {
+            if evolving && k + 1 < num_tasks {
+                continue;
+            }
+            let mut in_train = false;
+            let mut idx: Vec<usize> = Vec::new();
+            for c in &split.clients {
+                if let Some(t) = c.tasks.get(k) {
+                    if evolving {
+                        idx.extend(t.train.iter().chain(&t.local_test));
+                        in_train = true;
+                    } else if t.test.is_empty() {
+                        idx.extend(&t.local_test);
+                        in_train = true;
+                    } else {
+                        idx.extend(&t.test);
+                    }
+                }
+            }
+            idx.sort_unstable();
+            idx.dedup();
+            tests.push((k as u32, rows(in_train, &idx)));
+        }
+
+        let evaluator = Evaluator {
+            method: methods::build(context(TaskStream::default(), config.seed))?,
+            tests,
+            target_only: evolving,
+        };
+        let initial = evaluator.method.initial_blocks()?;
+        let devices = device::assign(&config.devices, config.clients, config.seed);
+        let mut clients = Vec::with_capacity(config.clients);
+        for (i, stream) in streams.into_iter().enumerate() {
+            let seed = config.seed.wrapping_add(i as u64);
+            let method = methods::build(context(stream, seed))?;
+            clients.push(SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed));
+        }
         let engine = EngineConfig {
             rounds: config.rounds,
+            rounds_per_task: if evolving { 0 } else { config.rounds_per_task },
             min_available: config.min_available.unwrap_or(config.clients),
             fraction: config.fraction,
             min_fit: 1,
@@ -100,32 +228,79 @@ impl Setup {
             mode: config.aggregation.clone(),
             ..EngineConfig::default()
         };
-        let devices = device::assign(&config.devices, config.clients, config.seed);
-        let clients = parts
-            .iter()
-            .enumerate()
-            .map(|(i, indices)| {
-                let local = train.subset(indices);
-                let (local_train, local_test) = local.split_per_class(0.8, config.seed ^ i as u64);
-                let seed = config.seed.wrapping_add(i as u64);
-                let method = FedAvgClient::new(
-                    spec.clone(),
-                    &local_train,
-                    Some(&local_test),
-                    Device::flex().autodiff(),
-                    OptimizerKind::Adam,
-                    encoding,
-                    seed,
-                );
-                SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed)
-            })
-            .collect();
-        let backbone = FrozenBackbone::new(&spec, &device);
-        let evaluator = Evaluator {
-            spec: spec.clone(),
-            device: device.clone(),
-            test: FeatureCache::build(&backbone, &test, 512, &device),
-        };
-        Ok(Self { spec, engine, initial, clients, devices, train_len: train.len(), test_len: test.len(), evaluator })
+        let headline = format!(
+            "{} clients, {} rounds, {}, {} ({} train / {} test, {} classes, {} task{}), backbone {}, seed {}",
+            config.clients,
+            config.rounds,
+            config.method.name,
+            source,
+            train.len(),
+            test.len(),
+            num_classes,
+            num_tasks,
+            if num_tasks == 1 { "" } else { "s" },
+            config.model.backbone,
+            config.seed
+        );
+        Ok(Self { engine, initial, clients, devices, num_classes, evaluator, headline })
     }
+}
+
+/// The embedded default: procedural images, a Dirichlet label skew (α = inf: IID), one task, a
+/// local 80/20 split per client; the global test set is held out.
+fn embedded_data(config: &SimConfig) -> anyhow::Result<Prepared> {
+    let data = SyntheticConfig {
+        num_classes: 10,
+        side: 16,
+        train_per_class: config.train_per_class,
+        test_per_class: config.test_per_class,
+        noise: config.noise,
+        max_shift: 3,
+        seed: config.seed,
+    };
+    let (train, test) = synthetic::generate(&data);
+    let min_per_client = (train.len() / config.clients / 4).clamp(1, 20);
+    let parts = if config.alpha.is_infinite() {
+        partition::iid(train.len(), config.clients, config.seed)
+    } else {
+        partition::dirichlet(
+            &train.labels,
+            train.num_classes,
+            config.clients,
+            config.alpha,
+            min_per_client,
+            config.seed,
+        )
+        .context("partitioning the synthetic data")?
+    };
+    let classes: Vec<u32> = (0..train.num_classes).collect();
+    let all_test: Vec<usize> = (0..test.len()).collect();
+    let clients = parts
+        .iter()
+        .enumerate()
+        .map(|(i, indices)| {
+            let (local_train, local_test) = split_per_class(&train, indices, 0.8, config.seed ^ i as u64);
+            anchorage_data::partition::ClientSplit {
+                tasks: vec![anchorage_data::partition::TaskSplit {
+                    classes: classes.clone(),
+                    train: local_train,
+                    local_test,
+                    test: all_test.clone(),
+                }],
+            }
+        })
+        .collect();
+    Ok(Prepared {
+        train,
+        test,
+        split: FederatedSplit { clients, surrogate: Vec::new() },
+        source: "synthetic data".into(),
+    })
+}
+
+/// `indices` split per class into a `fraction` share and the rest (seeded), as pool indices.
+fn split_per_class(data: &Dataset, indices: &[usize], fraction: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    let local = data.subset(indices);
+    let (a, b) = local.split_indices_per_class(fraction, seed);
+    (a.iter().map(|&i| indices[i]).collect(), b.iter().map(|&i| indices[i]).collect())
 }

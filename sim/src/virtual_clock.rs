@@ -11,18 +11,19 @@ use std::time::{Duration, Instant};
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::session::{Session, SessionAction};
 use anchorage_server::engine::{Action, Engine};
-use anchorage_server::methods::FedAvg;
+use anchorage_server::methods;
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Capabilities, Message};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::payload_bytes;
+use anyhow::Context;
 
 use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
-use crate::record::{RoundRow, RunSummary, SummaryInputs};
+use crate::record::{RoundRow, RunSummary, SummaryInputs, accuracy_records, round_accuracy};
 use crate::run::{SimConfig, SimResult};
-use crate::setup::{Setup, client_id};
+use crate::setup::{Setup, client_id, mean_accuracy};
 
 /// Payload bytes a QUIC packet carries, and the bytes of headers, framing and AEAD tag around it
 /// (measured on loopback: about 3% over the payload for a 1 MB upload).
@@ -149,9 +150,15 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         .progress_chars("=> "),
     );
     let started = Instant::now();
-    let Setup { spec, engine: engine_config, initial, clients, devices, train_len: _, test_len: _, evaluator } =
+    let Setup { engine: engine_config, initial, clients, devices, evaluator, num_classes, headline } =
         Setup::new(config, Charge::Report)?;
-    let mut engine = Engine::new(engine_config, Box::new(FedAvg::default()), initial.clone());
+    if progress {
+        println!("anchorage sim (virtual clock): {headline}");
+    }
+    let schedule = engine_config.clone();
+    let method = methods::build(&config.method).with_context(|| format!("unknown method `{}`", config.method.name))?;
+    let mut engine = Engine::new(engine_config, method, initial.clone());
+    let mut accuracy_rows = Vec::new();
     let links = config.links()?;
     // Availability traces are read once per profile; a bad one is an error here, before the run.
     let mut read: Vec<(&DeviceProfile, Availability)> = Vec::new();
@@ -196,7 +203,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         .collect::<anyhow::Result<_>>()?;
     let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();
 
-    let initial_accuracy = evaluator.accuracy(&initial)?;
+    let initial_accuracy = mean_accuracy(&evaluator.evaluate(&initial, &[], 0)?);
     let mut queue = Queue::default();
     let mut now = Duration::ZERO;
     let mut rows = Vec::new();
@@ -357,7 +364,11 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                 }
                 Action::Persist(_) => {}
                 Action::RoundClosed(report, checkpoint) => {
-                    let accuracy = evaluator.accuracy(&checkpoint.global)?;
+                    let task = schedule.task_of(report.round);
+                    let global = evaluator.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
+                    let new_rows = accuracy_records(&report, task, &global);
+                    let accuracy = round_accuracy(&global, &new_rows);
+                    accuracy_rows.extend(new_rows);
                     rows.push(RoundRow::from_report(&report, accuracy, &[]));
                     reports.push((*report).clone());
                     bar.inc(1);
@@ -378,16 +389,16 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
     }
     let inputs = SummaryInputs {
         initial_accuracy,
-        chance: 1.0 / spec.num_classes as f64,
+        chance: 1.0 / num_classes as f64,
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
         refused: engine.stats().refused,
         decode_errors: 0,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
-    let summary = RunSummary::new(inputs, rows, &ledger);
+    let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
     bar.finish_and_clear();
     tracing::info!(simulated = ?now, wall = summary.wall_seconds, "virtual run finished");
-    Ok(SimResult { summary, ledger, reports, run_dir: None, link_stats: Vec::new() })
+    Ok(SimResult { summary, ledger, reports, run_dir: None, link_stats: Vec::new(), accuracy: accuracy_rows })
 }
 
 impl VirtualClient {

@@ -19,7 +19,14 @@ fn a_run_folder_gets_plots_and_a_summary() {
         ..SimConfig::default()
     };
     let result = run_virtual(&config).unwrap();
-    write_run_folder(&dir, &toml::to_string_pretty(&config).unwrap(), &result.summary, &result.ledger).unwrap();
+    write_run_folder(
+        &dir,
+        &toml::to_string_pretty(&config).unwrap(),
+        &result.summary,
+        &result.ledger,
+        &result.accuracy,
+    )
+    .unwrap();
     let files = write_report(&dir).unwrap();
     let names: Vec<String> = files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
     for expected in [

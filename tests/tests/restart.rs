@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anchorage_client::methods::FedAvgClient;
+use anchorage_client::methods::{FedAvgClient, MethodContext};
 use anchorage_client::model::{BlockLayout, ModelSpec, Trainable};
 use anchorage_client::store::ClientStore;
 use anchorage_client::train::OptimizerKind;
@@ -17,6 +17,7 @@ use anchorage_server::methods::FedAvg;
 use anchorage_server::store::ServerStore;
 use anchorage_server::tls::{self, Identity};
 use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHandle, ServerOptions};
+use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Metric, RoundConfig, Update};
 use anchorage_shared::tensor::Encoding;
 use burn::tensor::Device;
@@ -61,15 +62,16 @@ fn fedavg_client(index: u64) -> FedAvgClient {
         seed: 3 + index,
         ..Default::default()
     });
-    FedAvgClient::new(
-        ModelSpec::embedded_default(),
+    let context = MethodContext::embedded(
+        MethodConfig::named("fedavg"),
         &train,
-        Some(&test),
+        &test,
         Device::flex().autodiff(),
         OptimizerKind::Adam,
         Encoding::F32,
         index,
-    )
+    );
+    FedAvgClient::new(context).expect("fedavg is a baseline")
 }
 
 /// Clients `c0` and `c1`, running until the federation says goodbye.
@@ -100,7 +102,8 @@ async fn reports_until_finished(server: &mut ServerHandle) -> Vec<RoundReport> {
 async fn restarted_server_resumes_from_its_checkpoint() {
     let identity = tls::self_signed(&["localhost"]).unwrap();
     let store = ServerStore::new(temp_dir("server-restart"));
-    let initial = Trainable::new(&ModelSpec::embedded_default(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
+    let initial =
+        Trainable::new(&ModelSpec::embedded_default().net(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
 
     let mut first = start(&identity, 2, 2, &store, initial.clone()).await;
     let addr = first.local_addr;
@@ -148,13 +151,14 @@ async fn restarted_server_resumes_from_its_checkpoint() {
 async fn restarted_client_resends_its_unacknowledged_update_once() {
     let identity = tls::self_signed(&["localhost"]).unwrap();
     let spec = ModelSpec::embedded_default();
-    let initial = Trainable::new(&spec, &Device::flex()).to_blocks(Encoding::F32).unwrap();
+    let initial = Trainable::new(&spec.net(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
     let mut server = start(&identity, 1, 1, &ServerStore::new(temp_dir("resend-server")), initial.clone()).await;
 
     // The client crashed after training round 1 and persisting the update, before the ack.
     let client_store = ClientStore::new(temp_dir("resend-client"));
-    let trained =
-        Trainable::new(&ModelSpec { seed: 99, ..spec.clone() }, &Device::flex()).to_blocks(Encoding::F32).unwrap();
+    let trained = Trainable::new(&ModelSpec { seed: 99, ..spec.clone() }.net(), &Device::flex())
+        .to_blocks(Encoding::F32)
+        .unwrap();
     let pending = Update {
         round: 1,
         num_samples: 42,

@@ -1,12 +1,31 @@
-//! Client halves of the methods: consume a broadcast and local data, produce an update. They know
-//! nothing of transport. A new method is a file here, a file in the server's `methods/`, and one
-//! registry line on each side.
+//! Client halves of the methods: consume a broadcast and the local task stream, produce an
+//! update. They know nothing of transport. A new method is a file here, a file in the server's
+//! `methods/`, and one registry line on each side.
 
-mod fedavg;
+mod baselines;
+mod fedevolve;
+mod fedevp;
+mod fedprok;
+mod gldp;
+pub mod protos;
+pub mod stream;
 
-use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::method::MethodConfig;
+use anchorage_shared::protocol::{Broadcast, Metric, Update};
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+use burn::tensor::Device;
 
-pub use fedavg::FedAvgClient;
+pub use baselines::{Baseline, FedAvgClient};
+pub use fedevolve::FedEvolveClient;
+pub use fedevp::FedEvpClient;
+pub use fedprok::FedProKClient;
+pub use gldp::GldpClient;
+pub use stream::{Reveal, TaskData, TaskStream};
+
+use anchorage_data::Dataset;
+
+use crate::model::{FeatureCache, FrozenBackbone, ModelSpec, NetSpec};
+use crate::train::OptimizerKind;
 
 /// Local training failed.
 #[derive(Debug, thiserror::Error)]
@@ -15,9 +34,14 @@ pub enum TrainError {
     Model(#[from] crate::model::ModelError),
     #[error("no local training data")]
     NoData,
+    #[error("bad prototypes in the broadcast: {0}")]
+    Prototypes(#[from] anchorage_shared::tensor::TensorError),
+    #[error("unknown method `{0}` (known: {known})", known = METHODS.join(", "))]
+    UnknownMethod(String),
 }
 
-/// The client half of a federated method (Flower's `Client::fit`).
+/// The client half of a federated method (Flower's `Client::fit`, plus the evaluation of the
+/// global model the way the method predicts).
 pub trait ClientMethod: Send {
     /// Name announced in the hello; must match the server's method.
     fn name(&self) -> &'static str;
@@ -25,7 +49,92 @@ pub trait ClientMethod: Send {
     fn num_samples(&self) -> u64;
     /// Trains from the broadcast's global state and returns the update for its round.
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError>;
+    /// Accuracy of the global model `broadcast` describes on `test` (`None`: the method has no
+    /// global predictor, e.g. Local-only or FedRep's personal heads).
+    fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError>;
+    /// The shared blocks of the seeded initial model: the server's first broadcast.
+    fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError>;
+}
+
+impl<M: ClientMethod + ?Sized> ClientMethod for Box<M> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn num_samples(&self) -> u64 {
+        (**self).num_samples()
+    }
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        (**self).train(broadcast)
+    }
+    fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        (**self).global_accuracy(broadcast, test)
+    }
+    fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        (**self).initial_blocks()
+    }
+}
+
+/// What every client half is built from.
+#[derive(Debug, Clone)]
+pub struct MethodContext {
+    pub method: MethodConfig,
+    /// The trainable net on the frozen features.
+    pub net: NetSpec,
+    pub stream: TaskStream,
+    /// The training device (autodiff).
+    pub device: Device,
+    pub optimizer: OptimizerKind,
+    pub encoding: Encoding,
+    pub seed: u64,
+}
+
+impl MethodContext {
+    /// The embedded default: the random-feature backbone of [`ModelSpec::embedded_default`] and
+    /// one task holding the client's `train` and local `test` data.
+    pub fn embedded(
+        method: MethodConfig,
+        train: &Dataset,
+        test: &Dataset,
+        device: Device,
+        optimizer: OptimizerKind,
+        encoding: Encoding,
+        seed: u64,
+    ) -> Self {
+        let spec = ModelSpec::embedded_default();
+        let backbone = FrozenBackbone::new(&spec, &device);
+        let stream = TaskStream::single(&backbone, train, test, &device);
+        Self { method, net: spec.net(), stream, device, optimizer, encoding, seed }
+    }
+}
+
+/// The method registry: the client half `context.method` names.
+pub fn build(context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError> {
+    Ok(match context.method.name.as_str() {
+        "fedavg" | "fedprox" | "fedrep" | "local" => Box::new(Baseline::new(context)?),
+        "gldp" => Box::new(GldpClient::new(context)),
+        "fedprok" => Box::new(FedProKClient::new(context)),
+        "fedevolve" => Box::new(FedEvolveClient::new(context)),
+        "fedevp" => Box::new(FedEvpClient::new(context)),
+        other => return Err(TrainError::UnknownMethod(other.into())),
+    })
 }
 
 /// Names of the methods whose client half this build carries.
-pub const METHODS: &[&str] = &["fedavg"];
+pub const METHODS: &[&str] = &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp"];
+
+/// Metrics every update carries besides the method's own: the train loss, the local model's
+/// accuracies and the process's peak memory. Non-finite values are dropped.
+pub(crate) fn common_metrics(train_loss: f64, mut accuracies: Vec<Metric>) -> Vec<Metric> {
+    let mut metrics = vec![Metric { name: "train_loss".into(), value: train_loss }];
+    // `local_accuracy`: the mean over the seen tasks (or the target), for the round table.
+    if !accuracies.is_empty() {
+        let mean = accuracies.iter().map(|m| m.value).sum::<f64>() / accuracies.len() as f64;
+        metrics.push(Metric { name: "local_accuracy".into(), value: mean });
+    }
+    metrics.append(&mut accuracies);
+    if let Some(peak) = crate::memory::peak_rss_bytes() {
+        metrics.push(Metric { name: "peak_rss_mb".into(), value: peak as f64 / (1 << 20) as f64 });
+    }
+    metrics.retain(|m| m.value.is_finite());
+    metrics
+}

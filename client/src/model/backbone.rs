@@ -114,3 +114,24 @@ impl Backbone for FrozenBackbone {
         h.finish()
     }
 }
+
+/// No backbone: the raw input is the feature (Circle's 2-D points, a net trained end to end).
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
+    pub dim: usize,
+}
+
+impl Backbone for Identity {
+    fn features(&self, x: Tensor<2>, _sample_shape: &[usize]) -> Tensor<2> {
+        x
+    }
+    fn feature_dim(&self) -> usize {
+        self.dim
+    }
+    fn fingerprint(&self) -> u64 {
+        let mut h = Fnv::new();
+        h.write(b"identity");
+        h.write(&(self.dim as u64).to_le_bytes());
+        h.finish()
+    }
+}

@@ -5,7 +5,7 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
 
-use super::Trainable;
+use super::{Body, Net};
 
 /// A block does not fit the model.
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +18,11 @@ pub enum ModelError {
     Tensor(#[from] TensorError),
     #[error("reading tensor data: {0}")]
     Data(String),
+}
+
+/// Whether `name` is a block of the body (`adapter.*`) or the head (`head.*`).
+pub fn is_head_block(name: &str) -> bool {
+    name.starts_with("head.")
 }
 
 /// How a module's parameters map to block names.
@@ -67,20 +72,38 @@ fn load_linear(prefix: &str, l: &mut Linear, block: &ParamBlock, device: &Device
     Ok(true)
 }
 
-const ADAPTER: &str = "adapter.0";
+/// Blocks `{prefix}.{i}.weight` / `.bias` of every layer of `body`.
+pub fn body_blocks(prefix: &str, body: &Body, encoding: Encoding, out: &mut Vec<ParamBlock>) -> Result<(), ModelError> {
+    for (i, layer) in body.layers.iter().enumerate() {
+        linear_blocks(&format!("{prefix}.{i}"), layer, encoding, out)?;
+    }
+    Ok(())
+}
+
+/// Loads `block` into `body` if its name is one of `{prefix}.{i}.*`; `Ok(false)` if it is not.
+pub fn load_body_block(prefix: &str, body: &mut Body, block: &ParamBlock, device: &Device) -> Result<bool, ModelError> {
+    let Some(rest) = block.name.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')) else { return Ok(false) };
+    let Some((index, _)) = rest.split_once('.') else { return Ok(false) };
+    let Some(layer) = index.parse::<usize>().ok().and_then(|i| body.layers.get_mut(i)) else {
+        return Err(ModelError::UnknownBlock(block.name.clone()));
+    };
+    load_linear(&format!("{prefix}.{index}"), layer, block, device)
+}
+
+const ADAPTER: &str = "adapter";
 const HEAD: &str = "head";
 
-impl BlockLayout for Trainable {
+impl BlockLayout for Net {
     fn to_blocks(&self, encoding: Encoding) -> Result<Vec<ParamBlock>, ModelError> {
-        let mut out = Vec::with_capacity(4);
-        linear_blocks(ADAPTER, &self.adapter, encoding, &mut out)?;
+        let mut out = Vec::with_capacity(2 * self.adapter.layers.len() + 2);
+        body_blocks(ADAPTER, &self.adapter, encoding, &mut out)?;
         linear_blocks(HEAD, &self.head, encoding, &mut out)?;
         Ok(out)
     }
 
     fn load_blocks(mut self, blocks: &[ParamBlock], device: &Device) -> Result<Self, ModelError> {
         for block in blocks {
-            let found = load_linear(ADAPTER, &mut self.adapter, block, device)?
+            let found = load_body_block(ADAPTER, &mut self.adapter, block, device)?
                 || load_linear(HEAD, &mut self.head, block, device)?;
             if !found {
                 return Err(ModelError::UnknownBlock(block.name.clone()));

@@ -68,6 +68,15 @@ impl FeatureCache {
         self.labels_host.len()
     }
 
+    /// The rows `indices` of this cache (features stay on the device; nothing is recomputed).
+    pub fn subset(&self, indices: &[usize]) -> Self {
+        let device = self.features.device();
+        let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [indices.len()]), &device);
+        let labels: Vec<u32> = indices.iter().map(|&i| self.labels_host[i]).collect();
+        Self::from_parts(self.features.clone().select(0, idx), &labels, &device)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.labels_host.is_empty()
     }

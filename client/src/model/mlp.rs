@@ -1,8 +1,10 @@
 //! The embedded default's model: a frozen random-feature backbone (Linear + ReLU) under a
-//! trainable adapter (Linear + ReLU) and a linear head.
+//! trainable [`Net`](super::Net) (one adapter layer and a linear head).
 
 use anchorage_shared::rng::Rng;
-use burn::module::{Module, Param};
+use burn::module::Param;
+
+use super::net::NetSpec;
 use burn::nn::Linear;
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -27,10 +29,20 @@ impl ModelSpec {
     pub fn embedded_default() -> Self {
         Self { input_dim: 256, feature_dim: 512, adapter_dim: 512, num_classes: 10, seed: 17 }
     }
+
+    /// The trainable net on this backbone's features: one adapter layer and the head.
+    pub fn net(&self) -> NetSpec {
+        NetSpec {
+            input_dim: self.feature_dim,
+            hidden: vec![self.adapter_dim],
+            num_classes: self.num_classes,
+            seed: self.seed,
+        }
+    }
 }
 
 /// He-normal weights `[fan_in, fan_out]` and zero bias from a named stream of the seed.
-fn init_linear(rng: &mut Rng, fan_in: usize, fan_out: usize) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn init_linear(rng: &mut Rng, fan_in: usize, fan_out: usize) -> (Vec<f32>, Vec<f32>) {
     let std = (2.0 / fan_in as f64).sqrt();
     let w = (0..fan_in * fan_out).map(|_| (rng.normal() * std) as f32).collect();
     (w, vec![0.0; fan_out])
@@ -72,30 +84,5 @@ impl FrozenBackbone {
     /// Features of a batch `[n, input_dim]` → `[n, feature_dim]`.
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         relu(x.matmul(self.weight.clone()) + self.bias.clone().unsqueeze())
-    }
-}
-
-/// The trainable parts: adapter and head.
-#[derive(Module, Debug)]
-pub struct Trainable {
-    pub adapter: Linear,
-    pub head: Linear,
-}
-
-impl Trainable {
-    /// Seeded initial weights (identical on every client).
-    pub fn new(spec: &ModelSpec, device: &Device) -> Self {
-        let mut rng = Rng::derive(spec.seed, 0xADA7);
-        let (aw, ab) = init_linear(&mut rng, spec.feature_dim, spec.adapter_dim);
-        let (hw, hb) = init_linear(&mut rng, spec.adapter_dim, spec.num_classes);
-        Self {
-            adapter: linear_from(aw, ab, spec.feature_dim, spec.adapter_dim, device),
-            head: linear_from(hw, hb, spec.adapter_dim, spec.num_classes, device),
-        }
-    }
-
-    /// Logits of cached features `[n, feature_dim]` → `[n, num_classes]`.
-    pub fn forward(&self, features: Tensor<2>) -> Tensor<2> {
-        self.head.forward(relu(self.adapter.forward(features)))
     }
 }

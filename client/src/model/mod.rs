@@ -6,23 +6,29 @@
 //! Pretrained backbones ([`ResNetCifar`], [`MobileNetV2`]) load from safetensors through burn-store ([`weights`]).
 
 pub mod backbone;
-mod blocks;
+pub mod blocks;
 pub mod cache;
 pub mod circle_mlp;
 pub mod input;
 mod mlp;
 pub mod mnist_cnn;
 pub mod mobilenet_v2;
+pub mod net;
 pub mod resnet_cifar;
 pub mod vit;
 pub mod weights;
+pub mod zoo;
 
-pub use backbone::{Backbone, FeatureNet, Frozen};
-pub use blocks::{BlockLayout, ModelError};
+pub use backbone::{Backbone, FeatureNet, Frozen, Identity};
+pub use blocks::{BlockLayout, ModelError, is_head_block};
 pub use cache::{CacheError, CacheStats, FeatureCache, FeatureStore};
 pub use circle_mlp::{CircleMlp, CircleMlpConfig};
 pub use input::InputTransform;
-pub use mlp::{FrozenBackbone, ModelSpec, Trainable};
+pub use mlp::{FrozenBackbone, ModelSpec};
+pub use net::{Body, Net, NetSpec};
+
+/// The trainable parts every method on frozen features trains (see [`Net`]).
+pub type Trainable = Net;
 pub use mnist_cnn::{MnistCnn, MnistCnnConfig};
 pub use mobilenet_v2::{MobileNetV2, MobileNetV2Config};
 pub use resnet_cifar::{ResNetCifar, ResNetCifarConfig};

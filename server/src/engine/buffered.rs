@@ -137,7 +137,7 @@ impl Engine {
         config.deadline_ms = self.config.round_deadline.as_millis() as u64;
         let broadcast = Arc::new(Message::Broadcast(Broadcast {
             round: version + 1,
-            task: 0,
+            task: self.config.task_of(version + 1),
             config,
             blocks: self.global.clone(),
             prototypes: self.method.prototypes(),

@@ -16,6 +16,8 @@ pub struct EngineConfig {
     pub server_id: String,
     /// Rounds to run; 0 runs until stopped.
     pub rounds: u64,
+    /// Rounds of each task of the stream (FedProK's R); 0: every round is task 0.
+    pub rounds_per_task: u64,
     /// Connected clients required before a round opens.
     pub min_available: usize,
     /// Fraction of connected clients whose updates a round waits for.
@@ -48,6 +50,7 @@ impl Default for EngineConfig {
         Self {
             server_id: "anchorage".into(),
             rounds: 10,
+            rounds_per_task: 0,
             min_available: 2,
             fraction: 1.0,
             min_fit: 2,
@@ -64,6 +67,18 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// The 0-based task of `round` (1-based).
+    pub fn task_of(&self, round: u64) -> u32 {
+        if self.rounds_per_task == 0 { 0 } else { (round.saturating_sub(1) / self.rounds_per_task) as u32 }
+    }
+
+    /// Where `round` sits in the task stream.
+    pub fn round_info(&self, round: u64) -> crate::methods::RoundInfo {
+        let last_of_task = (self.rounds_per_task > 0 && round % self.rounds_per_task == 0)
+            || (self.rounds > 0 && round >= self.rounds);
+        crate::methods::RoundInfo { round, task: self.task_of(round), last_of_task }
+    }
+
     /// Updates a round waits for, given `available` connected clients.
     pub fn sample_size(&self, available: usize) -> usize {
         let by_fraction = (self.fraction.clamp(0.0, 1.0) * available as f64).ceil() as usize;

@@ -63,6 +63,12 @@ pub struct Checkpoint {
     pub method: String,
     pub global: Vec<ParamBlock>,
     pub stats: EngineStats,
+    /// The method's own state (global prototypes, locks): [`ServerMethod::save_state`].
+    #[serde(default)]
+    pub method_state: Vec<u8>,
+    /// The global prototypes the next broadcast carries (what evaluators predict with).
+    #[serde(default)]
+    pub prototypes: Vec<anchorage_shared::prototype::Prototype>,
 }
 
 #[derive(Debug, Clone)]
@@ -108,13 +114,22 @@ impl Engine {
     /// A fresh engine whose first round broadcasts `initial` (empty: clients start from their
     /// own seeded initialisation, and the first round's updates fix the shapes).
     pub fn new(config: EngineConfig, method: Box<dyn ServerMethod>, initial: Vec<ParamBlock>) -> Self {
-        let checkpoint =
-            Checkpoint { round: 0, method: method.name().into(), global: initial, stats: EngineStats::default() };
+        let checkpoint = Checkpoint {
+            round: 0,
+            method: method.name().into(),
+            global: initial,
+            stats: EngineStats::default(),
+            method_state: Vec::new(),
+            prototypes: Vec::new(),
+        };
         Self::resume(config, method, checkpoint)
     }
 
     /// An engine that continues from a persisted checkpoint.
-    pub fn resume(config: EngineConfig, method: Box<dyn ServerMethod>, checkpoint: Checkpoint) -> Self {
+    pub fn resume(config: EngineConfig, mut method: Box<dyn ServerMethod>, checkpoint: Checkpoint) -> Self {
+        if let Err(e) = method.load_state(&checkpoint.method_state) {
+            tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");
+        }
         let rng = Rng::derive(config.seed, checkpoint.round);
         Self {
             finished: config.rounds > 0 && checkpoint.round >= config.rounds,
@@ -376,7 +391,7 @@ impl Engine {
         config.deadline_ms = self.config.round_deadline.as_millis() as u64;
         let broadcast = Arc::new(Message::Broadcast(Broadcast {
             round,
-            task: 0,
+            task: self.config.task_of(round),
             config,
             blocks: self.global.clone(),
             prototypes: self.method.prototypes(),
@@ -459,7 +474,8 @@ impl Engine {
 
     /// Runs the method's aggregation; on success the result becomes the global model.
     fn aggregate(&mut self, inputs: &[(&str, &Update)]) -> RoundOutcome {
-        match self.method.aggregate(&self.global, inputs) {
+        let info = self.config.round_info(self.last_round + 1);
+        match self.method.aggregate(&info, &self.global, inputs) {
             Ok(global) => {
                 self.global = global;
                 RoundOutcome::Aggregated
@@ -483,6 +499,8 @@ impl Engine {
             method: self.method.name().into(),
             global: self.global.clone(),
             stats: self.stats.clone(),
+            method_state: self.method.save_state(),
+            prototypes: self.method.prototypes(),
         });
         self.actions.push_back(Action::Persist(checkpoint.clone()));
         self.actions.push_back(Action::RoundClosed(report, checkpoint));

@@ -3,12 +3,16 @@
 //! client's `methods/`, and one line in [`by_name`].
 
 mod fedavg;
+mod prototypes;
 
 use anchorage_shared::protocol::Update;
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::ParamBlock;
 
-pub use fedavg::FedAvg;
+pub use fedavg::{FedAvg, LocalOnly, average_blocks};
+pub use prototypes::{PrototypeMethod, PrototypeRule, uploaded_prototypes};
+
+use anchorage_shared::method::MethodConfig;
 
 /// Why a method could not aggregate a round.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +23,8 @@ pub enum MethodError {
     Inconsistent(String),
     #[error(transparent)]
     Tensor(#[from] anchorage_shared::tensor::TensorError),
+    #[error("stored method state is unreadable: {0}")]
+    State(String),
 }
 
 /// The server half of a federated method (Flower's `Strategy::aggregate_fit`).
@@ -27,22 +33,58 @@ pub trait ServerMethod: Send {
     fn name(&self) -> &'static str;
 
     /// Next global shared blocks from the current ones and the round's updates (client id, update).
-    fn aggregate(&mut self, global: &[ParamBlock], updates: &[(&str, &Update)])
-    -> Result<Vec<ParamBlock>, MethodError>;
+    fn aggregate(
+        &mut self,
+        round: &RoundInfo,
+        global: &[ParamBlock],
+        updates: &[(&str, &Update)],
+    ) -> Result<Vec<ParamBlock>, MethodError>;
 
     /// Global prototypes to broadcast with the next round (none for FedAvg).
     fn prototypes(&self) -> Vec<Prototype> {
         Vec::new()
     }
-}
 
-/// The method registry: a server half by name.
-pub fn by_name(name: &str) -> Option<Box<dyn ServerMethod>> {
-    match name {
-        "fedavg" => Some(Box::new(FedAvg::default())),
-        _ => None,
+    /// The method's own durable state (global prototypes, locks), stored in the checkpoint.
+    fn save_state(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Restores [`ServerMethod::save_state`]'s bytes after a restart.
+    fn load_state(&mut self, _state: &[u8]) -> Result<(), MethodError> {
+        Ok(())
     }
 }
 
+/// Where in the task stream the round being aggregated is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundInfo {
+    pub round: u64,
+    /// 0-based task of the round.
+    pub task: u32,
+    /// The last round of its task (FedTA skips SIKF there).
+    pub last_of_task: bool,
+}
+
+/// The method registry: a server half by name, with default hyperparameters.
+pub fn by_name(name: &str) -> Option<Box<dyn ServerMethod>> {
+    build(&MethodConfig::named(name))
+}
+
+/// The method registry: the server half a method config names.
+pub fn build(config: &MethodConfig) -> Option<Box<dyn ServerMethod>> {
+    Some(match config.name.as_str() {
+        "fedavg" => Box::new(FedAvg::named("fedavg")),
+        "fedprox" => Box::new(FedAvg::named("fedprox")),
+        "fedrep" => Box::new(FedAvg::named("fedrep")),
+        "local" => Box::new(LocalOnly),
+        "gldp" => Box::new(PrototypeMethod::new("gldp", PrototypeRule::Fuse { beta: config.beta })),
+        "fedprok" => Box::new(PrototypeMethod::new("fedprok", PrototypeRule::Fuse { beta: config.beta })),
+        "fedevolve" => Box::new(PrototypeMethod::new("fedevolve", PrototypeRule::Latest)),
+        "fedevp" => Box::new(PrototypeMethod::new("fedevp", PrototypeRule::Latest)),
+        _ => return None,
+    })
+}
+
 /// Names of every registered method.
-pub const METHODS: &[&str] = &["fedavg"];
+pub const METHODS: &[&str] = &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp"];

@@ -6,7 +6,9 @@ mod accuracy;
 mod png;
 mod svg;
 
-pub use accuracy::{AccuracyRow, CLIENTS_MEAN, accuracy_matrix, load_accuracy};
+pub use accuracy::{
+    AccuracyRow, CLIENTS_MEAN, FILE as ACCURACY_FILE, HEADER as ACCURACY_HEADER, accuracy_matrix, load_accuracy,
+};
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -256,7 +258,7 @@ mod tests {
             decode_errors: 0,
             wall_seconds: 1.0,
         };
-        let summary = RunSummary::new(inputs, Vec::new(), &[]);
+        let summary = RunSummary::new(inputs, Vec::new(), &[], &[]);
         std::fs::write(dir.join("metrics.json"), serde_json::to_string(&summary).unwrap()).unwrap();
         std::fs::write(dir.join("ledger.json"), "[]").unwrap();
         let without = write_report(&dir).unwrap();

@@ -1,0 +1,164 @@
+//! The baselines on one [`Net`] (adapter + head on frozen features), trained with cross-entropy
+//! on the current task:
+//! - **FedAvg** (McMahan et al. 2017, Algorithm 1 ClientUpdate): every block is shared.
+//! - **FedProx** (Li et al. 2020, Eq. 2): CE + µ/2·‖w − w^t‖² against the round's global weights.
+//! - **FedRep** (Collins et al. 2021, Algorithm 1): the head is personal (never leaves the
+//!   device); `personal_epochs` on the head with the body fixed, then `local_epochs` on the body.
+//! - **Local-only**: nothing is shared; each client keeps training its own net.
+
+use std::time::Instant;
+
+use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
+use burn::tensor::{Gradients, Tensor};
+
+use super::{ClientMethod, MethodContext, TrainError, common_metrics};
+use crate::model::{BlockLayout, FeatureCache, Net, is_head_block};
+use crate::train::{Trainer, accuracy, whole};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    FedAvg,
+    FedProx { mu: f32 },
+    FedRep,
+    Local,
+}
+
+/// FedAvg, FedProx, FedRep or Local-only (by the context's method name).
+pub struct Baseline {
+    kind: Kind,
+    name: &'static str,
+    ctx: MethodContext,
+    /// The net kept on the device: FedRep's (head), Local-only's (all of it).
+    own: Option<Net>,
+    task: u32,
+    rng: Rng,
+}
+
+/// FedAvg's client half (the baseline every other method is compared with).
+pub type FedAvgClient = Baseline;
+
+fn head_only(grads: &mut Gradients, net: &Net) -> GradientsParams {
+    GradientsParams::from_module(grads, &net.head)
+}
+
+fn body_only(grads: &mut Gradients, net: &Net) -> GradientsParams {
+    GradientsParams::from_module(grads, &net.adapter)
+}
+
+/// ‖w − w_g‖² over every parameter of the net (FedProx's proximal term).
+fn squared_drift(net: &Net, global: &Net) -> Tensor<1> {
+    let mut terms = Vec::new();
+    let pairs = net.adapter.layers.iter().zip(&global.adapter.layers).chain([(&net.head, &global.head)]);
+    for (a, b) in pairs {
+        terms.push((a.weight.val() - b.weight.val()).powi_scalar(2).sum());
+        if let (Some(x), Some(y)) = (&a.bias, &b.bias) {
+            terms.push((x.val() - y.val()).powi_scalar(2).sum());
+        }
+    }
+    Tensor::cat(terms, 0).sum()
+}
+
+impl Baseline {
+    pub fn new(ctx: MethodContext) -> Result<Self, TrainError> {
+        let (kind, name) = match ctx.method.name.as_str() {
+            "fedavg" => (Kind::FedAvg, "fedavg"),
+            "fedprox" => (Kind::FedProx { mu: ctx.method.mu }, "fedprox"),
+            "fedrep" => (Kind::FedRep, "fedrep"),
+            "local" => (Kind::Local, "local"),
+            other => return Err(TrainError::UnknownMethod(other.into())),
+        };
+        Ok(Self { kind, name, rng: Rng::derive(ctx.seed, 0xBA5E), ctx, own: None, task: 0 })
+    }
+
+    /// The net a round starts from: the broadcast's blocks over the parts kept on the device.
+    fn start(&mut self, broadcast: &Broadcast) -> Result<Net, TrainError> {
+        let device = &self.ctx.device;
+        let own = self.own.take().unwrap_or_else(|| Net::new(&self.ctx.net, device));
+        Ok(match self.kind {
+            Kind::Local => own,
+            _ => own.load_blocks(&broadcast.blocks, device)?,
+        })
+    }
+}
+
+impl ClientMethod for Baseline {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn num_samples(&self) -> u64 {
+        self.ctx.stream.current_samples(self.task)
+    }
+
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        self.task = broadcast.task;
+        let data = self.ctx.stream.current(broadcast.task).filter(|t| !t.train.is_empty()).ok_or(TrainError::NoData)?;
+        let train = data.train.clone();
+        let started = Instant::now();
+        let c = &broadcast.config;
+        let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
+        let ce = CrossEntropyLossConfig::new().init(&self.ctx.device);
+        let mut model = self.start(broadcast)?;
+        let global = model.clone().no_grad();
+        let mut loss = f64::NAN;
+        if self.kind == Kind::FedRep {
+            for _ in 0..self.ctx.method.personal_epochs {
+                (model, loss) = trainer.epoch(model, &train, &mut self.rng, head_only, |m, b| {
+                    ce.forward(m.forward(b.x.clone()), b.y.clone())
+                });
+            }
+        }
+        let part = if self.kind == Kind::FedRep { body_only } else { whole };
+        for _ in 0..c.local_epochs {
+            (model, loss) = trainer.epoch(model, &train, &mut self.rng, part, |m, b| {
+                let l = ce.forward(m.forward(b.x.clone()), b.y.clone());
+                match self.kind {
+                    Kind::FedProx { mu } => l + squared_drift(m, &global).mul_scalar(mu / 2.0),
+                    _ => l,
+                }
+            });
+        }
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| accuracy(&model, t, 512));
+        let mut blocks = model.to_blocks(self.ctx.encoding)?;
+        match self.kind {
+            Kind::FedRep => blocks.retain(|b| !is_head_block(&b.name)),
+            Kind::Local => blocks.clear(),
+            _ => {}
+        }
+        if matches!(self.kind, Kind::FedRep | Kind::Local) {
+            self.own = Some(model);
+        }
+        Ok(Update {
+            round: broadcast.round,
+            num_samples: train.len() as u64,
+            blocks,
+            prototypes: Vec::new(),
+            metrics: common_metrics(loss, accuracies),
+            compute_seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        let mut blocks = Net::new(&self.ctx.net, &self.ctx.device).to_blocks(Encoding::F32)?;
+        match self.kind {
+            Kind::FedRep => blocks.retain(|b| !is_head_block(&b.name)),
+            Kind::Local => blocks.clear(),
+            _ => {}
+        }
+        Ok(blocks)
+    }
+
+    fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        if matches!(self.kind, Kind::FedRep | Kind::Local) || broadcast.blocks.is_empty() {
+            return Ok(None);
+        }
+        let device = &self.ctx.device;
+        let model = Net::new(&self.ctx.net, device).load_blocks(&broadcast.blocks, device)?;
+        Ok(accuracy(&model, test, 1024))
+    }
+}

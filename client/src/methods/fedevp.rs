@@ -1,0 +1,159 @@
+//! FedEvp's client half (the lighter variant beside FedEvolve): one map φ (the adapter) and a
+//! classifier w (the head), both shared.
+//!
+//! - Evolving prototypes over the source domains (Eq. 5): C_m = (m−1)/m·C_{m−1} + 1/m·mean_m,
+//!   where mean_m is the class mean of φ(x) over domain m, computed at the start of the round.
+//! - Loss (Eq. 6–7): CE(w(φ(x)), y) + `proto_weight`·‖φ(x) − C_y‖² (the alignment to the global
+//!   evolving prototype of the sample's class; the client's own ones before the server has any).
+//! - After training, a personalized copy fine-tunes w and the last layer of φ for
+//!   `personal_epochs` on the last source domain; the upload is the shared model, the client's
+//!   reported accuracy is the personalized one, the server's is the global model's.
+
+use std::time::Instant;
+
+use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::prototype_rules::{ClassMean, evolving_prototype};
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
+use burn::tensor::{Gradients, Tensor};
+
+use super::protos::{PrototypeTable, class_means, from_wire, index_tensor, merge_missing, to_wire};
+use super::{ClientMethod, MethodContext, TaskData, TrainError, common_metrics};
+use crate::model::{BlockLayout, FeatureCache, Net};
+use crate::train::{Trainer, accuracy, whole};
+
+/// FedEvp's client half. See the module docs.
+pub struct FedEvpClient {
+    ctx: MethodContext,
+    task: u32,
+    rng: Rng,
+}
+
+/// The head and the last layer of φ (the personalized parts).
+fn personal_parts(grads: &mut Gradients, net: &Net) -> GradientsParams {
+    let mut params = GradientsParams::from_module(grads, &net.head);
+    if let Some(last) = net.adapter.layers.last() {
+        let more = GradientsParams::from_module(grads, last);
+        params = merge(params, more, last);
+    }
+    params
+}
+
+fn merge(mut a: GradientsParams, mut b: GradientsParams, module: &burn::nn::Linear) -> GradientsParams {
+    let id = module.weight.id;
+    if let Some(g) = b.remove::<2>(id) {
+        a.register(id, g);
+    }
+    if let Some(bias) = &module.bias {
+        if let Some(g) = b.remove::<1>(bias.id) {
+            a.register(bias.id, g);
+        }
+    }
+    a
+}
+
+/// Eq. 5 over the domains in order, on the representation of `net`.
+fn evolving_prototypes(net: &Net, domains: &[TaskData]) -> Vec<ClassMean> {
+    let net = net.valid();
+    let mut evolving: Vec<ClassMean> = Vec::new();
+    for (m, d) in domains.iter().enumerate() {
+        for mean in class_means(net.represent(d.train.features.clone().inner()), &d.train.labels_host) {
+            let prev = evolving.iter().position(|e| e.class == mean.class);
+            let vector = evolving_prototype(prev.map(|i| evolving[i].vector.as_slice()), &mean.vector, m as u32 + 1);
+            match (prev, vector) {
+                (Some(i), Some(v)) => evolving[i] = ClassMean { vector: v, count: mean.count, class: mean.class },
+                (None, Some(v)) => evolving.push(ClassMean { vector: v, ..mean }),
+                _ => {}
+            }
+        }
+    }
+    evolving.sort_by_key(|e| e.class);
+    evolving
+}
+
+impl FedEvpClient {
+    pub fn new(ctx: MethodContext) -> Self {
+        Self { rng: Rng::derive(ctx.seed, 0xE7B), ctx, task: 0 }
+    }
+}
+
+impl ClientMethod for FedEvpClient {
+    fn name(&self) -> &'static str {
+        "fedevp"
+    }
+
+    fn num_samples(&self) -> u64 {
+        self.ctx.stream.seen(self.task).iter().map(|t| t.train.len() as u64).sum()
+    }
+
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        self.task = broadcast.task;
+        let domains: Vec<TaskData> =
+            self.ctx.stream.seen(broadcast.task).iter().filter(|t| !t.train.is_empty()).cloned().collect();
+        let last = domains.last().ok_or(TrainError::NoData)?.clone();
+        let started = Instant::now();
+        let device = self.ctx.device.clone();
+        let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
+        let own = evolving_prototypes(&net, &domains);
+        let anchors = PrototypeTable::new(&merge_missing(&from_wire(&broadcast.prototypes)?, &own), &device);
+        let c = &broadcast.config;
+        let weight = self.ctx.method.proto_weight;
+        let ce = CrossEntropyLossConfig::new().init(&device);
+        let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
+        let mut rng = self.rng.clone();
+        let mut loss = f64::NAN;
+        let objective = |m: &Net, b: &crate::train::Batch| {
+            let z = m.represent(b.x.clone());
+            let l = ce.forward(m.head.forward(z.clone()), b.y.clone());
+            let Some(table) = anchors.as_ref().filter(|_| weight > 0.0) else { return l };
+            let rows: Vec<(usize, usize)> =
+                table.rows_of(&b.labels).into_iter().enumerate().filter_map(|(i, r)| r.map(|r| (i, r))).collect();
+            if rows.is_empty() {
+                return l;
+            }
+            let dev = b.x.device();
+            let zi = z.select(0, index_tensor(&rows.iter().map(|r| r.0).collect::<Vec<_>>(), &dev));
+            let ci = table.matrix.clone().select(0, index_tensor(&rows.iter().map(|r| r.1).collect::<Vec<_>>(), &dev));
+            let align: Tensor<1> = (zi - ci).powi_scalar(2).sum_dim(1).mean();
+            l + align.mul_scalar(weight)
+        };
+        for _ in 0..c.local_epochs {
+            for d in &domains {
+                (net, loss) = trainer.epoch(net, &d.train, &mut rng, whole, objective);
+            }
+        }
+        let prototypes = evolving_prototypes(&net, &domains);
+        let blocks = net.to_blocks(self.ctx.encoding)?;
+        // Personalization: w and the last layer of φ, on a copy that stays on the device.
+        let mut personal = net;
+        let mut tuner = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
+        for _ in 0..self.ctx.method.personal_epochs {
+            (personal, _) = tuner.epoch(personal, &last.train, &mut rng, personal_parts, |m, b| {
+                ce.forward(m.forward(b.x.clone()), b.y.clone())
+            });
+        }
+        self.rng = rng;
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| accuracy(&personal, t, 512));
+        Ok(Update {
+            round: broadcast.round,
+            num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),
+            blocks,
+            prototypes: to_wire(&prototypes, self.ctx.encoding),
+            metrics: common_metrics(loss, accuracies),
+            compute_seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        Ok(Net::new(&self.ctx.net, &self.ctx.device).to_blocks(Encoding::F32)?)
+    }
+
+    fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        let device = &self.ctx.device;
+        let net = Net::new(&self.ctx.net, device).load_blocks(&broadcast.blocks, device)?;
+        Ok(accuracy(&net, test, 1024))
+    }
+}

@@ -1,0 +1,183 @@
+//! FedProK's client half (Gao et al.): a feature extractor f (the adapter on frozen features) and a
+//! classifier, both shared (FedAvg), trained on real features of the current task and on
+//! pseudo-features of the old classes translated from the new ones.
+//!
+//! - Prototypes µ_c: class means of f(x) (Eq. 5), uploaded with their counts; the server fuses
+//!   them (Eq. 9) and sends the global list back before local training.
+//! - For each old class p (a global prototype whose class is not in the current task) the nearest
+//!   new class n by cosine between µ_p and the new classes' prototypes (Eq. 6–7).
+//! - Pseudo-features f̂(x_p) = f(x_n) + µ_p − µ_n for samples x_n of class n in the batch (Eq. 8),
+//!   labelled p and replayed into the classifier beside the real features: loss = CE(real) +
+//!   CE(pseudo). At most `replay_ratio` × batch pseudo-features per batch.
+
+use std::time::Instant;
+
+use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::prototype_rules::{ClassMean, nearest_by_cosine};
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use super::protos::{class_means, from_wire, index_tensor, merge_missing, to_wire};
+use super::{ClientMethod, MethodContext, TrainError, common_metrics};
+use crate::model::{BlockLayout, FeatureCache, Net};
+use crate::train::{Batch, Trainer, accuracy, whole};
+
+/// FedProK's client half. See the module docs.
+pub struct FedProKClient {
+    ctx: MethodContext,
+    task: u32,
+    rng: Rng,
+}
+
+/// One old class and the translation that makes it from its nearest new class (Eq. 6–8).
+#[derive(Debug, Clone)]
+struct Translation {
+    old: u32,
+    new: u32,
+    /// µ_p − µ_n.
+    offset: Vec<f32>,
+}
+
+/// The translations of every old class onto its nearest new class (Eq. 6–7).
+fn translations(global: &[ClassMean], new: &[ClassMean], current: &[u32]) -> Vec<Translation> {
+    let candidates: Vec<&[f32]> = new.iter().map(|m| m.vector.as_slice()).collect();
+    global
+        .iter()
+        .filter(|g| !current.contains(&g.class))
+        .filter_map(|g| {
+            let n = &new[nearest_by_cosine(&g.vector, &candidates)?];
+            (n.vector.len() == g.vector.len()).then(|| Translation {
+                old: g.class,
+                new: n.class,
+                offset: g.vector.iter().zip(&n.vector).map(|(p, q)| p - q).collect(),
+            })
+        })
+        .collect()
+}
+
+impl FedProKClient {
+    pub fn new(ctx: MethodContext) -> Self {
+        Self { rng: Rng::derive(ctx.seed, 0xF9A0), ctx, task: 0 }
+    }
+}
+
+/// Pseudo-features of a batch (Eq. 8): `(sample rows, offsets [m, d], labels [m])`, at most `limit`.
+fn pseudo_batch(
+    batch: &Batch,
+    table: &[Translation],
+    limit: usize,
+    rng: &mut Rng,
+) -> Option<(Vec<usize>, Vec<f32>, Vec<i64>)> {
+    let mut pairs: Vec<(usize, &Translation)> = Vec::new();
+    for (i, label) in batch.labels.iter().enumerate() {
+        pairs.extend(table.iter().filter(|t| t.new == *label).map(|t| (i, t)));
+    }
+    if pairs.is_empty() || limit == 0 {
+        return None;
+    }
+    rng.shuffle(&mut pairs);
+    pairs.truncate(limit);
+    let rows = pairs.iter().map(|(i, _)| *i).collect();
+    let offsets = pairs.iter().flat_map(|(_, t)| t.offset.iter().copied()).collect();
+    let labels = pairs.iter().map(|(_, t)| t.old as i64).collect();
+    Some((rows, offsets, labels))
+}
+
+impl ClientMethod for FedProKClient {
+    fn name(&self) -> &'static str {
+        "fedprok"
+    }
+
+    fn num_samples(&self) -> u64 {
+        self.ctx.stream.current_samples(self.task)
+    }
+
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        self.task = broadcast.task;
+        let data = self.ctx.stream.current(broadcast.task).filter(|t| !t.train.is_empty()).ok_or(TrainError::NoData)?;
+        let (train, current) = (data.train.clone(), data.classes.clone());
+        let started = Instant::now();
+        let device = self.ctx.device.clone();
+        let global = from_wire(&broadcast.prototypes)?;
+        let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
+        // The new classes' prototypes under the round's starting f; global ones where the server has them.
+        let start = class_means(net.valid().represent(train.features.clone().inner()), &train.labels_host);
+        let new: Vec<ClassMean> =
+            merge_missing(&global, &start).into_iter().filter(|m| current.contains(&m.class)).collect();
+        let table = translations(&global, &new, &current);
+        let c = &broadcast.config;
+        let limit = (self.ctx.method.replay_ratio.max(0.0) * c.batch_size as f32).ceil() as usize;
+        let dim = self.ctx.net.representation_dim();
+        let ce = CrossEntropyLossConfig::new().init(&device);
+        let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
+        let mut rng = self.rng.clone();
+        let mut replay_rng = Rng::derive(self.ctx.seed ^ broadcast.round, 0x9EED);
+        let mut loss = f64::NAN;
+        for _ in 0..c.local_epochs {
+            (net, loss) = trainer.epoch(net, &train, &mut rng, whole, |m, b| {
+                let z = m.represent(b.x.clone());
+                let real = ce.forward(m.head.forward(z.clone()), b.y.clone());
+                match pseudo_batch(b, &table, limit, &mut replay_rng) {
+                    Some((rows, offsets, labels)) => {
+                        let k = rows.len();
+                        let offsets = Tensor::<2>::from_data(TensorData::new(offsets, [k, dim]), &b.x.device());
+                        let pseudo = z.select(0, index_tensor(&rows, &b.x.device())) + offsets;
+                        let y = Tensor::<1, Int>::from_data(TensorData::new(labels, [k]), &b.x.device());
+                        real + ce.forward(m.head.forward(pseudo), y)
+                    }
+                    None => real,
+                }
+            });
+        }
+        self.rng = rng;
+        let fresh = class_means(net.valid().represent(train.features.clone().inner()), &train.labels_host);
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| accuracy(&net, t, 512));
+        let mut metrics = common_metrics(loss, accuracies);
+        metrics.push(anchorage_shared::protocol::Metric { name: "pseudo_classes".into(), value: table.len() as f64 });
+        Ok(Update {
+            round: broadcast.round,
+            num_samples: train.len() as u64,
+            blocks: net.to_blocks(self.ctx.encoding)?,
+            prototypes: to_wire(&fresh, self.ctx.encoding),
+            metrics,
+            compute_seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        Ok(Net::new(&self.ctx.net, &self.ctx.device).to_blocks(Encoding::F32)?)
+    }
+
+    fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        let device = &self.ctx.device;
+        let net = Net::new(&self.ctx.net, device).load_blocks(&broadcast.blocks, device)?;
+        Ok(accuracy(&net, test, 1024))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mean(class: u32, v: &[f32]) -> ClassMean {
+        ClassMean { class, count: 1, vector: v.to_vec() }
+    }
+
+    #[test]
+    fn old_classes_translate_from_their_nearest_new_class() {
+        // Old 0 points along x, old 1 along y; new 2 along x (+ a little y), new 3 along y.
+        let global = [mean(0, &[1.0, 0.0]), mean(1, &[0.0, 2.0]), mean(2, &[9.0, 9.0])];
+        let new = [mean(2, &[3.0, 0.5]), mean(3, &[0.1, 5.0])];
+        let t = translations(&global, &new, &[2, 3]);
+        assert_eq!(t.len(), 2, "class 2 is current, not old");
+        assert_eq!((t[0].old, t[0].new), (0, 2));
+        assert_eq!(t[0].offset, vec![-2.0, -0.5]);
+        assert_eq!((t[1].old, t[1].new), (1, 3));
+        // Eq. 8: f(x_n) + µ_p − µ_n lands on µ_p when f(x_n) = µ_n.
+        let landed: Vec<f32> = new[1].vector.iter().zip(&t[1].offset).map(|(a, b)| a + b).collect();
+        assert!((landed[0] - 0.0).abs() < 1e-6 && (landed[1] - 2.0).abs() < 1e-6);
+    }
+}

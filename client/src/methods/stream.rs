@@ -1,0 +1,104 @@
+//! A client's task stream: per task, the frozen-backbone features of its training and test data.
+//! The broadcast's task index says where in the stream the federation is.
+
+use anchorage_data::Dataset;
+use anchorage_shared::protocol::Metric;
+use burn::tensor::Device;
+
+use crate::model::{Backbone, FeatureCache};
+
+/// One task of a client's stream.
+#[derive(Debug, Clone)]
+pub struct TaskData {
+    /// The task's classes (class-incremental) or every class (domain-incremental).
+    pub classes: Vec<u32>,
+    pub train: FeatureCache,
+    /// The client's local test data of the task (may be empty).
+    pub test: FeatureCache,
+}
+
+/// Which tasks a round may train on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reveal {
+    /// Tasks 0..=t in round of task t (continual learning).
+    #[default]
+    ByTask,
+    /// Every task from the start (FedEvolve's source domains, all known in advance).
+    All,
+}
+
+/// The task stream of one client.
+#[derive(Debug, Clone, Default)]
+pub struct TaskStream {
+    pub tasks: Vec<TaskData>,
+    pub reveal: Reveal,
+    /// A test set beyond the stream: the unseen target domain of FedEvolve / FedEvp.
+    pub target: Option<FeatureCache>,
+}
+
+impl TaskStream {
+    /// Features of every task's `(classes, train, local test)` through `backbone`, cached once.
+    pub fn build<B: Backbone + ?Sized>(backbone: &B, tasks: &[(Vec<u32>, Dataset, Dataset)], device: &Device) -> Self {
+        let tasks = tasks
+            .iter()
+            .map(|(classes, train, test)| TaskData {
+                classes: classes.clone(),
+                train: FeatureCache::build(backbone, train, 512, device),
+                test: FeatureCache::build(backbone, test, 512, device),
+            })
+            .collect();
+        Self { tasks, ..Self::default() }
+    }
+
+    /// One task holding all of `train` (every class) and `test`.
+    pub fn single<B: Backbone + ?Sized>(backbone: &B, train: &Dataset, test: &Dataset, device: &Device) -> Self {
+        let classes = (0..train.num_classes).collect();
+        Self::build(backbone, &[(classes, train.clone(), test.clone())], device)
+    }
+
+    /// Index of the task a round of task `task` trains on (the last one once the stream ends).
+    pub fn current_index(&self, task: u32) -> Option<usize> {
+        if self.tasks.is_empty() {
+            return None;
+        }
+        Some(match self.reveal {
+            Reveal::ByTask => (task as usize).min(self.tasks.len() - 1),
+            Reveal::All => self.tasks.len() - 1,
+        })
+    }
+
+    /// The task a round of task `task` trains on.
+    pub fn current(&self, task: u32) -> Option<&TaskData> {
+        self.current_index(task).map(|i| &self.tasks[i])
+    }
+
+    /// Every task seen by a round of task `task` (0..=current).
+    pub fn seen(&self, task: u32) -> &[TaskData] {
+        match self.current_index(task) {
+            Some(i) => &self.tasks[..=i],
+            None => &[],
+        }
+    }
+
+    /// Training samples of the current task.
+    pub fn current_samples(&self, task: u32) -> u64 {
+        self.current(task).map_or(0, |t| t.train.len() as u64)
+    }
+
+    /// The local model's accuracy on every seen task's test data (`acc.task.K`) and on the target
+    /// (`acc.target`), with `accuracy` evaluating one test set (`None`: nothing to evaluate).
+    pub fn accuracy_metrics(&self, task: u32, accuracy: impl Fn(&FeatureCache) -> Option<f64>) -> Vec<Metric> {
+        let mut out = Vec::new();
+        if self.target.is_none() {
+            for (k, t) in self.seen(task).iter().enumerate() {
+                if let Some(a) = accuracy(&t.test) {
+                    out.push(Metric { name: format!("acc.task.{k}"), value: a });
+                }
+            }
+        }
+        if let Some(a) = self.target.as_ref().and_then(&accuracy) {
+            out.push(Metric { name: "acc.target".into(), value: a });
+        }
+        out
+    }
+}

@@ -1,0 +1,86 @@
+//! The trainable parts on frozen features: a representation [`Body`] (Linear + ReLU layers: the
+//! adapter, GLDP's shared µ, FedEvolve's φ and ψ) and a linear head (the classifier, GLDP's
+//! personal ν, FedRep's personal head).
+
+use anchorage_shared::rng::Rng;
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::mlp::{init_linear, linear_from};
+
+/// Sizes and seed of a [`Net`]. Every client and the server derive identical initial weights from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetSpec {
+    /// Width of the features the net reads (the frozen backbone's output, or raw inputs).
+    pub input_dim: usize,
+    /// Widths of the body's layers; empty: the head reads the features directly.
+    pub hidden: Vec<usize>,
+    pub num_classes: usize,
+    pub seed: u64,
+}
+
+impl NetSpec {
+    /// Width of the representation (the body's output).
+    pub fn representation_dim(&self) -> usize {
+        self.hidden.last().copied().unwrap_or(self.input_dim)
+    }
+}
+
+/// Linear + ReLU layers.
+#[derive(Module, Debug)]
+pub struct Body {
+    pub layers: Vec<Linear>,
+}
+
+impl Body {
+    /// He-normal layers `input_dim → hidden[0] → …` drawn from `rng`.
+    pub fn new(input_dim: usize, hidden: &[usize], rng: &mut Rng, device: &Device) -> Self {
+        let mut fan_in = input_dim;
+        let mut layers = Vec::with_capacity(hidden.len());
+        for &width in hidden {
+            let (w, b) = init_linear(rng, fan_in, width);
+            layers.push(linear_from(w, b, fan_in, width, device));
+            fan_in = width;
+        }
+        Self { layers }
+    }
+
+    /// Representation `[n, input_dim]` → `[n, hidden.last]`.
+    pub fn forward(&self, mut x: Tensor<2>) -> Tensor<2> {
+        for layer in &self.layers {
+            x = relu(layer.forward(x));
+        }
+        x
+    }
+}
+
+/// A body and a linear head.
+#[derive(Module, Debug)]
+pub struct Net {
+    pub adapter: Body,
+    pub head: Linear,
+}
+
+impl Net {
+    /// Seeded initial weights (identical on every client).
+    pub fn new(spec: &NetSpec, device: &Device) -> Self {
+        let mut rng = Rng::derive(spec.seed, 0xADA7);
+        let adapter = Body::new(spec.input_dim, &spec.hidden, &mut rng, device);
+        let fan_in = spec.representation_dim();
+        let (hw, hb) = init_linear(&mut rng, fan_in, spec.num_classes);
+        Self { adapter, head: linear_from(hw, hb, fan_in, spec.num_classes, device) }
+    }
+
+    /// The representation of features `[n, input_dim]`.
+    pub fn represent(&self, features: Tensor<2>) -> Tensor<2> {
+        self.adapter.forward(features)
+    }
+
+    /// Logits `[n, num_classes]`.
+    pub fn forward(&self, features: Tensor<2>) -> Tensor<2> {
+        self.head.forward(self.represent(features))
+    }
+}
