@@ -247,6 +247,7 @@ impl Engine {
                     client: client.clone(),
                     num_samples: u.num_samples,
                     payload_up: payload_bytes(&u.blocks) as u64,
+                    prototypes: u.prototypes.len(),
                     compute_seconds: u.compute_seconds,
                     arrived_after: at.saturating_sub(started),
                     metrics,

@@ -424,6 +424,7 @@ impl Engine {
                 client: id.clone(),
                 num_samples: u.num_samples,
                 payload_up: payload_bytes(&u.blocks) as u64,
+                prototypes: u.prototypes.len(),
                 compute_seconds: u.compute_seconds,
                 arrived_after: at.saturating_sub(open.started),
                 metrics: u.metrics.iter().map(|m| (m.name.clone(), m.value)).collect(),

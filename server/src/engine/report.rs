@@ -34,6 +34,9 @@ pub struct UpdateReport {
     pub client: ClientId,
     pub num_samples: u64,
     pub payload_up: u64,
+    /// Class prototypes the update carried.
+    #[serde(default)]
+    pub prototypes: usize,
     pub compute_seconds: f64,
     /// Time from the round's start to the update's arrival.
     pub arrived_after: Duration,

@@ -1,0 +1,107 @@
+//! Every method over real QUIC on loopback: 3 clients, 2 class-incremental tasks of a synthetic
+//! set, 2 rounds per task. Each run must end above chance, and what reached the server must be
+//! what the method shares: prototypes for the prototype methods and none for the others, no head
+//! blocks from GLDP and FedRep (their personal layers never leave the device), no blocks at all
+//! from Local-only.
+
+use anchorage_sim::{SimConfig, SimResult};
+
+const ROUNDS: u64 = 4;
+
+fn config(method: &str) -> SimConfig {
+    let text = format!(
+        r#"
+clients = 3
+rounds = {ROUNDS}
+rounds_per_task = 2
+local_epochs = 3
+batch_size = 32
+learning_rate = 0.003
+seed = 11
+[method]
+name = "{method}"
+temperature = 1.0
+[model]
+backbone = "embedded"
+hidden = [64]
+[data]
+dataset = "synthetic"
+seed = 5
+[data.synthetic]
+classes = 4
+side = 16
+train_per_class = 120
+test_per_class = 40
+[data.partition]
+kind = "iid"
+clients = 3
+tasks = 2
+"#
+    );
+    toml::from_str(&text).expect("a valid SimConfig")
+}
+
+fn run(method: &str) -> SimResult {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(anchorage_sim::run(config(method), None, false)).unwrap_or_else(|e| panic!("{method}: {e:#}"))
+}
+
+/// Upload payload bytes of the adapter alone (64 × 512 + 64 f32) and of adapter + head (64 × 4 + 4).
+const ADAPTER_BYTES: u64 = (64 * 512 + 64) * 4;
+const HEAD_BYTES: u64 = (64 * 4 + 4) * 4;
+
+fn check(method: &str, prototypes: bool, upload: u64) {
+    let result = run(method);
+    let s = &result.summary;
+    assert_eq!(s.rounds.len() as u64, ROUNDS, "{method}: every round closed");
+    // Chance on the two tasks' classes: the final row averages tasks of 2 classes each out of 4.
+    let last = s.rounds.last().unwrap();
+    assert!(last.accuracy > 0.4, "{method}: final accuracy {:.3} is not above chance (0.25)", last.accuracy);
+    for r in &result.reports {
+        assert_eq!(r.updates.len(), 3, "{method}: round {} aggregated all three clients", r.round);
+        for u in &r.updates {
+            assert_eq!(u.payload_up, upload, "{method}: {} uploaded {} block bytes", u.client, u.payload_up);
+            assert_eq!(u.prototypes > 0, prototypes, "{method}: {} sent {} prototypes", u.client, u.prototypes);
+            let has_acc = u.metrics.iter().any(|(n, _)| n.starts_with("acc.task."));
+            assert!(has_acc, "{method}: {} reports its local accuracy per task", u.client);
+        }
+    }
+    // The accuracy record covers both tasks after the second one.
+    let seen: Vec<usize> = result.accuracy.iter().filter(|r| r.round == ROUNDS).map(|r| r.test_task).collect();
+    assert!(seen.contains(&0) && seen.contains(&1), "{method}: accuracy on both tasks at the end: {seen:?}");
+}
+
+#[test]
+fn fedavg() {
+    check("fedavg", false, ADAPTER_BYTES + HEAD_BYTES);
+}
+
+#[test]
+fn fedprox() {
+    check("fedprox", false, ADAPTER_BYTES + HEAD_BYTES);
+}
+
+#[test]
+fn fedrep_keeps_its_head() {
+    check("fedrep", false, ADAPTER_BYTES);
+}
+
+#[test]
+fn local_only_shares_nothing() {
+    check("local", false, 0);
+}
+
+#[test]
+fn gldp_keeps_its_personal_layer_and_shares_prototypes() {
+    check("gldp", true, ADAPTER_BYTES);
+}
+
+#[test]
+fn fedprok_shares_weights_and_prototypes() {
+    check("fedprok", true, ADAPTER_BYTES + HEAD_BYTES);
+}
+
+#[test]
+fn fedevp_shares_weights_and_prototypes() {
+    check("fedevp", true, ADAPTER_BYTES + HEAD_BYTES);
+}
