@@ -16,7 +16,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::{Gradients, Tensor};
 
-use super::{ClientMethod, MethodContext, TrainError, common_metrics};
+use super::{ClientMethod, MethodContext, Reveal, TrainError, common_metrics};
 use crate::model::{BlockLayout, FeatureCache, Net, is_head_block};
 use crate::train::{Trainer, accuracy, whole};
 
@@ -97,8 +97,16 @@ impl ClientMethod for Baseline {
 
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         self.task = broadcast.task;
-        let data = self.ctx.stream.current(broadcast.task).filter(|t| !t.train.is_empty()).ok_or(TrainError::NoData)?;
-        let train = data.train.clone();
+        // The current task; under FedEvolve's protocol (every source domain known), all of them.
+        let sets: Vec<FeatureCache> = match self.ctx.stream.reveal {
+            Reveal::All => self.ctx.stream.seen(broadcast.task).iter().map(|t| t.train.clone()).collect(),
+            Reveal::ByTask => self.ctx.stream.current(broadcast.task).map(|t| t.train.clone()).into_iter().collect(),
+        };
+        let sets: Vec<FeatureCache> = sets.into_iter().filter(|t| !t.is_empty()).collect();
+        if sets.is_empty() {
+            return Err(TrainError::NoData);
+        }
+        let samples: u64 = sets.iter().map(|t| t.len() as u64).sum();
         let started = Instant::now();
         let c = &broadcast.config;
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
@@ -108,20 +116,24 @@ impl ClientMethod for Baseline {
         let mut loss = f64::NAN;
         if self.kind == Kind::FedRep {
             for _ in 0..self.ctx.method.personal_epochs {
-                (model, loss) = trainer.epoch(model, &train, &mut self.rng, head_only, |m, b| {
-                    ce.forward(m.forward(b.x.clone()), b.y.clone())
-                });
+                for train in &sets {
+                    (model, loss) = trainer.epoch(model, train, &mut self.rng, head_only, |m, b| {
+                        ce.forward(m.forward(b.x.clone()), b.y.clone())
+                    });
+                }
             }
         }
         let part = if self.kind == Kind::FedRep { body_only } else { whole };
         for _ in 0..c.local_epochs {
-            (model, loss) = trainer.epoch(model, &train, &mut self.rng, part, |m, b| {
-                let l = ce.forward(m.forward(b.x.clone()), b.y.clone());
-                match self.kind {
-                    Kind::FedProx { mu } => l + squared_drift(m, &global).mul_scalar(mu / 2.0),
-                    _ => l,
-                }
-            });
+            for train in &sets {
+                (model, loss) = trainer.epoch(model, train, &mut self.rng, part, |m, b| {
+                    let l = ce.forward(m.forward(b.x.clone()), b.y.clone());
+                    match self.kind {
+                        Kind::FedProx { mu } => l + squared_drift(m, &global).mul_scalar(mu / 2.0),
+                        _ => l,
+                    }
+                });
+            }
         }
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| accuracy(&model, t, 512));
         let mut blocks = model.to_blocks(self.ctx.encoding)?;
@@ -135,7 +147,7 @@ impl ClientMethod for Baseline {
         }
         Ok(Update {
             round: broadcast.round,
-            num_samples: train.len() as u64,
+            num_samples: samples,
             blocks,
             prototypes: Vec::new(),
             metrics: common_metrics(loss, accuracies),
