@@ -54,6 +54,16 @@ pub fn whole<M: Module>(grads: &mut Gradients, model: &M) -> GradientsParams {
     GradientsParams::from_module(grads, model)
 }
 
+/// The head of a [`Trainable`] (the body stays fixed).
+pub fn head_only(grads: &mut Gradients, net: &Trainable) -> GradientsParams {
+    GradientsParams::from_module(grads, &net.head)
+}
+
+/// The body (adapter) of a [`Trainable`] (the head stays fixed).
+pub fn body_only(grads: &mut Gradients, net: &Trainable) -> GradientsParams {
+    GradientsParams::from_module(grads, &net.adapter)
+}
+
 /// Minibatch training on cached features: the one loop every method's client half runs. The batch
 /// order comes from `rng`, so a seeded run is reproducible; the optimizer state lives as long as
 /// the trainer (one local round).

@@ -13,12 +13,11 @@ use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::GradientsParams;
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::Tensor;
 
 use super::{ClientMethod, MethodContext, Reveal, TrainError, common_metrics};
 use crate::model::{BlockLayout, FeatureCache, Net, is_head_block};
-use crate::train::{Trainer, accuracy, whole};
+use crate::train::{Trainer, accuracy, body_only, head_only, whole};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
@@ -41,14 +40,6 @@ pub struct Baseline {
 
 /// FedAvg's client half (the baseline every other method is compared with).
 pub type FedAvgClient = Baseline;
-
-fn head_only(grads: &mut Gradients, net: &Net) -> GradientsParams {
-    GradientsParams::from_module(grads, &net.head)
-}
-
-fn body_only(grads: &mut Gradients, net: &Net) -> GradientsParams {
-    GradientsParams::from_module(grads, &net.adapter)
-}
 
 /// ‖w − w_g‖² over every parameter of the net (FedProx's proximal term).
 fn squared_drift(net: &Net, global: &Net) -> Tensor<1> {
@@ -169,8 +160,7 @@ impl ClientMethod for Baseline {
         if matches!(self.kind, Kind::FedRep | Kind::Local) || broadcast.blocks.is_empty() {
             return Ok(None);
         }
-        let device = &self.ctx.device;
-        let model = Net::new(&self.ctx.net, device).load_blocks(&broadcast.blocks, device)?;
+        let model = self.ctx.global_net(broadcast)?;
         Ok(accuracy(&model, test, 1024))
     }
 }

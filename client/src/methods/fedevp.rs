@@ -152,8 +152,7 @@ impl ClientMethod for FedEvpClient {
     }
 
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
-        let device = &self.ctx.device;
-        let net = Net::new(&self.ctx.net, device).load_blocks(&broadcast.blocks, device)?;
+        let net = self.ctx.global_net(broadcast)?;
         Ok(accuracy(&net, test, 1024))
     }
 }

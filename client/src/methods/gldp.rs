@@ -28,16 +28,15 @@ use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::GradientsParams;
 use burn::tensor::activation::{log_softmax, softmax};
-use burn::tensor::{Device, Gradients, Tensor};
+use burn::tensor::{Device, Tensor};
 
 use super::protos::{
     PrototypeTable, batch_class_means, class_means, from_wire, index_tensor, squared_distances, to_wire,
 };
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
 use crate::model::{BlockLayout, FeatureCache, Net, is_head_block};
-use crate::train::{Batch, Trainer, accuracy_of};
+use crate::train::{Batch, Trainer, accuracy_of, body_only, head_only};
 
 /// GLDP's client half. See the module docs.
 pub struct GldpClient {
@@ -48,14 +47,6 @@ pub struct GldpClient {
     local: Vec<ClassMean>,
     task: u32,
     rng: Rng,
-}
-
-fn head_only(grads: &mut Gradients, net: &Net) -> GradientsParams {
-    GradientsParams::from_module(grads, &net.head)
-}
-
-fn body_only(grads: &mut Gradients, net: &Net) -> GradientsParams {
-    GradientsParams::from_module(grads, &net.adapter)
 }
 
 /// KL(q_y ‖ p(z)) up to the constant entropy of q (Eq. 7–8, our reading; see the module docs).
@@ -224,7 +215,7 @@ impl ClientMethod for GldpClient {
     /// GLDP-GP on the server's side: the global µ and the global prototypes (Eq. 13).
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         let device = &self.ctx.device;
-        let net = Net::new(&self.ctx.net, device).load_blocks(&broadcast.blocks, device)?;
+        let net = self.ctx.global_net(broadcast)?;
         let global = table(&from_wire(&broadcast.prototypes)?, device);
         Ok(prototype_accuracy(&net, global.as_ref(), test))
     }

@@ -107,6 +107,14 @@ impl MethodContext {
     }
 }
 
+impl MethodContext {
+    /// The seeded net with the broadcast's (shared) blocks loaded: the global model.
+    pub fn global_net(&self, broadcast: &Broadcast) -> Result<crate::model::Net, TrainError> {
+        use crate::model::BlockLayout;
+        Ok(crate::model::Net::new(&self.net, &self.device).load_blocks(&broadcast.blocks, &self.device)?)
+    }
+}
+
 /// The method registry: the client half `context.method` names.
 pub fn build(context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError> {
     Ok(match context.method.name.as_str() {
