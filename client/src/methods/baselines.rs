@@ -88,16 +88,18 @@ impl ClientMethod for Baseline {
 
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         self.task = broadcast.task;
-        // The current task; under FedEvolve's protocol (every source domain known), all of them.
-        let sets: Vec<FeatureCache> = match self.ctx.stream.reveal {
-            Reveal::All => self.ctx.stream.seen(broadcast.task).iter().map(|t| t.train.clone()).collect(),
-            Reveal::ByTask => self.ctx.stream.current(broadcast.task).map(|t| t.train.clone()).into_iter().collect(),
+        // The current task; under FedEvolve's protocol (every source domain known), all of them
+        // pooled into one set, so that every batch mixes domains.
+        let train = match self.ctx.stream.reveal {
+            Reveal::All => {
+                let seen: Vec<FeatureCache> =
+                    self.ctx.stream.seen(broadcast.task).iter().map(|t| t.train.clone()).collect();
+                FeatureCache::concat(&seen)
+            }
+            Reveal::ByTask => self.ctx.stream.current(broadcast.task).map(|t| t.train.clone()),
         };
-        let sets: Vec<FeatureCache> = sets.into_iter().filter(|t| !t.is_empty()).collect();
-        if sets.is_empty() {
-            return Err(TrainError::NoData);
-        }
-        let samples: u64 = sets.iter().map(|t| t.len() as u64).sum();
+        let train = train.filter(|t| !t.is_empty()).ok_or(TrainError::NoData)?;
+        let samples = train.len() as u64;
         let started = Instant::now();
         let c = &broadcast.config;
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
@@ -107,24 +109,20 @@ impl ClientMethod for Baseline {
         let mut loss = f64::NAN;
         if self.kind == Kind::FedRep {
             for _ in 0..self.ctx.method.personal_epochs {
-                for train in &sets {
-                    (model, loss) = trainer.epoch(model, train, &mut self.rng, head_only, |m, b| {
-                        ce.forward(m.forward(b.x.clone()), b.y.clone())
-                    });
-                }
+                (model, loss) = trainer.epoch(model, &train, &mut self.rng, head_only, |m, b| {
+                    ce.forward(m.forward(b.x.clone()), b.y.clone())
+                });
             }
         }
         let part = if self.kind == Kind::FedRep { body_only } else { whole };
         for _ in 0..c.local_epochs {
-            for train in &sets {
-                (model, loss) = trainer.epoch(model, train, &mut self.rng, part, |m, b| {
-                    let l = ce.forward(m.forward(b.x.clone()), b.y.clone());
-                    match self.kind {
-                        Kind::FedProx { mu } => l + squared_drift(m, &global).mul_scalar(mu / 2.0),
-                        _ => l,
-                    }
-                });
-            }
+            (model, loss) = trainer.epoch(model, &train, &mut self.rng, part, |m, b| {
+                let l = ce.forward(m.forward(b.x.clone()), b.y.clone());
+                match self.kind {
+                    Kind::FedProx { mu } => l + squared_drift(m, &global).mul_scalar(mu / 2.0),
+                    _ => l,
+                }
+            });
         }
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| accuracy(&model, t, 512));
         let mut blocks = model.to_blocks(self.ctx.encoding)?;

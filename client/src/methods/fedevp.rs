@@ -120,10 +120,12 @@ impl ClientMethod for FedEvpClient {
             let align: Tensor<1> = (zi - ci).powi_scalar(2).sum_dim(1).mean();
             l + align.mul_scalar(weight)
         };
+        // Every source domain in one shuffled set (the alignment target of a class is the same
+        // evolving prototype whatever the domain).
+        let pooled = FeatureCache::concat(&domains.iter().map(|d| d.train.clone()).collect::<Vec<_>>())
+            .ok_or(TrainError::NoData)?;
         for _ in 0..c.local_epochs {
-            for d in &domains {
-                (net, loss) = trainer.epoch(net, &d.train, &mut rng, whole, objective);
-            }
+            (net, loss) = trainer.epoch(net, &pooled, &mut rng, whole, objective);
         }
         let prototypes = evolving_prototypes(&net, &domains);
         let blocks = net.to_blocks(self.ctx.encoding)?;

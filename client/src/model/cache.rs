@@ -80,6 +80,15 @@ impl FeatureCache {
     pub fn is_empty(&self) -> bool {
         self.labels_host.is_empty()
     }
+
+    /// The rows of every cache in `parts`, in order (`None` when `parts` is empty).
+    pub fn concat(parts: &[FeatureCache]) -> Option<Self> {
+        let first = parts.first()?;
+        let device = first.features.device();
+        let features = Tensor::cat(parts.iter().map(|p| p.features.clone()).collect(), 0);
+        let labels: Vec<u32> = parts.iter().flat_map(|p| p.labels_host.iter().copied()).collect();
+        Some(Self::from_parts(features, &labels, &device))
+    }
 }
 
 /// The spill file cannot be used.
