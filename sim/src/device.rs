@@ -319,17 +319,33 @@ pub struct SimulatedDevice<M> {
     straggler_ratio: f64,
     charge: Charge,
     rng: Rng,
+    /// The round whose training never finishes (a crash; the sim then aborts the client).
+    crash_round: Option<u64>,
     /// Local epochs the last round ran (τ, or fewer for a straggler).
     pub last_epochs: u32,
 }
 
 impl<M: ClientMethod> SimulatedDevice<M> {
     pub fn new(inner: M, profile: DeviceProfile, straggler_ratio: f64, charge: Charge, seed: u64) -> Self {
-        Self { inner, profile, straggler_ratio, charge, rng: Rng::derive(seed, 0x57A6), last_epochs: 0 }
+        Self {
+            inner,
+            profile,
+            straggler_ratio,
+            charge,
+            rng: Rng::derive(seed, 0x57A6),
+            crash_round: None,
+            last_epochs: 0,
+        }
     }
 
     pub fn profile(&self) -> &DeviceProfile {
         &self.profile
+    }
+
+    /// Crash in `round`: its training fails before anything is uploaded, whatever the timing of
+    /// the abort that kills the client.
+    pub fn crash_in(&mut self, round: u64) {
+        self.crash_round = Some(round);
     }
 }
 
@@ -355,6 +371,9 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
     }
 
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        if self.crash_round == Some(broadcast.round) {
+            return Err(TrainError::Crashed(broadcast.round));
+        }
         let tau = broadcast.config.local_epochs.max(1);
         let straggles = self.straggler_ratio > 0.0 && self.rng.f64() < self.straggler_ratio;
         let epochs = if straggles { 1 + self.rng.below(tau as u64) as u32 } else { tau };

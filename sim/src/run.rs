@@ -221,7 +221,10 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     let mut handles = Vec::new();
     let mut link_handles: Vec<Option<Arc<Mutex<Option<LinkHandle>>>>> = Vec::new();
     let links = config.links()?;
-    for (i, method) in clients.into_iter().enumerate() {
+    for (i, mut method) in clients.into_iter().enumerate() {
+        if let Some(k) = config.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {
+            method.crash_in(k);
+        }
         let mut options = ClientOptions::new(server.local_addr, cert.clone(), client_id(i));
         options.seed = config.seed.wrapping_add(1000 + i as u64);
         if let Some(profile) = links[i].clone() {

@@ -38,6 +38,9 @@ pub enum TrainError {
     Prototypes(#[from] anchorage_shared::tensor::TensorError),
     #[error("unknown method `{0}` (known: {known})", known = METHODS.join(", "))]
     UnknownMethod(String),
+    /// The device went down during training (a simulated crash): nothing is uploaded.
+    #[error("the device crashed in round {0}")]
+    Crashed(u64),
 }
 
 /// The client half of a federated method (Flower's `Client::fit`, plus the evaluation of the

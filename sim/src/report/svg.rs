@@ -166,6 +166,9 @@ pub fn stacked_bars(
         let mut base = 0.0;
         for (l, (_, values)) in layers.iter().enumerate() {
             let v = values.get(c).copied().unwrap_or(0.0);
+            if !(v.is_finite() && v > 0.0) {
+                continue; // an empty segment (a zero height would print as "-0.0", which SVG rejects)
+            }
             let (y0, y1) = (frame.py(base), frame.py(base + v));
             let _ = write!(
                 svg,
@@ -307,7 +310,8 @@ mod tests {
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert!(s.contains("a &lt;b&gt;") && s.contains("<polyline"));
         let b = stacked_bars("t", "x", "y", &["1".into(), "2".into()], &[("a", vec![1.0, 2.0]), ("b", vec![0.5, 0.0])]);
-        assert_eq!(b.matches("<rect x=").count(), 4 + 2, "four segments and two legend swatches");
+        assert_eq!(b.matches("<rect x=").count(), 3 + 2, "three non-empty segments and two legend swatches");
+        assert!(!b.contains("height=\"-"), "no negative or negative-zero heights");
     }
 
     #[test]
