@@ -49,6 +49,30 @@ pub struct RunSummary {
     /// Metrics of the task accuracy matrix (DESIGN.md §7).
     #[serde(default)]
     pub continual: ContinualMetrics,
+    /// FedProK's efficiency E = (τ1 + τ2) / R (see [`Efficiency`]).
+    #[serde(default)]
+    pub efficiency: Efficiency,
+}
+
+/// FedProK's efficiency metric E = (τ1 + τ2) / R: the time a round costs. Our reading: τ1 is the
+/// fleet's local training time (Σ compute seconds in the ledger), τ2 its communication time
+/// (Σ transfer seconds), R the number of rounds. Lower is better.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Efficiency {
+    pub compute_seconds: f64,
+    pub transfer_seconds: f64,
+    pub rounds: usize,
+    /// E, in seconds per round (0 when no round ran).
+    pub seconds_per_round: f64,
+}
+
+impl Efficiency {
+    pub fn from_ledger(ledger: &[CostRecord], rounds: usize) -> Self {
+        let compute_seconds: f64 = ledger.iter().map(|c| c.compute_seconds).sum();
+        let transfer_seconds: f64 = ledger.iter().map(|c| c.transfer_seconds).sum();
+        let seconds_per_round = if rounds == 0 { 0.0 } else { (compute_seconds + transfer_seconds) / rounds as f64 };
+        Self { compute_seconds, transfer_seconds, rounds, seconds_per_round }
+    }
 }
 
 /// What a run's summary is made of, besides the rows and the ledger.
@@ -122,6 +146,7 @@ impl RunSummary {
             late_updates: inputs.late_updates,
             refused: inputs.refused,
             decode_errors: inputs.decode_errors,
+            efficiency: Efficiency::from_ledger(ledger, rows.len()),
             rounds: rows,
             wall_seconds: inputs.wall_seconds,
             continual: ContinualMetrics::from_records(accuracy),
@@ -261,4 +286,23 @@ pub fn write_run_folder(
 
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+}
+
+#[cfg(test)]
+mod efficiency_tests {
+    use super::*;
+
+    #[test]
+    fn efficiency_is_compute_plus_transfer_per_round() {
+        let cost = |compute: f64, transfer: f64| CostRecord {
+            compute_seconds: compute,
+            transfer_seconds: transfer,
+            ..CostRecord::default()
+        };
+        let ledger = [cost(2.0, 1.0), cost(4.0, 0.5), cost(0.0, 0.5)];
+        let e = Efficiency::from_ledger(&ledger, 2);
+        assert_eq!((e.compute_seconds, e.transfer_seconds, e.rounds), (6.0, 2.0, 2));
+        assert_eq!(e.seconds_per_round, 4.0);
+        assert_eq!(Efficiency::from_ledger(&ledger, 0).seconds_per_round, 0.0);
+    }
 }

@@ -197,6 +197,12 @@ fn markdown(
         summary.upload_wire_ratio.map(|r| format!("{r:.4}")).unwrap_or_else(|| "-".into())
     );
     let _ = writeln!(md, "| energy (estimate) | {:.1} J |", ledger.iter().map(|c| c.joules).sum::<f64>());
+    let e = &summary.efficiency;
+    let _ = writeln!(
+        md,
+        "| efficiency E = (τ1 + τ2) / R (FedProK) | {:.3} s per round (τ1 compute {:.1} s, τ2 transfer {:.1} s, R = {}) |",
+        e.seconds_per_round, e.compute_seconds, e.transfer_seconds, e.rounds
+    );
     let _ = writeln!(md, "| late updates / refused | {} / {} |", summary.late_updates, summary.refused);
     let _ = writeln!(md, "| wall time of the run | {:.1} s |", summary.wall_seconds);
     let _ = writeln!(
