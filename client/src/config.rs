@@ -44,8 +44,13 @@ pub struct ClientConfig {
     /// `cpu` (flex), `ndarray`, `wgpu`, `vulkan`, `cuda:N` or `auto` (see [`crate::device`]).
     #[serde(default = "default_device")]
     pub device: String,
+    /// Memory announced to the server (capabilities).
     #[serde(default = "default_memory")]
     pub memory_mb: u32,
+    /// Memory budget for training: bounds the batch size and the feature cache (see
+    /// [`crate::memory::plan`]); unset: no bound.
+    #[serde(default)]
+    pub max_memory_mb: Option<u32>,
     /// Upload encoding: f32, f16, bf16, int8.
     #[serde(default = "default_encoding")]
     pub encoding: String,

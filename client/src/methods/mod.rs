@@ -118,6 +118,38 @@ impl MethodContext {
     }
 }
 
+/// A method whose rounds never train on batches larger than `max` (a memory plan's bound); a
+/// broadcast asking for more is trained with `max`.
+pub struct BatchCap<M> {
+    pub inner: M,
+    pub max: u32,
+}
+
+impl<M: ClientMethod> ClientMethod for BatchCap<M> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn num_samples(&self) -> u64 {
+        self.inner.num_samples()
+    }
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        let max = self.max.max(1);
+        if broadcast.config.batch_size <= max {
+            return self.inner.train(broadcast);
+        }
+        tracing::debug!(asked = broadcast.config.batch_size, max, "batch size capped by the memory plan");
+        let mut capped = broadcast.clone();
+        capped.config.batch_size = max;
+        self.inner.train(&capped)
+    }
+    fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        self.inner.global_accuracy(broadcast, test)
+    }
+    fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        self.inner.initial_blocks()
+    }
+}
+
 /// The method registry: the client half `context.method` names.
 pub fn build(context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError> {
     Ok(match context.method.name.as_str() {

@@ -6,7 +6,7 @@ use burn::tensor::{Tensor, TensorData};
 use burn_store::ModuleSnapshot;
 
 use super::input::{Fnv, InputTransform};
-use super::{FrozenBackbone, MobileNetV2, ResNetCifar};
+use super::{FrozenBackbone, MobileNetV2, ResNet18, ResNetCifar};
 
 /// A backbone whose features are a pure function of (weights, transform, sample).
 pub trait Backbone {
@@ -31,6 +31,15 @@ impl FeatureNet for ResNetCifar {
     }
     fn feature_dim(&self) -> usize {
         ResNetCifar::FEATURE_DIM
+    }
+}
+
+impl FeatureNet for ResNet18 {
+    fn forward_features(&self, x: Tensor<4>) -> Tensor<2> {
+        ResNet18::forward_features(self, x)
+    }
+    fn feature_dim(&self) -> usize {
+        ResNet18::feature_dim(self)
     }
 }
 

@@ -3,7 +3,7 @@
 //! The edge default: the backbone never trains, so its features are computed once per sample
 //! ([`FeatureCache`]) and every epoch of the small trainable parts runs on cached features.
 //! Trainable parts travel as named parameter blocks (`adapter.0.weight`, `head.bias`, ...).
-//! Pretrained backbones ([`ResNetCifar`], [`MobileNetV2`]) load from safetensors through burn-store ([`weights`]).
+//! Pretrained backbones ([`ResNetCifar`], [`ResNet18`], [`MobileNetV2`]) load from safetensors through burn-store ([`weights`]).
 
 pub mod backbone;
 pub mod blocks;
@@ -14,6 +14,7 @@ mod mlp;
 pub mod mnist_cnn;
 pub mod mobilenet_v2;
 pub mod net;
+pub mod resnet18;
 pub mod resnet_cifar;
 pub mod vit;
 pub mod weights;
@@ -32,5 +33,6 @@ pub type Trainable = Net;
 pub use mnist_cnn::{MnistCnn, MnistCnnConfig};
 pub use mobilenet_v2::{MobileNetV2, MobileNetV2Config};
 pub use resnet_cifar::{ResNetCifar, ResNetCifarConfig};
+pub use resnet18::{ResNet18, ResNet18Config};
 pub use vit::{Vit, VitConfig};
 pub use weights::WeightError;

@@ -27,6 +27,24 @@ impl NetSpec {
     pub fn representation_dim(&self) -> usize {
         self.hidden.last().copied().unwrap_or(self.input_dim)
     }
+
+    /// Parameter values (weights and biases of every layer).
+    pub fn param_count(&self) -> u64 {
+        let mut fan_in = self.input_dim as u64;
+        let mut n = 0u64;
+        for &w in self.hidden.iter().chain(std::iter::once(&self.num_classes)) {
+            n = n.saturating_add((fan_in + 1).saturating_mul(w as u64));
+            fan_in = w as u64;
+        }
+        n
+    }
+
+    /// Values one training sample keeps for the backward pass (input, each layer before and
+    /// after ReLU, logits and log-probabilities); their gradients double it.
+    pub fn activation_values(&self) -> u64 {
+        let hidden: usize = self.hidden.iter().sum();
+        (self.input_dim + 2 * hidden + 2 * self.num_classes) as u64
+    }
 }
 
 /// Linear + ReLU layers.

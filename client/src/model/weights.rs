@@ -65,7 +65,9 @@ pub fn load_safetensors<M: Module + ModuleSnapshot>(
 
 fn check(result: ApplyResult, path: &Path) -> Result<(), WeightError> {
     let missing: Vec<String> = result.missing.iter().take(FIRST).map(|(p, _)| p.clone()).collect();
-    let unused: Vec<String> = result.unused.iter().take(FIRST).cloned().collect();
+    // PyTorch's BatchNorm step counter is state, not a parameter.
+    let unused: Vec<String> =
+        result.unused.iter().filter(|k| !k.ends_with("num_batches_tracked")).take(FIRST).cloned().collect();
     let shapes: Vec<String> = result.errors.iter().take(FIRST).map(|e| e.to_string()).collect();
     if missing.is_empty() && unused.is_empty() && shapes.is_empty() {
         return Ok(());

@@ -6,17 +6,19 @@ use burn::tensor::Device;
 
 use super::backbone::Identity;
 use super::{
-    Backbone, Frozen, FrozenBackbone, MobileNetV2, MobileNetV2Config, ModelSpec, ResNetCifar, ResNetCifarConfig,
-    WeightError,
+    Backbone, Frozen, FrozenBackbone, MobileNetV2, MobileNetV2Config, ModelSpec, ResNet18, ResNet18Config, ResNetCifar,
+    ResNetCifarConfig, WeightError,
 };
 
 /// The pretrained weight files in `../shared/data/weights`.
 pub const RESNET20_WEIGHTS: &str = "weights/resnet20-12fca82f.safetensors";
 pub const RESNET56_WEIGHTS: &str = "weights/resnet56-4bfd9763.safetensors";
 pub const MOBILENET_V2_WEIGHTS: &str = "weights/mobilenetv2_035_224_imagenet_backbone.safetensors";
+/// CIFAR-stem ResNet-18 (`kuangliu/pytorch-cifar` names); not shipped in `../shared/data`: put your own there.
+pub const RESNET18_WEIGHTS: &str = "weights/resnet18_cifar.safetensors";
 
 /// Backbone names [`load`] knows.
-pub const BACKBONES: &[&str] = &["identity", "embedded", "resnet20", "resnet56", "mobilenet_v2"];
+pub const BACKBONES: &[&str] = &["identity", "embedded", "resnet20", "resnet56", "resnet18", "mobilenet_v2"];
 
 /// A backbone could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +50,10 @@ pub fn load(
         "resnet56" => Box::new(Frozen::new(
             ResNetCifar::load(ResNetCifarConfig::resnet56(), &weights(RESNET56_WEIGHTS)?, device)?,
             ResNetCifar::input_transform(),
+        )),
+        "resnet18" => Box::new(Frozen::new(
+            ResNet18::load(ResNet18Config::default(), &weights(RESNET18_WEIGHTS)?, device)?,
+            ResNet18::input_transform(),
         )),
         "mobilenet_v2" => Box::new(Frozen::new(
             MobileNetV2::load(MobileNetV2Config { alpha: 0.35 }, &weights(MOBILENET_V2_WEIGHTS)?, device)?,
