@@ -4,8 +4,8 @@
 use anchorage_shared::rng::Rng;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
 use anchorage_client::methods::fedta::sikf::Sikf;
+use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
 use anchorage_client::model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 use anchorage_client::train::OptimizerKind;
 use anchorage_data::partition::FederatedSplit;
@@ -124,7 +124,7 @@ impl Setup {
             split.num_clients(),
             config.clients
         );
-        let backbone: Arc<_> =
+        let backbone: anchorage_client::methods::fedta::prompts::SharedBackbone =
             zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), &plain)
                 .context("building the frozen backbone")?
                 .into();

@@ -16,7 +16,6 @@ use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Capabilities, Message};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::payload_bytes;
-use anyhow::Context;
 
 use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};

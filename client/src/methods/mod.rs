@@ -40,7 +40,9 @@ pub enum TrainError {
     Prototypes(#[from] anchorage_shared::tensor::TensorError),
     #[error("unknown method `{0}` (known: {known})", known = METHODS.join(", "))]
     UnknownMethod(String),
-    #[error("this method changes the backbone's input: it needs the frozen backbone and the raw samples beside the features")]
+    #[error(
+        "this method changes the backbone's input: it needs the frozen backbone and the raw samples beside the features"
+    )]
     NoInputs,
 }
 

@@ -121,8 +121,12 @@ impl FedTaServer {
                     return Err(MethodError::Inconsistent(b.name.clone()));
                 }
             }
-            match distiller.distill(&student.1.blocks, &teachers, self.config.sikf_epochs, self.config.sikf_learning_rate)
-            {
+            match distiller.distill(
+                &student.1.blocks,
+                &teachers,
+                self.config.sikf_epochs,
+                self.config.sikf_learning_rate,
+            ) {
                 Ok(d) => (d.blocks, IeAggregation::Distilled { student: student.0.to_string(), losses: d.losses }),
                 Err(e) => {
                     tracing::warn!(round = round.round, error = %e, "FedTA: SIKF failed; averaging IE this round");

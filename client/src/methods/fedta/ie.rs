@@ -170,7 +170,8 @@ pub fn enhanced_cache(
         let q = cache.features.clone().slice(chunk[0]..chunk[0] + chunk.len()).inner();
         parts.push(ie.enhanced(enhancer, x, q, top_n).inner());
     }
-    let features = if parts.is_empty() { Tensor::zeros([0, enhancer.feature_dim()], &device) } else { Tensor::cat(parts, 0) };
+    let features =
+        if parts.is_empty() { Tensor::zeros([0, enhancer.feature_dim()], &device) } else { Tensor::cat(parts, 0) };
     Ok(cache.with_features(features))
 }
 

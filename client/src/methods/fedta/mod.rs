@@ -130,8 +130,12 @@ impl FedTaClient {
             IeModel::new_head(self.shape.query_dim, self.ctx.net.num_classes, self.ctx.net.seed, &device)
         });
         let c = &broadcast.config;
-        let mut trainer =
-            Trainer::with_weight_decay(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize, m.weight_decay);
+        let mut trainer = Trainer::with_weight_decay(
+            self.ctx.optimizer,
+            c.learning_rate as f64,
+            c.batch_size as usize,
+            m.weight_decay,
+        );
         let plain = train.features.device();
         let (enhancer, top_n) = (self.enhancer.clone(), self.shape.top_n);
         let mut model = IeModel { ie, head };
@@ -165,8 +169,8 @@ impl FedTaClient {
         let mut tail = self.tail.take().unwrap_or_else(|| self.new_tail());
         let mut loss = f64::NAN;
         for _ in 0..c.local_epochs {
-            (tail, loss) =
-                trainer.epoch(tail, enhanced, rng, whole, |m, b| m.loss(b.x.clone(), b.y.clone(), &b.labels, global, w));
+            (tail, loss) = trainer
+                .epoch(tail, enhanced, rng, whole, |m, b| m.loss(b.x.clone(), b.y.clone(), &b.labels, global, w));
         }
         (tail, loss)
     }
@@ -218,8 +222,7 @@ impl ClientMethod for FedTaClient {
         let valid_tail = tail.valid();
         let anchored = valid_tail.anchored(enhanced.features.clone().inner()).0;
         let fresh = class_means(anchored, &enhanced.labels_host);
-        let accuracies =
-            self.ctx.stream.accuracy_metrics(broadcast.task, |t| self.local_accuracy(&ie, &valid_tail, t));
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| self.local_accuracy(&ie, &valid_tail, t));
         self.tail = Some(tail);
         let mut metrics = common_metrics(loss, accuracies);
         metrics.push(Metric { name: "ie_loss".into(), value: stage1_loss });

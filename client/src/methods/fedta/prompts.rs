@@ -228,12 +228,14 @@ mod tests {
         let device = Device::flex();
         let p = PixelPrompts::new(Arc::new(Identity { dim: 9 }), &[1, 3, 3], 1);
         assert_eq!(p.set_len(), 8);
-        let sets = Tensor::<3>::from_data(
-            TensorData::new([vec![2.0f32; 8], vec![4.0f32; 8]].concat(), [1, 2, 8]),
-            &device,
-        );
-        let out: Vec<f32> =
-            p.features(Tensor::zeros([1, 9], &device), Some(sets)).into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let sets =
+            Tensor::<3>::from_data(TensorData::new([vec![2.0f32; 8], vec![4.0f32; 8]].concat(), [1, 2, 8]), &device);
+        let out: Vec<f32> = p
+            .features(Tensor::zeros([1, 9], &device), Some(sets))
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
         assert_eq!(out, vec![3.0, 3.0, 3.0, 3.0, 0.0, 3.0, 3.0, 3.0, 3.0]);
     }
 
