@@ -4,6 +4,7 @@
 use anchorage_shared::rng::Rng;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
@@ -23,9 +24,17 @@ pub enum OptimizerKind {
 
 impl OptimizerKind {
     fn build(self) -> ModuleOptimizer {
+        self.build_with_decay(0.0)
+    }
+
+    /// The optimizer with L2 weight decay `decay` (none when 0).
+    fn build_with_decay(self, decay: f32) -> ModuleOptimizer {
+        let decay = (decay > 0.0 && decay.is_finite()).then(|| WeightDecayConfig::new(decay));
         match self {
-            OptimizerKind::Sgd => SgdConfig::new().with_momentum(Some(MomentumConfig::new())).init(),
-            OptimizerKind::Adam => AdamConfig::new().init(),
+            OptimizerKind::Sgd => {
+                SgdConfig::new().with_momentum(Some(MomentumConfig::new())).with_weight_decay(decay).init()
+            }
+            OptimizerKind::Adam => AdamConfig::new().with_weight_decay(decay).init(),
         }
     }
 }
@@ -44,6 +53,8 @@ pub struct Batch {
     pub y: Tensor<1, Int>,
     /// The labels, on the host.
     pub labels: Vec<u32>,
+    /// The cache rows of the batch (e.g. to fetch their raw inputs).
+    pub rows: Vec<usize>,
 }
 
 /// Which parameters a step updates: the gradients of the chosen part of the model.
@@ -80,6 +91,11 @@ impl Trainer {
         Self { optim: optimizer.build(), learning_rate, batch_size: batch_size.max(1), steps: 0 }
     }
 
+    /// A trainer whose optimizer applies L2 weight decay `decay`.
+    pub fn with_weight_decay(optimizer: OptimizerKind, learning_rate: f64, batch_size: usize, decay: f32) -> Self {
+        Self { optim: optimizer.build_with_decay(decay), ..Self::new(optimizer, learning_rate, batch_size) }
+    }
+
     /// One epoch over `cache`: for each batch, `loss(model, batch)` is minimised over the
     /// parameters `part` selects. Returns the model and the epoch's mean loss (NaN when empty).
     pub fn epoch<M: Module>(
@@ -101,6 +117,7 @@ impl Trainer {
                 x: cache.features.clone().select(0, idx.clone()),
                 y: cache.labels.clone().select(0, idx),
                 labels: chunk.iter().map(|&i| cache.labels_host[i as usize]).collect(),
+                rows: chunk.iter().map(|&i| i as usize).collect(),
             };
             let l = loss(&model, &batch);
             loss_sum += l.clone().into_scalar::<f32>() as f64 * chunk.len() as f64;

@@ -50,6 +50,40 @@ pub struct MethodConfig {
     pub prediction: PrototypeSource,
     /// FedProK: pseudo-features replayed per old class and batch, as a multiple of the batch's real ones.
     pub replay_ratio: f32,
+    /// FedTA: weight of the key pull of the input-enhancement pool in stage 1 (Eq. 3).
+    pub lambda1: f32,
+    /// FedTA: weight of the InfoNCE loss against the global prototypes in stage 2 (Eq. 5).
+    pub lambda2: f32,
+    /// FedTA: weight of the tail-anchor key pull in stage 2 (Eq. 6).
+    pub lambda3: f32,
+    /// FedTA: M, enhancement sets in the input-enhancement pool.
+    pub ie_pool: u32,
+    /// FedTA: length of one enhancement set (prompt tokens for a ViT; border width in pixels for
+    /// pixel prompts on a convolutional backbone).
+    pub ie_length: u32,
+    /// FedTA: N, enhancement sets applied per input (the top N by key similarity).
+    pub ie_top_n: u32,
+    /// FedTA: local epochs of stage 1 (the input enhancement, through the frozen backbone); stage 2
+    /// (anchors and head, on cached features) runs the round's `local_epochs`.
+    pub ie_epochs: u32,
+    /// FedTA: tail anchors in the key/value pool (Eq. 4).
+    pub anchors: u32,
+    /// FedTA: width of an anchor value (appended to the frozen feature).
+    pub anchor_dim: u32,
+    /// FedTA: Best Global Prototype Selection locks a class whose chosen score falls below this (Eq. 10).
+    pub lock_threshold: f32,
+    /// FedTA: epochs E of Selective Input Knowledge Fusion on the server's surrogate set (Eq. 8).
+    pub sikf_epochs: u32,
+    /// FedTA: Adam learning rate of Selective Input Knowledge Fusion.
+    pub sikf_learning_rate: f32,
+    /// FedTA: L2 weight decay of the local Adam optimizer.
+    pub weight_decay: f32,
+    /// FedTA ablation switch: tail anchors (off: the head reads the frozen feature alone).
+    pub tail_anchors: bool,
+    /// FedTA ablation switch: Selective Input Knowledge Fusion (off: the server averages IE).
+    pub sikf: bool,
+    /// FedTA ablation switch: Best Global Prototype Selection (off: count-weighted mean of the uploads).
+    pub bgps: bool,
 }
 
 impl Default for MethodConfig {
@@ -66,6 +100,22 @@ impl Default for MethodConfig {
             distance: Distance::Euclidean,
             prediction: PrototypeSource::Global,
             replay_ratio: 1.0,
+            lambda1: 0.1,
+            lambda2: 0.1,
+            lambda3: 0.1,
+            ie_pool: 10,
+            ie_length: 10,
+            ie_top_n: 5,
+            ie_epochs: 1,
+            anchors: 100,
+            anchor_dim: 64,
+            lock_threshold: 0.25,
+            sikf_epochs: 2,
+            sikf_learning_rate: 1e-3,
+            weight_decay: 0.0,
+            tail_anchors: true,
+            sikf: true,
+            bgps: true,
         }
     }
 }

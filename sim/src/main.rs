@@ -58,7 +58,7 @@ struct DescribeArgs {
 struct SimArgs {
     /// A scenario file (`scenarios/*.toml`) or a TOML file of `SimConfig` fields; flags override it.
     config: Option<PathBuf>,
-    /// The method: fedavg, fedprox, fedrep, local, gldp, fedprok, fedevolve, fedevp.
+    /// The method: fedavg, fedprox, fedrep, local, gldp, fedprok, fedevolve, fedevp, fedta.
     #[arg(long)]
     method: Option<String>,
     /// Folder of the real datasets and weights (`../shared/data`).

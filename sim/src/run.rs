@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
 use anchorage_data::DataSpec;
 use anchorage_server::engine::AggregationMode;
-use anchorage_server::methods;
 use anchorage_server::tls;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
 use anchorage_shared::ledger::CostRecord;
@@ -195,7 +194,7 @@ pub struct SimResult {
 /// run folder when `out` is given.
 pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
     let started = Instant::now();
-    let Setup { engine, initial, clients, evaluator, devices, num_classes, headline } =
+    let Setup { engine, initial, clients, evaluator, devices, num_classes, headline, server_method } =
         Setup::new(&config, Charge::Sleep)?;
     let schedule = engine.clone();
     let task_of = |round: u64| schedule.task_of(round);
@@ -207,7 +206,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity,
         engine: engine.clone(),
-        method: methods::build(&config.method).with_context(|| format!("unknown method `{}`", config.method.name))?,
+        method: server_method,
         initial: initial.clone(),
         limits: Limits::default(),
         store: None,

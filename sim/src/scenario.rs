@@ -59,6 +59,24 @@ mod tests {
     }
 
     #[test]
+    fn the_fedta_scenario_is_one_sim_config() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/fedta_tiny_imagenet.toml");
+        let c = sim_config(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        let m = &c.method;
+        assert_eq!(m.name, "fedta");
+        assert_eq!((m.temperature, m.lock_threshold, m.weight_decay), (0.2, 0.25, 0.001));
+        assert_eq!((m.ie_pool, m.ie_length, m.anchors), (10, 10, 100));
+        assert!(m.tail_anchors && m.sikf && m.bgps);
+        assert_eq!((c.clients, c.rounds, c.rounds_per_task, c.batch_size), (5, 25, 5, 16));
+        assert_eq!(c.learning_rate, 0.001);
+        assert!(anchorage_client::model::zoo::BACKBONES.contains(&c.model.backbone.as_str()));
+        let Some(anchorage_data::PartitionSpec::Fedta(p)) = c.data.as_ref().map(|d| &d.partition) else {
+            panic!("the FedTA split")
+        };
+        assert_eq!((p.clients, p.tasks, p.classes_per_task, p.surrogate_per_class), (5, 5, 8, 20));
+    }
+
+    #[test]
     fn a_file_without_data_is_a_clear_error() {
         let dir = std::env::temp_dir().join(format!("anchorage-scenario-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -2,14 +2,17 @@
 //! frozen backbone's features (computed once per sample), each client's method half, the engine's
 //! configuration, the initial global model and the evaluator.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use anchorage_client::methods::fedta::sikf::Sikf;
 use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
-use anchorage_client::model::{FeatureCache, NetSpec, zoo};
+use anchorage_client::model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 use anchorage_client::train::OptimizerKind;
 use anchorage_data::partition::FederatedSplit;
 use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
 use anchorage_server::engine::EngineConfig;
+use anchorage_server::methods::{self as server_methods, Distilled, InputDistiller, ServerMethod};
 use anchorage_shared::protocol::{Broadcast, RoundConfig};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::ParamBlock;
@@ -31,6 +34,9 @@ pub struct Setup {
     pub evaluator: Evaluator,
     /// One line on the run: method, data, sizes.
     pub headline: String,
+    /// The method's server half, with what it needs from the simulation (FedTA's distiller on the
+    /// split's surrogate set).
+    pub server_method: Box<dyn ServerMethod>,
 }
 
 /// The global model on the global test data of each task, predicted the way the method predicts.
@@ -111,17 +117,23 @@ impl Setup {
             }
         };
         let Prepared { train, test, split, source } = prepared;
+        let (train, test) = (Arc::new(train), Arc::new(test));
         anyhow::ensure!(
             split.num_clients() == config.clients,
             "the data split has {} clients, the federation {}",
             split.num_clients(),
             config.clients
         );
-        let backbone = zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), &plain)
-            .context("building the frozen backbone")?;
-        // Features once per sample of each pool; clients take rows of them.
-        let train_features = FeatureCache::build(backbone.as_ref(), &train, 256, &plain);
-        let test_features = FeatureCache::build(backbone.as_ref(), &test, 256, &plain);
+        let backbone: anchorage_client::methods::fedta::prompts::SharedBackbone =
+            zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), &plain)
+                .context("building the frozen backbone")?
+                .into();
+        // Features once per sample of each pool; clients take rows of them (and of the samples).
+        let train_features =
+            FeatureCache::build(backbone.as_ref(), &train, 256, &plain).with_inputs(Inputs::all(train.clone()));
+        let test_features =
+            FeatureCache::build(backbone.as_ref(), &test, 256, &plain).with_inputs(Inputs::all(test.clone()));
+        let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
         let rows = |in_train: bool, idx: &[usize]| {
             if in_train { train_features.subset(idx) } else { test_features.subset(idx) }
         };
@@ -147,6 +159,7 @@ impl Setup {
             optimizer: OptimizerKind::Adam,
             encoding,
             seed,
+            backbone: Some(input_backbone.clone()),
         };
 
         let mut streams = Vec::with_capacity(config.clients);
@@ -202,6 +215,7 @@ impl Setup {
             target_only: evolving,
         };
         let initial = evaluator.method.initial_blocks()?;
+        let server_method = server_method(config, &input_backbone, &test_features, &split, &train_device)?;
         let devices = device::assign(&config.devices, config.clients, config.seed);
         let mut clients = Vec::with_capacity(config.clients);
         for (i, stream) in streams.into_iter().enumerate() {
@@ -242,8 +256,52 @@ impl Setup {
             config.model.backbone,
             config.seed
         );
-        Ok(Self { engine, initial, clients, devices, num_classes, evaluator, headline })
+        Ok(Self { engine, initial, clients, devices, num_classes, evaluator, headline, server_method })
     }
+}
+
+/// FedTA's SIKF (Eq. 8) on burn, handed to the server half.
+struct SikfDistiller(Sikf);
+
+impl InputDistiller for SikfDistiller {
+    fn distill(
+        &mut self,
+        student: &[ParamBlock],
+        teachers: &[&[ParamBlock]],
+        epochs: u32,
+        learning_rate: f32,
+    ) -> Result<Distilled, String> {
+        let (blocks, losses) =
+            self.0.distill(student, teachers, epochs, learning_rate as f64).map_err(|e| e.to_string())?;
+        Ok(Distilled { blocks, losses })
+    }
+}
+
+/// The server half `config.method` names; FedTA gets a distiller on the split's surrogate set
+/// (the frozen backbone the clients have), or none when the split has no surrogate set.
+fn server_method(
+    config: &SimConfig,
+    backbone: &InputBackbone,
+    test_features: &FeatureCache,
+    split: &FederatedSplit,
+    device: &Device,
+) -> anyhow::Result<Box<dyn ServerMethod>> {
+    let mut parts = server_methods::Parts::default();
+    if config.method.name == "fedta" && config.method.sikf && !split.surrogate.is_empty() {
+        let surrogate = test_features.subset(&split.surrogate);
+        let sikf = Sikf::for_method(
+            &config.method,
+            backbone,
+            surrogate,
+            config.batch_size as usize,
+            device.clone(),
+            config.seed ^ 0x51CF,
+        )
+        .context("building FedTA's SIKF distiller")?;
+        parts.distiller = Some(Box::new(SikfDistiller(sikf)));
+    }
+    server_methods::build_with(&config.method, parts)
+        .with_context(|| format!("unknown method `{}`", config.method.name))
 }
 
 /// The embedded default: procedural images, a Dirichlet label skew (α = inf: IID), one task, a

@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::session::{Session, SessionAction};
 use anchorage_server::engine::{Action, Engine};
-use anchorage_server::methods;
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Capabilities, Message};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::payload_bytes;
-use anyhow::Context;
 
 use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
@@ -150,13 +148,13 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         .progress_chars("=> "),
     );
     let started = Instant::now();
-    let Setup { engine: engine_config, initial, clients, devices, evaluator, num_classes, headline } =
+    let Setup { engine: engine_config, initial, clients, devices, evaluator, num_classes, headline, server_method } =
         Setup::new(config, Charge::Report)?;
     if progress {
         println!("anchorage sim (virtual clock): {headline}");
     }
     let schedule = engine_config.clone();
-    let method = methods::build(&config.method).with_context(|| format!("unknown method `{}`", config.method.name))?;
+    let method = server_method;
     let mut engine = Engine::new(engine_config, method, initial.clone());
     let mut accuracy_rows = Vec::new();
     let links = config.links()?;

@@ -2,13 +2,37 @@
 //! set, 2 rounds per task. Each run must end above chance, and what reached the server must be
 //! what the method shares: prototypes for the prototype methods and none for the others, no head
 //! blocks from GLDP and FedRep (their personal layers never leave the device), no blocks at all
-//! from Local-only.
+//! from Local-only, and from FedTA its input enhancement (IE) and prototypes only (its anchors and
+//! heads stay on the device).
 
 use anchorage_sim::{SimConfig, SimResult};
 
 const ROUNDS: u64 = 4;
 
 fn config(method: &str) -> SimConfig {
+    config_with(method, IID)
+}
+
+const IID: &str = r#"
+[data.partition]
+kind = "iid"
+clients = 3
+tasks = 2
+"#;
+
+/// FedTA's own split on the 4 synthetic classes: 3 clients × 2 tasks × 2 classes, all public, and
+/// a server surrogate set of 5 test images per class (so SIKF runs).
+const FEDTA: &str = r#"
+[data.partition]
+kind = "fedta"
+clients = 3
+tasks = 2
+classes_per_task = 2
+public_classes = 4
+surrogate_per_class = 5
+"#;
+
+fn config_with(method: &str, partition: &str) -> SimConfig {
     let text = format!(
         r#"
 clients = 3
@@ -32,18 +56,15 @@ classes = 4
 side = 16
 train_per_class = 120
 test_per_class = 40
-[data.partition]
-kind = "iid"
-clients = 3
-tasks = 2
-"#
+{partition}"#
     );
     toml::from_str(&text).expect("a valid SimConfig")
 }
 
-fn run(method: &str) -> SimResult {
+fn run(config: SimConfig) -> SimResult {
+    let method = config.method.name.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    runtime.block_on(anchorage_sim::run(config(method), None, false)).unwrap_or_else(|e| panic!("{method}: {e:#}"))
+    runtime.block_on(anchorage_sim::run(config, None, false)).unwrap_or_else(|e| panic!("{method}: {e:#}"))
 }
 
 /// Upload payload bytes of the adapter alone (64 × 512 + 64 f32) and of adapter + head (64 × 4 + 4).
@@ -51,7 +72,13 @@ const ADAPTER_BYTES: u64 = (64 * 512 + 64) * 4;
 const HEAD_BYTES: u64 = (64 * 4 + 4) * 4;
 
 fn check(method: &str, prototypes: bool, upload: u64) {
-    let result = run(method);
+    check_config(config(method), prototypes, upload);
+}
+
+fn check_config(config: SimConfig, prototypes: bool, upload: u64) {
+    let method = config.method.name.clone();
+    let method = method.as_str();
+    let result = run(config);
     let s = &result.summary;
     assert_eq!(s.rounds.len() as u64, ROUNDS, "{method}: every round closed");
     // Chance on the two tasks' classes: the final row averages tasks of 2 classes each out of 4.
@@ -104,4 +131,14 @@ fn fedprok_shares_weights_and_prototypes() {
 #[test]
 fn fedevp_shares_weights_and_prototypes() {
     check("fedevp", true, ADAPTER_BYTES + HEAD_BYTES);
+}
+
+/// FedTA's IE with the defaults on the embedded backbone (512 features) and 1×16×16 images:
+/// 10 keys of 512 and 10 pixel prompts (a 10-pixel frame, capped at half the side: the whole
+/// 256-pixel image).
+const FEDTA_IE_BYTES: u64 = (10 * 512 + 10 * 256) * 4;
+
+#[test]
+fn fedta_shares_its_input_enhancement_and_prototypes_only() {
+    check_config(config_with("fedta", FEDTA), true, FEDTA_IE_BYTES);
 }

@@ -6,6 +6,7 @@ mod baselines;
 mod fedevolve;
 mod fedevp;
 mod fedprok;
+pub mod fedta;
 mod gldp;
 pub mod protos;
 pub mod stream;
@@ -19,12 +20,13 @@ pub use baselines::{Baseline, FedAvgClient};
 pub use fedevolve::FedEvolveClient;
 pub use fedevp::FedEvpClient;
 pub use fedprok::FedProKClient;
+pub use fedta::FedTaClient;
 pub use gldp::GldpClient;
 pub use stream::{Reveal, TaskData, TaskStream};
 
 use anchorage_data::Dataset;
 
-use crate::model::{FeatureCache, FrozenBackbone, ModelSpec, NetSpec};
+use crate::model::{FeatureCache, FrozenBackbone, InputBackbone, ModelSpec, NetSpec};
 use crate::train::OptimizerKind;
 
 /// Local training failed.
@@ -41,6 +43,10 @@ pub enum TrainError {
     /// The device went down during training (a simulated crash): nothing is uploaded.
     #[error("the device crashed in round {0}")]
     Crashed(u64),
+    #[error(
+        "this method changes the backbone's input: it needs the frozen backbone and the raw samples beside the features"
+    )]
+    NoInputs,
 }
 
 /// The client half of a federated method (Flower's `Client::fit`, plus the evaluation of the
@@ -89,6 +95,9 @@ pub struct MethodContext {
     pub optimizer: OptimizerKind,
     pub encoding: Encoding,
     pub seed: u64,
+    /// The frozen backbone on raw samples, for methods that enhance its input (FedTA); the task
+    /// stream's caches then carry their raw samples ([`FeatureCache::inputs`]).
+    pub backbone: Option<InputBackbone>,
 }
 
 impl MethodContext {
@@ -104,9 +113,10 @@ impl MethodContext {
         seed: u64,
     ) -> Self {
         let spec = ModelSpec::embedded_default();
-        let backbone = FrozenBackbone::new(&spec, &device);
-        let stream = TaskStream::single(&backbone, train, test, &device);
-        Self { method, net: spec.net(), stream, device, optimizer, encoding, seed }
+        let backbone = std::sync::Arc::new(FrozenBackbone::new(&spec, &device.clone().inner()));
+        let stream = TaskStream::single(backbone.as_ref(), train, test, &device);
+        let backbone = Some(InputBackbone { net: backbone, sample_shape: train.sample_shape.clone() });
+        Self { method, net: spec.net(), stream, device, optimizer, encoding, seed, backbone }
     }
 }
 
@@ -158,12 +168,14 @@ pub fn build(context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError
         "fedprok" => Box::new(FedProKClient::new(context)),
         "fedevolve" => Box::new(FedEvolveClient::new(context)),
         "fedevp" => Box::new(FedEvpClient::new(context)),
+        "fedta" => Box::new(FedTaClient::new(context)?),
         other => return Err(TrainError::UnknownMethod(other.into())),
     })
 }
 
 /// Names of the methods whose client half this build carries.
-pub const METHODS: &[&str] = &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp"];
+pub const METHODS: &[&str] =
+    &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp", "fedta"];
 
 /// Metrics every update carries besides the method's own: the train loss, the local model's
 /// accuracies and the process's peak memory. Non-finite values are dropped.

@@ -1,11 +1,13 @@
 //! A client's task stream: per task, the frozen-backbone features of its training and test data.
 //! The broadcast's task index says where in the stream the federation is.
 
+use std::sync::Arc;
+
 use anchorage_data::Dataset;
 use anchorage_shared::protocol::Metric;
 use burn::tensor::Device;
 
-use crate::model::{Backbone, FeatureCache};
+use crate::model::{Backbone, FeatureCache, Inputs};
 
 /// One task of a client's stream.
 #[derive(Debug, Clone)]
@@ -37,14 +39,16 @@ pub struct TaskStream {
 }
 
 impl TaskStream {
-    /// Features of every task's `(classes, train, local test)` through `backbone`, cached once.
+    /// Features of every task's `(classes, train, local test)` through `backbone`, cached once
+    /// (the raw samples stay beside them, see [`FeatureCache::inputs`]).
     pub fn build<B: Backbone + ?Sized>(backbone: &B, tasks: &[(Vec<u32>, Dataset, Dataset)], device: &Device) -> Self {
         let tasks = tasks
             .iter()
             .map(|(classes, train, test)| TaskData {
                 classes: classes.clone(),
-                train: FeatureCache::build(backbone, train, 512, device),
-                test: FeatureCache::build(backbone, test, 512, device),
+                train: FeatureCache::build(backbone, train, 512, device)
+                    .with_inputs(Inputs::all(Arc::new(train.clone()))),
+                test: FeatureCache::build(backbone, test, 512, device).with_inputs(Inputs::all(Arc::new(test.clone()))),
             })
             .collect();
         Self { tasks, ..Self::default() }

@@ -77,9 +77,11 @@ pub struct Frozen<M> {
 }
 
 impl<M: FeatureNet> Frozen<M> {
-    /// Freezes `net` (no gradients) and fingerprints its weights with `transform`.
+    /// Freezes `net` (no gradients, and no training behaviour: BatchNorm keeps its running
+    /// statistics even when a tracked input, such as a prompted image, passes through) and
+    /// fingerprints its weights with `transform`.
     pub fn new(net: M, transform: InputTransform) -> Self {
-        let net = net.no_grad();
+        let net = net.freeze();
         let mut h = Fnv::new();
         h.write(&weights_fingerprint(&net).to_le_bytes());
         h.write(&transform.fingerprint().to_le_bytes());
@@ -142,5 +144,24 @@ impl Backbone for Identity {
         h.write(b"identity");
         h.write(&(self.dim as u64).to_le_bytes());
         h.finish()
+    }
+}
+
+/// A frozen backbone on raw samples, shared (one copy serves every client of a simulation), for
+/// methods that change the backbone's input (FedTA's input enhancement).
+#[derive(Clone)]
+pub struct InputBackbone {
+    pub net: std::sync::Arc<dyn Backbone + Send + Sync>,
+    /// Shape of one raw sample (`[c, h, w]` for images).
+    pub sample_shape: Vec<usize>,
+}
+
+impl std::fmt::Debug for InputBackbone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InputBackbone")
+            .field("feature_dim", &self.net.feature_dim())
+            .field("fingerprint", &format_args!("{:016x}", self.net.fingerprint()))
+            .field("sample_shape", &self.sample_shape)
+            .finish()
     }
 }

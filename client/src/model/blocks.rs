@@ -33,13 +33,17 @@ pub trait BlockLayout: Sized {
     fn load_blocks(self, blocks: &[ParamBlock], device: &Device) -> Result<Self, ModelError>;
 }
 
-fn tensor_block<const D: usize>(name: &str, t: &Tensor<D>, encoding: Encoding) -> Result<ParamBlock, ModelError> {
+pub(crate) fn tensor_block<const D: usize>(
+    name: &str,
+    t: &Tensor<D>,
+    encoding: Encoding,
+) -> Result<ParamBlock, ModelError> {
     let shape: Vec<u32> = t.dims().iter().map(|&d| d as u32).collect();
     let values: Vec<f32> = t.to_data().try_to_vec_as::<f32>().map_err(|e| ModelError::Data(format!("{e:?}")))?;
     Ok(ParamBlock::encode(name, &shape, &values, encoding))
 }
 
-fn load_tensor<const D: usize>(
+pub(crate) fn load_tensor<const D: usize>(
     param: &mut Param<Tensor<D>>,
     block: &ParamBlock,
     device: &Device,

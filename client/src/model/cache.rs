@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anchorage_data::Dataset;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -22,6 +23,38 @@ pub struct FeatureCache {
     pub features: Tensor<2>,
     pub labels: Tensor<1, Int>,
     pub labels_host: Vec<u32>,
+    /// Where the raw samples behind the rows are, for methods that change the backbone's input
+    /// (FedTA's input enhancement); `None` when only the features were kept.
+    pub inputs: Option<Inputs>,
+}
+
+/// The raw samples behind a cache's rows: row `i` is `data.sample(rows[i])`. The dataset is
+/// shared, not copied, by every cache cut from the same pool.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    pub data: Arc<Dataset>,
+    pub rows: Vec<usize>,
+}
+
+impl Inputs {
+    /// Every sample of `data`, in order.
+    pub fn all(data: Arc<Dataset>) -> Self {
+        let rows = (0..data.len()).collect();
+        Self { data, rows }
+    }
+
+    /// Shape of one sample.
+    pub fn sample_shape(&self) -> &[usize] {
+        &self.data.sample_shape
+    }
+
+    /// The flat samples `[rows.len(), sample_len]` of the cache rows `rows` (rows out of range are
+    /// skipped, so the batch may be shorter).
+    pub fn batch(&self, rows: &[usize], device: &Device) -> Tensor<2> {
+        let picked: Vec<usize> =
+            rows.iter().filter_map(|&r| self.rows.get(r).copied()).filter(|&i| i < self.data.len()).collect();
+        batch_of(&self.data, &picked, device)
+    }
 }
 
 fn batch_of(data: &Dataset, indices: &[usize], device: &Device) -> Tensor<2> {
@@ -61,7 +94,19 @@ impl FeatureCache {
     fn from_parts(features: Tensor<2>, labels_host: &[u32], device: &Device) -> Self {
         let labels_i: Vec<i64> = labels_host.iter().map(|&l| l as i64).collect();
         let labels = Tensor::<1, Int>::from_data(TensorData::new(labels_i, [labels_host.len()]), device);
-        Self { features, labels, labels_host: labels_host.to_vec() }
+        Self { features, labels, labels_host: labels_host.to_vec(), inputs: None }
+    }
+
+    /// This cache with its raw samples: row `i` is `inputs.data.sample(inputs.rows[i])`.
+    pub fn with_inputs(mut self, inputs: Inputs) -> Self {
+        self.inputs = Some(inputs);
+        self
+    }
+
+    /// A cache of other features for the same samples (e.g. the features of enhanced inputs),
+    /// keeping the labels and raw inputs.
+    pub fn with_features(&self, features: Tensor<2>) -> Self {
+        Self { features, ..self.clone() }
     }
 
     pub fn len(&self) -> usize {
@@ -74,14 +119,19 @@ impl FeatureCache {
         let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
         let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [indices.len()]), &device);
         let labels: Vec<u32> = indices.iter().map(|&i| self.labels_host[i]).collect();
-        Self::from_parts(self.features.clone().select(0, idx), &labels, &device)
+        let inputs = self.inputs.as_ref().map(|i| Inputs {
+            data: i.data.clone(),
+            rows: indices.iter().filter_map(|&r| i.rows.get(r).copied()).collect(),
+        });
+        Self { inputs, ..Self::from_parts(self.features.clone().select(0, idx), &labels, &device) }
     }
 
     pub fn is_empty(&self) -> bool {
         self.labels_host.is_empty()
     }
 
-    /// The rows of every cache in `parts`, in order (`None` when `parts` is empty).
+    /// The rows of every cache in `parts`, in order (`None` when `parts` is empty); raw inputs
+    /// are not kept.
     pub fn concat(parts: &[FeatureCache]) -> Option<Self> {
         let first = parts.first()?;
         let device = first.features.device();

@@ -5,12 +5,13 @@
 //! Trainable parts travel as named parameter blocks (`adapter.0.weight`, `head.bias`, ...).
 //! Pretrained backbones ([`ResNetCifar`], [`ResNet18`], [`MobileNetV2`]) load from safetensors through burn-store ([`weights`]).
 
+pub mod autodiff;
 pub mod backbone;
 pub mod blocks;
 pub mod cache;
 pub mod circle_mlp;
 pub mod input;
-mod mlp;
+pub(crate) mod mlp;
 pub mod mnist_cnn;
 pub mod mobilenet_v2;
 pub mod net;
@@ -20,9 +21,9 @@ pub mod vit;
 pub mod weights;
 pub mod zoo;
 
-pub use backbone::{Backbone, FeatureNet, Frozen, Identity};
+pub use backbone::{Backbone, FeatureNet, Frozen, Identity, InputBackbone};
 pub use blocks::{BlockLayout, ModelError, is_head_block};
-pub use cache::{CacheError, CacheStats, FeatureCache, FeatureStore};
+pub use cache::{CacheError, CacheStats, FeatureCache, FeatureStore, Inputs};
 pub use circle_mlp::{CircleMlp, CircleMlpConfig};
 pub use input::InputTransform;
 pub use mlp::{FrozenBackbone, ModelSpec};

@@ -218,18 +218,36 @@ impl Vit {
     /// All tokens after the final norm, `[n, P + 1 + patches, width]`: prompts first, then cls,
     /// then patches. `prompt` is `[P, width]`; `None` or `P = 0` is the plain model.
     pub fn forward_tokens(&self, x: Tensor<4>, prompt: Option<Tensor<2>>) -> Tensor<3> {
+        let n = x.dims()[0];
+        let prompts = prompt.filter(|p| p.dims()[0] > 0).map(|p| {
+            let [len, d] = p.dims();
+            p.unsqueeze::<3>().expand([n, len, d])
+        });
+        self.forward_tokens_each(x, prompts)
+    }
+
+    /// As [`forward_tokens`](Self::forward_tokens) with a prompt per sample: `prompts` is
+    /// `[n, P, width]` (FedTA's input enhancement picks the sets of each input by its own query).
+    pub fn forward_tokens_each(&self, x: Tensor<4>, prompts: Option<Tensor<3>>) -> Tensor<3> {
         let patches = self.patch_embed.forward(x);
         let [n, _, d] = patches.dims();
         let cls = self.cls_token.val().expand([n, 1, d]);
         let mut x = Tensor::cat(vec![cls, patches], 1) + self.pos_embed.val();
-        if let Some(prompt) = prompt.filter(|p| p.dims()[0] > 0) {
-            let p = prompt.dims()[0];
-            x = Tensor::cat(vec![prompt.unsqueeze::<3>().expand([n, p, d]), x], 1);
+        if let Some(prompts) = prompts.filter(|p| p.dims()[1] > 0) {
+            x = super::autodiff::cat_lifted(vec![prompts, x], 1);
         }
         for block in &self.blocks {
             x = block.forward(x);
         }
         self.norm.forward(x)
+    }
+
+    /// The cls token's features `[n, width]` with per-sample prompts `[n, P, width]`.
+    pub fn forward_features_each(&self, x: Tensor<4>, prompts: Option<Tensor<3>>) -> Tensor<2> {
+        let p = prompts.as_ref().map_or(0, |p| p.dims()[1]);
+        let tokens = self.forward_tokens_each(x, prompts);
+        let [n, _, d] = tokens.dims();
+        tokens.narrow(1, p, 1).reshape([n, d])
     }
 
     /// The cls token's features `[n, width]` (after the final norm).

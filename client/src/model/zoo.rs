@@ -38,7 +38,7 @@ pub fn load(
     input_dim: usize,
     data_dir: Option<&Path>,
     device: &Device,
-) -> Result<Box<dyn Backbone>, ZooError> {
+) -> Result<Box<dyn Backbone + Send + Sync>, ZooError> {
     let weights = |file: &'static str| data_dir.map(|d| d.join(file)).ok_or(ZooError::NoDataDir(name.into(), file));
     Ok(match name {
         "identity" => Box::new(Identity { dim: input_dim }),

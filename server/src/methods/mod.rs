@@ -3,6 +3,7 @@
 //! client's `methods/`, and one line in [`by_name`].
 
 mod fedavg;
+mod fedta;
 mod prototypes;
 
 use anchorage_shared::protocol::Update;
@@ -10,6 +11,7 @@ use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::ParamBlock;
 
 pub use fedavg::{FedAvg, LocalOnly, average_blocks};
+pub use fedta::{Distilled, FedTaServer, IeAggregation, InputDistiller};
 pub use prototypes::{PrototypeMethod, PrototypeRule, uploaded_prototypes};
 
 use anchorage_shared::method::MethodConfig;
@@ -71,8 +73,22 @@ pub fn by_name(name: &str) -> Option<Box<dyn ServerMethod>> {
     build(&MethodConfig::named(name))
 }
 
-/// The method registry: the server half a method config names.
+/// The method registry: the server half a method config names. FedTA gets no distiller here
+/// (its IE is averaged); see [`build_with`].
 pub fn build(config: &MethodConfig) -> Option<Box<dyn ServerMethod>> {
+    build_with(config, Parts::default())
+}
+
+/// What a server half may be handed by whoever builds it, beyond its config: objects that need
+/// tensors or data the server crate does not carry.
+#[derive(Default)]
+pub struct Parts {
+    /// FedTA's SIKF (Eq. 8): the frozen backbone on a surrogate set.
+    pub distiller: Option<Box<dyn InputDistiller>>,
+}
+
+/// The method registry, with the parts the caller built (see [`Parts`]).
+pub fn build_with(config: &MethodConfig, parts: Parts) -> Option<Box<dyn ServerMethod>> {
     Some(match config.name.as_str() {
         "fedavg" => Box::new(FedAvg::named("fedavg")),
         "fedprox" => Box::new(FedAvg::named("fedprox")),
@@ -82,9 +98,11 @@ pub fn build(config: &MethodConfig) -> Option<Box<dyn ServerMethod>> {
         "fedprok" => Box::new(PrototypeMethod::new("fedprok", PrototypeRule::Fuse { beta: config.beta })),
         "fedevolve" => Box::new(PrototypeMethod::new("fedevolve", PrototypeRule::Latest)),
         "fedevp" => Box::new(PrototypeMethod::new("fedevp", PrototypeRule::Latest)),
+        "fedta" => Box::new(FedTaServer::new(config.clone(), parts.distiller)),
         _ => return None,
     })
 }
 
 /// Names of every registered method.
-pub const METHODS: &[&str] = &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp"];
+pub const METHODS: &[&str] =
+    &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp", "fedta"];

@@ -1,0 +1,179 @@
+//! FedTA's tail anchors and stage 2 (§4.2).
+//!
+//! - A key/value pool of anchors; the frozen output feature f of an (enhanced) input is the
+//!   query, the anchor whose key is most similar by cosine is chosen, and the anchored feature
+//!   is F_TA = [f, v_chosen] (Eq. 4). The head classifies F_TA.
+//! - Stage 2 loss: CE(head(F_TA), y) + λ2 · InfoNCE(F_TA, global prototypes, τ) (Eq. 5)
+//!   + λ3 · Σ (1 − cos(f, k_chosen)) (Eq. 6). The IE is frozen in stage 2, so f comes from a
+//!   feature cache and nothing before it can change.
+//! - InfoNCE (Eq. 5): −log exp(cos(F_TA, P_y)/τ) / Σ_c exp(cos(F_TA, P_c)/τ) over the global
+//!   prototypes P, for the samples whose class has one.
+//!
+//! With the `tail_anchors` switch off (the "w/o TA" ablation) F_TA is f and there is no key pull.
+//! Anchors and head stay on the device.
+
+use anchorage_shared::method::Distance;
+use anchorage_shared::rng::Rng;
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use super::ie::seeded_linear;
+use super::keys::{Selection, key_pull};
+use crate::methods::protos::{PrototypeTable, index_tensor};
+use crate::model::autodiff::cat_lifted;
+
+/// The anchor pool: keys `[A, D]` (matched against f) and values `[A, V]` (appended to f).
+#[derive(Module, Debug)]
+pub struct TailAnchors {
+    pub keys: Param<Tensor<2>>,
+    pub values: Param<Tensor<2>>,
+}
+
+impl TailAnchors {
+    /// `count` anchors with keys uniform in [−1, 1] and values standard normal, from `seed`.
+    pub fn new(count: usize, dim: usize, value_dim: usize, seed: u64, device: &Device) -> Self {
+        let mut rng = Rng::derive(seed, 0x7A11);
+        let count = count.max(1);
+        let keys: Vec<f32> = (0..count * dim).map(|_| (rng.f64() * 2.0 - 1.0) as f32).collect();
+        let values: Vec<f32> = (0..count * value_dim).map(|_| rng.normal() as f32).collect();
+        Self {
+            keys: Param::from_tensor(Tensor::from_data(TensorData::new(keys, [count, dim]), device)),
+            values: Param::from_tensor(Tensor::from_data(TensorData::new(values, [count, value_dim]), device)),
+        }
+    }
+
+    /// Eq. 4: the anchored features `[n, D + V]` of f `[n, D]`, and which anchor each took.
+    pub fn anchor(&self, f: Tensor<2>) -> (Tensor<2>, Selection) {
+        let selection = Selection::by_cosine(f.clone(), self.keys.val(), 1);
+        let values = self.values.val();
+        let device = values.device();
+        let chosen = values.select(0, index_tensor(&selection.flat(), &device));
+        (cat_lifted(vec![f, chosen], 1), selection)
+    }
+}
+
+/// Stage 2's model: the anchors (none in the "w/o TA" ablation) and the head on F_TA.
+#[derive(Module, Debug)]
+pub struct TailModel {
+    pub anchors: Option<TailAnchors>,
+    pub head: Linear,
+}
+
+/// The weights of stage 2's loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageTwo {
+    pub lambda2: f32,
+    pub lambda3: f32,
+    /// τ of Eq. 5.
+    pub temperature: f32,
+}
+
+impl TailModel {
+    /// `anchors`: `(count, value width)`, or `None` for the head on f alone.
+    pub fn new(
+        feature_dim: usize,
+        num_classes: usize,
+        anchors: Option<(usize, usize)>,
+        seed: u64,
+        device: &Device,
+    ) -> Self {
+        let anchors = anchors.map(|(count, v)| TailAnchors::new(count, feature_dim, v, seed, device));
+        let width = feature_dim + anchors.as_ref().map_or(0, |a| a.values.dims()[1]);
+        Self { anchors, head: seeded_linear(width, num_classes, seed, 0x7A1D, device) }
+    }
+
+    /// F_TA of f (f itself without anchors), and the anchor choice.
+    pub fn anchored(&self, f: Tensor<2>) -> (Tensor<2>, Option<Selection>) {
+        match &self.anchors {
+            Some(a) => {
+                let (z, s) = a.anchor(f);
+                (z, Some(s))
+            }
+            None => (f, None),
+        }
+    }
+
+    /// Logits `[n, classes]` of f.
+    pub fn forward(&self, f: Tensor<2>) -> Tensor<2> {
+        self.head.forward(self.anchored(f).0)
+    }
+
+    /// Eq. 4–6 on one batch of frozen features `f` with labels `y` (host `labels`).
+    pub fn loss(
+        &self,
+        f: Tensor<2>,
+        y: Tensor<1, Int>,
+        labels: &[u32],
+        global: Option<&PrototypeTable>,
+        w: StageTwo,
+    ) -> Tensor<1> {
+        let (z, selection) = self.anchored(f.clone());
+        let ce = CrossEntropyLossConfig::new().init(&z.device());
+        let mut loss = ce.forward(self.head.forward(z.clone()), y);
+        if w.lambda2 > 0.0 {
+            if let Some(nce) = global.and_then(|g| info_nce(z, labels, g, w.temperature)) {
+                loss = loss + nce.mul_scalar(w.lambda2);
+            }
+        }
+        if let (Some(a), Some(s), true) = (&self.anchors, selection, w.lambda3 > 0.0) {
+            loss = loss + key_pull(f, a.keys.val(), &s).mul_scalar(w.lambda3);
+        }
+        loss
+    }
+}
+
+/// Eq. 5 over the rows of `z` whose label has a global prototype of z's width; `None` if none.
+pub fn info_nce(z: Tensor<2>, labels: &[u32], global: &PrototypeTable, temperature: f32) -> Option<Tensor<1>> {
+    if global.dim() != z.dims()[1] {
+        return None;
+    }
+    let rows: Vec<(usize, usize)> =
+        global.rows_of(labels).into_iter().enumerate().filter_map(|(i, r)| r.map(|r| (i, r))).collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let device = z.device();
+    let samples = index_tensor(&rows.iter().map(|(i, _)| *i).collect::<Vec<_>>(), &device);
+    let targets: Vec<i64> = rows.iter().map(|(_, r)| *r as i64).collect();
+    let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [rows.len()]), &device);
+    let logits = global.logits(z.select(0, samples), Distance::Cosine, temperature);
+    Some(CrossEntropyLossConfig::new().init(&device).forward(logits, targets))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anchorage_shared::prototype_rules::ClassMean;
+
+    #[test]
+    fn each_feature_takes_the_anchor_of_its_nearest_key() {
+        let device = Device::flex();
+        let mut a = TailAnchors::new(2, 2, 1, 3, &device);
+        a.keys = Param::from_tensor(Tensor::from_data(TensorData::new(vec![1.0f32, 0.0, 0.0, 1.0], [2, 2]), &device));
+        a.values = Param::from_tensor(Tensor::from_data(TensorData::new(vec![10.0f32, 20.0], [2, 1]), &device));
+        let f = Tensor::<2>::from_data(TensorData::new(vec![0.1f32, 3.0, 2.0, 0.5], [2, 2]), &device);
+        let (z, s) = a.anchor(f);
+        assert_eq!(s.chosen, vec![vec![1], vec![0]]);
+        let z: Vec<f32> = z.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        assert_eq!(z, vec![0.1, 3.0, 20.0, 2.0, 0.5, 10.0]);
+    }
+
+    #[test]
+    fn info_nce_prefers_the_own_class_prototype() {
+        let device = Device::flex();
+        let protos = [
+            ClassMean { class: 4, count: 1, vector: vec![1.0, 0.0] },
+            ClassMean { class: 9, count: 1, vector: vec![0.0, 1.0] },
+        ];
+        let table = PrototypeTable::new(&protos, &device).unwrap();
+        let z = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 0.1, 0.2, 1.0, 5.0, 5.0], [3, 2]), &device);
+        let right = info_nce(z.clone(), &[4, 9, 7], &table, 0.2).unwrap().into_scalar::<f32>();
+        let wrong = info_nce(z.clone(), &[9, 4, 7], &table, 0.2).unwrap().into_scalar::<f32>();
+        assert!(right < wrong, "{right} vs {wrong}");
+        assert!(info_nce(z.clone(), &[7, 7, 7], &table, 0.2).is_none(), "no sample of a known class");
+        let wide = Tensor::<2>::zeros([1, 3], &device);
+        assert!(info_nce(wide, &[4], &table, 0.2).is_none(), "prototypes of another width are skipped");
+    }
+}

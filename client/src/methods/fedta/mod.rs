@@ -1,0 +1,261 @@
+//! FedTA's client half (Yu et al., §4.1–4.2): input enhancement, then tail anchors, on a frozen
+//! backbone.
+//!
+//! Each round:
+//! 1. **Stage 1** ([`ie`]): the global IE pool (keys and sets, from the broadcast) and the local
+//!    IE head train for `ie_epochs` with CE + λ1 · key pull (Eq. 2–3). Every step runs the frozen
+//!    backbone on the enhanced inputs ([`prompts`]: token prompts for a ViT, pixel prompts for a
+//!    convolutional backbone), so this is the expensive stage.
+//! 2. The IE is frozen; the features of the enhanced training inputs are computed once.
+//! 3. **Stage 2** ([`anchors`]): the tail anchors and the head train for the round's
+//!    `local_epochs` on those cached features with CE + λ2 · InfoNCE(global prototypes, τ) +
+//!    λ3 · key pull (Eq. 4–6). Stage 2 cannot change the IE or the backbone: neither is in its
+//!    model, and its inputs are a plain feature tensor.
+//! 4. Local prototypes: the per-class means of the anchored features F_TA (Eq. 7).
+//! 5. Upload: the IE blocks (`ie.keys`, `ie.sets`) and the prototypes. The IE head, the anchors
+//!    and the head stay on the device.
+//!
+//! **The global model** (what the server holds: the frozen backbone, the global IE and the
+//! global prototypes) predicts by the nearest global prototype by cosine, compared on the
+//! frozen-feature part of F_TA (the anchors are not global). This is our reading; the paper
+//! evaluates clients' models.
+
+pub mod anchors;
+pub mod ie;
+pub mod keys;
+pub mod prompts;
+pub mod sikf;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anchorage_shared::method::Distance;
+use anchorage_shared::protocol::{Broadcast, Metric, Update};
+use anchorage_shared::prototype_rules::ClassMean;
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::Device;
+
+use self::anchors::{StageTwo, TailModel};
+use self::ie::{IeModel, IeShape, InputEnhancement, enhanced_cache};
+use self::prompts::{Enhancer, enhancer_for};
+use super::protos::{PrototypeTable, class_means, from_wire, to_wire};
+use super::{ClientMethod, MethodContext, TrainError, common_metrics};
+use crate::model::{FeatureCache, ModelError};
+use crate::train::{Trainer, accuracy_of, whole};
+
+/// Samples per backbone call when features of enhanced inputs are cached.
+const CHUNK: usize = 128;
+
+/// FedTA's client half. See the module docs.
+pub struct FedTaClient {
+    ctx: MethodContext,
+    enhancer: Arc<dyn Enhancer>,
+    shape: IeShape,
+    /// The IE head of stage 1 (kept on the device).
+    ie_head: Option<Linear>,
+    /// Anchors and head of stage 2 (kept on the device).
+    tail: Option<TailModel>,
+    task: u32,
+    rng: Rng,
+}
+
+impl FedTaClient {
+    /// Pixel prompts on the context's frozen backbone (which must be given, with the raw
+    /// samples attached to the task stream's caches).
+    pub fn new(ctx: MethodContext) -> Result<Self, TrainError> {
+        let backbone = ctx.backbone.as_ref().ok_or(TrainError::NoInputs)?;
+        let enhancer = enhancer_for(&ctx.method, backbone);
+        Ok(Self::with_enhancer(ctx, enhancer))
+    }
+
+    /// FedTA on any form of input enhancement (e.g. [`prompts::TokenPrompts`] on a ViT).
+    pub fn with_enhancer(ctx: MethodContext, enhancer: Arc<dyn Enhancer>) -> Self {
+        let shape = IeShape::for_method(&ctx.method, enhancer.as_ref());
+        Self { rng: Rng::derive(ctx.seed, 0xFE07A), ctx, enhancer, shape, ie_head: None, tail: None, task: 0 }
+    }
+
+    /// The seeded initial IE pool (identical on every client and the server).
+    fn initial_ie(&self, device: &Device) -> InputEnhancement {
+        InputEnhancement::new(&self.shape, self.enhancer.init_std(), self.ctx.net.seed, device)
+    }
+
+    /// The broadcast's IE pool (the seeded one where the broadcast carries none).
+    fn global_ie(&self, broadcast: &Broadcast, device: &Device) -> Result<InputEnhancement, TrainError> {
+        Ok(self.initial_ie(device).load_blocks(&broadcast.blocks, device)?)
+    }
+
+    /// The caches' plain features must be this backbone's.
+    fn check_width(&self, cache: &FeatureCache) -> Result<(), TrainError> {
+        let got = cache.features.dims()[1];
+        if got != self.shape.query_dim {
+            return Err(ModelError::Shape {
+                name: "features".into(),
+                expected: vec![self.shape.query_dim as u32],
+                got: vec![got as u32],
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn stage_two_weights(&self) -> StageTwo {
+        let m = &self.ctx.method;
+        StageTwo { lambda2: m.lambda2, lambda3: m.lambda3, temperature: m.temperature }
+    }
+
+    fn new_tail(&self) -> TailModel {
+        let m = &self.ctx.method;
+        let anchors = m.tail_anchors.then_some(((m.anchors as usize).max(1), (m.anchor_dim as usize).max(1)));
+        TailModel::new(self.shape.query_dim, self.ctx.net.num_classes, anchors, self.ctx.net.seed, &self.ctx.device)
+    }
+
+    /// Stage 1 (Eq. 2–3): the IE pool and the IE head on the task's raw inputs.
+    fn stage_one(
+        &mut self,
+        ie: InputEnhancement,
+        train: &FeatureCache,
+        broadcast: &Broadcast,
+        rng: &mut Rng,
+    ) -> Result<(InputEnhancement, f64), TrainError> {
+        let m = self.ctx.method.clone();
+        if m.ie_epochs == 0 {
+            return Ok((ie, f64::NAN));
+        }
+        let inputs = train.inputs.as_ref().ok_or(TrainError::NoInputs)?;
+        let device = self.ctx.device.clone();
+        let head = self.ie_head.take().unwrap_or_else(|| {
+            IeModel::new_head(self.shape.query_dim, self.ctx.net.num_classes, self.ctx.net.seed, &device)
+        });
+        let c = &broadcast.config;
+        let mut trainer = Trainer::with_weight_decay(
+            self.ctx.optimizer,
+            c.learning_rate as f64,
+            c.batch_size as usize,
+            m.weight_decay,
+        );
+        let plain = train.features.device();
+        let (enhancer, top_n) = (self.enhancer.clone(), self.shape.top_n);
+        let mut model = IeModel { ie, head };
+        let mut loss = f64::NAN;
+        for _ in 0..m.ie_epochs {
+            (model, loss) = trainer.epoch(model, train, rng, whole, |model, b| {
+                let x = inputs.batch(&b.rows, &plain);
+                model.loss(enhancer.as_ref(), x, b.x.clone(), b.y.clone(), top_n, m.lambda1)
+            });
+        }
+        self.ie_head = Some(model.head);
+        Ok((model.ie, loss))
+    }
+
+    /// Stage 2 (Eq. 4–6) on the cached features of the enhanced inputs.
+    fn stage_two(
+        &mut self,
+        enhanced: &FeatureCache,
+        global: Option<&PrototypeTable>,
+        broadcast: &Broadcast,
+        rng: &mut Rng,
+    ) -> (TailModel, f64) {
+        let c = &broadcast.config;
+        let mut trainer = Trainer::with_weight_decay(
+            self.ctx.optimizer,
+            c.learning_rate as f64,
+            c.batch_size as usize,
+            self.ctx.method.weight_decay,
+        );
+        let w = self.stage_two_weights();
+        let mut tail = self.tail.take().unwrap_or_else(|| self.new_tail());
+        let mut loss = f64::NAN;
+        for _ in 0..c.local_epochs {
+            (tail, loss) = trainer
+                .epoch(tail, enhanced, rng, whole, |m, b| m.loss(b.x.clone(), b.y.clone(), &b.labels, global, w));
+        }
+        (tail, loss)
+    }
+
+    /// Accuracy of the local model (IE, anchors, head) on `test`.
+    fn local_accuracy(&self, ie: &InputEnhancement, tail: &TailModel, test: &FeatureCache) -> Option<f64> {
+        let enhanced = enhanced_cache(ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK).ok()?;
+        accuracy_of(&enhanced, 512, |x| tail.forward(x).argmax(1))
+    }
+}
+
+/// The frozen-feature part (the first `dim` values) of each prototype of F_TA.
+fn feature_part(means: &[ClassMean], dim: usize) -> Vec<ClassMean> {
+    means
+        .iter()
+        .filter(|m| m.vector.len() >= dim)
+        .map(|m| ClassMean { vector: m.vector[..dim].to_vec(), ..m.clone() })
+        .collect()
+}
+
+impl ClientMethod for FedTaClient {
+    fn name(&self) -> &'static str {
+        "fedta"
+    }
+
+    fn num_samples(&self) -> u64 {
+        self.ctx.stream.current_samples(self.task)
+    }
+
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        self.task = broadcast.task;
+        let data = self.ctx.stream.current(broadcast.task).filter(|t| !t.train.is_empty()).ok_or(TrainError::NoData)?;
+        let train = data.train.clone();
+        self.check_width(&train)?;
+        let started = Instant::now();
+        let device = self.ctx.device.clone();
+        let global_means = from_wire(&broadcast.prototypes)?;
+        let ie = self.global_ie(broadcast, &device)?;
+        let mut rng = self.rng.clone();
+
+        let (ie, stage1_loss) = self.stage_one(ie, &train, broadcast, &mut rng)?;
+        let ie = ie.valid();
+        let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), &train, self.shape.top_n, CHUNK)?;
+        let global = PrototypeTable::new(&global_means, &enhanced.features.device());
+        let (tail, loss) = self.stage_two(&enhanced, global.as_ref(), broadcast, &mut rng);
+        self.rng = rng;
+
+        // Eq. 7: the local prototypes of F_TA.
+        let valid_tail = tail.valid();
+        let anchored = valid_tail.anchored(enhanced.features.clone().inner()).0;
+        let fresh = class_means(anchored, &enhanced.labels_host);
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| self.local_accuracy(&ie, &valid_tail, t));
+        self.tail = Some(tail);
+        let mut metrics = common_metrics(loss, accuracies);
+        metrics.push(Metric { name: "ie_loss".into(), value: stage1_loss });
+        metrics.retain(|m| m.value.is_finite());
+        Ok(Update {
+            round: broadcast.round,
+            num_samples: train.len() as u64,
+            blocks: ie.to_blocks(self.ctx.encoding)?,
+            prototypes: to_wire(&fresh, self.ctx.encoding),
+            metrics,
+            compute_seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        Ok(self.initial_ie(&self.ctx.device.clone().inner()).to_blocks(Encoding::F32)?)
+    }
+
+    /// The global IE and the nearest global prototype (see the module docs).
+    fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        let dim = self.shape.query_dim;
+        let means = feature_part(&from_wire(&broadcast.prototypes)?, dim);
+        let plain = test.features.device();
+        let Some(table) = PrototypeTable::new(&means, &plain) else { return Ok(None) };
+        if test.is_empty() {
+            return Ok(None);
+        }
+        self.check_width(test)?;
+        let ie = self.global_ie(broadcast, &self.ctx.device.clone().inner())?;
+        let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK)?;
+        Ok(accuracy_of(&enhanced, 1024, |x| table.predict(x, Distance::Cosine)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,139 @@
+use std::sync::Arc;
+
+use anchorage_data::Dataset;
+use anchorage_shared::method::MethodConfig;
+use anchorage_shared::protocol::{Broadcast, RoundConfig};
+use anchorage_shared::rng::Rng;
+use burn::module::Module;
+use burn::tensor::Device;
+
+use super::*;
+use crate::methods::stream::TaskStream;
+use crate::model::backbone::{InputBackbone, weights_fingerprint};
+use crate::model::input::InputTransform;
+use crate::model::{Frozen, FrozenBackbone, MobileNetV2Config, ModelSpec, NetSpec};
+use crate::train::OptimizerKind;
+
+fn images(n: usize, shape: [usize; 3], classes: u32, seed: u64) -> Dataset {
+    let mut rng = Rng::new(seed);
+    let len: usize = shape.iter().product();
+    let labels: Vec<u32> = (0..n as u32).map(|i| i % classes).collect();
+    // A class-dependent brightness, so there is something to learn.
+    let pixels = labels.iter().flat_map(|&l| (0..len).map(|_| 0.2 * l as f32 + 0.6 * rng.f32()).collect::<Vec<_>>());
+    Dataset::new(shape.to_vec(), classes, pixels.collect(), labels).unwrap()
+}
+
+fn method() -> MethodConfig {
+    MethodConfig {
+        ie_pool: 3,
+        ie_length: 2,
+        ie_top_n: 2,
+        anchors: 4,
+        anchor_dim: 4,
+        temperature: 0.2,
+        ..MethodConfig::named("fedta")
+    }
+}
+
+fn context(backbone: SharedBackboneArc, shape: [usize; 3], classes: u32, method: MethodConfig) -> MethodContext {
+    let plain = Device::flex();
+    let (train, test) = (images(24, shape, classes, 1), images(12, shape, classes, 2));
+    let all: Vec<u32> = (0..classes).collect();
+    let stream = TaskStream::build(backbone.as_ref(), &[(all, train, test)], &plain);
+    MethodContext {
+        method,
+        net: NetSpec { input_dim: backbone.feature_dim(), hidden: vec![], num_classes: classes as usize, seed: 5 },
+        stream,
+        device: plain.autodiff(),
+        optimizer: OptimizerKind::Adam,
+        encoding: Encoding::F32,
+        seed: 3,
+        backbone: Some(InputBackbone { net: backbone, sample_shape: shape.to_vec() }),
+    }
+}
+
+type SharedBackboneArc = prompts::SharedBackbone;
+
+fn broadcast(client: &FedTaClient, round: u64) -> Broadcast {
+    Broadcast {
+        round,
+        task: 0,
+        config: RoundConfig { local_epochs: 2, batch_size: 8, learning_rate: 0.01, deadline_ms: 0 },
+        blocks: client.initial_blocks().unwrap(),
+        prototypes: vec![],
+    }
+}
+
+#[test]
+fn stage_two_never_changes_the_ie_or_the_backbone() {
+    // A MobileNetV2 (random weights; BatchNorm running statistics are part of its hash) at 32×32.
+    let plain = Device::flex();
+    let net = Arc::new(Frozen::new(MobileNetV2Config { alpha: 0.35 }.init(&plain), InputTransform::SymmetricUnit));
+    let backbone_hash = || weights_fingerprint(&net.net);
+    let h0 = backbone_hash();
+    let mut client = FedTaClient::new(context(net.clone(), [3, 32, 32], 2, method())).unwrap();
+    let b = broadcast(&client, 1);
+    let train = client.ctx.stream.tasks[0].train.clone();
+    let ie0 = client.global_ie(&b, &client.ctx.device.clone()).unwrap();
+    let ie0_hash = weights_fingerprint(&ie0.valid());
+    let mut rng = Rng::new(9);
+    let (ie, _) = client.stage_one(ie0, &train, &b, &mut rng).unwrap();
+    let ie = ie.valid();
+    let ie1_hash = weights_fingerprint(&ie);
+    assert_ne!(ie1_hash, ie0_hash, "stage 1 trains the IE");
+    assert_eq!(backbone_hash(), h0, "stage 1 reaches the input only: the backbone (and its BatchNorm statistics) stay");
+    let enhanced = enhanced_cache(&ie, client.enhancer.as_ref(), &train, 2, 16).unwrap();
+    let before_tail = weights_fingerprint(&client.new_tail().valid());
+    let (tail, _) = client.stage_two(&enhanced, None, &b, &mut rng);
+    assert_ne!(weights_fingerprint(&tail.valid()), before_tail, "stage 2 trains anchors and head");
+    assert_eq!(weights_fingerprint(&ie), ie1_hash, "stage 2 leaves the IE");
+    assert_eq!(backbone_hash(), h0, "stage 2 leaves the backbone");
+}
+
+#[test]
+fn a_round_uploads_the_ie_and_prototypes_of_the_anchored_features() {
+    let plain = Device::flex();
+    let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
+    let backbone: SharedBackboneArc = Arc::new(FrozenBackbone::new(&spec, &plain));
+    let mut client = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3, method())).unwrap();
+    let b = broadcast(&client, 1);
+    let update = client.train(&b).unwrap();
+    let names: Vec<&str> = update.blocks.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, vec![ie::KEYS, ie::SETS], "only the IE travels");
+    assert_eq!(update.prototypes.len(), 3);
+    let width = update.prototypes[0].values().unwrap().len();
+    assert_eq!(width, 24 + 4, "prototypes of F_TA = [feature, anchor value]");
+    assert!(update.metrics.iter().any(|m| m.name == "acc.task.0"));
+    // The global model predicts with the global IE and prototypes.
+    let mut next = b.clone();
+    next.blocks = update.blocks.clone();
+    next.prototypes = update.prototypes.clone();
+    let test = client.ctx.stream.tasks[0].test.clone();
+    let acc = client.global_accuracy(&next, &test).unwrap().unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+    assert_eq!(client.global_accuracy(&b, &test).unwrap(), None, "no prototypes, no global prediction");
+    // Without tail anchors the prototypes are the features alone.
+    let mut plain_ta =
+        FedTaClient::new(context(backbone, [3, 8, 8], 3, MethodConfig { tail_anchors: false, ..method() })).unwrap();
+    let u = plain_ta.train(&broadcast(&plain_ta, 1)).unwrap();
+    assert_eq!(u.prototypes[0].values().unwrap().len(), 24);
+}
+
+#[test]
+fn a_context_without_a_backbone_or_inputs_is_an_error() {
+    let plain = Device::flex();
+    let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
+    let backbone: SharedBackboneArc = Arc::new(FrozenBackbone::new(&spec, &plain));
+    let mut ctx = context(backbone, [3, 8, 8], 3, method());
+    let no_backbone = MethodContext { backbone: None, ..ctx.clone() };
+    assert!(matches!(FedTaClient::new(no_backbone), Err(TrainError::NoInputs)));
+    for t in &mut ctx.stream.tasks {
+        t.train.inputs = None;
+    }
+    let mut client = FedTaClient::new(ctx).unwrap();
+    assert!(matches!(client.train(&broadcast(&client, 1)), Err(TrainError::NoInputs)));
+    // A broadcast IE of the wrong shape is an error, not a panic.
+    let mut bad = broadcast(&client, 1);
+    bad.blocks[1] = ParamBlock::encode("ie.sets", &[1, 1], &[0.0], Encoding::F32);
+    assert!(client.train(&bad).is_err());
+}

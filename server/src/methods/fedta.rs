@@ -1,0 +1,346 @@
+//! FedTA's server half (Yu et al., §4.3–4.4).
+//!
+//! - **Selective Input Knowledge Fusion** (SIKF, Eq. 8): each round one client's input
+//!   enhancement (IE) is drawn at random as the student, and the other clients' IE are distilled
+//!   into it on a small surrogate set: the MSE between the frozen backbone's features of the
+//!   inputs enhanced by the student and by each teacher, minimised by Adam for E epochs. The
+//!   student becomes the global IE. The backbone lives where the tensors are: the server half
+//!   receives an [`InputDistiller`] from whoever builds it (the simulator builds one on burn) and
+//!   stays free of any tensor library. Without a distiller (no surrogate set), when the `sikf`
+//!   switch is off, and on the last round of a task, the IE is averaged instead.
+//! - **Best Global Prototype Selection** (BGPS, Eq. 9–10): every uploaded prototype and the
+//!   previous global ones are stacked by class and one is chosen per class
+//!   ([`best_global_prototypes`]); a class whose choice scores below the lock threshold is
+//!   locked and keeps its prototype from then on. With the `bgps` switch off, the global
+//!   prototype of a class is the count-weighted mean of the round's uploads.
+//!
+//! The global prototypes and the locked classes are the method's durable state.
+
+use std::collections::BTreeSet;
+
+use anchorage_shared::method::MethodConfig;
+use anchorage_shared::protocol::Update;
+use anchorage_shared::prototype::Prototype;
+use anchorage_shared::prototype_rules::{ClassMean, best_global_prototypes, fuse};
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+use serde::{Deserialize, Serialize};
+
+use super::fedavg::average_blocks;
+use super::prototypes::uploaded_prototypes;
+use super::{MethodError, RoundInfo, ServerMethod};
+
+/// What one distillation produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Distilled {
+    /// The student's blocks after distillation (same names and shapes as it came in).
+    pub blocks: Vec<ParamBlock>,
+    /// The mean distillation loss of each epoch.
+    pub losses: Vec<f64>,
+}
+
+/// Distils teachers' input enhancement into a student's through a frozen backbone on a
+/// surrogate set (FedTA Eq. 8). Built by whoever holds the backbone and the surrogate data.
+pub trait InputDistiller: Send {
+    /// `student` and each of `teachers` are one client's uploaded IE blocks.
+    fn distill(
+        &mut self,
+        student: &[ParamBlock],
+        teachers: &[&[ParamBlock]],
+        epochs: u32,
+        learning_rate: f32,
+    ) -> Result<Distilled, String>;
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct State {
+    global: Vec<Prototype>,
+    locked: BTreeSet<u32>,
+}
+
+/// How the last round's IE was aggregated (for logs and tests).
+#[derive(Debug, Clone, PartialEq)]
+pub enum IeAggregation {
+    /// SIKF into the IE of this client, with the loss per epoch.
+    Distilled { student: String, losses: Vec<f64> },
+    /// Sample-weighted mean, and why.
+    Averaged(&'static str),
+}
+
+/// FedTA's server half. See the module docs.
+pub struct FedTaServer {
+    config: MethodConfig,
+    distiller: Option<Box<dyn InputDistiller>>,
+    state: State,
+    /// Whether the missing-distiller fallback has been logged.
+    warned: bool,
+    /// What the last aggregation did with the IE.
+    pub last: Option<IeAggregation>,
+}
+
+impl FedTaServer {
+    /// The server half; `distiller` is `None` where no surrogate set or backbone is at hand
+    /// (the IE is then averaged, and the first round says so in the log).
+    pub fn new(config: MethodConfig, distiller: Option<Box<dyn InputDistiller>>) -> Self {
+        Self { config, distiller, state: State::default(), warned: false, last: None }
+    }
+
+    /// Classes whose global prototype is locked (Eq. 10).
+    pub fn locked(&self) -> &BTreeSet<u32> {
+        &self.state.locked
+    }
+
+    fn aggregate_ie(
+        &mut self,
+        round: &RoundInfo,
+        global: &[ParamBlock],
+        updates: &[(&str, &Update)],
+    ) -> Result<Vec<ParamBlock>, MethodError> {
+        let average = |why| -> Result<_, MethodError> {
+            Ok((average_blocks(global, updates, Encoding::F32)?, IeAggregation::Averaged(why)))
+        };
+        let with_blocks: Vec<&(&str, &Update)> = updates.iter().filter(|(_, u)| !u.blocks.is_empty()).collect();
+        let (blocks, how) = if !self.config.sikf {
+            average("SIKF is switched off")?
+        } else if round.last_of_task {
+            average("last round of the task")?
+        } else if with_blocks.len() < 2 {
+            average("fewer than two clients uploaded IE")?
+        } else if let Some(distiller) = self.distiller.as_mut() {
+            // A seeded draw over the clients sorted by id: the result does not depend on arrival order.
+            let mut order: Vec<&(&str, &Update)> = with_blocks;
+            order.sort_by(|a, b| a.0.cmp(b.0));
+            let mut rng = Rng::derive(round.round, 0x51CF);
+            let pick = rng.below(order.len() as u64) as usize;
+            let student = order[pick];
+            let teachers: Vec<&[ParamBlock]> =
+                order.iter().enumerate().filter(|(i, _)| *i != pick).map(|(_, (_, u))| u.blocks.as_slice()).collect();
+            for b in &student.1.blocks {
+                b.validate()?;
+                if b.decode()?.iter().any(|v| !v.is_finite()) {
+                    return Err(MethodError::Inconsistent(b.name.clone()));
+                }
+            }
+            match distiller.distill(
+                &student.1.blocks,
+                &teachers,
+                self.config.sikf_epochs,
+                self.config.sikf_learning_rate,
+            ) {
+                Ok(d) => (d.blocks, IeAggregation::Distilled { student: student.0.to_string(), losses: d.losses }),
+                Err(e) => {
+                    tracing::warn!(round = round.round, error = %e, "FedTA: SIKF failed; averaging IE this round");
+                    average("SIKF failed")?
+                }
+            }
+        } else {
+            if !self.warned {
+                tracing::warn!("FedTA: no surrogate set configured (no distiller); averaging IE instead of SIKF");
+                self.warned = true;
+            }
+            average("no surrogate set")?
+        };
+        if let IeAggregation::Distilled { student, losses } = &how {
+            tracing::info!(round = round.round, %student, ?losses, "FedTA: SIKF distilled the IE");
+        } else if let IeAggregation::Averaged(why) = &how {
+            tracing::debug!(round = round.round, why, "FedTA: IE averaged");
+        }
+        self.last = Some(how);
+        Ok(blocks)
+    }
+
+    /// Eq. 9–10 (or the count-weighted mean with BGPS off) over the round's uploads.
+    fn select_prototypes(&mut self, uploads: &[ClassMean]) -> Result<(), MethodError> {
+        let previous: Vec<ClassMean> = self
+            .state
+            .global
+            .iter()
+            .map(|p| Ok(ClassMean { class: p.class, count: p.count, vector: p.values()? }))
+            .collect::<Result<_, MethodError>>()?;
+        if !self.config.bgps {
+            let mut next = fuse(&[], uploads, 0.0);
+            let kept: Vec<ClassMean> =
+                previous.into_iter().filter(|p| !next.iter().any(|n| n.class == p.class)).collect();
+            next.extend(kept);
+            next.sort_by_key(|m| m.class);
+            self.state.global = encode(&next);
+            return Ok(());
+        }
+        // Candidates of one dimension: the previous global ones' (or the first upload's).
+        let Some(dim) = previous.first().or(uploads.first()).map(|m| m.vector.len()) else { return Ok(()) };
+        let mut stacked: Vec<&ClassMean> = Vec::new();
+        stacked.extend(uploads.iter().filter(|m| m.vector.len() == dim && m.count > 0));
+        stacked.extend(previous.iter().filter(|m| m.vector.len() == dim));
+        let candidates: Vec<(u32, &[f32])> = stacked.iter().map(|m| (m.class, m.vector.as_slice())).collect();
+        let selection = best_global_prototypes(&candidates, self.config.lock_threshold, &self.state.locked);
+        let mut next: Vec<ClassMean> =
+            previous.iter().filter(|p| self.state.locked.contains(&p.class)).cloned().collect();
+        for (_, &i) in &selection.chosen {
+            next.push(stacked[i].clone());
+        }
+        next.sort_by_key(|m| m.class);
+        self.state.locked.extend(selection.newly_locked);
+        self.state.global = encode(&next);
+        Ok(())
+    }
+}
+
+fn encode(means: &[ClassMean]) -> Vec<Prototype> {
+    means.iter().map(|m| Prototype::encode(m.class, m.count, &m.vector, Encoding::F32)).collect()
+}
+
+impl ServerMethod for FedTaServer {
+    fn name(&self) -> &'static str {
+        "fedta"
+    }
+
+    fn aggregate(
+        &mut self,
+        round: &RoundInfo,
+        global: &[ParamBlock],
+        updates: &[(&str, &Update)],
+    ) -> Result<Vec<ParamBlock>, MethodError> {
+        if updates.is_empty() {
+            return Err(MethodError::Empty);
+        }
+        // Validate the prototypes first: a bad upload must leave the state as it was.
+        let uploads = uploaded_prototypes(updates)?;
+        let blocks = self.aggregate_ie(round, global, updates)?;
+        self.select_prototypes(&uploads)?;
+        Ok(blocks)
+    }
+
+    fn prototypes(&self) -> Vec<Prototype> {
+        self.state.global.clone()
+    }
+
+    fn save_state(&self) -> Vec<u8> {
+        postcard::to_allocvec(&self.state).unwrap_or_default()
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<(), MethodError> {
+        if state.is_empty() {
+            return Ok(());
+        }
+        self.state = postcard::from_bytes(state).map_err(|e| MethodError::State(e.to_string()))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(r: u64, last_of_task: bool) -> RoundInfo {
+        RoundInfo { round: r, task: 0, last_of_task }
+    }
+
+    fn update(ie: &[f32], protos: &[(u32, &[f32])]) -> Update {
+        Update {
+            round: 1,
+            num_samples: 1,
+            blocks: vec![ParamBlock::encode("ie.sets", &[ie.len() as u32], ie, Encoding::F32)],
+            prototypes: protos.iter().map(|(c, v)| Prototype::encode(*c, 1, v, Encoding::F32)).collect(),
+            metrics: vec![],
+            compute_seconds: 0.0,
+        }
+    }
+
+    /// Records its inputs; the "distilled" student is the mean of the teachers.
+    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(Vec<f32>, usize)>>>);
+
+    impl InputDistiller for Recorder {
+        fn distill(
+            &mut self,
+            student: &[ParamBlock],
+            teachers: &[&[ParamBlock]],
+            epochs: u32,
+            _lr: f32,
+        ) -> Result<Distilled, String> {
+            let s = student[0].decode().map_err(|e| e.to_string())?;
+            self.0.lock().unwrap().push((s.clone(), teachers.len()));
+            let mean: Vec<f32> = (0..s.len())
+                .map(|k| teachers.iter().map(|t| t[0].decode().unwrap()[k]).sum::<f32>() / teachers.len() as f32)
+                .collect();
+            Ok(Distilled {
+                blocks: vec![ParamBlock::encode("ie.sets", &student[0].tensor.shape, &mean, Encoding::F32)],
+                losses: vec![1.0; epochs as usize],
+            })
+        }
+    }
+
+    fn protos(m: &FedTaServer) -> Vec<(u32, Vec<f32>)> {
+        m.prototypes().iter().map(|p| (p.class, p.values().unwrap())).collect()
+    }
+
+    #[test]
+    fn without_a_distiller_the_ie_is_averaged() {
+        let mut m = FedTaServer::new(MethodConfig::named("fedta"), None);
+        let (a, b) = (update(&[0.0, 2.0], &[]), update(&[2.0, 0.0], &[]));
+        let out = m.aggregate(&round(1, false), &[], &[("a", &a), ("b", &b)]).unwrap();
+        assert_eq!(out[0].decode().unwrap(), vec![1.0, 1.0]);
+        assert_eq!(m.last, Some(IeAggregation::Averaged("no surrogate set")));
+    }
+
+    #[test]
+    fn sikf_distils_into_one_client_and_is_skipped_on_the_last_round_of_a_task() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut m = FedTaServer::new(MethodConfig::named("fedta"), Some(Box::new(Recorder(seen.clone()))));
+        let ups = [update(&[1.0], &[]), update(&[2.0], &[]), update(&[3.0], &[])];
+        let out = m.aggregate(&round(3, false), &[], &[("c", &ups[2]), ("a", &ups[0]), ("b", &ups[1])]).unwrap();
+        let (student, teachers) = seen.lock().unwrap()[0].clone();
+        assert_eq!(teachers, 2, "the other two clients teach");
+        let others: f32 = (6.0 - student[0]) / 2.0;
+        assert_eq!(out[0].decode().unwrap(), vec![others]);
+        assert!(matches!(m.last, Some(IeAggregation::Distilled { .. })));
+        // The draw does not depend on arrival order.
+        let seen2 = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut m2 = FedTaServer::new(MethodConfig::named("fedta"), Some(Box::new(Recorder(seen2.clone()))));
+        m2.aggregate(&round(3, false), &[], &[("a", &ups[0]), ("b", &ups[1]), ("c", &ups[2])]).unwrap();
+        assert_eq!(seen2.lock().unwrap()[0].0, student);
+        // Last round of a task: no distillation, the mean.
+        let out = m.aggregate(&round(4, true), &[], &[("a", &ups[0]), ("b", &ups[1]), ("c", &ups[2])]).unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        assert_eq!(out[0].decode().unwrap(), vec![2.0]);
+        assert_eq!(m.last, Some(IeAggregation::Averaged("last round of the task")));
+    }
+
+    #[test]
+    fn bgps_picks_locks_and_survives_a_restart() {
+        let mut m = FedTaServer::new(MethodConfig { lock_threshold: 0.25, ..MethodConfig::named("fedta") }, None);
+        // The hand-made set of the shared BGPS test, uploaded by two clients.
+        let a = update(&[0.0], &[(0, &[1.0, 0.9]), (1, &[0.9, 1.0])]);
+        let b = update(&[0.0], &[(0, &[1.0, -1.0]), (2, &[-1.0, -1.0])]);
+        m.aggregate(&round(1, false), &[], &[("a", &a), ("b", &b)]).unwrap();
+        assert_eq!(
+            protos(&m),
+            vec![(0, vec![1.0, -1.0]), (1, vec![0.9, 1.0]), (2, vec![-1.0, -1.0])],
+            "class 0: the candidate least similar to the other classes"
+        );
+        assert_eq!(m.locked(), &[1, 2].into_iter().collect());
+        // A locked class keeps its prototype whatever is uploaded later.
+        let c = update(&[0.0], &[(1, &[5.0, -5.0]), (2, &[3.0, 3.0])]);
+        m.aggregate(&round(2, false), &[], &[("c", &c)]).unwrap();
+        let now = protos(&m);
+        assert_eq!(now[1], (1, vec![0.9, 1.0]));
+        assert_eq!(now[2], (2, vec![-1.0, -1.0]));
+        let mut restarted = FedTaServer::new(MethodConfig::named("fedta"), None);
+        restarted.load_state(&m.save_state()).unwrap();
+        assert_eq!(protos(&restarted), now);
+        assert_eq!(restarted.locked(), m.locked());
+        assert!(restarted.load_state(b"\xff\xff\xff\xff").is_err());
+    }
+
+    #[test]
+    fn without_bgps_the_uploads_are_averaged_and_a_nan_is_refused() {
+        let mut m = FedTaServer::new(MethodConfig { bgps: false, ..MethodConfig::named("fedta") }, None);
+        let a = update(&[0.0], &[(0, &[0.0, 2.0])]);
+        let b = update(&[0.0], &[(0, &[2.0, 0.0]), (1, &[1.0, 1.0])]);
+        m.aggregate(&round(1, false), &[], &[("a", &a), ("b", &b)]).unwrap();
+        assert_eq!(protos(&m), vec![(0, vec![1.0, 1.0]), (1, vec![1.0, 1.0])]);
+        let before = m.save_state();
+        let bad = update(&[0.0], &[(0, &[f32::NAN, 0.0])]);
+        assert!(m.aggregate(&round(2, false), &[], &[("x", &bad)]).is_err());
+        assert_eq!(m.save_state(), before, "a refused round leaves the state as it was");
+    }
+}
