@@ -113,6 +113,10 @@ pub const fn f32_bytes(values: u64) -> u64 {
 pub const PLANNED_BATCH: u64 = 32;
 /// Samples per backbone call while a feature cache is built (`TaskStream::build`).
 const BACKBONE_CHUNK: u64 = 512;
+/// What a client holds beyond its model and data while a round runs (QUIC, the round's messages,
+/// allocator and thread overhead): measured peaks of the embedded client exceeded the rest of
+/// this estimate by 18–21 MiB.
+pub const ROUND_OVERHEAD_BYTES: u64 = 20 * MIB;
 
 /// Estimated needs of training [`ModelSpec`]'s net with `optimizer` on cached features of
 /// `samples` samples, beside its frozen backbone, in a process that holds `runtime_bytes` already.
@@ -128,7 +132,9 @@ pub fn embedded_needs(spec: &ModelSpec, optimizer: OptimizerKind, samples: u64, 
     // One backbone call while the cache is built: its input and its output before and after ReLU.
     let backbone_pass = BACKBONE_CHUNK * (input + 2 * features);
     MemoryNeeds {
-        fixed_bytes: runtime_bytes.saturating_add(f32_bytes(backbone + copies * net.param_count() + backbone_pass)),
+        fixed_bytes: runtime_bytes
+            .saturating_add(ROUND_OVERHEAD_BYTES)
+            .saturating_add(f32_bytes(backbone + copies * net.param_count() + backbone_pass)),
         activation_bytes_per_sample: f32_bytes(2 * net.activation_values()),
         // Features on the device, the label as i64 there and as u32 on the host.
         feature_bytes_per_sample: f32_bytes(features) + 8 + 4,
@@ -245,9 +251,9 @@ mod tests {
         assert_eq!(spec.net().param_count(), 512 * 513 + 10 * 513);
         assert_eq!(n.activation_bytes_per_sample, 4 * 2 * (512 + 2 * 512 + 2 * 10));
         assert_eq!(n.feature_bytes_per_sample, 4 * 512 + 12);
-        let fixed = 40 * MIB + 4 * (257 * 512 + 6 * (512 * 513 + 10 * 513) + 512 * (256 + 1024));
+        let fixed = 60 * MIB + 4 * (257 * 512 + 6 * (512 * 513 + 10 * 513) + 512 * (256 + 1024));
         assert_eq!(n.fixed_bytes, fixed);
-        let roomy = plan(64 * MIB, &n).unwrap();
+        let roomy = plan(84 * MIB, &n).unwrap();
         assert_eq!((roomy.cache_samples, roomy.batch_size), (1_000, 1_000));
         // Every feature cached, the batch bounded by what is left.
         let tight = plan(fixed + 2_060 * 1_000 + 100 * 12_448, &n).unwrap();
@@ -255,7 +261,8 @@ mod tests {
         // Room for the planned batch of 32 comes before the cache.
         let tighter = plan(fixed + 2_060 * 500 + 32 * 12_448, &n).unwrap();
         assert_eq!((tighter.cache_samples, tighter.batch_size), (500, 32));
-        assert!(plan(48 * MIB, &n).unwrap_err().to_string().contains("at least 50 MiB"));
+        let err = plan(68 * MIB, &n).unwrap_err().to_string();
+        assert!(err.contains("at least 70 MiB"), "{err}");
     }
 
     #[test]

@@ -193,7 +193,10 @@ mod agreement {
         let mut rows = vec![resnet20(&flex, &gpu), mobilenet(&flex, &gpu), net_forward(&flex, &gpu)];
         rows.extend(train_step(&flex, &gpu, OptimizerKind::Sgd, SGD_TOL));
         rows.extend(train_step(&flex, &gpu, OptimizerKind::Adam, ADAM_TOL));
-        say("flex vs wgpu (CUBECL_WGPU_DEFAULT_DEVICE=Cpu), relative max diff = max|flex−wgpu| / max|flex|:");
+        let adapter = std::env::var("CUBECL_WGPU_DEFAULT_DEVICE").unwrap_or_default();
+        say(&format!(
+            "flex vs wgpu (CUBECL_WGPU_DEFAULT_DEVICE={adapter}), relative max diff = max|flex−wgpu| / max|flex|:"
+        ));
         for r in &rows {
             let ok = if r.diff <= r.tol { "ok" } else { "FAIL" };
             say(&format!("  {:<55} {:>9.2e}  (tolerance {:.0e}) {ok}", r.what, r.diff, r.tol));
