@@ -1,4 +1,4 @@
-//! Backbone throughput on the flex CPU backend, head-training epochs with and without the
+//! Backbone throughput on the flex CPU backend (ResNet-20/56/18, MobileNetV2 0.35), head-training epochs with and without the
 //! feature cache, and the peak memory of a client holding MobileNetV2. Plain std timing.
 //!
 //! `ANCHORAGE_DATA=../shared/data cargo bench -p anchorage-client --bench backbones --profile dev`
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::model::input::image_batch;
 use anchorage_client::model::{
-    Backbone, FeatureCache, Frozen, MobileNetV2, MobileNetV2Config, ModelSpec, ResNetCifar, ResNetCifarConfig,
-    Trainable,
+    Backbone, FeatureCache, Frozen, MobileNetV2, MobileNetV2Config, ModelSpec, ResNet18, ResNet18Config, ResNetCifar,
+    ResNetCifarConfig, Trainable, zoo,
 };
 use anchorage_client::train::{OptimizerKind, fit};
 use anchorage_data::{Dataset, ImageSet};
@@ -110,23 +110,31 @@ fn main() {
         .expect("mobilenet weights"),
         None => MobileNetV2Config { alpha: 0.35 }.init(&device),
     };
+    // No ResNet-18 weights ship in the data folder; random weights unless you put some there.
+    let resnet18 = match dir.as_ref().map(|d| d.join(zoo::RESNET18_WEIGHTS)).filter(|p| p.exists()) {
+        Some(path) => ResNet18::load(ResNet18Config::default(), &path, &device).expect("resnet18 weights"),
+        None => ResNet18Config::default().init(&device),
+    };
     let resnet20 = Frozen::new(resnet20, ResNetCifar::input_transform());
+    let resnet18 = Frozen::new(resnet18, ResNet18::input_transform());
     let resnet56 = Frozen::new(resnet56, ResNetCifar::input_transform());
     let mobilenet = Frozen::new(mobilenet, MobileNetV2::input_transform());
 
     println!("\n| backbone | input | batch | images/s |\n|---|---|---:|---:|");
     forward_rate("ResNet-20", &resnet20, 32, 250, 4, &device);
     forward_rate("ResNet-56", &resnet56, 32, 250, 2, &device);
+    forward_rate("ResNet-18 (CIFAR stem)", &resnet18, 32, 50, 2, &device);
     forward_rate("MobileNetV2 0.35", &mobilenet, 64, 100, 5, &device);
     forward_rate("MobileNetV2 0.35", &mobilenet, 128, 100, 2, &device);
     forward_rate("MobileNetV2 0.35", &mobilenet, 224, 50, 2, &device);
 
     head_epochs(&mobilenet, "MobileNetV2 0.35, 64×64", &device);
     head_epochs(&resnet20, "ResNet-20, 32×32", &device);
+    head_epochs(&resnet18, "ResNet-18, 32×32", &device);
 
     if let (Some(before), Some(after)) = (rss0, peak_rss_mb()) {
         println!(
-            "\npeak RSS: {after:.0} MB (at start {before:.0} MB), holding ResNet-20/56 and MobileNetV2 after the runs above"
+            "\npeak RSS: {after:.0} MB (at start {before:.0} MB), holding ResNet-20/56/18 and MobileNetV2 after the runs above"
         );
     }
 }
