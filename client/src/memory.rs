@@ -95,12 +95,12 @@ pub fn plan(budget_bytes: u64, needs: &MemoryNeeds) -> Result<MemoryPlan, Memory
     // Room for the requested batch (as much of it as fits with its own features cached).
     let reserved = needs.requested_batch.clamp(1, max_batch).min(avail / one.max(1)).max(1);
     let cache_bytes = needs.samples.saturating_mul(feat).min(avail - reserved * act);
-    let cache_samples = if feat == 0 { needs.samples } else { cache_bytes / feat };
+    let cache_samples = cache_bytes.checked_div(feat).unwrap_or(needs.samples);
     let cache_bytes = cache_samples * feat;
     let left = avail - cache_bytes;
     // A batch is drawn from the cache.
     let max_batch = cache_samples.max(1);
-    let batch_size = if act == 0 { max_batch } else { (left / act).clamp(1, max_batch) };
+    let batch_size = left.checked_div(act).map_or(max_batch, |b| b.clamp(1, max_batch));
     Ok(MemoryPlan { batch_size, cache_bytes, cache_samples })
 }
 

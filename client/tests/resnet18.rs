@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use anchorage_client::model::zoo::{self, ZooError};
 use anchorage_client::model::{ResNet18, ResNet18Config, WeightError};
 use anchorage_shared::rng::Rng;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -159,12 +160,21 @@ fn full_width_has_512_features() {
     let tensors = file_tensors(64, 10, 2);
     let n: usize = tensors.iter().map(|t| t.2.len()).sum();
     assert!((11_100_000..11_250_000).contains(&n), "ResNet-18 (CIFAR) has about 11.17 M values, got {n}");
-    let path = dir.join("full.safetensors");
+    // The zoo reads the same file from a data folder.
+    assert!(matches!(zoo::load("resnet18", 3072, None, &device), Err(ZooError::NoDataDir(..))));
+    let absent = zoo::load("resnet18", 3072, Some(&dir), &device).err().expect("no weights file yet");
+    assert!(absent.to_string().contains("resnet18_cifar.safetensors"), "{absent}");
+    let path = dir.join(zoo::RESNET18_WEIGHTS);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     write_safetensors(&path, &tensors);
     let model = ResNet18::load(ResNet18Config::default(), &path, &device).unwrap();
     check_loaded(&model, &tensors, 64, 10);
     let x = Tensor::<4>::zeros([1, 3, 32, 32], &device);
     assert_eq!(model.forward_features(x).dims(), [1, ResNet18::FEATURE_DIM]);
+    let backbone = zoo::load("resnet18", 3072, Some(&dir), &device).unwrap();
+    assert_eq!(backbone.feature_dim(), 512);
+    let pixels = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 2 * 3072], [2, 3072]), &device);
+    assert_eq!(backbone.features(pixels, &[3, 32, 32]).dims(), [2, 512]);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -193,3 +193,43 @@ pub(crate) fn common_metrics(train_loss: f64, mut accuracies: Vec<Metric>) -> Ve
     metrics.retain(|m| m.value.is_finite());
     metrics
 }
+
+#[cfg(test)]
+mod tests {
+    use anchorage_shared::protocol::RoundConfig;
+
+    use super::*;
+
+    /// Records the batch size each round trained with.
+    struct Probe(Vec<u32>);
+
+    impl ClientMethod for Probe {
+        fn name(&self) -> &'static str {
+            "probe"
+        }
+        fn num_samples(&self) -> u64 {
+            1
+        }
+        fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+            self.0.push(broadcast.config.batch_size);
+            Err(TrainError::NoData)
+        }
+        fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
+            Ok(None)
+        }
+        fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn batch_cap_bounds_the_servers_batch() {
+        let mut capped = BatchCap { inner: Probe(Vec::new()), max: 16 };
+        for asked in [64, 16, 8] {
+            let config = RoundConfig { local_epochs: 1, batch_size: asked, learning_rate: 0.1, deadline_ms: 0 };
+            let broadcast = Broadcast { round: 1, task: 0, config, blocks: Vec::new(), prototypes: Vec::new() };
+            assert!(capped.train(&broadcast).is_err());
+        }
+        assert_eq!(capped.inner.0, [16, 16, 8]);
+    }
+}
