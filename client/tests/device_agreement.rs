@@ -168,6 +168,7 @@ mod agreement {
                 &train,
             ),
             labels_host: labels,
+            inputs: None,
         };
         let net = Trainable::new(&spec().net(), &train);
         let before = params(&net);

@@ -134,8 +134,19 @@ impl Setup {
         let test_features =
             FeatureCache::build(backbone.as_ref(), &test, 256, &plain).with_inputs(Inputs::all(test.clone()));
         let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
+        // One copy per distinct row set: clients that share a test set (the embedded default's
+        // global test set, a class-incremental task's test-pool samples) share its tensor, so
+        // memory per simulated client stays small (burn tensors clone by reference).
+        let shared_rows: std::cell::RefCell<std::collections::HashMap<(bool, Vec<usize>), FeatureCache>> =
+            Default::default();
         let rows = |in_train: bool, idx: &[usize]| {
-            if in_train { train_features.subset(idx) } else { test_features.subset(idx) }
+            let key = (in_train, idx.to_vec());
+            if let Some(cached) = shared_rows.borrow().get(&key) {
+                return cached.clone();
+            }
+            let cache = if in_train { train_features.subset(idx) } else { test_features.subset(idx) };
+            shared_rows.borrow_mut().insert(key, cache.clone());
+            cache
         };
         let num_classes = train.num_classes as usize;
         let net = NetSpec {
