@@ -29,6 +29,19 @@ pub enum MethodError {
     State(String),
 }
 
+/// A method's state as the bytes `ServerMethod::save_state` stores.
+pub(crate) fn encode_state<S: serde::Serialize>(state: &S) -> Vec<u8> {
+    postcard::to_allocvec(state).unwrap_or_default()
+}
+
+/// Bytes from [`encode_state`] back into `state`; no bytes (nothing stored yet) leave it as it is.
+pub(crate) fn decode_state<S: serde::de::DeserializeOwned>(bytes: &[u8], state: &mut S) -> Result<(), MethodError> {
+    if !bytes.is_empty() {
+        *state = postcard::from_bytes(bytes).map_err(|e| MethodError::State(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// The server half of a federated method (Flower's `Strategy::aggregate_fit`).
 pub trait ServerMethod: Send {
     /// Name clients must announce in their capabilities (`fedavg`, ...).

@@ -94,15 +94,11 @@ impl ServerMethod for PrototypeMethod {
     }
 
     fn save_state(&self) -> Vec<u8> {
-        postcard::to_allocvec(&self.state).unwrap_or_default()
+        super::encode_state(&self.state)
     }
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), MethodError> {
-        if state.is_empty() {
-            return Ok(());
-        }
-        self.state = postcard::from_bytes(state).map_err(|e| MethodError::State(e.to_string()))?;
-        Ok(())
+        super::decode_state(state, &mut self.state)
     }
 }
 
