@@ -50,6 +50,14 @@ impl Selection {
         self.chosen.iter().flatten().copied().collect()
     }
 
+    /// How many distinct entries the queries took (a pool whose queries all take the same few
+    /// entries has collapsed).
+    pub fn distinct(&self) -> usize {
+        let mut seen = vec![false; self.pool];
+        self.chosen.iter().flatten().for_each(|&j| seen[j] = true);
+        seen.iter().filter(|&&s| s).count()
+    }
+
     /// Entries per query.
     pub fn per_query(&self) -> usize {
         self.chosen.first().map_or(0, Vec::len)
@@ -102,6 +110,7 @@ mod tests {
         let two = Selection::by_cosine(queries.clone(), keys.clone(), 2);
         assert_eq!(two.chosen, vec![vec![1, 2], vec![0, 2]]);
         assert_eq!(two.flat(), vec![1, 2, 0, 2]);
+        assert_eq!((s.distinct(), two.distinct()), (2, 3));
         // The pull is 1 − cos over the chosen keys, averaged over queries.
         let pull = key_pull(queries, keys, &s).into_scalar::<f32>();
         let c1 = 2.0 / (0.01f32 + 4.0).sqrt();

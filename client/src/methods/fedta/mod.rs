@@ -61,6 +61,8 @@ pub struct FedTaClient {
     ie_head: Option<Linear>,
     /// Anchors and head of stage 2 (kept on the device).
     tail: Option<TailModel>,
+    /// Classes whose anchor key this device has seated at their class mean.
+    seated: std::collections::BTreeSet<u32>,
     task: u32,
     rng: Rng,
 }
@@ -77,7 +79,16 @@ impl FedTaClient {
     /// FedTA on any form of input enhancement (e.g. [`prompts::TokenPrompts`] on a ViT).
     pub fn with_enhancer(ctx: MethodContext, enhancer: Arc<dyn Enhancer>) -> Self {
         let shape = IeShape::for_method(&ctx.method, enhancer.as_ref());
-        Self { rng: Rng::derive(ctx.seed, 0xFE07A), ctx, enhancer, shape, ie_head: None, tail: None, task: 0 }
+        Self {
+            rng: Rng::derive(ctx.seed, 0xFE07A),
+            ctx,
+            enhancer,
+            shape,
+            ie_head: None,
+            tail: None,
+            seated: Default::default(),
+            task: 0,
+        }
     }
 
     /// The seeded initial IE pool (identical on every client and the server).
@@ -179,6 +190,13 @@ impl FedTaClient {
         );
         let w = self.stage_two_weights();
         let mut tail = self.tail.take().unwrap_or_else(|| self.new_tail());
+        if let Some(anchors) = tail.anchors.take() {
+            let fresh: Vec<ClassMean> = class_means(enhanced.features.clone().inner(), &enhanced.labels_host)
+                .into_iter()
+                .filter(|m| self.seated.insert(m.class))
+                .collect();
+            tail.anchors = Some(anchors.seat_keys(&fresh));
+        }
         let mut loss = f64::NAN;
         for _ in 0..c.local_epochs {
             (tail, loss) = trainer
@@ -255,7 +273,8 @@ impl ClientMethod for FedTaClient {
 
         // Eq. 7: the local prototypes of F_TA.
         let valid_tail = tail.valid();
-        let anchored = valid_tail.anchored(enhanced.features.clone().inner()).0;
+        let plain_features = enhanced.features.clone().inner();
+        let anchored = valid_tail.anchored_by_class(plain_features.clone(), &enhanced.labels_host).0;
         let fresh = class_means(anchored, &enhanced.labels_host);
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| self.local_accuracy(&ie, &valid_tail, t));
         let mut blocks = ie.to_blocks(self.ctx.encoding)?;
@@ -265,6 +284,21 @@ impl ClientMethod for FedTaClient {
         self.tail = Some(tail);
         let mut metrics = common_metrics(loss, accuracies);
         metrics.push(Metric { name: "ie_loss".into(), value: stage1_loss });
+        if let Some(anchors) = &valid_tail.anchors {
+            // How often the key match (inference) takes the sample's own class anchor (training).
+            let by_key = anchors.anchor(plain_features).1;
+            let own = anchors.of_classes(&enhanced.labels_host);
+            let matched = by_key.chosen.iter().zip(&own.chosen).filter(|(a, b)| a == b).count();
+            let rate = matched as f64 / own.chosen.len().max(1) as f64;
+            tracing::debug!(
+                task = broadcast.task,
+                round = broadcast.round,
+                used = by_key.distinct(),
+                key_match = rate,
+                "tail anchors taken by key similarity on the training samples"
+            );
+            metrics.push(Metric { name: "anchor_key_match".into(), value: rate });
+        }
         metrics.retain(|m| m.value.is_finite());
         Ok(Update {
             round: broadcast.round,

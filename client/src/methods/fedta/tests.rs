@@ -103,6 +103,16 @@ fn a_round_uploads_the_ie_and_prototypes_of_the_anchored_features() {
     assert_eq!(update.prototypes.len(), 3);
     let width = update.prototypes[0].values().unwrap().len();
     assert_eq!(width, 24 + 4, "prototypes of F_TA = [feature, anchor value]");
+    // Each class's prototype carries its own class's anchor value (class c owns anchor c mod 4).
+    let tail = client.tail.as_ref().unwrap().valid();
+    let values: Vec<f32> = tail.anchors.as_ref().unwrap().values.val().into_data().try_to_vec::<f32>().unwrap();
+    for p in &update.prototypes {
+        let v = p.values().unwrap();
+        let c = p.class as usize % 4;
+        assert_eq!(&v[24..], &values[c * 4..(c + 1) * 4], "class {}", p.class);
+    }
+    let key_match = update.metrics.iter().find(|m| m.name == "anchor_key_match").unwrap().value;
+    assert!(key_match > 0.5, "keys seated at the class means find the class's anchor (chance 1/3): {key_match}");
     assert!(update.metrics.iter().any(|m| m.name == "acc.task.0"));
     // The global model predicts with the global IE and prototypes.
     let mut next = b.clone();
