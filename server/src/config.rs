@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use anchorage_shared::method::MethodConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EngineConfig;
@@ -14,8 +15,11 @@ use crate::transport::Limits;
 pub struct ServerConfig {
     /// UDP address to listen on.
     pub bind: SocketAddr,
-    /// Method the federation runs (`fedavg`).
-    pub method: String,
+    /// Method the federation runs: a name with the paper's defaults (`method = "fedavg"`), or a
+    /// `[method]` table with its hyperparameters, the same table the clients' `client.toml` and
+    /// the scenario files hold (FedTA's `lock_threshold` and ablation switches, the prototype
+    /// blend `beta`, …).
+    pub method: MethodSection,
     /// Folder of the durable state (checkpoint). Restarting with the same folder resumes.
     pub state_dir: PathBuf,
     /// Folder of `cert.der` / `key.der`; a self-signed pair is created there if absent, and
@@ -33,6 +37,24 @@ pub struct ServerConfig {
     pub metrics_bind: Option<SocketAddr>,
 }
 
+/// `method`: a name or a whole table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MethodSection {
+    Name(String),
+    Table(MethodConfig),
+}
+
+impl MethodSection {
+    /// The method's hyperparameters (a bare name: that method's defaults).
+    pub fn config(&self) -> MethodConfig {
+        match self {
+            Self::Name(name) => MethodConfig::named(name),
+            Self::Table(config) => config.clone(),
+        }
+    }
+}
+
 fn default_names() -> Vec<String> {
     vec!["localhost".into()]
 }
@@ -42,12 +64,24 @@ impl ServerConfig {
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
         use anyhow::Context;
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let config: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Parses and checks the text of a config file.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        // A `[method]` table is read on its own first: an untagged section would only say that
+        // neither form matched, where the table's own error names the field.
+        let table: toml::Table = toml::from_str(text)?;
+        if let Some(toml::Value::Table(method)) = table.get("method") {
+            toml::Value::Table(method.clone()).try_into::<MethodConfig>().context("[method]")?;
+        }
+        let config: Self = toml::from_str(text)?;
+        let method = config.method.config();
         anyhow::ensure!(
-            crate::methods::by_name(&config.method).is_some(),
-            "{}: unknown method `{}` (known: {})",
-            path.display(),
-            config.method,
+            crate::methods::build(&method).is_some(),
+            "unknown method `{}` (known: {})",
+            method.name,
             crate::methods::METHODS.join(", ")
         );
         Ok(config)
@@ -56,11 +90,37 @@ impl ServerConfig {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn example_config_parses() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/server.toml");
-        let config = super::ServerConfig::load(&path).unwrap();
-        assert_eq!(config.method, "fedavg");
+        let config = ServerConfig::load(&path).unwrap();
+        assert_eq!(config.method, MethodSection::Name("fedavg".into()));
         assert!(config.limits.keep_alive < config.limits.idle_timeout);
+    }
+
+    const BASE: &str = "bind = \"127.0.0.1:4433\"\nstate_dir = \"s\"\ntls_dir = \"t\"\n";
+
+    #[test]
+    fn the_method_is_a_name_or_a_table_of_hyperparameters() {
+        let named = ServerConfig::parse(&format!("method = \"fedta\"\n{BASE}")).unwrap();
+        assert_eq!(named.method.config(), MethodConfig::named("fedta"));
+        let table =
+            ServerConfig::parse(&format!("{BASE}[method]\nname = \"fedta\"\nbgps = false\nlock_threshold = 0.3\n"))
+                .unwrap();
+        let m = table.method.config();
+        assert_eq!((m.name.as_str(), m.bgps, m.lock_threshold, m.sikf), ("fedta", false, 0.3, true));
+    }
+
+    #[test]
+    fn a_bad_method_says_what_is_wrong() {
+        let err = |text: String| format!("{:#}", ServerConfig::parse(&text).unwrap_err());
+        let typo = err(format!("{BASE}[method]\nname = \"fedta\"\nbgsp = false\n"));
+        assert!(typo.contains("[method]") && typo.contains("bgsp"), "{typo}");
+        let unknown = err(format!("method = \"fedfoo\"\n{BASE}"));
+        assert!(unknown.contains("unknown method `fedfoo`"), "{unknown}");
+        let unknown = err(format!("{BASE}[method]\nname = \"fedfoo\"\n"));
+        assert!(unknown.contains("unknown method `fedfoo`"), "{unknown}");
     }
 }

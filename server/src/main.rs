@@ -39,7 +39,8 @@ fn main() -> anyhow::Result<()> {
 async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
     let identity = tls::load_or_create(&config.tls_dir, &names)?;
-    let method = methods::by_name(&config.method).context("unknown method")?;
+    let method_config = config.method.config();
+    let method = methods::build(&method_config).context("unknown method")?;
     let mut server = transport::start(ServerOptions {
         bind: config.bind,
         identity,
@@ -50,7 +51,7 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         store: Some(ServerStore::new(&config.state_dir)),
     })
     .await?;
-    tracing::info!(addr = %server.local_addr, method = %config.method, "listening");
+    tracing::info!(addr = %server.local_addr, method = %method_config.name, "listening");
     let (_metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
     if let Some(bind) = config.metrics_bind {
         let addr = anchorage_server::metrics::serve(bind, server.metrics.clone(), metrics_stop_rx)
