@@ -1,10 +1,14 @@
-//! Durable local state: the update that was trained but not yet acknowledged. It is written
-//! before the upload starts, so a crash or a lost connection never loses trained work.
+//! Durable local state:
+//! - the update that was trained but not yet acknowledged. It is written before the upload
+//!   starts, so a crash or a lost connection never loses trained work;
+//! - the method's device state: what it keeps on the device and never uploads (FedTA's anchors
+//!   and heads, see [`crate::methods::ClientMethod::device_state`]), written after every round.
 
 use std::path::{Path, PathBuf};
 
 use anchorage_shared::io::{read_if_exists, write_atomic};
 use anchorage_shared::protocol::{Message, Update};
+use anchorage_shared::tensor::ParamBlock;
 
 /// The store could not read or write.
 #[derive(Debug, thiserror::Error)]
@@ -16,6 +20,7 @@ pub enum StoreError {
 }
 
 const MAGIC: &[u8; 8] = b"ANCHUPD1";
+const STATE_MAGIC: &[u8; 8] = b"ANCHDEV1";
 
 /// A client's state folder.
 #[derive(Debug, Clone)]
@@ -54,6 +59,50 @@ impl ClientStore {
                 _ => Ok(()),
             },
         }
+    }
+
+    fn state_path(&self) -> PathBuf {
+        self.dir.join("device-state.bin")
+    }
+
+    /// Saves the method's device state, atomically (the previous one stays until the new one is
+    /// whole on disk).
+    pub fn save_device_state(&self, blocks: &[ParamBlock]) -> Result<(), StoreError> {
+        let path = self.state_path();
+        let mut bytes = STATE_MAGIC.to_vec();
+        bytes.extend(
+            postcard::to_allocvec(blocks)
+                .map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?,
+        );
+        write_atomic(&path, &bytes).map_err(|source| StoreError::Io { path, source })
+    }
+
+    /// The method's device state, if one was saved; a file that does not decode to valid blocks is
+    /// an error and is left as it is.
+    pub fn load_device_state(&self) -> Result<Option<Vec<ParamBlock>>, StoreError> {
+        let path = self.state_path();
+        let Some(bytes) = read_if_exists(&path).map_err(|source| StoreError::Io { path: path.clone(), source })? else {
+            return Ok(None);
+        };
+        let corrupt = |detail: String| StoreError::Corrupt { path: path.clone(), detail };
+        let body =
+            bytes.strip_prefix(STATE_MAGIC.as_slice()).ok_or_else(|| corrupt("missing ANCHDEV1 header".into()))?;
+        let blocks: Vec<ParamBlock> = postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
+        for b in &blocks {
+            b.validate().map_err(|e| corrupt(e.to_string()))?;
+        }
+        Ok(Some(blocks))
+    }
+
+    /// Moves a device state that cannot be used aside (`device-state.bin.refused-<unix time>`),
+    /// so the next save does not overwrite what an operator may want to look at. Returns where
+    /// it went.
+    pub fn set_aside_device_state(&self) -> Result<PathBuf, StoreError> {
+        let path = self.state_path();
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let aside = self.dir.join(format!("device-state.bin.refused-{secs}"));
+        std::fs::rename(&path, &aside).map_err(|source| StoreError::Io { path, source })?;
+        Ok(aside)
     }
 
     /// The unacknowledged update, if one was saved.
@@ -96,5 +145,32 @@ mod tests {
         store.save_pending(None).unwrap();
         assert!(store.load_pending().unwrap().is_none());
         store.save_pending(None).unwrap();
+    }
+
+    #[test]
+    fn device_state_survives_and_a_corrupt_one_is_refused_and_set_aside() {
+        let dir = std::env::temp_dir().join(format!("anchorage-client-state-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = ClientStore::new(&dir);
+        assert!(store.load_device_state().unwrap().is_none());
+        let blocks = vec![
+            ParamBlock::encode("tail.values", &[2, 2], &[1.0, -2.0, 3.5, 0.0], Encoding::F32),
+            ParamBlock::encode("tail.seated", &[1], &[7.0], Encoding::F32),
+        ];
+        store.save_device_state(&blocks).unwrap();
+        assert_eq!(ClientStore::new(&dir).load_device_state().unwrap(), Some(blocks.clone()));
+        // Cut short: refused, not half-loaded.
+        let path = dir.join("device-state.bin");
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+        assert!(matches!(store.load_device_state(), Err(StoreError::Corrupt { .. })));
+        // A non-finite value is refused too.
+        let nan = vec![ParamBlock::encode("tail.values", &[1], &[f32::NAN], Encoding::F32)];
+        store.save_device_state(&nan).unwrap();
+        assert!(matches!(store.load_device_state(), Err(StoreError::Corrupt { .. })));
+        let aside = store.set_aside_device_state().unwrap();
+        assert!(aside.exists() && !path.exists(), "the refused file is kept beside, not deleted");
+        assert!(store.load_device_state().unwrap().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

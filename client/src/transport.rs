@@ -207,6 +207,40 @@ impl RoundCost {
     }
 }
 
+/// Gives the method the device state saved before a restart. A state file that cannot be read
+/// back, or that the method refuses (another method or model), is set aside with a warning and
+/// the method starts fresh; an unreadable disk is an error.
+fn restore_device_state(store: &ClientStore, method: &mut dyn ClientMethod, client: &str) -> anyhow::Result<()> {
+    let refused = |why: String| -> anyhow::Result<()> {
+        let aside = store.set_aside_device_state().context("setting the refused device state aside")?;
+        tracing::warn!(client, %why, aside = %aside.display(), "device state refused: starting from a fresh one");
+        Ok(())
+    };
+    match store.load_device_state() {
+        Ok(None) => Ok(()),
+        Ok(Some(blocks)) => match method.restore_device_state(&blocks) {
+            Ok(()) => {
+                tracing::info!(client, blocks = blocks.len(), "device state restored");
+                Ok(())
+            }
+            Err(e) => refused(e.to_string()),
+        },
+        Err(e @ crate::store::StoreError::Corrupt { .. }) => refused(e.to_string()),
+        Err(e) => Err(e).context("loading the device state"),
+    }
+}
+
+/// Saves the method's device state after a trained round; a failure is logged (the round's
+/// update still goes out, and the previous state file stays whole).
+fn save_device_state(store: &ClientStore, method: &dyn ClientMethod, round: u64) {
+    let saved = method.device_state().map_err(|e| e.to_string()).and_then(|blocks| {
+        if blocks.is_empty() { Ok(()) } else { store.save_device_state(&blocks).map_err(|e| e.to_string()) }
+    });
+    if let Err(e) = saved {
+        tracing::warn!(round, error = %e, "could not save the device state");
+    }
+}
+
 /// Runs the client until the server says goodbye or refuses it for good. Returns the reason.
 pub async fn run(
     options: ClientOptions,
@@ -227,6 +261,10 @@ pub async fn run(
         Some(store) => store.load_pending().context("loading the unacknowledged update")?,
         None => None,
     };
+    let mut method = method;
+    if let Some(store) = &options.store {
+        restore_device_state(store, method.as_mut(), &options.client_id)?;
+    }
     let mut session = Session::new(options.client_id.clone(), capabilities, method.num_samples(), pending);
     let method = Arc::new(Mutex::new(method));
     let endpoint = endpoint(&options)?;
@@ -294,10 +332,16 @@ pub async fn run(
                         cost.record.payload_down = (payload_bytes(&b.blocks)
                             + b.prototypes.iter().map(|p| p.vector.data.len()).sum::<usize>())
                             as u64;
-                        let (method, tx) = (method.clone(), trained_tx.clone());
+                        let (method, tx, store) = (method.clone(), trained_tx.clone(), options.store.clone());
                         tokio::task::spawn_blocking(move || {
                             let result = match method.lock() {
-                                Ok(mut m) => m.train(&b).map_err(|e| e.to_string()),
+                                Ok(mut m) => {
+                                    let result = m.train(&b).map_err(|e| e.to_string());
+                                    if let (Ok(_), Some(store)) = (&result, &store) {
+                                        save_device_state(store, &**m, round);
+                                    }
+                                    result
+                                }
                                 Err(_) => Err("a previous training run panicked".to_string()),
                             };
                             let _ = tx.send((round, result));

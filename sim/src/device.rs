@@ -370,6 +370,14 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
         self.inner.initial_blocks()
     }
 
+    fn device_state(&self) -> Result<Vec<anchorage_shared::tensor::ParamBlock>, TrainError> {
+        self.inner.device_state()
+    }
+
+    fn restore_device_state(&mut self, blocks: &[anchorage_shared::tensor::ParamBlock]) -> Result<(), TrainError> {
+        self.inner.restore_device_state(blocks)
+    }
+
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         if self.crash_round == Some(broadcast.round) {
             return Err(TrainError::Crashed(broadcast.round));

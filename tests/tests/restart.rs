@@ -1,11 +1,12 @@
 //! Durability over real QUIC: a restarted server resumes from its checkpoint; a restarted client
-//! resends the update it trained but never saw acknowledged, and the server counts it once.
+//! resends the update it trained but never saw acknowledged, and the server counts it once; a
+//! restarted FedTA client trains on from the anchors and heads its store kept.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anchorage_client::methods::{FedAvgClient, MethodContext};
+use anchorage_client::methods::{ClientMethod, FedAvgClient, MethodContext};
 use anchorage_client::model::{BlockLayout, ModelSpec, Trainable};
 use anchorage_client::store::ClientStore;
 use anchorage_client::train::OptimizerKind;
@@ -213,4 +214,122 @@ async fn stop_while_the_server_is_unreachable() {
         .unwrap()
         .unwrap();
     assert_eq!(reason, "stopped");
+}
+
+/// FedTA's anchors and heads never leave the device, so the client's store keeps them: after a
+/// restart the device trains on from them. Two sessions over real QUIC on loopback; the second
+/// is run twice, by a client restored from the first session's state and by a fresh one with
+/// the same seed and the same broadcast, and their trained tails must differ. A state file the
+/// method refuses is set aside and the client trains from a fresh state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
+    use anchorage_server::methods::FedTaServer;
+    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let method = MethodConfig {
+        ie_pool: 3,
+        ie_length: 2,
+        ie_top_n: 2,
+        anchors: 4,
+        anchor_dim: 4,
+        ..MethodConfig::named("fedta")
+    };
+    let initial = fedta_client(&method).initial_blocks().unwrap();
+    async fn session(
+        identity: &Identity,
+        method: &MethodConfig,
+        initial: &[anchorage_shared::tensor::ParamBlock],
+        name: &str,
+        store: &ClientStore,
+        rounds: u64,
+    ) {
+        let mut server = server::start(ServerOptions {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            identity: identity.clone(),
+            engine: EngineConfig {
+                rounds,
+                min_available: 1,
+                min_fit: 1,
+                round_deadline: Duration::from_secs(30),
+                round: RoundConfig { local_epochs: 2, batch_size: 8, learning_rate: 1e-2, deadline_ms: 0 },
+                ..EngineConfig::default()
+            },
+            method: Box::new(FedTaServer::new(method.clone(), None)),
+            initial: initial.to_vec(),
+            limits: Limits::default(),
+            store: Some(ServerStore::new(temp_dir(name))),
+        })
+        .await
+        .expect("server starts");
+        let mut options = ClientOptions::new(server.local_addr, identity.cert.clone(), "edge");
+        options.store = Some(store.clone());
+        let handle = tokio::spawn(client::run(options, Box::new(fedta_client(method)), None));
+        let reports = reports_until_finished(&mut server).await;
+        handle.await.unwrap().unwrap();
+        assert_eq!(reports.len() as u64, rounds, "{name}: every round closed");
+        server.shutdown().await.unwrap();
+    }
+    let state_of = |store: &ClientStore| store.load_device_state().unwrap().expect("a device state was saved");
+    let tail = |blocks: &[anchorage_shared::tensor::ParamBlock]| {
+        blocks.iter().filter(|b| b.name.starts_with("tail.")).cloned().collect::<Vec<_>>()
+    };
+
+    let kept = ClientStore::new(temp_dir("fedta-kept"));
+    session(&identity, &method, &initial, "fedta-s1", &kept, 2).await;
+    let first = state_of(&kept);
+    let names: Vec<&str> = first.iter().map(|b| b.name.as_str()).collect();
+    assert!(names.contains(&"tail.values") && names.contains(&"ie_head.weight"), "{names:?}");
+
+    // Session 2: restored from the kept state, and a fresh device for comparison.
+    session(&identity, &method, &initial, "fedta-s2", &kept, 1).await;
+    let fresh = ClientStore::new(temp_dir("fedta-fresh"));
+    session(&identity, &method, &initial, "fedta-s2-fresh", &fresh, 1).await;
+    let (restored, control) = (state_of(&kept), state_of(&fresh));
+    assert!(tail(&restored) != tail(&control), "the restarted device trained on from its saved tail");
+    assert!(tail(&restored) != tail(&first), "and it trained");
+
+    // A state of another model (anchor width 5) is refused, set aside and replaced.
+    let other = MethodConfig { anchor_dim: 5, ..method.clone() };
+    session(&identity, &other, &fedta_client(&other).initial_blocks().unwrap(), "fedta-s3", &kept, 1).await;
+    let replaced = state_of(&kept);
+    let width = replaced.iter().find(|b| b.name == "tail.values").unwrap().tensor.shape.clone();
+    assert_eq!(width, vec![4, 5], "a fresh tail of the new shape");
+    let aside = std::fs::read_dir(kept.dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("device-state.bin.refused-"));
+    assert_eq!(aside.count(), 1, "the refused state is kept beside");
+}
+
+/// A FedTA client on the embedded backbone (24 features) and 3 classes of 8×8 images whose
+/// brightness depends on the class.
+fn fedta_client(method: &MethodConfig) -> anchorage_client::methods::FedTaClient {
+    use anchorage_client::methods::TaskStream;
+    use anchorage_client::model::FrozenBackbone;
+    use anchorage_client::model::backbone::InputBackbone;
+    use anchorage_data::Dataset;
+    let plain = Device::flex();
+    let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
+    let backbone: std::sync::Arc<dyn anchorage_client::model::backbone::Backbone + Send + Sync> =
+        std::sync::Arc::new(FrozenBackbone::new(&spec, &plain));
+    let images = |n: usize, seed: u64| {
+        let mut rng = anchorage_shared::rng::Rng::new(seed);
+        let labels: Vec<u32> = (0..n as u32).map(|i| i % 3).collect();
+        let pixels: Vec<f32> = labels
+            .iter()
+            .flat_map(|&l| (0..192).map(|_| 0.2 * l as f32 + 0.6 * rng.f32()).collect::<Vec<_>>())
+            .collect();
+        Dataset::new(vec![3, 8, 8], 3, pixels, labels).unwrap()
+    };
+    let stream = TaskStream::build(backbone.as_ref(), &[(vec![0, 1, 2], images(24, 1), images(12, 2))], &plain);
+    let context = MethodContext {
+        method: method.clone(),
+        net: anchorage_client::model::NetSpec { input_dim: 24, hidden: vec![], num_classes: 3, seed: 5 },
+        stream,
+        device: plain.autodiff(),
+        optimizer: OptimizerKind::Adam,
+        encoding: Encoding::F32,
+        seed: 3,
+        backbone: Some(InputBackbone { net: backbone, sample_shape: vec![3, 8, 8] }),
+    };
+    anchorage_client::methods::FedTaClient::new(context).unwrap()
 }

@@ -63,6 +63,18 @@ pub trait ClientMethod: Send {
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError>;
     /// The shared blocks of the seeded initial model: the server's first broadcast.
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError>;
+    /// What the method keeps on the device between rounds and never uploads (FedTA's anchors and
+    /// heads), as named blocks: the client's store saves it after every round, so a restarted
+    /// device goes on from it. Default: nothing.
+    fn device_state(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        Ok(Vec::new())
+    }
+    /// Restores what [`ClientMethod::device_state`] returned before a restart; blocks it cannot
+    /// place, or of another shape, are an error and change nothing.
+    fn restore_device_state(&mut self, blocks: &[ParamBlock]) -> Result<(), TrainError> {
+        let _ = blocks;
+        Ok(())
+    }
 }
 
 impl<M: ClientMethod + ?Sized> ClientMethod for Box<M> {
@@ -80,6 +92,12 @@ impl<M: ClientMethod + ?Sized> ClientMethod for Box<M> {
     }
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
         (**self).initial_blocks()
+    }
+    fn device_state(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        (**self).device_state()
+    }
+    fn restore_device_state(&mut self, blocks: &[ParamBlock]) -> Result<(), TrainError> {
+        (**self).restore_device_state(blocks)
     }
 }
 
@@ -157,6 +175,12 @@ impl<M: ClientMethod> ClientMethod for BatchCap<M> {
     }
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
         self.inner.initial_blocks()
+    }
+    fn device_state(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        self.inner.device_state()
+    }
+    fn restore_device_state(&mut self, blocks: &[ParamBlock]) -> Result<(), TrainError> {
+        self.inner.restore_device_state(blocks)
     }
 }
 

@@ -46,6 +46,7 @@ use self::ie::{IeModel, IeShape, InputEnhancement, enhanced_cache};
 use self::prompts::{Enhancer, enhancer_for};
 use super::protos::{PrototypeTable, class_means, from_wire, to_wire};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
+use crate::model::blocks::{load_tensor, tensor_block};
 use crate::model::{FeatureCache, ModelError};
 use crate::train::{Trainer, accuracy_of, whole};
 
@@ -231,6 +232,12 @@ impl FedTaClient {
     }
 }
 
+/// Device-state block names of the IE head and of the classes whose anchor key is seated (the
+/// tail keeps its `tail.*` names).
+const IE_HEAD_WEIGHT: &str = "ie_head.weight";
+const IE_HEAD_BIAS: &str = "ie_head.bias";
+const SEATED: &str = "seated.classes";
+
 /// The frozen-feature part (the first `dim` values) of each prototype of F_TA.
 fn feature_part(means: &[ClassMean], dim: usize) -> Vec<ClassMean> {
     means
@@ -316,6 +323,60 @@ impl ClientMethod for FedTaClient {
             blocks.extend(self.new_tail().valid().to_blocks(Encoding::F32)?);
         }
         Ok(blocks)
+    }
+
+    /// The anchors, the head and the IE head: they never leave the device (unless `share_tail`),
+    /// so a restart must not lose them.
+    fn device_state(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        let mut out = Vec::new();
+        if let Some(tail) = &self.tail {
+            out.extend(tail.valid().to_blocks(Encoding::F32)?);
+        }
+        if let Some(head) = &self.ie_head {
+            let head = head.valid();
+            out.push(tensor_block(IE_HEAD_WEIGHT, &head.weight.val(), Encoding::F32)?);
+            if let Some(b) = &head.bias {
+                out.push(tensor_block(IE_HEAD_BIAS, &b.val(), Encoding::F32)?);
+            }
+        }
+        let seated: Vec<f32> = self.seated.iter().map(|&c| c as f32).collect();
+        out.push(ParamBlock::encode(SEATED, &[seated.len() as u32], &seated, Encoding::F32));
+        Ok(out)
+    }
+
+    fn restore_device_state(&mut self, blocks: &[ParamBlock]) -> Result<(), TrainError> {
+        let device = self.ctx.device.clone();
+        let tail_blocks: Vec<ParamBlock> = blocks.iter().filter(|b| is_tail_block(&b.name)).cloned().collect();
+        let tail =
+            if tail_blocks.is_empty() { None } else { Some(self.new_tail().load_blocks(&tail_blocks, &device)?) };
+        let mut ie_head = None;
+        let mut seated = std::collections::BTreeSet::new();
+        for block in blocks.iter().filter(|b| !is_tail_block(&b.name)) {
+            match block.name.as_str() {
+                IE_HEAD_WEIGHT | IE_HEAD_BIAS => {
+                    let head = ie_head.get_or_insert_with(|| {
+                        IeModel::new_head(self.shape.query_dim, self.ctx.net.num_classes, self.ctx.net.seed, &device)
+                    });
+                    match (block.name.as_str(), head.bias.as_mut()) {
+                        (IE_HEAD_WEIGHT, _) => load_tensor(&mut head.weight, block, &device)?,
+                        (_, Some(bias)) => load_tensor(bias, block, &device)?,
+                        (_, None) => return Err(ModelError::UnknownBlock(block.name.clone()).into()),
+                    }
+                }
+                SEATED => {
+                    for v in block.decode()? {
+                        if v < 0.0 || v.fract() != 0.0 || v as usize >= self.ctx.net.num_classes {
+                            return Err(ModelError::UnknownBlock(format!("{SEATED} holds {v}, not a class")).into());
+                        }
+                        seated.insert(v as u32);
+                    }
+                }
+                _ => return Err(ModelError::UnknownBlock(block.name.clone()).into()),
+            }
+        }
+        // Nothing is changed until every block has been placed.
+        (self.tail, self.ie_head, self.seated) = (tail, ie_head, seated);
+        Ok(())
     }
 
     /// The global IE and the nearest global prototype (see the module docs).

@@ -150,6 +150,43 @@ fn a_round_uploads_the_ie_and_prototypes_of_the_anchored_features() {
 }
 
 #[test]
+fn the_device_state_survives_a_restart() {
+    let plain = Device::flex();
+    let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
+    let backbone: SharedBackboneArc = Arc::new(FrozenBackbone::new(&spec, &plain));
+    let mut client = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3, method())).unwrap();
+    let b = broadcast(&client, 1);
+    client.train(&b).unwrap();
+    let state = client.device_state().unwrap();
+    let names: Vec<&str> = state.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["tail.keys", "tail.values", "tail.head.weight", "tail.head.bias", "ie_head.weight", "ie_head.bias", SEATED]
+    );
+    assert_eq!(state.last().unwrap().decode().unwrap(), vec![0.0, 1.0, 2.0], "the three classes' keys are seated");
+    // A fresh client (the device after a restart) restored from it holds the same state and
+    // trains the next round exactly as the one that never stopped.
+    let mut restarted = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3, method())).unwrap();
+    assert_ne!(restarted.device_state().unwrap(), state);
+    restarted.restore_device_state(&state).unwrap();
+    assert_eq!(restarted.device_state().unwrap(), state);
+    let mut next = b.clone();
+    next.round = 2;
+    restarted.rng = client.rng.clone();
+    let (a, r) = (client.train(&next).unwrap(), restarted.train(&next).unwrap());
+    assert_eq!(a.prototypes, r.prototypes, "same tail, same prototypes");
+    // A state of another model is refused and changes nothing.
+    let mut other =
+        FedTaClient::new(context(backbone, [3, 8, 8], 3, MethodConfig { anchor_dim: 5, ..method() })).unwrap();
+    let before = other.device_state().unwrap();
+    assert!(other.restore_device_state(&state).is_err());
+    let mut bad = state.clone();
+    *bad.last_mut().unwrap() = ParamBlock::encode(SEATED, &[1], &[9.0], Encoding::F32);
+    assert!(restarted.restore_device_state(&bad).is_err(), "class 9 of 3");
+    assert_eq!(other.device_state().unwrap(), before);
+}
+
+#[test]
 fn a_context_without_a_backbone_or_inputs_is_an_error() {
     let plain = Device::flex();
     let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
