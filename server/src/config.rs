@@ -35,6 +35,34 @@ pub struct ServerConfig {
     /// Address of the Prometheus endpoint (`GET /metrics`); none: no endpoint.
     #[serde(default)]
     pub metrics_bind: Option<SocketAddr>,
+    /// FedTA's SIKF (Eq. 8): the backbone and surrogate set the server distils on. Without it
+    /// FedTA averages the clients' input enhancement, and says so in the log. Needs a server
+    /// built with the `sikf` feature.
+    #[serde(default)]
+    pub sikf: Option<SikfSection>,
+}
+
+/// `[sikf]`: what FedTA's server half distils the clients' input enhancement on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SikfSection {
+    /// The clients' frozen backbone, by name (`mobilenet_v2`, `resnet20`, …).
+    pub backbone: String,
+    /// Folder with the backbone's `weights/` and the dataset files.
+    pub data_dir: PathBuf,
+    /// A scenario's `[data]` table with a `fedta` partition: the server takes its split's
+    /// surrogate set (`surrogate_per_class` test images per class).
+    pub data: toml::Table,
+    /// Batch size of the distillation.
+    #[serde(default = "default_sikf_batch")]
+    pub batch_size: usize,
+    /// Seed of the distillation's batch order.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_sikf_batch() -> usize {
+    16
 }
 
 /// `method`: a name or a whole table.
@@ -79,6 +107,11 @@ impl ServerConfig {
         let config: Self = toml::from_str(text)?;
         let method = config.method.config();
         anyhow::ensure!(
+            config.sikf.is_none() || method.name == "fedta",
+            "[sikf] is FedTA's distillation; this server runs `{}`",
+            method.name
+        );
+        anyhow::ensure!(
             crate::methods::build(&method).is_some(),
             "unknown method `{}` (known: {})",
             method.name,
@@ -111,6 +144,19 @@ mod tests {
                 .unwrap();
         let m = table.method.config();
         assert_eq!((m.name.as_str(), m.bgps, m.lock_threshold, m.sikf), ("fedta", false, 0.3, true));
+    }
+
+    #[test]
+    fn a_sikf_section_names_the_backbone_and_the_data() {
+        let text = format!(
+            "method = \"fedta\"\n{BASE}[sikf]\nbackbone = \"mobilenet_v2\"\ndata_dir = \"/srv/data\"\n\
+             [sikf.data]\ndataset = \"tiny-imagenet-100\"\n"
+        );
+        let s = ServerConfig::parse(&text).unwrap().sikf.unwrap();
+        assert_eq!((s.backbone.as_str(), s.batch_size), ("mobilenet_v2", 16));
+        assert_eq!(s.data.get("dataset").and_then(|v| v.as_str()), Some("tiny-imagenet-100"));
+        let err = format!("{:#}", ServerConfig::parse(&text.replace("\"fedta\"", "\"fedavg\"")).unwrap_err());
+        assert!(err.contains("[sikf] is FedTA's"), "{err}");
     }
 
     #[test]

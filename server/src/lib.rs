@@ -6,11 +6,14 @@
 //! - [`store`]: durable server state (atomic checkpoint files, the cost ledger).
 //! - [`metrics`]: counters and their Prometheus exposition over HTTP.
 //! - [`tls`]: certificates for development and pinning.
+//! - `sikf` (feature `sikf`): FedTA's distillation on burn, for the standalone server.
 
 pub mod config;
 pub mod engine;
 pub mod methods;
 pub mod metrics;
+#[cfg(feature = "sikf")]
+pub mod sikf;
 pub mod store;
 pub mod tls;
 pub mod transport;

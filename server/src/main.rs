@@ -40,7 +40,11 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
     let identity = tls::load_or_create(&config.tls_dir, &names)?;
     let method_config = config.method.config();
-    let method = methods::build(&method_config).context("unknown method")?;
+    let mut parts = methods::Parts::default();
+    if let Some(section) = &config.sikf {
+        parts.distiller = Some(sikf_distiller(section, &method_config)?);
+    }
+    let method = methods::build_with(&method_config, parts).context("unknown method")?;
     let mut server = transport::start(ServerOptions {
         bind: config.bind,
         identity,
@@ -84,4 +88,26 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         }
     }
     server.shutdown().await
+}
+
+/// FedTA's distiller from `[sikf]`.
+#[cfg(feature = "sikf")]
+fn sikf_distiller(
+    section: &anchorage_server::config::SikfSection,
+    method: &anchorage_shared::method::MethodConfig,
+) -> anyhow::Result<Box<dyn methods::InputDistiller>> {
+    Ok(Box::new(anchorage_server::sikf::distiller(section, method)?))
+}
+
+/// Without the `sikf` feature a `[sikf]` section cannot be honoured: refuse to start rather than
+/// silently average.
+#[cfg(not(feature = "sikf"))]
+fn sikf_distiller(
+    _: &anchorage_server::config::SikfSection,
+    _: &anchorage_shared::method::MethodConfig,
+) -> anyhow::Result<Box<dyn methods::InputDistiller>> {
+    anyhow::bail!(
+        "server.toml has a [sikf] section, but this anchorage-server was built without SIKF: \
+         build it with `cargo build --release -p anchorage-server --features sikf`"
+    )
 }

@@ -12,7 +12,7 @@ use anchorage_client::train::OptimizerKind;
 use anchorage_data::partition::FederatedSplit;
 use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
 use anchorage_server::engine::EngineConfig;
-use anchorage_server::methods::{self as server_methods, Distilled, InputDistiller, ServerMethod};
+use anchorage_server::methods::{self as server_methods, ServerMethod};
 use anchorage_shared::protocol::{Broadcast, RoundConfig};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::ParamBlock;
@@ -297,23 +297,6 @@ impl Setup {
     }
 }
 
-/// FedTA's SIKF (Eq. 8) on burn, handed to the server half.
-struct SikfDistiller(Sikf);
-
-impl InputDistiller for SikfDistiller {
-    fn distill(
-        &mut self,
-        student: &[ParamBlock],
-        teachers: &[&[ParamBlock]],
-        epochs: u32,
-        learning_rate: f32,
-    ) -> Result<Distilled, String> {
-        let (blocks, losses) =
-            self.0.distill(student, teachers, epochs, learning_rate as f64).map_err(|e| e.to_string())?;
-        Ok(Distilled { blocks, losses })
-    }
-}
-
 /// The server half `config.method` names; FedTA gets a distiller on the split's surrogate set
 /// (the frozen backbone the clients have), or none when the split has no surrogate set.
 fn server_method(
@@ -335,7 +318,7 @@ fn server_method(
             config.seed ^ 0x51CF,
         )
         .context("building FedTA's SIKF distiller")?;
-        parts.distiller = Some(Box::new(SikfDistiller(sikf)));
+        parts.distiller = Some(Box::new(sikf));
     }
     server_methods::build_with(&config.method, parts)
         .with_context(|| format!("unknown method `{}`", config.method.name))

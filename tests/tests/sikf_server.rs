@@ -1,0 +1,67 @@
+//! The standalone server's SIKF (FedTA Eq. 8): `server.toml`'s `[sikf]` section, the frozen
+//! MobileNetV2 0.35 from `$ANCHORAGE_DATA/weights` and the surrogate set of the FedTA split of
+//! Tiny-ImageNet-100 from `$ANCHORAGE_DATA`. Skipped loudly without `ANCHORAGE_DATA`.
+
+use std::path::PathBuf;
+
+use anchorage_client::methods::fedta::ie::{IeShape, InputEnhancement};
+use anchorage_client::methods::fedta::prompts::enhancer_for;
+use anchorage_client::model::{InputBackbone, zoo};
+use anchorage_server::config::ServerConfig;
+use anchorage_server::methods::InputDistiller;
+use anchorage_shared::tensor::Encoding;
+use burn::tensor::Device;
+
+fn data_dir() -> Option<PathBuf> {
+    match std::env::var_os("ANCHORAGE_DATA") {
+        Some(d) => Some(PathBuf::from(d)),
+        None => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "*** SKIPPED: ANCHORAGE_DATA not set ***");
+            None
+        }
+    }
+}
+
+#[test]
+fn the_server_distils_on_the_surrogate_set_its_config_names() {
+    let Some(dir) = data_dir() else { return };
+    // The scenario's own [data] table at a small scale, one surrogate image per class.
+    let scenario =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/fedta_tiny_imagenet.toml")).unwrap();
+    let data = &scenario[scenario.find("[data]").unwrap()..];
+    let data = data
+        .replace("[data]", "[sikf.data]")
+        .replace("[data.partition]", "[sikf.data.partition]")
+        .replace("scale = 1.0", "scale = 0.05")
+        .replace("surrogate_per_class = 20", "surrogate_per_class = 1");
+    let text = format!(
+        "bind = \"127.0.0.1:0\"\nstate_dir = \"s\"\ntls_dir = \"t\"\n\
+         [method]\nname = \"fedta\"\nie_pool = 4\nie_top_n = 2\n\
+         [sikf]\nbackbone = \"mobilenet_v2\"\ndata_dir = {dir:?}\nbatch_size = 16\n{data}"
+    );
+    let config = ServerConfig::parse(&text).unwrap();
+    let method = config.method.config();
+    let mut sikf = anchorage_server::sikf::distiller(config.sikf.as_ref().unwrap(), &method).unwrap();
+    eprintln!("surrogate set: {} images", sikf.len());
+    assert!(sikf.len() >= 50, "about one test image per class of 100: {}", sikf.len());
+
+    // Three clients' IE pools of this backbone: the student and two teachers whose sets differ.
+    let plain = Device::flex();
+    let backbone = InputBackbone {
+        net: zoo::load("mobilenet_v2", 3 * 64 * 64, Some(&dir), &plain).unwrap().into(),
+        sample_shape: vec![3, 64, 64],
+    };
+    let enhancer = enhancer_for(&method, &backbone);
+    let shape = IeShape::for_method(&method, enhancer.as_ref());
+    let pool = |std: f64, seed: u64| InputEnhancement::new(&shape, std, seed, &plain).to_blocks(Encoding::F32).unwrap();
+    let (student, t1, t2) = (pool(0.0, 1), pool(0.5, 2), pool(0.5, 3));
+    let before = sikf.loss(&student, &[&t1, &t2]).unwrap();
+    let out = InputDistiller::distill(&mut sikf, &student, &[&t1, &t2], 3, 1e-2).unwrap();
+    let after = sikf.loss(&out.blocks, &[&t1, &t2]).unwrap();
+    eprintln!("SIKF loss {before:.5} → {after:.5}; per epoch {:?}", out.losses);
+    assert_eq!(out.losses.len(), 3);
+    assert!(after < before, "distillation lowers Eq. 8 on the surrogate set: {before} → {after}");
+    let names = |b: &[anchorage_shared::tensor::ParamBlock]| b.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&out.blocks), names(&student), "the student's blocks, same names");
+}
