@@ -13,6 +13,33 @@ use crate::train::OptimizerKind;
 pub enum DataSource {
     /// The embedded procedural set (no files): this client's Dirichlet share of it.
     Synthetic { seed: u64, clients: usize, index: usize, alpha: f64 },
+    /// This device's share of a scenario's data split (see [`crate::share`]): every device
+    /// names the same `spec` and its own `client` index.
+    Scenario {
+        /// Folder with the dataset files and the backbone's `weights/`.
+        data_dir: PathBuf,
+        /// This device's index in the split.
+        client: usize,
+        /// The frozen backbone (`mobilenet_v2`, `resnet20`, …; see `model::zoo`).
+        backbone: String,
+        /// Hidden widths of the trainable adapter on the features (empty: the head alone).
+        #[serde(default)]
+        hidden: Vec<usize>,
+        /// Seed of the trainable model's initial weights: the same on every device.
+        #[serde(default)]
+        model_seed: u64,
+        /// Evolving shifts (FedEvolve / FedEvp): the last `target_domains` domains are the target.
+        #[serde(default)]
+        evolving: bool,
+        #[serde(default = "one")]
+        target_domains: usize,
+        /// The scenario's `[data]` table.
+        spec: anchorage_data::DataSpec,
+    },
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Reconnect backoff, in milliseconds.
@@ -93,5 +120,41 @@ mod tests {
         let config = super::ClientConfig::load(&path).unwrap();
         assert_eq!(config.device, "cpu");
         assert!(matches!(config.data, super::DataSource::Synthetic { clients: 4, .. }));
+    }
+
+    #[test]
+    fn a_scenario_share_names_the_spec_and_the_device_index() {
+        let text = r#"
+server = "127.0.0.1:4433"
+server_cert = "cert.der"
+client_id = "jetson-3"
+state_dir = "state"
+[method]
+name = "fedta"
+[data]
+source = "scenario"
+data_dir = "/data"
+client = 3
+backbone = "mobilenet_v2"
+[data.spec]
+dataset = "tiny-imagenet-100"
+seed = 1
+[data.spec.partition]
+kind = "fedta"
+clients = 5
+tasks = 5
+classes_per_task = 8
+public_classes = 25
+"#;
+        let config: super::ClientConfig = toml::from_str(text).unwrap();
+        match config.data {
+            super::DataSource::Scenario { client, backbone, target_domains, evolving, spec, .. } => {
+                assert_eq!((client, backbone.as_str(), target_domains, evolving), (3, "mobilenet_v2", 1, false));
+                assert_eq!(spec.seed, 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        let typo = text.replace("client = 3", "clinet = 3");
+        assert!(toml::from_str::<super::ClientConfig>(&typo).is_err());
     }
 }

@@ -17,6 +17,7 @@ pub mod memory;
 pub mod methods;
 pub mod model;
 pub mod session;
+pub mod share;
 pub mod store;
 pub mod train;
 pub mod transport;

@@ -9,7 +9,7 @@ use anchorage_client::model::ModelSpec;
 use anchorage_client::store::ClientStore;
 use anchorage_client::train::OptimizerKind;
 use anchorage_client::transport::{self, Backoff, ClientOptions};
-use anchorage_client::{device, encoding};
+use anchorage_client::{device, encoding, share};
 use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
 use anchorage_shared::rng::Rng;
 use anyhow::Context;
@@ -43,31 +43,38 @@ fn main() -> anyhow::Result<()> {
 async fn run(config: ClientConfig) -> anyhow::Result<()> {
     let (dev, picked) = device::select(&config.device)?;
     tracing::info!(device = picked, "compute device");
-    let (train, test) = match &config.data {
+    let enc = encoding::parse(&config.encoding)?;
+    let method = match &config.data {
         DataSource::Synthetic { seed, clients, index, alpha } => {
             anyhow::ensure!(index < clients, "data.index {index} must be below data.clients {clients}");
             let (all, _) = synthetic::generate(&SyntheticConfig { seed: *seed, ..SyntheticConfig::default() });
             let parts = partition::dirichlet(&all.labels, all.num_classes, *clients, *alpha, 20, *seed)?;
-            all.subset(&parts[*index]).split_per_class(0.8, seed ^ *index as u64)
+            let (train, test) = all.subset(&parts[*index]).split_per_class(0.8, seed ^ *index as u64);
+            tracing::info!(train = train.len(), test = test.len(), "local data (embedded synthetic set)");
+            let mut plan = None;
+            let (train, test) = match config.max_memory_mb {
+                Some(mb) => {
+                    let p = plan_memory(mb, &ModelSpec::embedded_default(), config.optimizer, &train, &test)?;
+                    plan = Some(p);
+                    fit_cache(&p, train, test)
+                }
+                None => (train, test),
+            };
+            let context =
+                MethodContext::embedded(config.method.clone(), &train, &test, dev.autodiff(), config.optimizer, enc, 0);
+            let mut method = methods::build(context)?;
+            if let Some(p) = plan {
+                method = Box::new(BatchCap { inner: method, max: u32::try_from(p.batch_size).unwrap_or(u32::MAX) });
+            }
+            method
+        }
+        DataSource::Scenario { .. } => {
+            if config.max_memory_mb.is_some() {
+                tracing::warn!("max_memory_mb plans the embedded model only; it is not applied to a scenario share");
+            }
+            methods::build(share::scenario_context(&config, &dev)?)?
         }
     };
-    tracing::info!(train = train.len(), test = test.len(), "local data (embedded synthetic set)");
-    let mut plan = None;
-    let (train, test) = match config.max_memory_mb {
-        Some(mb) => {
-            let p = plan_memory(mb, &ModelSpec::embedded_default(), config.optimizer, &train, &test)?;
-            plan = Some(p);
-            fit_cache(&p, train, test)
-        }
-        None => (train, test),
-    };
-    let enc = encoding::parse(&config.encoding)?;
-    let context =
-        MethodContext::embedded(config.method.clone(), &train, &test, dev.autodiff(), config.optimizer, enc, 0);
-    let mut method = methods::build(context)?;
-    if let Some(p) = plan {
-        method = Box::new(BatchCap { inner: method, max: u32::try_from(p.batch_size).unwrap_or(u32::MAX) });
-    }
     let cert = std::fs::read(&config.server_cert)
         .with_context(|| format!("reading the pinned server certificate {}", config.server_cert.display()))?;
     let mut options = ClientOptions::new(config.server, cert.into(), config.client_id.clone());

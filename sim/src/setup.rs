@@ -94,12 +94,6 @@ struct Prepared {
     source: String,
 }
 
-/// Local test indices of a task: the client's held-out share where the split has one, else the
-/// task's test-pool samples. `true`: the indices are into the training pool.
-fn local_test(task: &anchorage_data::partition::TaskSplit) -> (&[usize], bool) {
-    if task.local_test.is_empty() { (&task.test, false) } else { (&task.local_test, true) }
-}
-
 impl Setup {
     pub fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
         anyhow::ensure!(config.clients >= 1, "need at least one client");
@@ -207,7 +201,7 @@ impl Setup {
         let mut streams = Vec::with_capacity(config.clients);
         for client in &split.clients {
             let task_data = |(k, t): (usize, &anchorage_data::partition::TaskSplit)| {
-                let (idx, in_train) = local_test(t);
+                let (idx, in_train) = t.local_test_rows();
                 // A^sel: the task's global test rows of the classes this client trains on.
                 let selected = config.selected_accuracy.then(|| {
                     let own: std::collections::BTreeSet<u32> = t.train.iter().map(|&i| train.labels[i]).collect();

@@ -25,6 +25,14 @@ pub struct TaskSplit {
     pub test: Vec<usize>,
 }
 
+impl TaskSplit {
+    /// The client's local test rows of the task: its held-out share where the split has one,
+    /// else the task's test-pool samples. `true`: the rows index the training pool.
+    pub fn local_test_rows(&self) -> (&[usize], bool) {
+        if self.local_test.is_empty() { (&self.test, false) } else { (&self.local_test, true) }
+    }
+}
+
 /// The task stream of one client.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClientSplit {

@@ -1,0 +1,154 @@
+//! A FedTA deployment from its config files, over real QUIC on loopback: `server.toml` with a
+//! `[method]` table and a `[sikf]` section, and two devices' `client.toml` with their shares of
+//! the scenario's FedTA split of Tiny-ImageNet-100, on the real frozen MobileNetV2 0.35 from
+//! `$ANCHORAGE_DATA/weights`. Skipped loudly without `ANCHORAGE_DATA`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anchorage_client::config::ClientConfig;
+use anchorage_client::methods;
+use anchorage_client::share::scenario_context;
+use anchorage_client::transport::{self as client, ClientOptions};
+use anchorage_server::config::ServerConfig;
+use anchorage_server::methods::{Distilled, FedTaServer, InputDistiller};
+use anchorage_server::tls;
+use anchorage_server::transport::{self as server, ServerEvent, ServerOptions};
+use anchorage_shared::tensor::ParamBlock;
+use burn::tensor::Device;
+
+fn data_dir() -> Option<PathBuf> {
+    match std::env::var_os("ANCHORAGE_DATA") {
+        Some(d) => Some(PathBuf::from(d)),
+        None => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "*** SKIPPED: ANCHORAGE_DATA not set ***");
+            None
+        }
+    }
+}
+
+/// The real distiller, counted (the test has no other window into the server's method).
+struct Counted {
+    inner: anchorage_client::methods::fedta::sikf::Sikf,
+    calls: Arc<AtomicUsize>,
+}
+
+impl InputDistiller for Counted {
+    fn distill(
+        &mut self,
+        student: &[ParamBlock],
+        teachers: &[&[ParamBlock]],
+        epochs: u32,
+        learning_rate: f32,
+    ) -> Result<Distilled, String> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        InputDistiller::distill(&mut self.inner, student, teachers, epochs, learning_rate)
+    }
+}
+
+/// The scenario's `[data]` table at a small scale, under `prefix` (`sikf.data` or `data.spec`).
+fn data_table(prefix: &str) -> String {
+    let scenario =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/fedta_tiny_imagenet.toml")).unwrap();
+    scenario[scenario.find("[data]").unwrap()..]
+        .replace("[data]", &format!("[{prefix}]"))
+        .replace("[data.partition]", &format!("[{prefix}.partition]"))
+        .replace("scale = 1.0", "scale = 0.05")
+        .replace("surrogate_per_class = 20", "surrogate_per_class = 1")
+}
+
+const METHOD: &str = "[method]\nname = \"fedta\"\nie_pool = 4\nie_top_n = 2\nanchors = 100\nanchor_dim = 16\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fedta_deployment_runs_from_its_config_files() {
+    let Some(dir) = data_dir() else { return };
+    let state = std::env::temp_dir().join(format!("anchorage-deploy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let server_toml = format!(
+        "bind = \"127.0.0.1:0\"\nstate_dir = {:?}\ntls_dir = {:?}\n\
+         [engine]\nrounds = 2\nrounds_per_task = 2\nmin_available = 2\nmin_fit = 2\n\
+         [engine.round]\nlocal_epochs = 1\nbatch_size = 16\nlearning_rate = 0.001\ndeadline_ms = 0\n\
+         {METHOD}[sikf]\nbackbone = \"mobilenet_v2\"\ndata_dir = {dir:?}\n{}",
+        state.join("server"),
+        state.join("tls"),
+        data_table("sikf.data"),
+    );
+    let config = ServerConfig::parse(&server_toml).unwrap();
+    let method = config.method.config();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let sikf = anchorage_server::sikf::distiller(config.sikf.as_ref().unwrap(), &method).unwrap();
+    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let mut srv = server::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity: identity.clone(),
+        engine: config.engine.clone(),
+        method: Box::new(FedTaServer::new(method, Some(Box::new(Counted { inner: sikf, calls: calls.clone() })))),
+        initial: Vec::new(),
+        limits: config.limits.clone(),
+        store: None,
+    })
+    .await
+    .unwrap();
+
+    let mut handles = Vec::new();
+    for device in 0..2usize {
+        let client_toml = format!(
+            "server = \"{}\"\nserver_cert = \"unused\"\nclient_id = \"jetson-{device}\"\nstate_dir = {:?}\n\
+             {METHOD}[data]\nsource = \"scenario\"\ndata_dir = {dir:?}\nclient = {device}\nbackbone = \"mobilenet_v2\"\n{}",
+            srv.local_addr,
+            state.join(format!("client-{device}")),
+            data_table("data.spec"),
+        );
+        let config: ClientConfig = toml::from_str(&client_toml).unwrap();
+        let context = scenario_context(&config, &Device::flex()).unwrap();
+        assert_eq!(context.stream.tasks.len(), 5, "five tasks on each device");
+        assert!(context.stream.tasks.iter().all(|t| t.classes.len() == 8), "eight classes a task");
+        assert_eq!(context.net.input_dim, 1280, "MobileNetV2 0.35 features");
+        let method = methods::build(context).unwrap();
+        let mut options = ClientOptions::new(config.server, identity.cert.clone(), config.client_id.clone());
+        options.store = Some(anchorage_client::store::ClientStore::new(&config.state_dir));
+        handles.push(tokio::spawn(client::run(options, method, None)));
+    }
+
+    let mut reports = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(300), srv.events.recv())
+            .await
+            .expect("the federation progresses")
+        {
+            Some(ServerEvent::RoundClosed { report, .. }) => reports.push((*report).clone()),
+            Some(ServerEvent::Finished) | None => break,
+        }
+    }
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+    srv.shutdown().await.unwrap();
+
+    assert_eq!(reports.len(), 2);
+    for r in &reports {
+        assert_eq!(r.updates.len(), 2, "round {}: both devices aggregated", r.round);
+        for u in &r.updates {
+            assert!(
+                u.prototypes > 0 && u.prototypes <= 8,
+                "{}: prototypes of its task's classes: {}",
+                u.client,
+                u.prototypes
+            );
+            assert!(u.payload_up > 0);
+        }
+    }
+    // Round 1 distils (SIKF); round 2 is the task's last round, which averages.
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "SIKF ran once, in round 1");
+    // Each device kept its anchors and heads on disk.
+    for device in 0..2 {
+        let store = anchorage_client::store::ClientStore::new(state.join(format!("client-{device}")));
+        let kept = store.load_device_state().unwrap().expect("device state saved");
+        assert!(kept.iter().any(|b| b.name == "tail.values"));
+    }
+    let _ = std::fs::remove_dir_all(&state);
+}
