@@ -130,3 +130,20 @@ impl MethodConfig {
         Self { name: name.into(), ..Self::default() }
     }
 }
+
+/// FedTA's block names on the wire, for both halves.
+pub mod fedta_blocks {
+    /// The input-enhancement pool: keys `[M, D]` and sets `[M, set_len]`.
+    pub const IE_PREFIX: &str = "ie.";
+    pub const IE_KEYS: &str = "ie.keys";
+    pub const IE_SETS: &str = "ie.sets";
+    /// A shared tail (`share_tail`): anchor keys `[A, D]` and values `[A, V]`, and the head.
+    pub const TAIL_PREFIX: &str = "tail.";
+    pub const TAIL_KEYS: &str = "tail.keys";
+    pub const TAIL_VALUES: &str = "tail.values";
+    pub const TAIL_HEAD_WEIGHT: &str = "tail.head.weight";
+    pub const TAIL_HEAD_BIAS: &str = "tail.head.bias";
+    /// Beside a shared tail: how many of the client's samples took each anchor in the round `[A]`
+    /// (the server averages each anchor over the clients that trained it, and drops this block).
+    pub const TAIL_TRAINED: &str = "tail.trained";
+}

@@ -222,8 +222,8 @@ fn fedta_shares_its_input_enhancement_and_prototypes_only() {
 }
 
 /// With `share_tail` the anchors and head travel beside the IE: 100 anchors (keys of 512, values
-/// of 64) and the head on F_TA (512 + 64 → 4 classes).
-const FEDTA_TAIL_BYTES: u64 = (100 * 512 + 100 * 64 + (512 + 64) * 4 + 4) * 4;
+/// of 64), the head on F_TA (512 + 64 → 4 classes), and the 100 anchors' training counts.
+const FEDTA_TAIL_BYTES: u64 = (100 * 512 + 100 * 64 + (512 + 64) * 4 + 4 + 100) * 4;
 
 #[test]
 fn fedta_with_a_shared_tail_uploads_it_beside_the_ie() {

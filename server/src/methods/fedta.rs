@@ -19,12 +19,15 @@
 use std::collections::BTreeSet;
 
 use anchorage_shared::method::MethodConfig;
+use anchorage_shared::method::fedta_blocks::{IE_PREFIX, TAIL_KEYS, TAIL_TRAINED, TAIL_VALUES};
 use anchorage_shared::protocol::Update;
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::prototype_rules::{ClassMean, best_global_prototypes, fuse};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use serde::{Deserialize, Serialize};
+
+use anchorage_shared::math::weighted_mean;
 
 use super::fedavg::average_blocks;
 use super::prototypes::uploaded_prototypes;
@@ -191,7 +194,74 @@ fn encode(means: &[ClassMean]) -> Vec<Prototype> {
 
 /// The input-enhancement blocks (`ie.*`) and the rest (the shared tail, `share_tail`).
 fn split_blocks(blocks: &[ParamBlock]) -> (Vec<ParamBlock>, Vec<ParamBlock>) {
-    blocks.iter().cloned().partition(|b| b.name.starts_with("ie."))
+    blocks.iter().cloned().partition(|b| b.name.starts_with(IE_PREFIX))
+}
+
+/// The per-anchor rows of a shared tail.
+const ANCHOR_ROWS: [&str; 2] = [TAIL_KEYS, TAIL_VALUES];
+
+/// The shared tail's average. Each anchor (a row of `tail.keys` and `tail.values`) is averaged
+/// over the clients that trained it, weighted by how many of their samples took it
+/// (`tail.trained`), so a class's anchor is not diluted by the untouched copies of clients that
+/// never held the class; an anchor no client trained keeps its global value. The head, and a
+/// tail sent without counts, is the sample-weighted mean. The counts themselves come back summed.
+fn average_tail(global: &[ParamBlock], updates: &[(&str, &Update)]) -> Result<Vec<ParamBlock>, MethodError> {
+    let counts: Option<Vec<Vec<f32>>> = updates
+        .iter()
+        .map(|(_, u)| u.blocks.iter().find(|b| b.name == TAIL_TRAINED).map(|b| b.decode()))
+        .collect::<Option<Result<_, _>>>()
+        .transpose()?;
+    let without: Vec<Update> = updates
+        .iter()
+        .map(|(_, u)| Update {
+            blocks: u.blocks.iter().filter(|b| b.name != TAIL_TRAINED).cloned().collect(),
+            ..(*u).clone()
+        })
+        .collect();
+    let plain: Vec<(&str, &Update)> = updates.iter().zip(&without).map(|((c, _), u)| (*c, u)).collect();
+    let mut out = average_blocks(global, &plain, Encoding::F32)?;
+    let Some(counts) = counts else { return Ok(out) };
+    // The round's counts, summed over the clients, travel on in the broadcast (every update must
+    // have the global's layout), where the clients skip them.
+    let anchors = counts.first().map_or(0, Vec::len);
+    if counts.iter().any(|c| c.len() != anchors) {
+        return Err(MethodError::Inconsistent(TAIL_TRAINED.into()));
+    }
+    let total: Vec<f32> = (0..anchors).map(|r| counts.iter().map(|c| c[r].max(0.0)).sum()).collect();
+    out.push(ParamBlock::encode(TAIL_TRAINED, &[anchors as u32], &total, Encoding::F32));
+    for block in out.iter_mut().filter(|b| ANCHOR_ROWS.contains(&b.name.as_str())) {
+        let (rows, width) = match block.tensor.shape.as_slice() {
+            [r, w] => (*r as usize, *w as usize),
+            _ => return Err(MethodError::Inconsistent(block.name.clone())),
+        };
+        let mut mean = block.decode()?;
+        let previous = global.iter().find(|g| g.name == block.name).map(|g| g.decode()).transpose()?;
+        let values: Vec<Vec<f32>> = without
+            .iter()
+            .map(|u| u.blocks.iter().find(|b| b.name == block.name).map(|b| b.decode()).transpose())
+            .collect::<Result<Option<Vec<_>>, _>>()?
+            .ok_or_else(|| MethodError::Inconsistent(block.name.clone()))?;
+        if counts.iter().any(|c| c.len() != rows) || values.iter().any(|v| v.len() != rows * width) {
+            return Err(MethodError::Inconsistent(format!("{} rows against {TAIL_TRAINED}", block.name)));
+        }
+        for r in 0..rows {
+            let span = r * width..(r + 1) * width;
+            let parts: Vec<(&[f32], f64)> = values
+                .iter()
+                .zip(&counts)
+                .filter(|(_, c)| c[r] > 0.0)
+                .map(|(v, c)| (&v[span.clone()], c[r] as f64))
+                .collect();
+            let row = match (weighted_mean(&parts), &previous) {
+                (Some(row), _) => row,
+                (None, Some(prev)) if prev.len() == rows * width => prev[span.clone()].to_vec(),
+                (None, _) => continue,
+            };
+            mean[span].copy_from_slice(&row);
+        }
+        *block = ParamBlock::encode(block.name.clone(), &block.tensor.shape, &mean, Encoding::F32);
+    }
+    Ok(out)
 }
 
 impl ServerMethod for FedTaServer {
@@ -224,7 +294,7 @@ impl ServerMethod for FedTaServer {
         if parts.iter().any(|(_, tail)| !tail.blocks.is_empty()) {
             let tail_updates: Vec<(&str, &Update)> =
                 updates.iter().zip(&parts).map(|((c, _), (_, tail))| (*c, tail)).collect();
-            blocks.extend(average_blocks(&tail_global, &tail_updates, Encoding::F32)?);
+            blocks.extend(average_tail(&tail_global, &tail_updates)?);
         }
         self.select_prototypes(&uploads)?;
         Ok(blocks)
@@ -309,6 +379,38 @@ mod tests {
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].0.len(), 1, "the student's IE alone reached the distiller");
         assert_eq!(calls[0].1, 2);
+    }
+
+    #[test]
+    fn each_anchor_is_averaged_over_the_clients_that_trained_it() {
+        let mut m = FedTaServer::new(MethodConfig::named("fedta"), None);
+        // Two anchors of width 2. Client a trained anchor 0 (3 samples), b anchors 0 (1) and 1 (2),
+        // c trained neither and sends the global values back untouched.
+        let tail = |values: &[f32], trained: &[f32], head: f32| {
+            let mut u = update(&[0.0], &[]);
+            u.blocks.push(ParamBlock::encode("tail.values", &[2, 2], values, Encoding::F32));
+            u.blocks.push(ParamBlock::encode("tail.head.bias", &[1], &[head], Encoding::F32));
+            u.blocks.push(ParamBlock::encode(TAIL_TRAINED, &[trained.len() as u32], trained, Encoding::F32));
+            u
+        };
+        let global = [ParamBlock::encode("tail.values", &[2, 2], &[9.0, 9.0, 7.0, 7.0], Encoding::F32)];
+        let a = tail(&[1.0, 1.0, 7.0, 7.0], &[3.0, 0.0], 0.0);
+        let b = tail(&[5.0, 5.0, 1.0, 3.0], &[1.0, 2.0], 3.0);
+        let c = tail(&[9.0, 9.0, 7.0, 7.0], &[0.0, 0.0], 6.0);
+        let out = m.aggregate(&round(1, false), &global, &[("a", &a), ("b", &b), ("c", &c)]).unwrap();
+        let names: Vec<&str> = out.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["ie.sets", "tail.values", "tail.head.bias", TAIL_TRAINED]);
+        assert_eq!(out[3].decode().unwrap(), vec![4.0, 2.0], "the round's counts, summed");
+        // Anchor 0: (3·1 + 1·5) / 4 = 2; anchor 1: b's alone. c's untouched copies do not count.
+        assert_eq!(out[1].decode().unwrap(), vec![2.0, 2.0, 1.0, 3.0]);
+        assert_eq!(out[2].decode().unwrap(), vec![3.0], "the head is the plain mean");
+        // An anchor nobody trained keeps its global value.
+        let idle = |v: &[f32]| tail(v, &[0.0, 0.0], 0.0);
+        let out = m.aggregate(&round(2, false), &global, &[("a", &idle(&[0.0; 4])), ("b", &idle(&[2.0; 4]))]).unwrap();
+        assert_eq!(out[1].decode().unwrap(), vec![9.0, 9.0, 7.0, 7.0]);
+        // Counts of the wrong length are an error, not a panic.
+        let bad = tail(&[1.0; 4], &[1.0, 1.0, 1.0], 0.0);
+        assert!(m.aggregate(&round(3, false), &global, &[("a", &a), ("bad", &bad)]).is_err());
     }
 
     #[test]

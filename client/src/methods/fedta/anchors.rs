@@ -116,15 +116,13 @@ pub struct TailModel {
     pub head: Linear,
 }
 
-/// Block names of a shared tail (`share_tail`).
-pub const TAIL_KEYS: &str = "tail.keys";
-pub const TAIL_VALUES: &str = "tail.values";
-pub const TAIL_HEAD_WEIGHT: &str = "tail.head.weight";
-pub const TAIL_HEAD_BIAS: &str = "tail.head.bias";
+pub use anchorage_shared::method::fedta_blocks::{
+    TAIL_HEAD_BIAS, TAIL_HEAD_WEIGHT, TAIL_KEYS, TAIL_TRAINED, TAIL_VALUES,
+};
 
 /// Whether a block belongs to a shared tail.
 pub fn is_tail_block(name: &str) -> bool {
-    name.starts_with("tail.")
+    name.starts_with(anchorage_shared::method::fedta_blocks::TAIL_PREFIX)
 }
 
 /// The weights of stage 2's loss.
@@ -164,10 +162,11 @@ impl TailModel {
         Ok(out)
     }
 
-    /// This tail with the `tail.*` blocks among `blocks` loaded (other blocks are skipped); a
-    /// tail block this tail has no place for, or of another shape, is an error.
+    /// This tail with the `tail.*` blocks among `blocks` loaded (other blocks, and the
+    /// `tail.trained` counts, are skipped); a tail block this tail has no place for, or of another
+    /// shape, is an error.
     pub fn load_blocks(mut self, blocks: &[ParamBlock], device: &Device) -> Result<Self, ModelError> {
-        for block in blocks.iter().filter(|b| is_tail_block(&b.name)) {
+        for block in blocks.iter().filter(|b| is_tail_block(&b.name) && b.name != TAIL_TRAINED) {
             match (block.name.as_str(), &mut self.anchors) {
                 (TAIL_KEYS, Some(a)) => load_tensor(&mut a.keys, block, device)?,
                 (TAIL_VALUES, Some(a)) => load_tensor(&mut a.values, block, device)?,
@@ -181,6 +180,15 @@ impl TailModel {
             }
         }
         Ok(self)
+    }
+
+    /// The `tail.trained` block beside a shared tail: how many of `labels` took each anchor
+    /// (none without anchors).
+    pub fn trained_block(&self, labels: &[u32]) -> Option<ParamBlock> {
+        let a = self.anchors.as_ref()?;
+        let mut counts = vec![0f32; a.count()];
+        a.of_classes(labels).flat().into_iter().for_each(|i| counts[i] += 1.0);
+        Some(ParamBlock::encode(TAIL_TRAINED, &[counts.len() as u32], &counts, Encoding::F32))
     }
 
     /// F_TA of f (f itself without anchors), and the anchor choice.

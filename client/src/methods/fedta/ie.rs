@@ -22,8 +22,7 @@ use crate::model::mlp::{init_linear, linear_from};
 use crate::model::{FeatureCache, ModelError};
 
 /// Block names of the IE pool.
-pub const KEYS: &str = "ie.keys";
-pub const SETS: &str = "ie.sets";
+pub use anchorage_shared::method::fedta_blocks::{IE_KEYS as KEYS, IE_SETS as SETS};
 
 /// The IE pool: keys `[M, D]` and sets `[M, set_len]`.
 #[derive(Module, Debug)]

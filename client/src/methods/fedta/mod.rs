@@ -287,6 +287,7 @@ impl ClientMethod for FedTaClient {
         let mut blocks = ie.to_blocks(self.ctx.encoding)?;
         if self.ctx.method.share_tail {
             blocks.extend(valid_tail.to_blocks(self.ctx.encoding)?);
+            blocks.extend(valid_tail.trained_block(&enhanced.labels_host));
         }
         self.tail = Some(tail);
         let mut metrics = common_metrics(loss, accuracies);
@@ -320,7 +321,9 @@ impl ClientMethod for FedTaClient {
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
         let mut blocks = self.initial_ie(&self.ctx.device.clone().inner()).to_blocks(Encoding::F32)?;
         if self.ctx.method.share_tail {
-            blocks.extend(self.new_tail().valid().to_blocks(Encoding::F32)?);
+            let tail = self.new_tail().valid();
+            blocks.extend(tail.to_blocks(Encoding::F32)?);
+            blocks.extend(tail.trained_block(&[]));
         }
         Ok(blocks)
     }

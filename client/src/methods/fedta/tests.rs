@@ -128,9 +128,15 @@ fn a_round_uploads_the_ie_and_prototypes_of_the_anchored_features() {
             .unwrap();
     let b = broadcast(&shared, 1);
     let names: Vec<String> = b.blocks.iter().map(|b| b.name.clone()).collect();
-    assert_eq!(names, ["ie.keys", "ie.sets", "tail.keys", "tail.values", "tail.head.weight", "tail.head.bias"]);
+    assert_eq!(
+        names,
+        ["ie.keys", "ie.sets", "tail.keys", "tail.values", "tail.head.weight", "tail.head.bias", "tail.trained"]
+    );
     let u = shared.train(&b).unwrap();
-    assert_eq!(u.blocks.iter().map(|b| b.name.clone()).collect::<Vec<_>>(), names);
+    assert_eq!(u.blocks.iter().map(|b| b.name.clone()).collect::<Vec<_>>(), names, "the broadcast's layout");
+    let counts = u.blocks.last().unwrap().decode().unwrap();
+    assert_eq!(counts.iter().sum::<f32>(), 24.0, "every training sample took its class's anchor");
+    assert_eq!(counts.iter().filter(|&&c| c > 0.0).count(), 3, "three classes, three anchors of four");
     let mut next = b.clone();
     next.blocks = u.blocks.clone();
     next.prototypes = u.prototypes.clone();
