@@ -87,6 +87,10 @@ pub struct MethodConfig {
     /// FedTA: also upload the tail anchors and the head, averaged by the server, so the global
     /// model predicts with global anchors (off, the paper's default: they stay on the device).
     pub share_tail: bool,
+    /// FedTA: the cross-entropy of both stages runs over the current task's classes only (the
+    /// "train mask" of the prompt-based learners FedTA builds on, L2P and DualPrompt), so
+    /// training a new task does not push down the head's logits of the old classes.
+    pub train_mask: bool,
 }
 
 impl Default for MethodConfig {
@@ -120,6 +124,7 @@ impl Default for MethodConfig {
             sikf: true,
             bgps: true,
             share_tail: false,
+            train_mask: true,
         }
     }
 }

@@ -220,7 +220,8 @@ impl TailModel {
     }
 
     /// Eq. 4–6 on one batch of frozen features `f` with labels `y` (host `labels`); each sample
-    /// takes its class's anchor.
+    /// takes its class's anchor, and the train `mask` (see [`super::task_mask`]) is added to the
+    /// logits.
     pub fn loss(
         &self,
         f: Tensor<2>,
@@ -228,10 +229,16 @@ impl TailModel {
         labels: &[u32],
         global: Option<&PrototypeTable>,
         w: StageTwo,
+        mask: Option<&Tensor<2>>,
     ) -> Tensor<1> {
         let (z, selection) = self.anchored_by_class(f.clone(), labels);
         let ce = CrossEntropyLossConfig::new().init(&z.device());
-        let mut loss = ce.forward(self.head.forward(z.clone()), y);
+        let logits = self.head.forward(z.clone());
+        let logits = match mask {
+            Some(m) => logits + m.clone(),
+            None => logits,
+        };
+        let mut loss = ce.forward(logits, y);
         if w.lambda2 > 0.0 {
             if let Some(nce) = global.and_then(|g| info_nce(z, labels, g, w.temperature)) {
                 loss = loss + nce.mul_scalar(w.lambda2);
@@ -317,12 +324,36 @@ mod tests {
                 .unwrap();
             let f = Tensor::<2>::from_data(TensorData::new(vec![3.0f32, 0.2], [1, 2]), &ad);
             let y = Tensor::<1, Int>::from_data(y.into_data(), &ad);
-            let loss = m.loss(f, y, &[1], None, w);
+            let loss = m.loss(f, y, &[1], None, w, None);
             let g = loss.backward();
             m.anchors.unwrap().keys.grad(&g).unwrap().into_data().try_to_vec::<f32>().unwrap()
         };
         assert_eq!(&grads[..2], &[0.0, 0.0], "anchor 0 is not the label's");
         assert!(grads[2..].iter().any(|g| *g != 0.0), "anchor 1 is pulled towards the class-1 feature");
+    }
+
+    #[test]
+    fn the_train_mask_leaves_the_old_classes_logits_alone() {
+        let ad = Device::flex().autodiff();
+        let w = StageTwo { lambda2: 0.0, lambda3: 0.0, temperature: 0.2 };
+        let head_grad = |masked: bool| {
+            let m = TailModel::new(2, 3, Some((3, 1)), 3, &ad);
+            let f = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 0.5, 0.2, 2.0], [2, 2]), &ad);
+            let y = Tensor::<1, Int>::from_data(TensorData::new(vec![1i64, 2], [2]), &ad);
+            // The task holds classes 1 and 2; class 0 is an old one.
+            let mask = crate::methods::fedta::task_mask(masked, &[1, 2], &[1, 2], 3, &ad);
+            let g = m.loss(f, y, &[1, 2], None, w, mask.as_ref()).backward();
+            // Linear weight [in, out]: one column per class.
+            let grad: Vec<f32> = m.head.weight.grad(&g).unwrap().into_data().try_to_vec::<f32>().unwrap();
+            let column = |c: usize| grad.iter().skip(c).step_by(3).map(|v| v.abs()).sum::<f32>();
+            (column(0), column(1), column(2))
+        };
+        let (old, one, two) = head_grad(true);
+        assert_eq!(old, 0.0, "masked: the old class's weights get no gradient");
+        assert!(one > 0.0 && two > 0.0, "the task's classes learn");
+        let (old, _, _) = head_grad(false);
+        assert!(old > 0.0, "unmasked: the task pushes the old class down");
+        assert!(crate::methods::fedta::task_mask(false, &[1], &[], 3, &ad).is_none());
     }
 
     #[test]

@@ -127,7 +127,8 @@ impl IeModel {
         seeded_linear(feature_dim, num_classes, seed, 0x1EAD, device)
     }
 
-    /// Eq. 3 on one batch: raw samples `x`, their plain features `queries` and labels `y`.
+    /// Eq. 3 on one batch: raw samples `x`, their plain features `queries` and labels `y`; the
+    /// train `mask` (see [`super::task_mask`]) is added to the logits.
     pub fn loss(
         &self,
         enhancer: &dyn Enhancer,
@@ -136,11 +137,17 @@ impl IeModel {
         y: Tensor<1, Int>,
         top_n: usize,
         lambda1: f32,
+        mask: Option<&Tensor<2>>,
     ) -> Tensor<1> {
         let selection = self.ie.select(queries.clone(), top_n);
         let features = enhancer.features(x, Some(self.ie.chosen(&selection)));
         let ce = CrossEntropyLossConfig::new().init(&features.device());
-        let loss = ce.forward(self.head.forward(features), y);
+        let logits = self.head.forward(features);
+        let logits = match mask {
+            Some(m) => logits + m.clone(),
+            None => logits,
+        };
+        let loss = ce.forward(logits, y);
         if lambda1 > 0.0 { loss + key_pull(queries, self.ie.keys.val(), &selection).mul_scalar(lambda1) } else { loss }
     }
 }

@@ -39,7 +39,7 @@ use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor, TensorData};
 
 use self::anchors::{StageTwo, TailModel, is_tail_block};
 use self::ie::{IeModel, IeShape, InputEnhancement, enhanced_cache};
@@ -141,6 +141,7 @@ impl FedTaClient {
         &mut self,
         ie: InputEnhancement,
         train: &FeatureCache,
+        classes: &[u32],
         broadcast: &Broadcast,
         rng: &mut Rng,
     ) -> Result<(InputEnhancement, f64), TrainError> {
@@ -162,12 +163,13 @@ impl FedTaClient {
         );
         let plain = train.features.device();
         let (enhancer, top_n) = (self.enhancer.clone(), self.shape.top_n);
+        let mask = task_mask(m.train_mask, classes, &train.labels_host, self.ctx.net.num_classes, &device);
         let mut model = IeModel { ie, head };
         let mut loss = f64::NAN;
         for _ in 0..m.ie_epochs {
             (model, loss) = trainer.epoch(model, train, rng, whole, |model, b| {
                 let x = inputs.batch(&b.rows, &plain);
-                model.loss(enhancer.as_ref(), x, b.x.clone(), b.y.clone(), top_n, m.lambda1)
+                model.loss(enhancer.as_ref(), x, b.x.clone(), b.y.clone(), top_n, m.lambda1, mask.as_ref())
             });
         }
         self.ie_head = Some(model.head);
@@ -178,6 +180,7 @@ impl FedTaClient {
     fn stage_two(
         &mut self,
         enhanced: &FeatureCache,
+        classes: &[u32],
         global: Option<&PrototypeTable>,
         broadcast: &Broadcast,
         rng: &mut Rng,
@@ -198,10 +201,18 @@ impl FedTaClient {
                 .collect();
             tail.anchors = Some(anchors.seat_keys(&fresh));
         }
+        let mask = task_mask(
+            self.ctx.method.train_mask,
+            classes,
+            &enhanced.labels_host,
+            self.ctx.net.num_classes,
+            &self.ctx.device,
+        );
         let mut loss = f64::NAN;
         for _ in 0..c.local_epochs {
-            (tail, loss) = trainer
-                .epoch(tail, enhanced, rng, whole, |m, b| m.loss(b.x.clone(), b.y.clone(), &b.labels, global, w));
+            (tail, loss) = trainer.epoch(tail, enhanced, rng, whole, |m, b| {
+                m.loss(b.x.clone(), b.y.clone(), &b.labels, global, w, mask.as_ref())
+            });
         }
         (tail, loss)
     }
@@ -232,6 +243,22 @@ impl FedTaClient {
     }
 }
 
+/// The train mask (`train_mask`): `[1, classes]`, 0 for the task's classes (and any class among
+/// `labels`), a large negative value elsewhere; added to the logits before the cross-entropy.
+/// `None` when the mask is off.
+pub fn task_mask(on: bool, task: &[u32], labels: &[u32], classes: usize, device: &Device) -> Option<Tensor<2>> {
+    if !on {
+        return None;
+    }
+    let mut mask = vec![-1.0e4f32; classes];
+    for &c in task.iter().chain(labels) {
+        if let Some(m) = mask.get_mut(c as usize) {
+            *m = 0.0;
+        }
+    }
+    Some(Tensor::from_data(TensorData::new(mask, [1, classes]), device))
+}
+
 /// Device-state block names of the IE head and of the classes whose anchor key is seated (the
 /// tail keeps its `tail.*` names).
 const IE_HEAD_WEIGHT: &str = "ie_head.weight";
@@ -260,6 +287,7 @@ impl ClientMethod for FedTaClient {
         self.task = broadcast.task;
         let data = self.ctx.stream.current(broadcast.task).filter(|t| !t.train.is_empty()).ok_or(TrainError::NoData)?;
         let train = data.train.clone();
+        let classes = data.classes.clone();
         self.check_width(&train)?;
         let started = Instant::now();
         let device = self.ctx.device.clone();
@@ -271,11 +299,11 @@ impl ClientMethod for FedTaClient {
         if let Some(global) = self.global_tail(broadcast)? {
             self.tail = Some(global);
         }
-        let (ie, stage1_loss) = self.stage_one(ie, &train, broadcast, &mut rng)?;
+        let (ie, stage1_loss) = self.stage_one(ie, &train, &classes, broadcast, &mut rng)?;
         let ie = ie.valid();
         let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), &train, self.shape.top_n, CHUNK)?;
         let global = PrototypeTable::new(&global_means, &enhanced.features.device());
-        let (tail, loss) = self.stage_two(&enhanced, global.as_ref(), broadcast, &mut rng);
+        let (tail, loss) = self.stage_two(&enhanced, &classes, global.as_ref(), broadcast, &mut rng);
         self.rng = rng;
 
         // Eq. 7: the local prototypes of F_TA.

@@ -77,14 +77,14 @@ fn stage_two_never_changes_the_ie_or_the_backbone() {
     let ie0 = client.global_ie(&b, &client.ctx.device.clone()).unwrap();
     let ie0_hash = weights_fingerprint(&ie0.valid());
     let mut rng = Rng::new(9);
-    let (ie, _) = client.stage_one(ie0, &train, &b, &mut rng).unwrap();
+    let (ie, _) = client.stage_one(ie0, &train, &[0, 1], &b, &mut rng).unwrap();
     let ie = ie.valid();
     let ie1_hash = weights_fingerprint(&ie);
     assert_ne!(ie1_hash, ie0_hash, "stage 1 trains the IE");
     assert_eq!(backbone_hash(), h0, "stage 1 reaches the input only: the backbone (and its BatchNorm statistics) stay");
     let enhanced = enhanced_cache(&ie, client.enhancer.as_ref(), &train, 2, 16).unwrap();
     let before_tail = weights_fingerprint(&client.new_tail().valid());
-    let (tail, _) = client.stage_two(&enhanced, None, &b, &mut rng);
+    let (tail, _) = client.stage_two(&enhanced, &[0, 1], None, &b, &mut rng);
     assert_ne!(weights_fingerprint(&tail.valid()), before_tail, "stage 2 trains anchors and head");
     assert_eq!(weights_fingerprint(&ie), ie1_hash, "stage 2 leaves the IE");
     assert_eq!(backbone_hash(), h0, "stage 2 leaves the backbone");
