@@ -11,7 +11,10 @@
 //!    `local_epochs` on those cached features with CE + λ2 · InfoNCE(global prototypes, τ) +
 //!    λ3 · key pull (Eq. 4–6). Stage 2 cannot change the IE or the backbone: neither is in its
 //!    model, and its inputs are a plain feature tensor.
-//! 4. Local prototypes: the per-class means of the anchored features F_TA (Eq. 7).
+//!    With `train_mask` (the default) both stages' cross-entropy runs over the current task's
+//!    classes only ([`task_mask`]), as in L2P and DualPrompt.
+//! 4. Local prototypes: the per-class means of the anchored features F_TA (Eq. 7), each class
+//!    with its own anchor.
 //! 5. Upload: the IE blocks (`ie.keys`, `ie.sets`) and the prototypes. The IE head, the anchors
 //!    and the head stay on the device, unless the scenario sets `share_tail`: then the anchors
 //!    and head travel too (`tail.*`), the server averages them, and every client starts stage 2
