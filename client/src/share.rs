@@ -1,8 +1,9 @@
 //! A device's share of a scenario's data (`source = "scenario"` in `client.toml`): every device
 //! reads the same data spec (dataset, scale, seed, partition) as the scenario file, computes the
-//! same split, and keeps its own row of it, the way the simulator's clients do. The frozen
-//! backbone's features are computed once; the raw samples stay beside them for the methods that
-//! enhance the backbone's input (FedTA).
+//! same split, and keeps its own row of it, the way the simulator's clients do. Only the
+//! device's own samples are kept ([`anchorage_data::load_rows`]). The frozen backbone's features
+//! are computed once; the raw samples stay beside them for the methods that enhance the
+//! backbone's input (FedTA).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -44,29 +45,53 @@ pub fn load_share(
         .get(client)
         .with_context(|| format!("client index {client} is outside the split's {} clients", split.num_clients()))?;
     anyhow::ensure!(!mine.tasks.is_empty(), "the split gives client {client} no tasks");
-    let loaded = anchorage_data::load(spec, dir).context("loading the data")?;
+    // Only this device's rows are kept as samples: its tasks' training and local test rows, and
+    // the target domains' rows (train pool), and the test-pool rows of tasks without a local test.
+    let held_out = evolving.unwrap_or(0);
+    anyhow::ensure!(
+        evolving.is_none() || mine.tasks.len() > held_out,
+        "{} domains cannot hold out {held_out} as the target and keep a source",
+        mine.tasks.len()
+    );
+    let (mut train_rows, mut test_rows) = (Vec::new(), Vec::new());
+    for t in &mine.tasks {
+        train_rows.extend(&t.train);
+        let (rows, in_train) = t.local_test_rows();
+        if in_train { train_rows.extend(rows) } else { test_rows.extend(rows) }
+    }
+    for rows in [&mut train_rows, &mut test_rows] {
+        rows.sort_unstable();
+        rows.dedup();
+    }
+    let loaded = anchorage_data::load_rows(spec, dir, &train_rows, &test_rows).context("loading the data")?;
+    // Pool row → row of the loaded (compact) sets.
+    let at = |rows: &[usize], r: usize| rows.binary_search(&r).expect("every row of the share was loaded");
     let (train, test) = (&loaded.train, &loaded.test);
     let net: Arc<dyn Backbone + Send + Sync> =
         zoo::load(backbone, train.sample_len(), dir, device).context("building the frozen backbone")?.into();
-    let pool = |in_train: bool, rows: &[usize]| if in_train { train.subset(rows) } else { test.subset(rows) };
+    let take = |in_train: bool, rows: &[usize]| {
+        if in_train {
+            train.subset(&rows.iter().map(|&r| at(&train_rows, r)).collect::<Vec<_>>())
+        } else {
+            test.subset(&rows.iter().map(|&r| at(&test_rows, r)).collect::<Vec<_>>())
+        }
+    };
     let task = |t: &anchorage_data::partition::TaskSplit| {
         let (rows, in_train) = t.local_test_rows();
-        (t.classes.clone(), train.subset(&t.train), pool(in_train, rows))
+        (t.classes.clone(), take(true, &t.train), take(in_train, rows))
     };
     let stream = match evolving {
         None => {
             let tasks: Vec<(Vec<u32>, Dataset, Dataset)> = mine.tasks.iter().map(task).collect();
             TaskStream::build(net.as_ref(), &tasks, device)
         }
-        Some(held_out) => {
-            let n = mine.tasks.len();
-            anyhow::ensure!(n > held_out, "{n} domains cannot hold out {held_out} as the target and keep a source");
-            let (sources, target) = mine.tasks.split_at(n - held_out);
+        Some(_) => {
+            let (sources, target) = mine.tasks.split_at(mine.tasks.len() - held_out);
             let tasks: Vec<(Vec<u32>, Dataset, Dataset)> = sources.iter().map(task).collect();
             let mut rows: Vec<usize> =
                 target.iter().flat_map(|t| t.train.iter().chain(&t.local_test)).copied().collect();
             rows.sort_unstable();
-            let target = Arc::new(train.subset(&rows));
+            let target = Arc::new(take(true, &rows));
             let target =
                 FeatureCache::build(net.as_ref(), &target, 512, device).with_inputs(Inputs::all(target.clone()));
             TaskStream { reveal: Reveal::All, target: Some(target), ..TaskStream::build(net.as_ref(), &tasks, device) }
@@ -114,4 +139,44 @@ pub fn scenario_context(config: &ClientConfig, device: &Device) -> anyhow::Resul
         seed: *client as u64,
         backbone: Some(share.backbone),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synthetic(partition: &str) -> DataSpec {
+        toml::from_str(&format!("dataset = \"synthetic\"\nseed = 4\n[synthetic]\nclasses = 4\nside = 8\ntrain_per_class = 40\ntest_per_class = 10\n{partition}")).unwrap()
+    }
+
+    /// The share holds exactly the samples the split gives the device, from its own rows only.
+    #[test]
+    fn a_share_holds_the_devices_own_samples() {
+        let device = Device::flex();
+        let dir = Path::new("/nonexistent");
+        let spec = synthetic(
+            "[partition]\nkind = \"fedta\"\nclients = 3\ntasks = 2\nclasses_per_task = 2\npublic_classes = 4\n",
+        );
+        let split = anchorage_data::build_split(&spec, &anchorage_data::label_pools(&spec, None).unwrap()).unwrap();
+        let all = anchorage_data::load(&spec, None).unwrap();
+        let share = load_share(&spec, dir, 1, "embedded", None, &device).unwrap();
+        assert_eq!(share.stream.tasks.len(), 2);
+        for (t, want) in share.stream.tasks.iter().zip(&split.clients[1].tasks) {
+            assert_eq!(t.classes, want.classes);
+            let labels: Vec<u32> = want.train.iter().map(|&i| all.train.labels[i]).collect();
+            assert_eq!(t.train.labels_host, labels, "the training rows, in the split's order");
+            let (rows, in_train) = want.local_test_rows();
+            let pool = if in_train { &all.train } else { &all.test };
+            assert_eq!(t.test.labels_host, rows.iter().map(|&i| pool.labels[i]).collect::<Vec<_>>());
+            let inputs = t.train.inputs.as_ref().expect("raw samples beside the features");
+            assert_eq!(inputs.data.sample(inputs.rows[0]), all.train.sample(want.train[0]), "the same pixels");
+        }
+        assert!(load_share(&spec, dir, 3, "embedded", None, &device).is_err(), "client 3 of 3");
+        // Evolving domains: the last one is the target.
+        let domains = synthetic("[partition]\nkind = \"domains\"\nclients = 2\ndomains = 3\ntrain_fraction = 0.8\n");
+        let share = load_share(&domains, dir, 0, "embedded", Some(1), &device).unwrap();
+        assert_eq!((share.stream.tasks.len(), share.stream.reveal), (2, Reveal::All));
+        assert!(share.stream.target.as_ref().is_some_and(|t| !t.is_empty()));
+        assert!(load_share(&domains, dir, 0, "embedded", Some(3), &device).is_err(), "no source left");
+    }
 }

@@ -448,7 +448,50 @@ pub struct LoadedData {
 /// Loads the data of a spec (the same scaled pools as [`label_pools`]): real files need `data_dir`.
 /// For a `domains` partition with `step_degrees`, sample i of domain k is rotated by `k · step`.
 pub fn load(spec: &DataSpec, data_dir: Option<&Path>) -> Result<LoadedData, DataError> {
+    load_inner(spec, data_dir, None)
+}
+
+/// [`load`], keeping only `train_rows` and `test_rows` of the scaled pools (in that order): row i
+/// of the result's `train` is row `train_rows[i]` of [`load`]'s. A device that trains on its own
+/// share of a split needs its rows only; image files are decoded whole, but only the kept rows
+/// are converted to f32 samples. A row beyond its pool is an error.
+pub fn load_rows(
+    spec: &DataSpec,
+    data_dir: Option<&Path>,
+    train_rows: &[usize],
+    test_rows: &[usize],
+) -> Result<LoadedData, DataError> {
+    load_inner(spec, data_dir, Some((train_rows, test_rows)))
+}
+
+fn load_inner(
+    spec: &DataSpec,
+    data_dir: Option<&Path>,
+    rows: Option<(&[usize], &[usize])>,
+) -> Result<LoadedData, DataError> {
     let pools = label_pools(spec, data_dir)?;
+    if let Some((train_rows, test_rows)) = rows {
+        let beyond = |rows: &[usize], n: usize| rows.iter().find(|&&r| r >= n).copied();
+        if let Some(r) = beyond(train_rows, pools.train.len()).or(beyond(test_rows, pools.test.len())) {
+            return Err(DataError::Spec(format!(
+                "row {r} is beyond the scaled pools ({} / {} samples)",
+                pools.train.len(),
+                pools.test.len()
+            )));
+        }
+        // Rotated domains and generated sets: load everything, then keep the rows.
+        let generated = matches!(spec.dataset, DatasetKind::Synthetic | DatasetKind::Circle);
+        if generated || matches!(spec.partition, PartitionSpec::Domains { .. }) {
+            let all = load_inner(spec, data_dir, None)?;
+            let domain_of = all.domain_of.map(|d| train_rows.iter().map(|&r| d[r]).collect());
+            return Ok(LoadedData {
+                train: all.train.subset(train_rows),
+                test: all.test.subset(test_rows),
+                domain_of,
+                source: all.source,
+            });
+        }
+    }
     let (train, test) = match spec.dataset {
         DatasetKind::Synthetic => synthetic::generate(&synthetic_config(spec)),
         DatasetKind::Circle => {
@@ -473,7 +516,16 @@ pub fn load(spec: &DataSpec, data_dir: Option<&Path>) -> Result<LoadedData, Data
             };
             let tr = read(Split::Train)?;
             let te = read(Split::Test)?;
-            (tr.subset(&pools.train_kept).to_dataset(), te.subset(&pools.test_kept).to_dataset())
+            let keep = |kept: &[usize], rows: Option<&[usize]>| -> Vec<usize> {
+                match rows {
+                    Some(rows) => rows.iter().map(|&r| kept[r]).collect(),
+                    None => kept.to_vec(),
+                }
+            };
+            (
+                tr.subset(&keep(&pools.train_kept, rows.map(|r| r.0))).to_dataset(),
+                te.subset(&keep(&pools.test_kept, rows.map(|r| r.1))).to_dataset(),
+            )
         }
     };
     let (mut train, test) = match spec.dataset {

@@ -128,3 +128,23 @@ fn tiny_imagenet_100_counts_and_decode() {
     let s = image_folder::load(&path, &opts).unwrap();
     assert_eq!((s.len(), s.sample_shape()), (500, vec![3, 32, 32]));
 }
+
+/// `load_rows` keeps exactly the rows `load` would give, in the order asked, on a real image set
+/// (MNIST at data scale 0.1) and on a generated one; a row beyond the pool is an error.
+#[test]
+fn load_rows_keeps_the_rows_load_gives() {
+    let spec = |text: &str| -> anchorage_data::DataSpec { toml::from_str(text).unwrap() };
+    let synthetic = spec("dataset = \"synthetic\"\nseed = 3\n[partition]\nkind = \"iid\"\nclients = 2\n");
+    let check = |spec: &anchorage_data::DataSpec, dir: Option<&std::path::Path>| {
+        let all = anchorage_data::load(spec, dir).unwrap();
+        let (train_rows, test_rows) = (vec![7, 2, all.train.len() - 1], vec![0, all.test.len() - 1]);
+        let some = anchorage_data::load_rows(spec, dir, &train_rows, &test_rows).unwrap();
+        assert_eq!(some.train, all.train.subset(&train_rows));
+        assert_eq!(some.test, all.test.subset(&test_rows));
+        assert!(anchorage_data::load_rows(spec, dir, &[all.train.len()], &[]).is_err(), "a row beyond the pool");
+    };
+    check(&synthetic, None);
+    let Some(dir) = common::data_dir("load_rows_keeps_the_rows_load_gives") else { return };
+    let mnist = spec("dataset = \"mnist\"\nscale = 0.1\nseed = 3\n[partition]\nkind = \"iid\"\nclients = 2\n");
+    check(&mnist, Some(&dir));
+}
