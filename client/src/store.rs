@@ -44,18 +44,10 @@ impl ClientStore {
     /// Saves (or, with `None`, clears) the unacknowledged update, atomically.
     pub fn save_pending(&self, update: Option<&Update>) -> Result<(), StoreError> {
         let path = self.pending_path();
-        let io = |source| StoreError::Io { path: path.clone(), source };
         match update {
-            Some(u) => {
-                let mut bytes = MAGIC.to_vec();
-                bytes.extend(
-                    postcard::to_allocvec(u)
-                        .map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?,
-                );
-                write_atomic(&path, &bytes).map_err(io)
-            }
+            Some(u) => save_framed(&path, MAGIC, u),
             None => match std::fs::remove_file(&path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::Io { path, source: e }),
                 _ => Ok(()),
             },
         }
@@ -68,28 +60,16 @@ impl ClientStore {
     /// Saves the method's device state, atomically (the previous one stays until the new one is
     /// whole on disk).
     pub fn save_device_state(&self, blocks: &[ParamBlock]) -> Result<(), StoreError> {
-        let path = self.state_path();
-        let mut bytes = STATE_MAGIC.to_vec();
-        bytes.extend(
-            postcard::to_allocvec(blocks)
-                .map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?,
-        );
-        write_atomic(&path, &bytes).map_err(|source| StoreError::Io { path, source })
+        save_framed(&self.state_path(), STATE_MAGIC, &blocks)
     }
 
     /// The method's device state, if one was saved; a file that does not decode to valid blocks is
     /// an error and is left as it is.
     pub fn load_device_state(&self) -> Result<Option<Vec<ParamBlock>>, StoreError> {
         let path = self.state_path();
-        let Some(bytes) = read_if_exists(&path).map_err(|source| StoreError::Io { path: path.clone(), source })? else {
-            return Ok(None);
-        };
-        let corrupt = |detail: String| StoreError::Corrupt { path: path.clone(), detail };
-        let body =
-            bytes.strip_prefix(STATE_MAGIC.as_slice()).ok_or_else(|| corrupt("missing ANCHDEV1 header".into()))?;
-        let blocks: Vec<ParamBlock> = postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
+        let Some(blocks) = load_framed::<Vec<ParamBlock>>(&path, STATE_MAGIC)? else { return Ok(None) };
         for b in &blocks {
-            b.validate().map_err(|e| corrupt(e.to_string()))?;
+            b.validate().map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?;
         }
         Ok(Some(blocks))
     }
@@ -108,15 +88,34 @@ impl ClientStore {
     /// The unacknowledged update, if one was saved.
     pub fn load_pending(&self) -> Result<Option<Update>, StoreError> {
         let path = self.pending_path();
-        let Some(bytes) = read_if_exists(&path).map_err(|source| StoreError::Io { path: path.clone(), source })? else {
-            return Ok(None);
-        };
-        let corrupt = |detail: String| StoreError::Corrupt { path: path.clone(), detail };
-        let body = bytes.strip_prefix(MAGIC.as_slice()).ok_or_else(|| corrupt("missing ANCHUPD1 header".into()))?;
-        let update: Update = postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
-        Message::Update(update.clone()).validate().map_err(|e| corrupt(e.to_string()))?;
+        let Some(update) = load_framed::<Update>(&path, MAGIC)? else { return Ok(None) };
+        Message::Update(update.clone())
+            .validate()
+            .map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?;
         Ok(Some(update))
     }
+}
+
+/// Writes `magic` and the postcard encoding of `value` to `path`, atomically.
+fn save_framed<T: serde::Serialize + ?Sized>(path: &Path, magic: &[u8; 8], value: &T) -> Result<(), StoreError> {
+    let mut bytes = magic.to_vec();
+    bytes.extend(
+        postcard::to_allocvec(value).map_err(|e| StoreError::Corrupt { path: path.into(), detail: e.to_string() })?,
+    );
+    write_atomic(path, &bytes).map_err(|source| StoreError::Io { path: path.into(), source })
+}
+
+/// What [`save_framed`] wrote to `path`, `None` when there is no file; a wrong header or body is
+/// [`StoreError::Corrupt`].
+fn load_framed<T: serde::de::DeserializeOwned>(path: &Path, magic: &[u8; 8]) -> Result<Option<T>, StoreError> {
+    let Some(bytes) = read_if_exists(path).map_err(|source| StoreError::Io { path: path.into(), source })? else {
+        return Ok(None);
+    };
+    let corrupt = |detail: String| StoreError::Corrupt { path: path.into(), detail };
+    let body = bytes
+        .strip_prefix(magic.as_slice())
+        .ok_or_else(|| corrupt(format!("missing {} header", String::from_utf8_lossy(magic))))?;
+    postcard::from_bytes(body).map(Some).map_err(|e| corrupt(e.to_string()))
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Helpers shared by the cross-crate integration tests in `tests/`: raw QUIC peers that speak
-//! (or mangle) the protocol, to test the server the way a hostile or broken client would.
+//! (or mangle) the protocol, to test the server the way a hostile or broken client would; and
+//! the real data folder with the FedTA scenario's data table, for the tests that need them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,4 +56,29 @@ pub fn frame(msg: &Message) -> Vec<u8> {
 pub async fn write(send: &mut quinn::SendStream, msg: &Message) -> anyhow::Result<()> {
     write_frame(send, &frame(msg)).await?;
     Ok(())
+}
+
+/// The real data folder (`$ANCHORAGE_DATA`), or `None` after a loud SKIPPED line.
+pub fn data_dir() -> Option<std::path::PathBuf> {
+    match std::env::var_os("ANCHORAGE_DATA") {
+        Some(d) => Some(std::path::PathBuf::from(d)),
+        None => {
+            // Straight to the stderr handle: libtest captures eprintln!, not this.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "*** SKIPPED: ANCHORAGE_DATA not set ***");
+            None
+        }
+    }
+}
+
+/// `scenarios/fedta_tiny_imagenet.toml`'s `[data]` table at data scale 0.05 with one surrogate
+/// image per class, under `prefix` (`sikf.data` in server.toml, `data.spec` in client.toml).
+pub fn fedta_data_table(prefix: &str) -> String {
+    let scenario =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/fedta_tiny_imagenet.toml")).unwrap();
+    scenario[scenario.find("[data]").unwrap()..]
+        .replace("[data]", &format!("[{prefix}]"))
+        .replace("[data.partition]", &format!("[{prefix}.partition]"))
+        .replace("scale = 1.0", "scale = 0.05")
+        .replace("surrogate_per_class = 20", "surrogate_per_class = 1")
 }

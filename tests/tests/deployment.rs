@@ -4,7 +4,6 @@
 //! `$ANCHORAGE_DATA/weights`. Skipped loudly without `ANCHORAGE_DATA`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -18,18 +17,8 @@ use anchorage_server::methods::{Distilled, FedTaServer, InputDistiller};
 use anchorage_server::tls;
 use anchorage_server::transport::{self as server, ServerEvent, ServerOptions};
 use anchorage_shared::tensor::ParamBlock;
+use anchorage_tests::{data_dir, fedta_data_table};
 use burn::tensor::Device;
-
-fn data_dir() -> Option<PathBuf> {
-    match std::env::var_os("ANCHORAGE_DATA") {
-        Some(d) => Some(PathBuf::from(d)),
-        None => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "*** SKIPPED: ANCHORAGE_DATA not set ***");
-            None
-        }
-    }
-}
 
 /// The real distiller, counted (the test has no other window into the server's method).
 struct Counted {
@@ -50,17 +39,6 @@ impl InputDistiller for Counted {
     }
 }
 
-/// The scenario's `[data]` table at a small scale, under `prefix` (`sikf.data` or `data.spec`).
-fn data_table(prefix: &str) -> String {
-    let scenario =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/fedta_tiny_imagenet.toml")).unwrap();
-    scenario[scenario.find("[data]").unwrap()..]
-        .replace("[data]", &format!("[{prefix}]"))
-        .replace("[data.partition]", &format!("[{prefix}.partition]"))
-        .replace("scale = 1.0", "scale = 0.05")
-        .replace("surrogate_per_class = 20", "surrogate_per_class = 1")
-}
-
 const METHOD: &str = "[method]\nname = \"fedta\"\nie_pool = 4\nie_top_n = 2\nanchors = 100\nanchor_dim = 16\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +53,7 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
          {METHOD}[sikf]\nbackbone = \"mobilenet_v2\"\ndata_dir = {dir:?}\n{}",
         state.join("server"),
         state.join("tls"),
-        data_table("sikf.data"),
+        fedta_data_table("sikf.data"),
     );
     let config = ServerConfig::parse(&server_toml).unwrap();
     let method = config.method.config();
@@ -101,7 +79,7 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
              {METHOD}[data]\nsource = \"scenario\"\ndata_dir = {dir:?}\nclient = {device}\nbackbone = \"mobilenet_v2\"\n{}",
             srv.local_addr,
             state.join(format!("client-{device}")),
-            data_table("data.spec"),
+            fedta_data_table("data.spec"),
         );
         let config: ClientConfig = toml::from_str(&client_toml).unwrap();
         let context = scenario_context(&config, &Device::flex()).unwrap();

@@ -2,39 +2,20 @@
 //! MobileNetV2 0.35 from `$ANCHORAGE_DATA/weights` and the surrogate set of the FedTA split of
 //! Tiny-ImageNet-100 from `$ANCHORAGE_DATA`. Skipped loudly without `ANCHORAGE_DATA`.
 
-use std::path::PathBuf;
-
 use anchorage_client::methods::fedta::ie::{IeShape, InputEnhancement};
 use anchorage_client::methods::fedta::prompts::enhancer_for;
 use anchorage_client::model::{InputBackbone, zoo};
 use anchorage_server::config::ServerConfig;
 use anchorage_server::methods::InputDistiller;
 use anchorage_shared::tensor::Encoding;
+use anchorage_tests::{data_dir, fedta_data_table};
 use burn::tensor::Device;
-
-fn data_dir() -> Option<PathBuf> {
-    match std::env::var_os("ANCHORAGE_DATA") {
-        Some(d) => Some(PathBuf::from(d)),
-        None => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "*** SKIPPED: ANCHORAGE_DATA not set ***");
-            None
-        }
-    }
-}
 
 #[test]
 fn the_server_distils_on_the_surrogate_set_its_config_names() {
     let Some(dir) = data_dir() else { return };
     // The scenario's own [data] table at a small scale, one surrogate image per class.
-    let scenario =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/fedta_tiny_imagenet.toml")).unwrap();
-    let data = &scenario[scenario.find("[data]").unwrap()..];
-    let data = data
-        .replace("[data]", "[sikf.data]")
-        .replace("[data.partition]", "[sikf.data.partition]")
-        .replace("scale = 1.0", "scale = 0.05")
-        .replace("surrogate_per_class = 20", "surrogate_per_class = 1");
+    let data = fedta_data_table("sikf.data");
     let text = format!(
         "bind = \"127.0.0.1:0\"\nstate_dir = \"s\"\ntls_dir = \"t\"\n\
          [method]\nname = \"fedta\"\nie_pool = 4\nie_top_n = 2\n\

@@ -211,15 +211,7 @@ fn average_tail(global: &[ParamBlock], updates: &[(&str, &Update)]) -> Result<Ve
         .map(|(_, u)| u.blocks.iter().find(|b| b.name == TAIL_TRAINED).map(|b| b.decode()))
         .collect::<Option<Result<_, _>>>()
         .transpose()?;
-    let without: Vec<Update> = updates
-        .iter()
-        .map(|(_, u)| Update {
-            blocks: u.blocks.iter().filter(|b| b.name != TAIL_TRAINED).cloned().collect(),
-            ..(*u).clone()
-        })
-        .collect();
-    let plain: Vec<(&str, &Update)> = updates.iter().zip(&without).map(|((c, _), u)| (*c, u)).collect();
-    let mut out = average_blocks(global, &plain, Encoding::F32)?;
+    let mut out = average_blocks(global, updates, Encoding::F32)?;
     let Some(counts) = counts else { return Ok(out) };
     // The round's counts, summed over the clients, travel on in the broadcast (every update must
     // have the global's layout), where the clients skip them.
@@ -228,6 +220,7 @@ fn average_tail(global: &[ParamBlock], updates: &[(&str, &Update)]) -> Result<Ve
         return Err(MethodError::Inconsistent(TAIL_TRAINED.into()));
     }
     let total: Vec<f32> = (0..anchors).map(|r| counts.iter().map(|c| c[r].max(0.0)).sum()).collect();
+    out.retain(|b| b.name != TAIL_TRAINED);
     out.push(ParamBlock::encode(TAIL_TRAINED, &[anchors as u32], &total, Encoding::F32));
     for block in out.iter_mut().filter(|b| ANCHOR_ROWS.contains(&b.name.as_str())) {
         let (rows, width) = match block.tensor.shape.as_slice() {
@@ -236,9 +229,9 @@ fn average_tail(global: &[ParamBlock], updates: &[(&str, &Update)]) -> Result<Ve
         };
         let mut mean = block.decode()?;
         let previous = global.iter().find(|g| g.name == block.name).map(|g| g.decode()).transpose()?;
-        let values: Vec<Vec<f32>> = without
+        let values: Vec<Vec<f32>> = updates
             .iter()
-            .map(|u| u.blocks.iter().find(|b| b.name == block.name).map(|b| b.decode()).transpose())
+            .map(|(_, u)| u.blocks.iter().find(|b| b.name == block.name).map(|b| b.decode()).transpose())
             .collect::<Result<Option<Vec<_>>, _>>()?
             .ok_or_else(|| MethodError::Inconsistent(block.name.clone()))?;
         if counts.iter().any(|c| c.len() != rows) || values.iter().any(|v| v.len() != rows * width) {

@@ -233,12 +233,7 @@ impl TailModel {
     ) -> Tensor<1> {
         let (z, selection) = self.anchored_by_class(f.clone(), labels);
         let ce = CrossEntropyLossConfig::new().init(&z.device());
-        let logits = self.head.forward(z.clone());
-        let logits = match mask {
-            Some(m) => logits + m.clone(),
-            None => logits,
-        };
-        let mut loss = ce.forward(logits, y);
+        let mut loss = ce.forward(super::masked(self.head.forward(z.clone()), mask), y);
         if w.lambda2 > 0.0 {
             if let Some(nce) = global.and_then(|g| info_nce(z, labels, g, w.temperature)) {
                 loss = loss + nce.mul_scalar(w.lambda2);

@@ -142,12 +142,7 @@ impl IeModel {
         let selection = self.ie.select(queries.clone(), top_n);
         let features = enhancer.features(x, Some(self.ie.chosen(&selection)));
         let ce = CrossEntropyLossConfig::new().init(&features.device());
-        let logits = self.head.forward(features);
-        let logits = match mask {
-            Some(m) => logits + m.clone(),
-            None => logits,
-        };
-        let loss = ce.forward(logits, y);
+        let loss = ce.forward(super::masked(self.head.forward(features), mask), y);
         if lambda1 > 0.0 { loss + key_pull(queries, self.ie.keys.val(), &selection).mul_scalar(lambda1) } else { loss }
     }
 }

@@ -220,25 +220,6 @@ impl FedTaClient {
         (tail, loss)
     }
 
-    /// The global model with a shared tail (`share_tail`): the global IE, the global anchors, and
-    /// the nearest global prototype of the whole F_TA by cosine.
-    fn global_accuracy_anchored(
-        &self,
-        broadcast: &Broadcast,
-        tail: &TailModel,
-        test: &FeatureCache,
-    ) -> Result<Option<f64>, TrainError> {
-        let plain = test.features.device();
-        let Some(table) = PrototypeTable::new(&from_wire(&broadcast.prototypes)?, &plain) else { return Ok(None) };
-        if test.is_empty() {
-            return Ok(None);
-        }
-        self.check_width(test)?;
-        let ie = self.global_ie(broadcast, &self.ctx.device.clone().inner())?;
-        let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK)?;
-        Ok(accuracy_of(&enhanced, 1024, |x| table.predict(tail.anchored(x).0, Distance::Cosine)))
-    }
-
     /// Accuracy of the local model (IE, anchors, head) on `test`.
     fn local_accuracy(&self, ie: &InputEnhancement, tail: &TailModel, test: &FeatureCache) -> Option<f64> {
         let enhanced = enhanced_cache(ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK).ok()?;
@@ -260,6 +241,14 @@ pub fn task_mask(on: bool, task: &[u32], labels: &[u32], classes: usize, device:
         }
     }
     Some(Tensor::from_data(TensorData::new(mask, [1, classes]), device))
+}
+
+/// `logits` with the train mask added (unchanged without one).
+pub fn masked(logits: Tensor<2>, mask: Option<&Tensor<2>>) -> Tensor<2> {
+    match mask {
+        Some(m) => logits + m.clone(),
+        None => logits,
+    }
 }
 
 /// Device-state block names of the IE head and of the classes whose anchor key is seated (the
@@ -413,13 +402,13 @@ impl ClientMethod for FedTaClient {
         Ok(())
     }
 
-    /// The global IE and the nearest global prototype (see the module docs).
+    /// The global IE and the nearest global prototype by cosine (see the module docs): on the
+    /// frozen-feature part of F_TA, or, with a shared tail, on the whole F_TA with the global
+    /// anchors.
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
-        if let Some(tail) = self.global_tail(broadcast)? {
-            return self.global_accuracy_anchored(broadcast, &tail.valid(), test);
-        }
-        let dim = self.shape.query_dim;
-        let means = feature_part(&from_wire(&broadcast.prototypes)?, dim);
+        let tail = self.global_tail(broadcast)?.map(|t| t.valid());
+        let means = from_wire(&broadcast.prototypes)?;
+        let means = if tail.is_some() { means } else { feature_part(&means, self.shape.query_dim) };
         let plain = test.features.device();
         let Some(table) = PrototypeTable::new(&means, &plain) else { return Ok(None) };
         if test.is_empty() {
@@ -428,7 +417,13 @@ impl ClientMethod for FedTaClient {
         self.check_width(test)?;
         let ie = self.global_ie(broadcast, &self.ctx.device.clone().inner())?;
         let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK)?;
-        Ok(accuracy_of(&enhanced, 1024, |x| table.predict(x, Distance::Cosine)))
+        Ok(accuracy_of(&enhanced, 1024, |x| {
+            let x = match &tail {
+                Some(t) => t.anchored(x).0,
+                None => x,
+            };
+            table.predict(x, Distance::Cosine)
+        }))
     }
 }
 
