@@ -20,7 +20,8 @@ pub struct ServerConfig {
     /// the scenario files hold (FedTA's `lock_threshold` and ablation switches, the prototype
     /// blend `beta`, …).
     pub method: MethodSection,
-    /// Folder of the durable state (checkpoint). Restarting with the same folder resumes.
+    /// Folder of the durable state (`anchorage.db`, SQLite). Restarting with the same folder
+    /// resumes, the round that was open included.
     pub state_dir: PathBuf,
     /// Folder of `cert.der` / `key.der`; a self-signed pair is created there if absent, and
     /// clients pin `cert.der`.
@@ -32,6 +33,9 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     #[serde(default)]
     pub limits: Limits,
+    /// `[store]`: how much history the database keeps.
+    #[serde(default)]
+    pub store: crate::store::Retention,
     /// Address of the Prometheus endpoint (`GET /metrics`); none: no endpoint.
     #[serde(default)]
     pub metrics_bind: Option<SocketAddr>,

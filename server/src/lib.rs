@@ -3,7 +3,8 @@
 //! - [`engine`]: the sans-IO round engine.
 //! - [`methods`]: server halves of the methods (aggregation, prototype rules).
 //! - [`transport`]: the quinn endpoint driving the engine.
-//! - [`store`]: durable server state (atomic checkpoint files, the cost ledger).
+//! - [`store`]: durable server state in SQLite (rounds, accepted updates, versions, clients, ledger).
+//! - [`service`]: the `anchorage-server` program (config, logging, signals).
 //! - [`metrics`]: counters and their Prometheus exposition over HTTP.
 //! - [`tls`]: certificates for development and pinning.
 //! - `sikf` (feature `sikf`): FedTA's distillation on burn, for the standalone server.
@@ -12,6 +13,7 @@ pub mod config;
 pub mod engine;
 pub mod methods;
 pub mod metrics;
+pub mod service;
 #[cfg(feature = "sikf")]
 pub mod sikf;
 pub mod store;

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::engine::config::duration_ms;
-use crate::engine::{Action, Checkpoint, ClientId, Engine, EngineConfig, RoundReport};
+use crate::engine::{Action, Checkpoint, ClientId, Engine, EngineConfig, Persist, RoundReport};
 use crate::methods::ServerMethod;
 use crate::store::ServerStore;
 use crate::tls::{Identity, server_crypto};
@@ -98,7 +98,8 @@ pub struct ServerOptions {
     /// Global blocks of round 1 when no checkpoint exists (may be empty).
     pub initial: Vec<ParamBlock>,
     pub limits: Limits,
-    /// Where the checkpoint lives; `None` keeps state in memory only.
+    /// The database the engine commits to before it acknowledges anything, and resumes from;
+    /// `None` keeps state in memory only (the simulator).
     pub store: Option<ServerStore>,
 }
 
@@ -144,37 +145,23 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     server_config.transport_config(Arc::new(options.limits.transport_config()?));
     let socket =
         udp_socket(options.bind, options.limits.socket_buffer).with_context(|| format!("binding {}", options.bind))?;
-    let endpoint = quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        Some(server_config),
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
-    .with_context(|| format!("starting the QUIC endpoint on {}", options.bind))?;
+    // A stateless-reset key that outlives the process: after a restart, a device's next packet
+    // on its old connection is answered with a reset it recognises, and it reconnects at once.
+    let endpoint_config = match &options.store {
+        Some(store) => {
+            let key = store.stateless_reset_key()?;
+            quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key)))
+        }
+        None => quinn::EndpointConfig::default(),
+    };
+    let endpoint = quinn::Endpoint::new(endpoint_config, Some(server_config), socket, Arc::new(quinn::TokioRuntime))
+        .with_context(|| format!("starting the QUIC endpoint on {}", options.bind))?;
     let local_addr = endpoint.local_addr()?;
 
-    let engine = match options.store.as_ref().map(ServerStore::load).transpose()?.flatten() {
-        Some(cp) => {
-            anyhow::ensure!(
-                cp.method == options.method.name(),
-                "checkpoint was written by method `{}`, not `{}`",
-                cp.method,
-                options.method.name()
-            );
-            tracing::info!(round = cp.round, "resuming from checkpoint");
-            Engine::resume(options.engine.clone(), options.method, cp)
-        }
-        None => Engine::new(options.engine.clone(), options.method, options.initial),
+    let (engine, metrics) = match &options.store {
+        Some(store) => recover(store, &options.engine, options.method, options.initial)?,
+        None => (Engine::new(options.engine.clone(), options.method, options.initial), Arc::default()),
     };
-
-    let metrics = Arc::new(ServerMetrics::default());
-    if let Some(store) = &options.store {
-        let (records, skipped) = store.load_ledger()?;
-        records.iter().for_each(|r| metrics.record_cost(r));
-        if skipped > 0 {
-            tracing::warn!(skipped, path = %store.ledger_path().display(), "unreadable ledger lines were skipped");
-        }
-    }
     let (input_tx, input_rx) = mpsc::unbounded_channel();
     let (event_tx, events) = mpsc::unbounded_channel();
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -209,6 +196,49 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     Ok(ServerHandle { local_addr, metrics, events, shutdown, endpoint, task })
 }
 
+/// The engine a store resumes (the open round and its accepted updates included), and the
+/// Prometheus totals from its ledger. A new federation's initial version is stored first.
+fn recover(
+    store: &ServerStore,
+    config: &EngineConfig,
+    method: Box<dyn ServerMethod>,
+    initial: Vec<ParamBlock>,
+) -> anyhow::Result<(Engine, Arc<ServerMetrics>)> {
+    let engine = match store.recover(method.name())? {
+        Some(recovered) => {
+            tracing::info!(
+                round = recovered.checkpoint.round,
+                open = ?recovered.open.as_ref().map(|o| o.round),
+                accepted = recovered.pending.len(),
+                db = %store.db_path().display(),
+                "resuming from the database"
+            );
+            Engine::recover(config.clone(), method, recovered)
+        }
+        None => {
+            let engine = Engine::new(config.clone(), method, initial);
+            store.save_initial(&engine.checkpoint())?;
+            engine
+        }
+    };
+    let metrics = Arc::new(ServerMetrics::default());
+    store.load_ledger()?.iter().for_each(|r| metrics.record_cost(r));
+    Ok((engine, metrics))
+}
+
+/// Commits one engine state change on a blocking thread; an error stops the server, because
+/// an ack or a broadcast must never run ahead of what the database holds.
+async fn commit(store: &ServerStore, persist: Persist, metrics: &ServerMetrics) -> anyhow::Result<()> {
+    let store = store.clone();
+    let result = tokio::task::spawn_blocking(move || store.commit(&persist)).await.context("store task panicked")?;
+    if let Err(e) = result {
+        metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(error = %e, "could not commit to the database; stopping before anything is acknowledged");
+        return Err(anyhow::Error::new(e).context("committing to the database"));
+    }
+    Ok(())
+}
+
 async fn run_engine(
     mut engine: Engine,
     mut inputs: mpsc::UnboundedReceiver<Input>,
@@ -220,31 +250,37 @@ async fn run_engine(
 ) -> anyhow::Result<()> {
     let start = Instant::now();
     let mut conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)> = HashMap::new();
+    // A recovered round that already held its target closed during recovery: carry that out first.
+    let mut first = true;
     loop {
-        let deadline = engine.poll_timeout().map(|t| start + t);
-        tokio::select! {
-            input = inputs.recv() => {
-                let Some(input) = input else { break };
-                let now = start.elapsed();
-                match input {
-                    Input::Hello { conn, client, msg, out } => {
-                        if let Some((old, old_out)) = conns.insert(client.clone(), (conn, out)) {
-                            tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
-                            let _ = old_out.send(Outbound::Close(Refusal { reason: RefusalReason::Duplicate, detail: "replaced by a newer connection".into() }));
+        if std::mem::take(&mut first) {
+            engine.handle_timeout(start.elapsed());
+        } else {
+            let deadline = engine.poll_timeout().map(|t| start + t);
+            tokio::select! {
+                input = inputs.recv() => {
+                    let Some(input) = input else { break };
+                    let now = start.elapsed();
+                    match input {
+                        Input::Hello { conn, client, msg, out } => {
+                            if let Some((old, old_out)) = conns.insert(client.clone(), (conn, out)) {
+                                tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
+                                let _ = old_out.send(Outbound::Close(Refusal { reason: RefusalReason::Duplicate, detail: "replaced by a newer connection".into() }));
+                            }
+                            engine.handle_message(now, &client, msg);
                         }
-                        engine.handle_message(now, &client, msg);
-                    }
-                    Input::Message { client, msg } => engine.handle_message(now, &client, msg),
-                    Input::Closed { conn, client } => {
-                        if conns.get(&client).is_some_and(|(c, _)| *c == conn) {
-                            conns.remove(&client);
-                            engine.handle_disconnect(now, &client);
+                        Input::Message { client, msg } => engine.handle_message(now, &client, msg),
+                        Input::Closed { conn, client } => {
+                            if conns.get(&client).is_some_and(|(c, _)| *c == conn) {
+                                conns.remove(&client);
+                                engine.handle_disconnect(now, &client);
+                            }
                         }
                     }
                 }
+                _ = sleep_until(deadline) => engine.handle_timeout(start.elapsed()),
+                _ = shutdown.changed() => break,
             }
-            _ = sleep_until(deadline) => engine.handle_timeout(start.elapsed()),
-            _ = shutdown.changed() => break,
         }
         while let Some(action) = engine.poll_action() {
             match action {
@@ -273,25 +309,17 @@ async fn run_engine(
                         let _ = out.send(Outbound::Close(refusal));
                     }
                 }
-                Action::Persist(checkpoint) => {
+                Action::Persist(persist) => {
                     if let Some(store) = &store {
-                        let (store, cp) = (store.clone(), checkpoint.clone());
-                        match tokio::task::spawn_blocking(move || store.save(&cp)).await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => {
-                                metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                                tracing::error!(error = %e, "could not persist the checkpoint");
-                            }
-                            Err(e) => tracing::error!(error = %e, "persist task failed"),
-                        }
+                        commit(store, persist, &metrics).await?;
                     }
                 }
-                Action::Ledger(record) => {
-                    metrics.record_cost(&record);
-                    if let Some(store) = &store {
+                Action::Ledger(record) => match &store {
+                    Some(store) => {
                         let store = store.clone();
                         match tokio::task::spawn_blocking(move || store.append_ledger(&[record])).await {
-                            Ok(Ok(())) => {}
+                            // Only records new to the ledger count: a resent report is not counted twice.
+                            Ok(Ok(new)) => new.iter().for_each(|r| metrics.record_cost(r)),
                             Ok(Err(e)) => {
                                 metrics.store_errors.fetch_add(1, Ordering::Relaxed);
                                 tracing::error!(error = %e, "could not append to the cost ledger");
@@ -299,7 +327,8 @@ async fn run_engine(
                             Err(e) => tracing::error!(error = %e, "ledger task failed"),
                         }
                     }
-                }
+                    None => metrics.record_cost(&record),
+                },
                 Action::RoundClosed(report, checkpoint) => {
                     metrics.rounds_closed.fetch_add(1, Ordering::Relaxed);
                     metrics.round.store(report.round, Ordering::Relaxed);

@@ -273,38 +273,16 @@ pub fn write_run_folder(
     }
 
     let mut l = std::fs::File::create(dir.join("ledger.csv"))?;
-    writeln!(
-        l,
-        "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,joules,straggler,dropped"
-    )?;
+    writeln!(l, "{}", anchorage_shared::ledger::CSV_HEADER)?;
     for c in ledger {
-        writeln!(
-            l,
-            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{},{}",
-            csv_field(&c.client),
-            c.round,
-            c.payload_down,
-            c.payload_up,
-            c.wire_down,
-            c.wire_up,
-            c.compute_seconds,
-            c.transfer_seconds,
-            c.wait_seconds,
-            c.wall_seconds,
-            c.rtt_seconds,
-            c.joules,
-            c.straggler,
-            c.dropped
-        )?;
+        writeln!(l, "{}", c.csv_row())?;
     }
     std::fs::write(dir.join("metrics.json"), serde_json::to_string_pretty(summary)?)?;
     std::fs::write(dir.join("ledger.json"), serde_json::to_string(ledger)?)?;
     Ok(())
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
-}
+use anchorage_shared::ledger::csv_field;
 
 #[cfg(test)]
 mod efficiency_tests {

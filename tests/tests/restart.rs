@@ -102,7 +102,8 @@ async fn reports_until_finished(server: &mut ServerHandle) -> Vec<RoundReport> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_server_resumes_from_its_checkpoint() {
     let identity = tls::self_signed(&["localhost"]).unwrap();
-    let store = ServerStore::new(temp_dir("server-restart"));
+    let state_dir = temp_dir("server-restart");
+    let store = ServerStore::open(&state_dir).unwrap();
     let initial =
         Trainable::new(&ModelSpec::embedded_default().net(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
 
@@ -115,20 +116,21 @@ async fn restarted_server_resumes_from_its_checkpoint() {
         c.await.unwrap().unwrap();
     }
     first.shutdown().await.unwrap();
-    let saved = store.load().unwrap().expect("a checkpoint after round 2");
+    let saved = store.recover("fedavg").unwrap().expect("a global version after round 2").checkpoint;
     assert_eq!(saved.round, 2);
     assert_ne!(saved.global, initial, "the checkpoint holds the trained global model");
 
     // The clients' cost reports are in the server's durable ledger, under their connection identity.
-    let (ledger, skipped) = store.load_ledger().unwrap();
+    let ledger = store.load_ledger().unwrap();
     println!("ledger after the first run: {} records", ledger.len());
-    assert_eq!(skipped, 0);
     assert!(ledger.len() >= 2, "cost records of the first rounds are on disk: {ledger:?}");
     assert!(
         ledger.iter().all(|c| (c.client == "c0" || c.client == "c1") && c.wire_up >= c.payload_up && c.payload_up > 0)
     );
 
     // A new process on the same state folder, allowed two more rounds: it continues at round 3.
+    drop(store);
+    let store = ServerStore::open(&state_dir).unwrap();
     let mut second = start(&identity, 4, 2, &store, initial.clone()).await;
     assert_eq!(
         anchorage_server::transport::ServerMetrics::get(&second.metrics.ledger_records),
@@ -143,8 +145,8 @@ async fn restarted_server_resumes_from_its_checkpoint() {
         c.await.unwrap().unwrap();
     }
     second.shutdown().await.unwrap();
-    assert_eq!(store.load().unwrap().unwrap().round, 4);
-    let (after, _) = store.load_ledger().unwrap();
+    assert_eq!(store.recover("fedavg").unwrap().unwrap().checkpoint.round, 4);
+    let after = store.load_ledger().unwrap();
     assert!(after.len() > ledger.len() && after.starts_with(&ledger), "the second run appended to the same ledger");
 }
 
@@ -153,7 +155,7 @@ async fn restarted_client_resends_its_unacknowledged_update_once() {
     let identity = tls::self_signed(&["localhost"]).unwrap();
     let spec = ModelSpec::embedded_default();
     let initial = Trainable::new(&spec.net(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
-    let mut server = start(&identity, 1, 1, &ServerStore::new(temp_dir("resend-server")), initial.clone()).await;
+    let mut server = start(&identity, 1, 1, &ServerStore::open(temp_dir("resend-server")).unwrap(), initial.clone()).await;
 
     // The client crashed after training round 1 and persisting the update, before the ack.
     let client_store = ClientStore::new(temp_dir("resend-client"));
@@ -256,7 +258,7 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
             method: Box::new(FedTaServer::new(method.clone(), None)),
             initial: initial.to_vec(),
             limits: Limits::default(),
-            store: Some(ServerStore::new(temp_dir(name))),
+            store: Some(ServerStore::open(temp_dir(name)).unwrap()),
         })
         .await
         .expect("server starts");

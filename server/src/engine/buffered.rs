@@ -17,7 +17,7 @@ use anchorage_shared::protocol::{Ack, Broadcast, Message, RefusalReason, Update}
 use anchorage_shared::tensor::{ParamBlock, TensorError, payload_bytes};
 use serde::{Deserialize, Serialize};
 
-use super::{Action, ClientId, Engine, RoundOutcome, RoundReport, UpdateReport, same_layout};
+use super::{AcceptedUpdate, Action, ClientId, Engine, Persist, RoundOutcome, RoundReport, UpdateReport, same_layout};
 
 /// How the engine turns updates into new global models.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -211,15 +211,29 @@ impl Engine {
             self.dispatch(now);
             return;
         }
-        self.buffered.buffer.push((client.into(), update.clone(), staleness, now));
-        self.actions.push_back(Action::Send {
-            to: client.into(),
-            msg: Message::Ack(Ack { round: update.round, aggregated: true }),
-        });
+        let arrived_after = now.saturating_sub(self.buffered.version_started);
+        let round = update.round;
+        let accepted = Arc::new(AcceptedUpdate { client: client.into(), update, staleness, arrived_after });
+        self.buffered.buffer.push((client.into(), accepted.update.clone(), staleness, now));
+        // Ack after commit.
+        self.actions.push_back(Action::Persist(Persist::Accepted(accepted)));
+        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
         if self.buffered.buffer.len() >= buffer {
             self.buffered_aggregate(now);
         }
         self.dispatch(now);
+    }
+
+    /// After a restart: the accepted updates no version aggregated yet go back into the buffer.
+    /// Their base versions are gone from memory, so they are aggregated as they are (no rebase),
+    /// which is exact for staleness 0 and an approximation for older ones.
+    pub(super) fn buffered_restore(&mut self, pending: Vec<AcceptedUpdate>) {
+        if !pending.is_empty() {
+            tracing::info!(updates = pending.len(), version = self.last_round, "buffered: restoring accepted updates");
+        }
+        for p in pending {
+            self.buffered.buffer.push((p.client, p.update, p.staleness, p.arrived_after));
+        }
     }
 
     /// Makes a new version from the buffer.

@@ -13,6 +13,7 @@
 
 mod buffered;
 pub mod config;
+mod persist;
 mod report;
 #[cfg(test)]
 mod tests;
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 pub use buffered::{AggregationMode, staleness_weight};
 pub use config::EngineConfig;
+pub use persist::{AcceptedUpdate, OpenedRound, Persist, Recovered};
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport};
 
 use crate::methods::ServerMethod;
@@ -45,8 +47,9 @@ pub enum Action {
     Broadcast { to: Vec<ClientId>, msg: Arc<Message> },
     /// Refuse a client and close its connection.
     Close { client: ClientId, refusal: Refusal },
-    /// Persist the global state atomically before anything else is announced.
-    Persist(Arc<Checkpoint>),
+    /// Commit this to the store before carrying out any action queued after it: acks, broadcasts
+    /// and announcements never run ahead of durable state.
+    Persist(Persist),
     /// A round closed (aggregated or failed).
     RoundClosed(Arc<RoundReport>, Arc<Checkpoint>),
     /// Append one record to the cost ledger (a client's measured round, or a dropped client).
@@ -86,7 +89,7 @@ struct OpenRound {
     target: usize,
     started: Duration,
     deadline: Duration,
-    updates: BTreeMap<ClientId, (Update, Duration)>,
+    updates: BTreeMap<ClientId, (Arc<AcceptedUpdate>, Duration)>,
     duplicates: u64,
     refused: u64,
 }
@@ -125,13 +128,26 @@ impl Engine {
         Self::resume(config, method, checkpoint)
     }
 
-    /// An engine that continues from a persisted checkpoint.
-    pub fn resume(config: EngineConfig, mut method: Box<dyn ServerMethod>, checkpoint: Checkpoint) -> Self {
+    /// An engine that continues from a persisted checkpoint, with no round open.
+    pub fn resume(config: EngineConfig, method: Box<dyn ServerMethod>, checkpoint: Checkpoint) -> Self {
+        Self::recover(
+            config,
+            method,
+            Recovered { checkpoint, open: None, pending: Vec::new(), last_accepted: Vec::new() },
+        )
+    }
+
+    /// An engine that continues from what its store recovered: the last global version, the
+    /// round that was open at the crash with the updates it had accepted (acked updates are never
+    /// lost), and the buffered updates no version has aggregated yet. A recovered round gets a
+    /// fresh deadline; if it already holds its target, it closes on the first poll.
+    pub fn recover(config: EngineConfig, mut method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
+        let Recovered { checkpoint, open, pending, last_accepted } = recovered;
         if let Err(e) = method.load_state(&checkpoint.method_state) {
             tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");
         }
         let rng = Rng::derive(config.seed, checkpoint.round);
-        Self {
+        let mut engine = Self {
             finished: config.rounds > 0 && checkpoint.round >= config.rounds,
             config,
             method,
@@ -139,12 +155,39 @@ impl Engine {
             clients: BTreeMap::new(),
             global: checkpoint.global,
             last_round: checkpoint.round,
-            last_accepted: BTreeSet::new(),
+            last_accepted: last_accepted.into_iter().collect(),
             open: None,
             buffered: buffered::Buffered::default(),
             stats: checkpoint.stats,
             actions: VecDeque::new(),
+        };
+        if engine.is_buffered() {
+            engine.buffered_restore(pending);
+        } else if let Some(opened) = open.filter(|o| o.round == engine.last_round + 1 && !engine.finished) {
+            let pending: Vec<AcceptedUpdate> = pending.into_iter().filter(|p| p.update.round == opened.round).collect();
+            tracing::info!(
+                round = opened.round,
+                accepted = pending.len(),
+                target = opened.target,
+                "resuming the open round"
+            );
+            let mut round = engine.open_round_record(
+                Duration::ZERO,
+                opened.round,
+                opened.target,
+                opened.sampled.into_iter().collect(),
+            );
+            for p in pending {
+                let at = p.arrived_after;
+                round.updates.insert(p.client.clone(), (Arc::new(p), at));
+            }
+            let full = round.updates.len() >= round.target;
+            engine.open = Some(round);
+            if full {
+                engine.close_round(Duration::ZERO);
+            }
         }
+        engine
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -178,6 +221,18 @@ impl Engine {
     /// Number of connected clients.
     pub fn connected(&self) -> usize {
         self.clients.values().filter(|c| c.connected).count()
+    }
+
+    /// The global state as of the last closed round: what a store keeps per version.
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            round: self.last_round,
+            method: self.method.name().into(),
+            global: self.global.clone(),
+            stats: self.stats.clone(),
+            method_state: self.method.save_state(),
+            prototypes: self.method.prototypes(),
+        }
     }
 
     /// Next action for the shell, if any.
@@ -254,6 +309,7 @@ impl Engine {
         }
         let last_version = self.clients.get(client).and_then(|c| c.last_version);
         self.clients.insert(client.into(), ClientInfo { connected: true, last_version });
+        self.actions.push_back(Action::Persist(Persist::Seen { client: client.into() }));
         self.actions.push_back(Action::Send {
             to: client.into(),
             msg: Message::Welcome(Welcome {
@@ -317,7 +373,7 @@ impl Engine {
             return;
         }
         let reference = if self.global.is_empty() {
-            open.updates.values().next().map(|(u, _)| u.blocks.as_slice())
+            open.updates.values().next().map(|(u, _)| u.update.blocks.as_slice())
         } else {
             Some(self.global.as_slice())
         };
@@ -333,7 +389,15 @@ impl Engine {
             self.refuse(client, RefusalReason::Malformed, "an update must be trained on at least one sample".into());
             return;
         }
-        open.updates.insert(client.into(), (update, now));
+        let accepted = Arc::new(AcceptedUpdate {
+            client: client.into(),
+            update,
+            staleness: 0,
+            arrived_after: now.saturating_sub(open.started),
+        });
+        open.updates.insert(client.into(), (accepted.clone(), now));
+        // Ack after commit: the shell commits the accepted update before it sends the ack.
+        self.actions.push_back(Action::Persist(Persist::Accepted(accepted)));
         self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
         if open.updates.len() >= open.target {
             self.close_round(now);
@@ -387,6 +451,22 @@ impl Engine {
         let sampled: BTreeSet<ClientId> =
             self.rng.sample_indices(available.len(), invited).into_iter().map(|i| available[i].clone()).collect();
         let round = self.last_round + 1;
+        tracing::info!(round, available = available.len(), target, invited = sampled.len(), "round opened");
+        let open = self.open_round_record(now, round, target, sampled);
+        // The invitations are durable before anyone trains on them.
+        self.actions.push_back(Action::Persist(Persist::Opened(OpenedRound {
+            round,
+            task: self.config.task_of(round),
+            target,
+            sampled: open.sampled.iter().cloned().collect(),
+        })));
+        self.actions
+            .push_back(Action::Broadcast { to: open.sampled.iter().cloned().collect(), msg: open.broadcast.clone() });
+        self.open = Some(open);
+    }
+
+    /// Round `round`'s record, its broadcast made from the current global version.
+    fn open_round_record(&self, now: Duration, round: u64, target: usize, sampled: BTreeSet<ClientId>) -> OpenRound {
         let mut config = self.config.round.clone();
         config.deadline_ms = self.config.round_deadline.as_millis() as u64;
         let broadcast = Arc::new(Message::Broadcast(Broadcast {
@@ -396,9 +476,7 @@ impl Engine {
             blocks: self.global.clone(),
             prototypes: self.method.prototypes(),
         }));
-        tracing::info!(round, available = available.len(), target, invited = sampled.len(), "round opened");
-        self.actions.push_back(Action::Broadcast { to: sampled.iter().cloned().collect(), msg: broadcast.clone() });
-        self.open = Some(OpenRound {
+        OpenRound {
             round,
             broadcast,
             sampled,
@@ -408,7 +486,7 @@ impl Engine {
             updates: BTreeMap::new(),
             duplicates: 0,
             refused: 0,
-        });
+        }
     }
 
     fn close_round(&mut self, now: Duration) {
@@ -420,7 +498,8 @@ impl Engine {
         let updates: Vec<UpdateReport> = open
             .updates
             .iter()
-            .map(|(id, (u, at))| UpdateReport {
+            .map(|(id, (a, at))| (id, &a.update, at))
+            .map(|(id, u, at)| UpdateReport {
                 client: id.clone(),
                 num_samples: u.num_samples,
                 payload_up: payload_bytes(&u.blocks) as u64,
@@ -441,7 +520,8 @@ impl Engine {
                 ),
             }
         } else {
-            let inputs: Vec<(&str, &Update)> = open.updates.iter().map(|(id, (u, _))| (id.as_str(), u)).collect();
+            let inputs: Vec<(&str, &Update)> =
+                open.updates.iter().map(|(id, (a, _))| (id.as_str(), &a.update)).collect();
             self.aggregate(&inputs)
         };
         self.stats.dropped += missing.len() as u64;
@@ -495,15 +575,9 @@ impl Engine {
         self.rng = Rng::derive(self.config.seed, self.last_round);
         let report = Arc::new(report);
         tracing::info!(round = report.round, aggregated = report.updates.len(), missing = report.missing.len(), outcome = ?report.outcome, "round closed");
-        let checkpoint = Arc::new(Checkpoint {
-            round: self.last_round,
-            method: self.method.name().into(),
-            global: self.global.clone(),
-            stats: self.stats.clone(),
-            method_state: self.method.save_state(),
-            prototypes: self.method.prototypes(),
-        });
-        self.actions.push_back(Action::Persist(checkpoint.clone()));
+        let checkpoint = Arc::new(self.checkpoint());
+        self.actions
+            .push_back(Action::Persist(Persist::Closed { checkpoint: checkpoint.clone(), report: report.clone() }));
         self.actions.push_back(Action::RoundClosed(report, checkpoint));
         if self.config.rounds > 0 && self.last_round >= self.config.rounds {
             self.finished = true;

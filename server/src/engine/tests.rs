@@ -130,7 +130,7 @@ fn fedavg_round_closes_when_all_updates_arrived() {
     assert_eq!(r[0].closed, secs(3));
     assert_eq!(e.global()[0].decode().unwrap(), vec![4.0, 5.0], "sample-weighted mean");
     assert!(
-        matches!(actions.iter().position(|a| matches!(a, Action::Persist(_))), Some(i)
+        matches!(actions.iter().position(|a| matches!(a, Action::Persist(Persist::Closed { .. }))), Some(i)
         if i < actions.iter().position(|a| matches!(a, Action::Broadcast { .. })).unwrap()),
         "persist before announcing round 2"
     );
@@ -291,7 +291,7 @@ fn the_federation_finishes_and_resumes_from_its_checkpoint() {
         e.handle_message(secs(round), "a", update(round, &[round as f32, 0.0], 1));
         e.handle_message(secs(round), "b", update(round, &[round as f32, 0.0], 1));
         for a in drain(&mut e) {
-            if let Action::Persist(c) = a {
+            if let Action::Persist(Persist::Closed { checkpoint: c, .. }) = a {
                 checkpoint = Some(c);
             }
         }
@@ -450,4 +450,102 @@ fn the_aggregation_mode_reads_from_toml() {
     let d: EngineConfig = toml::from_str("rounds = 5\n").unwrap();
     assert_eq!(d.mode, AggregationMode::Synchronous);
     assert!(toml::from_str::<EngineConfig>("[mode]\nkind = \"buffered\"\nbufer = 4\n").is_err(), "typos are errors");
+}
+
+/// What a store would hold after committing every `Persist` of `actions` (the shell's part,
+/// without the database): the newest checkpoint, the open round, the accepted updates since.
+fn replay_into(recovered: &mut Recovered, actions: &[Action]) {
+    for a in actions {
+        match a {
+            Action::Persist(Persist::Opened(o)) => recovered.open = Some(o.clone()),
+            Action::Persist(Persist::Accepted(u)) => recovered.pending.push((**u).clone()),
+            Action::Persist(Persist::Closed { checkpoint, .. }) => {
+                recovered.last_accepted = recovered.pending.drain(..).map(|p| p.client).collect();
+                recovered.checkpoint = (**checkpoint).clone();
+                recovered.open = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn every_ack_and_broadcast_follows_the_commit_it_depends_on() {
+    let mut e = engine(config(2, 2));
+    let actions = join(&mut e, secs(0), &["a", "b"]);
+    let opened = actions.iter().position(|a| matches!(a, Action::Persist(Persist::Opened(_)))).unwrap();
+    let broadcast = actions.iter().position(|a| matches!(a, Action::Broadcast { .. })).unwrap();
+    assert!(opened < broadcast, "the invitations are durable before the broadcast");
+    e.handle_message(secs(1), "a", update(1, &[1.0, 2.0], 1));
+    let actions = drain(&mut e);
+    let accepted = actions.iter().position(|a| matches!(a, Action::Persist(Persist::Accepted(u)) if u.client == "a"));
+    let ack = actions.iter().position(|a| matches!(a, Action::Send { msg: Message::Ack(_), .. }));
+    assert!(matches!((accepted, ack), (Some(p), Some(k)) if p < k), "ack after commit: {actions:?}");
+}
+
+#[test]
+fn a_crash_mid_round_resumes_the_round_with_its_acked_updates() {
+    let mut e = engine(EngineConfig { rounds: 5, ..config(3, 3) });
+    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![] };
+    replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b", "c"]));
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    e.handle_message(secs(1), "b", update(1, &[3.0, 3.0], 1));
+    replay_into(&mut stored, &drain(&mut e));
+    // kill -9: only what was committed is left.
+    let mut resumed =
+        Engine::recover(EngineConfig { rounds: 5, ..config(3, 3) }, Box::new(FedAvg::default()), stored.clone());
+    assert_eq!(resumed.open_round(), Some(1), "the same round, not a new one");
+    let actions = join(&mut resumed, secs(0), &["a", "b", "c"]);
+    assert_eq!(broadcast_targets(&actions), vec![vec!["c".to_string()]], "only c still owes an update");
+    // a resends its acked update: a duplicate, acked again, never NotSampled.
+    resumed.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    let actions = drain(&mut resumed);
+    assert_eq!((acks(&actions, "a"), refusals(&actions, "a")), (vec![(1, true)], vec![]));
+    assert_eq!(resumed.stats().duplicate_updates, 1);
+    resumed.handle_message(secs(2), "c", update(1, &[5.0, 5.0], 1));
+    let r = reports(&drain(&mut resumed));
+    assert_eq!(r.len(), 1);
+    let clients: Vec<&str> = r[0].updates.iter().map(|u| u.client.as_str()).collect();
+    assert_eq!(clients, ["a", "b", "c"], "the round closes with every update acked before the crash");
+    assert_eq!(resumed.global()[0].decode().unwrap(), vec![3.0, 3.0]);
+}
+
+#[test]
+fn a_recovered_round_that_holds_its_target_closes_at_once() {
+    let mut e = engine(config(2, 2));
+    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![] };
+    replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b"]));
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    e.handle_message(secs(1), "b", update(1, &[3.0, 3.0], 1));
+    // The crash came after both accepts were committed but before the close was.
+    let actions = drain(&mut e);
+    let before_close = actions.iter().position(|a| matches!(a, Action::Persist(Persist::Closed { .. }))).unwrap();
+    replay_into(&mut stored, &actions[..before_close]);
+    let mut resumed = Engine::recover(config(2, 2), Box::new(FedAvg::default()), stored);
+    let r = reports(&drain(&mut resumed));
+    assert_eq!((r.len(), r[0].round, r[0].updates.len()), (1, 1, 2));
+    assert_eq!(resumed.last_round(), 1);
+    // After the close, a resend of an aggregated update is a duplicate, not a late update.
+    join(&mut resumed, secs(0), &["a", "b"]);
+    resumed.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    assert_eq!(acks(&drain(&mut resumed), "a"), vec![(1, true)]);
+    assert_eq!((resumed.stats().duplicate_updates, resumed.stats().late_updates), (1, 0));
+}
+
+#[test]
+fn a_buffered_engine_restores_its_accepted_updates() {
+    let mode = AggregationMode::Buffered { buffer: 2, concurrency: 2, max_staleness: 2 };
+    let cfg = || EngineConfig { mode: mode.clone(), rounds: 3, ..config(2, 2) };
+    let mut e = engine(cfg());
+    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![] };
+    replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b"]));
+    e.handle_message(secs(1), "a", update(1, &[2.0, 2.0], 1));
+    replay_into(&mut stored, &drain(&mut e));
+    assert_eq!(stored.pending.len(), 1, "the accepted update was committed");
+    let mut resumed = Engine::recover(cfg(), Box::new(FedAvg::default()), stored);
+    join(&mut resumed, secs(0), &["a", "b"]);
+    resumed.handle_message(secs(1), "b", update(1, &[4.0, 4.0], 1));
+    let r = reports(&drain(&mut resumed));
+    assert_eq!(r.len(), 1, "a's update from before the crash fills the buffer with b's");
+    assert_eq!(resumed.global()[0].decode().unwrap(), vec![3.0, 3.0]);
 }

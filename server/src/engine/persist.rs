@@ -1,0 +1,60 @@
+//! What the engine asks its shell to make durable, and what a store gives back to a restarted
+//! engine. The rule is SQLite's own promise turned into a protocol: the shell commits every
+//! [`Persist`] before it carries out the actions queued after it, so an ack, a broadcast or an
+//! announcement never runs ahead of the state it refers to (DESIGN.md §3 step 5).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anchorage_shared::protocol::Update;
+
+use super::{Checkpoint, ClientId, RoundReport};
+
+/// A state change the shell commits before anything queued after it happens.
+#[derive(Debug, Clone)]
+pub enum Persist {
+    /// A client said a valid hello (the client registry's first / last seen).
+    Seen { client: ClientId },
+    /// A round opened; committed before its broadcast goes out, so a restart resumes the same
+    /// round with the same invitations.
+    Opened(OpenedRound),
+    /// An update was accepted; committed before its ack.
+    Accepted(Arc<AcceptedUpdate>),
+    /// A new global version and the close of the round that made it, in one transaction.
+    Closed { checkpoint: Arc<Checkpoint>, report: Arc<RoundReport> },
+}
+
+/// A round as it opened.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenedRound {
+    pub round: u64,
+    pub task: u32,
+    /// Updates the round waits for.
+    pub target: usize,
+    /// Clients invited.
+    pub sampled: Vec<ClientId>,
+}
+
+/// An update the engine accepted (and will aggregate in the round, or buffered version, it
+/// belongs to).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptedUpdate {
+    pub client: ClientId,
+    pub update: Update,
+    /// Buffered mode: versions between the one it trained on and the current one (0 in rounds).
+    pub staleness: u64,
+    /// Time from the round's (or version's) start to its arrival.
+    pub arrived_after: Duration,
+}
+
+/// What a store hands a restarted engine: the last global version and the work accepted since.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovered {
+    pub checkpoint: Checkpoint,
+    /// The round that was open at the crash (synchronous mode), if any.
+    pub open: Option<OpenedRound>,
+    /// Accepted updates that no closed version has aggregated yet.
+    pub pending: Vec<AcceptedUpdate>,
+    /// Clients whose update the last closed round aggregated (a resend of one is a duplicate).
+    pub last_accepted: Vec<ClientId>,
+}

@@ -1,0 +1,121 @@
+//! `anchorage-server --config server.toml`: the coordinator as a long-running service. The
+//! binary is [`main`]; it lives in the library so that tests can run the very same program as a
+//! process they can `kill -9`.
+
+use std::path::PathBuf;
+
+use crate::config::ServerConfig;
+use crate::store::ServerStore;
+use crate::transport::{self, ServerEvent, ServerOptions};
+use crate::{methods, tls};
+use anyhow::Context;
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "anchorage-server", version, about = "Anchorage federated continual learning coordinator")]
+struct Cli {
+    /// Path of server.toml.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "ANCHORAGE_LOG", default_value = "info")]
+    log: String,
+    /// Logs as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+/// Parses the command line, sets up logging, and serves until SIGTERM or the last round.
+pub fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log filter")?;
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+    if cli.log_json {
+        fmt.json().init()
+    } else {
+        fmt.init()
+    }
+    let config = ServerConfig::load(&cli.config)?;
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
+}
+
+/// Runs the server of `config` until SIGTERM, Ctrl-C or the last round.
+pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    // The database first: a state folder that cannot be written, is locked by another server, is
+    // corrupt or comes from a newer server stops us here, before anything listens.
+    let store = ServerStore::open_with(&config.state_dir, config.store.clone())
+        .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
+    let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
+    let identity = tls::load_or_create(&config.tls_dir, &names)?;
+    let method_config = config.method.config();
+    let mut parts = methods::Parts::default();
+    if let Some(section) = &config.sikf {
+        parts.distiller = Some(sikf_distiller(section, &method_config)?);
+    }
+    let method = methods::build_with(&method_config, parts).context("unknown method")?;
+    let mut server = transport::start(ServerOptions {
+        bind: config.bind,
+        identity,
+        engine: config.engine.clone(),
+        method,
+        initial: Vec::new(),
+        limits: config.limits.clone(),
+        store: Some(store),
+    })
+    .await?;
+    tracing::info!(addr = %server.local_addr, method = %method_config.name, "listening");
+    let (_metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(bind) = config.metrics_bind {
+        let addr = crate::metrics::serve(bind, server.metrics.clone(), metrics_stop_rx)
+            .await
+            .with_context(|| format!("binding the metrics endpoint {bind}"))?;
+        tracing::info!(%addr, "Prometheus metrics at http://{addr}/metrics");
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            event = server.events.recv() => match event {
+                Some(ServerEvent::RoundClosed { report, .. }) => tracing::info!(
+                    round = report.round,
+                    updates = report.updates.len(),
+                    missing = report.missing.len(),
+                    late_total = report.late_total,
+                    train_loss = report.weighted_metric("train_loss"),
+                    "round summary"
+                ),
+                Some(ServerEvent::Finished) => {
+                    tracing::info!("all rounds done");
+                    // Let the goodbyes reach the clients before closing.
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    break;
+                }
+                None => break,
+            },
+            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); break; }
+            _ = terminate.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+        }
+    }
+    server.shutdown().await
+}
+
+/// FedTA's distiller from `[sikf]`.
+#[cfg(feature = "sikf")]
+fn sikf_distiller(
+    section: &crate::config::SikfSection,
+    method: &anchorage_shared::method::MethodConfig,
+) -> anyhow::Result<Box<dyn methods::InputDistiller>> {
+    Ok(Box::new(crate::sikf::distiller(section, method)?))
+}
+
+/// Without the `sikf` feature a `[sikf]` section cannot be honoured: refuse to start rather than
+/// silently average.
+#[cfg(not(feature = "sikf"))]
+fn sikf_distiller(
+    _: &crate::config::SikfSection,
+    _: &anchorage_shared::method::MethodConfig,
+) -> anyhow::Result<Box<dyn methods::InputDistiller>> {
+    anyhow::bail!(
+        "server.toml has a [sikf] section, but this anchorage-server was built without SIKF: \
+         build it with `cargo build --release -p anchorage-server --features sikf`"
+    )
+}

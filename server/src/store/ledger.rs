@@ -1,0 +1,102 @@
+//! The cost ledger (DESIGN.md §3 step 6): one row per client, round and kind (`reported` by the
+//! client, or `dropped` by the engine when a sampled client sent nothing). A second record for the
+//! same key is ignored, so a client that resends its cost report after a reconnect is counted once.
+
+use std::path::Path;
+
+use anchorage_shared::ledger::CostRecord;
+use rusqlite::params;
+
+use super::{ServerStore, StoreError, unix_now};
+
+const COLUMNS: &str = "client, round, kind, payload_down, payload_up, wire_down, wire_up, compute_seconds, \
+                       transfer_seconds, wait_seconds, wall_seconds, rtt_seconds, joules, straggler";
+
+impl ServerStore {
+    /// Appends records in one transaction; returns those that were new (the others were
+    /// already in the ledger).
+    pub fn append_ledger(&self, records: &[CostRecord]) -> Result<Vec<CostRecord>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.classify(e))?;
+        let mut new = Vec::new();
+        {
+            let mut stmt = tx
+                .prepare_cached(&format!(
+                    "INSERT OR IGNORE INTO ledger ({COLUMNS}, recorded_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                ))
+                .map_err(|e| self.classify(e))?;
+            for r in records {
+                let to_i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                let inserted = stmt
+                    .execute(params![
+                        r.client,
+                        to_i(r.round),
+                        if r.dropped { "dropped" } else { "reported" },
+                        to_i(r.payload_down),
+                        to_i(r.payload_up),
+                        to_i(r.wire_down),
+                        to_i(r.wire_up),
+                        r.compute_seconds,
+                        r.transfer_seconds,
+                        r.wait_seconds,
+                        r.wall_seconds,
+                        r.rtt_seconds,
+                        r.joules,
+                        r.straggler,
+                        unix_now(),
+                    ])
+                    .map_err(|e| self.classify(e))?;
+                if inserted > 0 {
+                    new.push(r.clone());
+                }
+            }
+        }
+        tx.commit().map_err(|e| self.classify(e))?;
+        Ok(new)
+    }
+
+    /// Every record in the ledger, by round, client and kind.
+    pub fn load_ledger(&self) -> Result<Vec<CostRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(&format!("SELECT {COLUMNS} FROM ledger ORDER BY round, client, kind"))
+            .map_err(|e| self.classify(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(CostRecord {
+                    client: r.get(0)?,
+                    round: r.get::<_, i64>(1)?.max(0) as u64,
+                    dropped: r.get::<_, String>(2)? == "dropped",
+                    payload_down: r.get::<_, i64>(3)?.max(0) as u64,
+                    payload_up: r.get::<_, i64>(4)?.max(0) as u64,
+                    wire_down: r.get::<_, i64>(5)?.max(0) as u64,
+                    wire_up: r.get::<_, i64>(6)?.max(0) as u64,
+                    compute_seconds: r.get(7)?,
+                    transfer_seconds: r.get(8)?,
+                    wait_seconds: r.get(9)?,
+                    wall_seconds: r.get(10)?,
+                    rtt_seconds: r.get(11)?,
+                    joules: r.get(12)?,
+                    straggler: r.get(13)?,
+                })
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.classify(e))?;
+        Ok(rows)
+    }
+
+    /// Writes the ledger as CSV (the simulator's `ledger.csv` format), atomically; returns the
+    /// number of rows.
+    pub fn export_ledger_csv(&self, path: &Path) -> Result<usize, StoreError> {
+        let records = self.load_ledger()?;
+        let mut text = format!("{}\n", anchorage_shared::ledger::CSV_HEADER);
+        for r in &records {
+            text.push_str(&r.csv_row());
+            text.push('\n');
+        }
+        anchorage_shared::io::write_atomic(path, text.as_bytes())
+            .map_err(|source| StoreError::Io { path: path.into(), source })?;
+        Ok(records.len())
+    }
+}

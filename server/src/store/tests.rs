@@ -1,0 +1,249 @@
+//! The store against a real SQLite file in a temporary folder: round trips, recovery of an open
+//! round, and every way a database can be damaged or misused.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::protocol::Update;
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+
+use super::*;
+use crate::engine::{AcceptedUpdate, Checkpoint, EngineStats, OpenedRound, Persist, RoundOutcome, RoundReport};
+
+/// A value that is easy to find in the database file (for the bit-flip test).
+const MARK: f32 = 1234.5;
+
+fn checkpoint(round: u64) -> Checkpoint {
+    Checkpoint {
+        round,
+        method: "fedavg".into(),
+        global: vec![ParamBlock::encode("head.bias", &[4], &[MARK, MARK, MARK, round as f32], Encoding::F32)],
+        stats: EngineStats::default(),
+        method_state: vec![],
+        prototypes: vec![],
+    }
+}
+
+fn update(round: u64, v: f32) -> Update {
+    Update {
+        round,
+        num_samples: 10,
+        blocks: vec![ParamBlock::encode("head.bias", &[4], &[v; 4], Encoding::F32)],
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.1,
+    }
+}
+
+fn accepted(client: &str, round: u64) -> Persist {
+    Persist::Accepted(Arc::new(AcceptedUpdate {
+        client: client.into(),
+        update: update(round, 0.5),
+        staleness: 0,
+        arrived_after: Duration::from_millis(30),
+    }))
+}
+
+fn report(round: u64) -> Arc<RoundReport> {
+    Arc::new(RoundReport {
+        round,
+        outcome: RoundOutcome::Aggregated,
+        sampled: 2,
+        target: 2,
+        updates: vec![],
+        missing: vec![],
+        duplicates: 0,
+        refused: 0,
+        late_total: 0,
+        payload_down: 0,
+        started: Duration::ZERO,
+        closed: Duration::from_secs(1),
+    })
+}
+
+/// Opens round `round`, accepts `a` and `b`, closes it.
+fn run_round(store: &ServerStore, round: u64) {
+    let opened = OpenedRound { round, task: 0, target: 2, sampled: vec!["a".into(), "b".into()] };
+    store.commit(&Persist::Opened(opened)).unwrap();
+    store.commit(&accepted("a", round)).unwrap();
+    store.commit(&accepted("b", round)).unwrap();
+    store.commit(&Persist::Closed { checkpoint: Arc::new(checkpoint(round)), report: report(round) }).unwrap();
+}
+
+fn corrupt(result: Result<impl std::fmt::Debug, StoreError>) -> String {
+    match result {
+        Err(e @ StoreError::Corrupt { .. }) => e.to_string(),
+        other => panic!("expected a corrupt-database error, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_open_round_and_its_accepted_updates_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ServerStore::open(dir.path()).unwrap();
+    assert_eq!(store.recover("fedavg").unwrap(), None, "a new database holds no federation");
+    store.save_initial(&checkpoint(0)).unwrap();
+    run_round(&store, 1);
+    let opened = OpenedRound { round: 2, task: 0, target: 3, sampled: vec!["a".into(), "b".into(), "c".into()] };
+    store.commit(&Persist::Opened(opened.clone())).unwrap();
+    store.commit(&accepted("b", 2)).unwrap();
+    store.commit(&accepted("b", 2)).unwrap(); // a resend: stored once
+    store.commit(&Persist::Seen { client: "b".into() }).unwrap();
+    drop(store);
+
+    let store = ServerStore::open(dir.path()).unwrap();
+    let r = store.recover("fedavg").unwrap().expect("a federation");
+    assert_eq!(r.checkpoint, checkpoint(1));
+    assert_eq!(r.open, Some(opened));
+    assert_eq!(r.pending.len(), 1);
+    assert_eq!((r.pending[0].client.as_str(), r.pending[0].update.clone()), ("b", update(2, 0.5)));
+    assert_eq!(r.pending[0].arrived_after, Duration::from_millis(30));
+    assert_eq!(r.last_accepted, vec!["a".to_string(), "b".to_string()]);
+    // The wrong method is refused, not resumed.
+    assert!(corrupt(store.recover("gldp")).contains("runs `fedavg`"));
+}
+
+#[test]
+fn the_ledger_keeps_one_row_per_client_round_and_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ServerStore::open(dir.path()).unwrap();
+    let a = CostRecord { client: "a".into(), round: 1, wire_up: 10, joules: 1.5, ..Default::default() };
+    let dropped = CostRecord { client: "a".into(), round: 1, dropped: true, ..Default::default() };
+    assert_eq!(store.append_ledger(&[a.clone(), dropped.clone()]).unwrap().len(), 2);
+    assert_eq!(store.append_ledger(&[a.clone()]).unwrap(), vec![], "a resent report is not new");
+    drop(store);
+    let store = ServerStore::open(dir.path()).unwrap();
+    assert_eq!(store.load_ledger().unwrap(), vec![dropped, a]);
+    let csv = dir.path().join("ledger.csv");
+    assert_eq!(store.export_ledger_csv(&csv).unwrap(), 2);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with(anchorage_shared::ledger::CSV_HEADER) && text.lines().count() == 3, "{text}");
+}
+
+#[test]
+fn a_second_server_on_the_same_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = ServerStore::open(dir.path()).unwrap();
+    match ServerStore::open(dir.path()) {
+        Err(e @ StoreError::Locked { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(LOCK_FILE) && text.contains(&format!("pid {}", std::process::id())), "{text}");
+        }
+        other => panic!("expected the lock to refuse a second store, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_state_folder_that_cannot_be_written_stops_the_store_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    // A regular file where the folder should be: fails for root too (permissions would not).
+    let blocker = dir.path().join("not-a-folder");
+    std::fs::write(&blocker, b"x").unwrap();
+    let err = ServerStore::open(blocker.join("state")).unwrap_err();
+    assert!(matches!(err, StoreError::Io { .. }) && err.to_string().contains("not-a-folder"), "{err}");
+}
+
+#[test]
+fn a_database_from_a_newer_server_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(ServerStore::open(dir.path()).unwrap());
+    let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+    drop(conn);
+    let err = ServerStore::open(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::NewerSchema { .. }) && err.to_string().contains(DB_FILE), "{err}");
+}
+
+#[test]
+fn a_flipped_bit_in_a_stored_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ServerStore::open(dir.path()).unwrap();
+    store.save_initial(&checkpoint(0)).unwrap();
+    run_round(&store, 1);
+    drop(store); // the last connection closing folds the WAL into the database file
+    let path = dir.path().join(DB_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mark = [MARK.to_le_bytes(), MARK.to_le_bytes()].concat();
+    // Every copy of the model in the file (the newest version's among them) gets one bit flipped.
+    let copies: Vec<usize> =
+        bytes.windows(mark.len()).enumerate().filter(|(_, w)| *w == mark.as_slice()).map(|(i, _)| i).collect();
+    assert!(!copies.is_empty(), "the model's bytes are in the file");
+    copies.iter().for_each(|&at| bytes[at] ^= 0x04);
+    std::fs::write(&path, &bytes).unwrap();
+    let store = ServerStore::open(dir.path()).expect("SQLite's own structure is intact");
+    let detail = corrupt(store.recover("fedavg"));
+    assert!(detail.contains("checksum") && detail.contains(DB_FILE), "{detail}");
+}
+
+#[test]
+fn a_rolled_back_or_renumbered_round_is_refused() {
+    for (edit, expect) in [
+        // The newest versions deleted: the model would silently go back two rounds.
+        ("DELETE FROM versions WHERE version > 1", "rounds are closed up to 3"),
+        // A version's number edited (41 → 5 in the field): its checksum no longer matches.
+        ("UPDATE versions SET version = 9 WHERE version = 3; UPDATE rounds SET round = 9 WHERE round = 3", "checksum"),
+        // A round reopened behind the newest version.
+        ("UPDATE rounds SET status = 'open' WHERE round = 2", "round"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ServerStore::open(dir.path()).unwrap();
+        store.save_initial(&checkpoint(0)).unwrap();
+        (1..=3).for_each(|r| run_round(&store, r));
+        drop(store);
+        rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap().execute_batch(edit).unwrap();
+        let detail = match ServerStore::open(dir.path()) {
+            Ok(store) => corrupt(store.recover("fedavg")),
+            Err(e) => corrupt(Err::<(), _>(e)),
+        };
+        assert!(detail.contains(expect), "{edit}: {detail}");
+    }
+}
+
+#[test]
+fn a_truncated_database_stops_the_store_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ServerStore::open(dir.path()).unwrap();
+    store.save_initial(&checkpoint(0)).unwrap();
+    (1..=20).for_each(|r| run_round(&store, r));
+    drop(store);
+    let path = dir.path().join(DB_FILE);
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 2).unwrap();
+    let err = match ServerStore::open(dir.path()) {
+        Err(e) => e,
+        Ok(store) => store.recover("fedavg").expect_err("half a database cannot be resumed"),
+    };
+    assert!(err.to_string().contains(DB_FILE), "{err}");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), len / 2, "a corrupt database is left as it was");
+}
+
+#[test]
+fn retention_bounds_versions_update_blocks_and_ledger_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Retention { keep_versions: 2, keep_update_blocks: 2, keep_ledger_rounds: 3 };
+    let store = ServerStore::open_with(dir.path(), retention).unwrap();
+    store.save_initial(&checkpoint(0)).unwrap();
+    for r in 1..=6 {
+        run_round(&store, r);
+        store.append_ledger(&[CostRecord { client: "a".into(), round: r, ..Default::default() }]).unwrap();
+    }
+    let conn = store.conn();
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(count("SELECT COUNT(*) FROM versions"), 2);
+    assert_eq!(count("SELECT MIN(version) FROM versions"), 5);
+    assert_eq!(count("SELECT COUNT(*) FROM updates"), 12, "every accepted update keeps its row");
+    assert_eq!(count("SELECT COUNT(*) FROM updates WHERE body IS NOT NULL"), 4, "rounds 5 and 6 keep their blocks");
+    assert_eq!(count("SELECT MIN(round) FROM ledger"), 4);
+    drop(conn);
+    assert_eq!(store.recover("fedavg").unwrap().unwrap().checkpoint, checkpoint(6));
+}
+
+#[test]
+fn the_stateless_reset_key_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ServerStore::open(dir.path()).unwrap().stateless_reset_key().unwrap();
+    assert_eq!(ServerStore::open(dir.path()).unwrap().stateless_reset_key().unwrap(), key);
+    assert_ne!(key, [0; 32]);
+}
