@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +57,61 @@ impl Default for ReconnectConfig {
     }
 }
 
+/// The QUIC connection's timers, in milliseconds (`[connection]` in client.toml).
+///
+/// A server that restarts answers the old connection's next packet with a stateless reset, so
+/// the client notices within about one keep-alive; without one, only the idle timeout ends the
+/// connection. Lower keep-alives cost bytes on metered links.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionConfig {
+    /// A keep-alive (and the session's heartbeat) at least this often.
+    pub keep_alive_ms: u64,
+    /// The connection is dropped after this long without a packet from the server.
+    pub idle_timeout_ms: u64,
+    /// A connection attempt gives up after this long (a server that is down does not answer, and
+    /// the attempt would otherwise wait out the idle timeout) and counts as a failed attempt.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        Self { keep_alive_ms: 2_000, idle_timeout_ms: 15_000, connect_timeout_ms: 2_000 }
+    }
+}
+
+impl ConnectionConfig {
+    pub fn keep_alive(&self) -> Duration {
+        Duration::from_millis(self.keep_alive_ms)
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// Every timer positive, the keep-alive below the idle timeout (else an idle but healthy
+    /// connection times out between two keep-alives), and the idle timeout within QUIC's range.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let Self { keep_alive_ms, idle_timeout_ms, connect_timeout_ms } = *self;
+        anyhow::ensure!(keep_alive_ms > 0, "connection.keep_alive_ms must be above 0");
+        anyhow::ensure!(connect_timeout_ms > 0, "connection.connect_timeout_ms must be above 0");
+        anyhow::ensure!(
+            keep_alive_ms < idle_timeout_ms,
+            "connection.keep_alive_ms ({keep_alive_ms}) must be below connection.idle_timeout_ms \
+             ({idle_timeout_ms}): with no keep-alive within the idle timeout a quiet connection is dropped"
+        );
+        anyhow::ensure!(
+            quinn::IdleTimeout::try_from(self.idle_timeout()).is_ok(),
+            "connection.idle_timeout_ms ({idle_timeout_ms}) is out of QUIC's range"
+        );
+        Ok(())
+    }
+}
+
 /// The client's configuration file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +145,8 @@ pub struct ClientConfig {
     pub method: anchorage_shared::method::MethodConfig,
     #[serde(default)]
     pub reconnect: ReconnectConfig,
+    #[serde(default)]
+    pub connection: ConnectionConfig,
 }
 
 fn default_server_name() -> String {
@@ -108,7 +166,14 @@ impl ClientConfig {
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
         use anyhow::Context;
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+        let config: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        config.validate().with_context(|| format!("checking {}", path.display()))?;
+        Ok(config)
+    }
+
+    /// What parsing cannot check.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.connection.validate()
     }
 }
 
@@ -120,6 +185,63 @@ mod tests {
         let config = super::ClientConfig::load(&path).unwrap();
         assert_eq!(config.device, "cpu");
         assert!(matches!(config.data, super::DataSource::Synthetic { clients: 4, .. }));
+        assert_eq!(config.connection, super::ConnectionConfig::default(), "the example shows the defaults");
+    }
+
+    const MINIMAL: &str = r#"
+server = "127.0.0.1:4433"
+server_cert = "cert.der"
+client_id = "edge-1"
+state_dir = "state"
+[data]
+source = "synthetic"
+seed = 1
+clients = 2
+index = 0
+alpha = 0.5
+"#;
+
+    #[test]
+    fn connection_timers_default_and_parse() {
+        use std::time::Duration;
+        let config: super::ClientConfig = toml::from_str(MINIMAL).unwrap();
+        let c = &config.connection;
+        assert_eq!((c.keep_alive_ms, c.idle_timeout_ms, c.connect_timeout_ms), (2_000, 15_000, 2_000));
+        config.validate().unwrap();
+        let text = format!("{MINIMAL}[connection]\nkeep_alive_ms = 500\nidle_timeout_ms = 4000\n");
+        let config: super::ClientConfig = toml::from_str(&text).unwrap();
+        let c = &config.connection;
+        assert_eq!(
+            (c.keep_alive(), c.idle_timeout(), c.connect_timeout()),
+            (Duration::from_millis(500), Duration::from_secs(4), Duration::from_secs(2)),
+            "an unset key keeps its default"
+        );
+        config.validate().unwrap();
+        let typo = format!("{MINIMAL}[connection]\nkeepalive_ms = 500\n");
+        assert!(toml::from_str::<super::ClientConfig>(&typo).is_err(), "unknown keys are refused");
+    }
+
+    #[test]
+    fn connection_timers_are_checked() {
+        let check = |table: &str| {
+            let config: super::ClientConfig = toml::from_str(&format!("{MINIMAL}[connection]\n{table}\n")).unwrap();
+            config.validate().map_err(|e| e.to_string())
+        };
+        let err = check("keep_alive_ms = 15000").unwrap_err();
+        assert!(err.contains("keep_alive_ms (15000) must be below connection.idle_timeout_ms (15000)"), "{err}");
+        assert!(check("keep_alive_ms = 3000\nidle_timeout_ms = 2000").is_err());
+        assert!(check("keep_alive_ms = 0").unwrap_err().contains("keep_alive_ms must be above 0"));
+        assert!(check("connect_timeout_ms = 0").unwrap_err().contains("connect_timeout_ms"));
+        assert!(check("idle_timeout_ms = 9223372036854775807").unwrap_err().contains("out of QUIC's range"));
+        check("keep_alive_ms = 14999").unwrap();
+        // Loading a file runs the same check and names the file.
+        let dir = std::env::temp_dir().join(format!("anchorage-client-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("client.toml");
+        std::fs::write(&path, format!("{MINIMAL}[connection]\nkeep_alive_ms = 20000\n")).unwrap();
+        let err = format!("{:#}", super::ClientConfig::load(&path).unwrap_err());
+        assert!(err.contains("client.toml") && err.contains("keep_alive_ms"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -87,6 +87,9 @@ async fn run(config: ClientConfig) -> anyhow::Result<()> {
         max: std::time::Duration::from_millis(config.reconnect.max_ms),
         max_attempts: None,
     };
+    options.keep_alive = config.connection.keep_alive();
+    options.idle_timeout = config.connection.idle_timeout();
+    options.connect_timeout = config.connection.connect_timeout();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     options.stop = Some(stop_rx);
     tokio::spawn(async move {

@@ -63,8 +63,15 @@ pub struct ClientOptions {
     pub memory_mb: u32,
     pub store: Option<ClientStore>,
     pub backoff: Backoff,
+    /// QUIC keep-alive and session heartbeat interval: bounds how long a device takes to see a
+    /// restarted server's stateless reset (it only comes in answer to a packet).
     pub keep_alive: Duration,
+    /// The connection is dropped after this long without a packet from the server.
     pub idle_timeout: Duration,
+    /// A connection attempt that has not completed by then counts as failed (and backs off): a
+    /// server that is down does not answer, and the attempt would otherwise wait out the idle
+    /// timeout.
+    pub connect_timeout: Duration,
     pub max_frame_bytes: usize,
     /// Seed of the backoff jitter.
     pub seed: u64,
@@ -98,8 +105,9 @@ impl ClientOptions {
             memory_mb: 1024,
             store: None,
             backoff: Backoff::default(),
-            keep_alive: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(30),
+            keep_alive: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(15),
+            connect_timeout: Duration::from_secs(2),
             max_frame_bytes: DEFAULT_MAX_FRAME,
             seed: 0,
             stop: None,
@@ -118,6 +126,12 @@ pub enum ClientEvent {
     },
     Disconnected {
         reason: String,
+    },
+    /// The server acknowledged this client's update of `round` (`aggregated: false`: it came
+    /// after the round closed). Sent for every ack, before the round's cost record is complete.
+    Acked {
+        round: u64,
+        aggregated: bool,
     },
     /// A round's update was acknowledged; its cost record is complete.
     RoundDone {
@@ -208,25 +222,38 @@ impl RoundCost {
 }
 
 /// Gives the method the device state saved before a restart. A state file that cannot be read
-/// back, or that the method refuses (another method or model), is set aside with a warning and
-/// the method starts fresh; an unreadable disk is an error.
+/// back (the store sets it aside) or that the method refuses (another method or model; set aside
+/// here) is reported with a warning and the method starts fresh; an unreadable disk is an error.
 fn restore_device_state(store: &ClientStore, method: &mut dyn ClientMethod, client: &str) -> anyhow::Result<()> {
-    let refused = |why: String| -> anyhow::Result<()> {
-        let aside = store.set_aside_device_state().context("setting the refused device state aside")?;
-        tracing::warn!(client, %why, aside = %aside.display(), "device state refused: starting from a fresh one");
-        Ok(())
-    };
-    match store.load_device_state() {
-        Ok(None) => Ok(()),
-        Ok(Some(blocks)) => match method.restore_device_state(&blocks) {
-            Ok(()) => {
-                tracing::info!(client, blocks = blocks.len(), "device state restored");
-                Ok(())
-            }
-            Err(e) => refused(e.to_string()),
-        },
-        Err(e @ crate::store::StoreError::Corrupt { .. }) => refused(e.to_string()),
-        Err(e) => Err(e).context("loading the device state"),
+    let Some(blocks) = store.load_device_state().context("loading the device state")? else { return Ok(()) };
+    match method.restore_device_state(&blocks) {
+        Ok(()) => tracing::info!(client, blocks = blocks.len(), "device state restored"),
+        Err(e) => {
+            store
+                .set_aside_device_state(&format!("the method refused it: {e}"))
+                .context("setting the refused device state aside")?;
+            tracing::warn!(client, "starting from a fresh device state");
+        }
+    }
+    Ok(())
+}
+
+/// Failed connection attempts in a row, for the backoff. A connection that came up resets the
+/// count, so after losing it the first retry waits only the initial delay.
+#[derive(Debug, Default)]
+struct Failures(u32);
+
+impl Failures {
+    /// A connection came up.
+    fn connected(&mut self) {
+        self.0 = 0;
+    }
+
+    /// An attempt failed or a connection was lost: the new count, the attempt number to pass to
+    /// [`Backoff::delay`].
+    fn failed(&mut self) -> u32 {
+        self.0 = self.0.saturating_add(1);
+        self.0
     }
 }
 
@@ -257,6 +284,7 @@ pub async fn run(
         memory_mb: options.memory_mb,
         methods: [method.name()].iter().filter_map(|m| heapless::String::try_from(*m).ok()).collect(),
     };
+    // A corrupt file is set aside by the store and reads as none: not resent, no crash loop.
     let pending = match &options.store {
         Some(store) => store.load_pending().context("loading the unacknowledged update")?,
         None => None,
@@ -272,7 +300,7 @@ pub async fn run(
     let (trained_tx, mut trained_rx) = mpsc::unbounded_channel::<(u64, Result<Update, String>)>();
     let (uploaded_tx, mut uploaded_rx) = mpsc::unbounded_channel::<(u64, u64, f64, f64)>();
     let mut costs: HashMap<u64, RoundCost> = HashMap::new();
-    let mut failures = 0u32;
+    let mut failures = Failures::default();
     let mut stop = options.stop.clone();
     // Leaving on the stop signal with no connection to say goodbye on.
     let stopped_unconnected = || {
@@ -284,16 +312,25 @@ pub async fn run(
 
     loop {
         // The stop signal is watched while connecting and backing off too: a client whose
-        // server is unreachable must still leave at once on SIGTERM.
+        // server is unreachable must still leave at once on SIGTERM. A server that is down does
+        // not answer at all: without the connect timeout the attempt would wait out the whole
+        // idle timeout.
         let connecting = endpoint.connect(options.server, &options.server_name)?;
+        let attempt = async {
+            let conn = connecting.await.map_err(|e| e.to_string())?;
+            // Fails only if the connection is already gone: a failed attempt, not a fatal error.
+            let streams = conn.open_bi().await.map_err(|e| format!("opening the control stream: {e}"))?;
+            Ok::<_, String>((conn, streams))
+        };
         let connected = tokio::select! {
-            c = connecting => c,
+            c = tokio::time::timeout(options.connect_timeout, attempt) => c
+                .unwrap_or_else(|_| Err(format!("no answer within {:?}", options.connect_timeout))),
             _ = stopped(&mut stop) => return Ok(stopped_unconnected()),
         };
-        let conn = match connected {
+        let (conn, (mut control, control_recv)) = match connected {
             Ok(c) => c,
             Err(e) => {
-                failures += 1;
+                let failures = failures.failed();
                 if options.backoff.max_attempts.is_some_and(|m| failures >= m) {
                     anyhow::bail!("could not reach {} after {failures} attempts: {e}", options.server);
                 }
@@ -305,9 +342,8 @@ pub async fn run(
                 continue;
             }
         };
-        failures = 0;
+        failures.connected();
         emit(ClientEvent::Connected);
-        let (mut control, control_recv) = conn.open_bi().await.context("opening the control stream")?;
         let (in_tx, mut in_rx) = mpsc::unbounded_channel();
         // Tasks of this connection die with it (and with this future, if it is aborted).
         let mut tasks = tokio::task::JoinSet::new();
@@ -357,6 +393,15 @@ pub async fn run(
                             store.save_pending(update.as_ref()).context("persisting the update")?;
                         }
                     }
+                    SessionAction::SetAsidePending { round, reason } => {
+                        // Not fatal: the session no longer resends it either way; a file left in
+                        // place is resent (and refused again) only after a restart.
+                        if let Some(store) = &options.store
+                            && let Err(e) = store.set_aside_pending(&format!("round {round} refused: {reason}"))
+                        {
+                            tracing::warn!(client = %options.client_id, round, error = %e, "could not set the refused update aside");
+                        }
+                    }
                     SessionAction::Finished { reason } => {
                         if let Ok(frame) =
                             encode_frame(&Message::Goodbye(Goodbye { reason: "done".into() }), options.max_frame_bytes)
@@ -382,6 +427,7 @@ pub async fn run(
                                 cost.record.wire_down = wire_bytes;
                             }
                             Message::Ack(ack) => {
+                                emit(ClientEvent::Acked { round: ack.round, aggregated: ack.aggregated });
                                 if let Some(cost) = costs.get_mut(&ack.round) {
                                     cost.acked = Some(ack.aggregated);
                                     if let Some((record, aggregated)) = cost.complete(&options.client_id, ack.round) {
@@ -442,8 +488,9 @@ pub async fn run(
         session.disconnected();
         tracing::info!(client = %options.client_id, %reason, "disconnected");
         emit(ClientEvent::Disconnected { reason });
-        failures += 1;
-        if sleep_or_stop(options.backoff.delay(failures, &mut rng), &mut stop).await {
+        // The connection was up, so the count starts again: the first retry comes after the
+        // initial delay.
+        if sleep_or_stop(options.backoff.delay(failures.failed(), &mut rng), &mut stop).await {
             return Ok(stopped_unconnected());
         }
     }
@@ -558,5 +605,156 @@ async fn upload(
             let _ = done.send((round, wire, started.elapsed().as_secs_f64(), conn.rtt().as_secs_f64()));
         }
         Err(e) => tracing::info!(round, error = %e, "upload interrupted; it is resent after reconnecting"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use anchorage_shared::protocol::Broadcast;
+    use anchorage_shared::tensor::ParamBlock;
+
+    use super::*;
+    use crate::methods::TrainError;
+    use crate::model::FeatureCache;
+
+    /// A method that never trains; it refuses any device state when `refuse_state`.
+    struct Idle {
+        refuse_state: bool,
+    }
+
+    impl ClientMethod for Idle {
+        fn name(&self) -> &'static str {
+            "fedavg"
+        }
+        fn num_samples(&self) -> u64 {
+            1
+        }
+        fn train(&mut self, _: &Broadcast) -> Result<Update, TrainError> {
+            Err(TrainError::NoData)
+        }
+        fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
+            Ok(None)
+        }
+        fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+            Ok(Vec::new())
+        }
+        fn restore_device_state(&mut self, _: &[ParamBlock]) -> Result<(), TrainError> {
+            if self.refuse_state { Err(TrainError::NoData) } else { Ok(()) }
+        }
+    }
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("anchorage-client-transport-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    /// A throwaway self-signed certificate for `localhost` (these tests never complete a handshake).
+    fn test_cert() -> CertificateDer<'static> {
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap().cert.der().clone()
+    }
+
+    /// Options for a "server" that is a bound UDP socket nobody reads: a server that is down
+    /// and answers no Initial packet.
+    fn silent_server(client: &str) -> (std::net::UdpSocket, ClientOptions) {
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let cert = test_cert();
+        let mut options = ClientOptions::new(silent.local_addr().unwrap(), cert, client);
+        options.connect_timeout = Duration::from_millis(300);
+        options.idle_timeout = Duration::from_secs(30);
+        options.backoff =
+            Backoff { initial: Duration::from_millis(10), max: Duration::from_millis(20), max_attempts: Some(3) };
+        (silent, options)
+    }
+
+    #[test]
+    fn defaults_notice_a_restarted_server_within_seconds() {
+        let cert = test_cert();
+        let options = ClientOptions::new("127.0.0.1:4433".parse().unwrap(), cert, "c");
+        assert_eq!(
+            (options.keep_alive, options.idle_timeout, options.connect_timeout),
+            (Duration::from_secs(2), Duration::from_secs(15), Duration::from_secs(2))
+        );
+        let config = crate::config::ConnectionConfig::default();
+        assert_eq!(
+            (config.keep_alive(), config.idle_timeout(), config.connect_timeout()),
+            (options.keep_alive, options.idle_timeout, options.connect_timeout),
+            "client.toml's defaults are the library's"
+        );
+    }
+
+    #[test]
+    fn a_connection_that_was_up_resets_the_backoff() {
+        let backoff = Backoff::default();
+        let mut rng = Rng::derive(1, 2);
+        let mut failures = Failures::default();
+        for _ in 0..6 {
+            failures.failed();
+        }
+        assert!(backoff.delay(failures.failed(), &mut rng) > backoff.initial, "six failures in a row back off");
+        failures.connected();
+        // The connection is lost: the first retry waits no more than the initial delay.
+        let attempt = failures.failed();
+        assert_eq!(attempt, 1);
+        let delay = backoff.delay(attempt, &mut rng);
+        assert!(delay >= backoff.initial / 2 && delay <= backoff.initial, "{delay:?}");
+        // And a second loss in a row (the server is still down) backs off from there.
+        assert_eq!(failures.failed(), 2);
+    }
+
+    /// A server that does not answer costs `connect_timeout` an attempt, not the idle timeout,
+    /// and each timed-out attempt counts as a failure.
+    #[tokio::test]
+    async fn a_connect_attempt_to_a_silent_server_times_out() {
+        let (_silent, options) = silent_server("c");
+        let started = Instant::now();
+        let result =
+            tokio::time::timeout(Duration::from_secs(10), run(options, Box::new(Idle { refuse_state: false }), None))
+                .await
+                .expect("gave up long before the 30 s idle timeout");
+        let error = result.unwrap_err().to_string();
+        assert!(error.contains("after 3 attempts") && error.contains("no answer within 300ms"), "{error}");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "{took:?}");
+    }
+
+    /// Corrupt files, and a device state the method refuses, are set aside at start: the client
+    /// goes on to connect (here to a silent server) instead of failing at start.
+    #[tokio::test]
+    async fn corrupt_or_refused_files_do_not_stop_the_client_at_start() {
+        for refuse_state in [false, true] {
+            let dir = temp_dir(&format!("start-{refuse_state}"));
+            let store = ClientStore::new(&dir);
+            std::fs::write(dir.join("pending-update.bin"), b"ANCHUPD2 not what it was").unwrap();
+            if refuse_state {
+                let blocks = [ParamBlock::encode("tail.values", &[1], &[1.0], anchorage_shared::tensor::Encoding::F32)];
+                store.save_device_state(&blocks).unwrap();
+            } else {
+                std::fs::write(dir.join("device-state.bin"), b"ANCHDEV2\0\0\0\0").unwrap();
+            }
+            let (_silent, mut options) = silent_server("c");
+            options.backoff.max_attempts = Some(1);
+            options.store = Some(store);
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let error = run(options, Box::new(Idle { refuse_state }), Some(tx)).await.unwrap_err().to_string();
+            assert!(error.contains("could not reach"), "it got as far as connecting: {error}");
+            assert!(rx.try_recv().is_err(), "no event: it never connected");
+            let files = names(&dir);
+            assert_eq!(files.len(), 2, "{files:?}");
+            assert!(
+                files[0].starts_with("device-state.bin.corrupt-") || files[0].starts_with("device-state.bin.refused-")
+            );
+            assert_eq!(files[0].contains("refused"), refuse_state, "{files:?}");
+            assert!(files[1].starts_with("pending-update.bin.corrupt-"), "{files:?}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }

@@ -137,6 +137,27 @@ enum Outbound {
     Close(Refusal),
 }
 
+/// An endpoint whose keys outlive the process, so that after a restart a device's next packet
+/// on its old connection is answered with a stateless reset it recognises, and it reconnects at
+/// once instead of waiting out its idle timeout. Both keys matter: the connection-ID generator's
+/// key (quinn drops packets whose connection ID it did not sign, before any reset) and the reset
+/// key (the token the device checks).
+fn restart_aware_endpoint(secret: &[u8; 32]) -> quinn::EndpointConfig {
+    let derive = |label: &[u8]| {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(label);
+        ctx.update(secret);
+        ctx.finish()
+    };
+    let reset = derive(b"anchorage stateless reset");
+    let cid = derive(b"anchorage connection ids");
+    let cid_key = u64::from_le_bytes(cid.as_ref()[..8].try_into().expect("a SHA-256 digest has 32 bytes"));
+    let mut config =
+        quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, reset.as_ref())));
+    config.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key)));
+    config
+}
+
 /// Binds the endpoint and starts the engine. Resumes from the store's checkpoint if one exists.
 pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let crypto = server_crypto(&options.identity, None)?;
@@ -145,13 +166,8 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     server_config.transport_config(Arc::new(options.limits.transport_config()?));
     let socket =
         udp_socket(options.bind, options.limits.socket_buffer).with_context(|| format!("binding {}", options.bind))?;
-    // A stateless-reset key that outlives the process: after a restart, a device's next packet
-    // on its old connection is answered with a reset it recognises, and it reconnects at once.
     let endpoint_config = match &options.store {
-        Some(store) => {
-            let key = store.stateless_reset_key()?;
-            quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key)))
-        }
+        Some(store) => restart_aware_endpoint(&store.stateless_reset_key()?),
         None => quinn::EndpointConfig::default(),
     };
     let endpoint = quinn::Endpoint::new(endpoint_config, Some(server_config), socket, Arc::new(quinn::TokioRuntime))

@@ -235,6 +235,12 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         }
         let mut options = ClientOptions::new(server.local_addr, cert.clone(), client_id(i));
         options.seed = config.seed.wrapping_add(1000 + i as u64);
+        // The simulated server never restarts, so the devices' fast restart detection buys
+        // nothing here; keep the timers the simulator's wire figures were measured with, and let
+        // a handshake over a slow modelled link (or a busy host) take as long as it needs.
+        options.keep_alive = std::time::Duration::from_secs(5);
+        options.idle_timeout = std::time::Duration::from_secs(30);
+        options.connect_timeout = options.idle_timeout;
         if let Some(profile) = links[i].clone() {
             let (slot, seed) = (Arc::new(Mutex::new(None)), config.seed.wrapping_add(5000 + i as u64));
             link_handles.push(Some(slot.clone()));

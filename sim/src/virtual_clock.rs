@@ -466,7 +466,7 @@ fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &
                 }
                 queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
             }
-            SessionAction::Persist(_) | SessionAction::Finished { .. } => {}
+            SessionAction::Persist(_) | SessionAction::SetAsidePending { .. } | SessionAction::Finished { .. } => {}
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the cross-crate integration tests in `tests/`: raw QUIC peers that speak
 //! (or mangle) the protocol, to test the server the way a hostile or broken client would; and
-//! the real data folder with the FedTA scenario's data table, for the tests that need them.
+//! the real data folder with the FedTA scenario's data table, for the tests that need them; and
+//! the small FedAvg device that the restart and crash tests run.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -81,4 +82,27 @@ pub fn fedta_data_table(prefix: &str) -> String {
         .replace("[data.partition]", &format!("[{prefix}.partition]"))
         .replace("scale = 1.0", "scale = 0.05")
         .replace("surrogate_per_class = 20", "surrogate_per_class = 1")
+}
+
+/// A FedAvg device on its own seeded share of the embedded synthetic set (30 training and 10
+/// test images per class): small enough that a round takes a fraction of a second.
+pub fn fedavg_client(index: u64) -> anchorage_client::methods::FedAvgClient {
+    use anchorage_client::methods::{FedAvgClient, MethodContext};
+    use anchorage_data::{SyntheticConfig, synthetic};
+    let (train, test) = synthetic::generate(&SyntheticConfig {
+        train_per_class: 30,
+        test_per_class: 10,
+        seed: 3 + index,
+        ..Default::default()
+    });
+    let context = MethodContext::embedded(
+        anchorage_shared::method::MethodConfig::named("fedavg"),
+        &train,
+        &test,
+        burn::tensor::Device::flex().autodiff(),
+        anchorage_client::train::OptimizerKind::Adam,
+        anchorage_shared::tensor::Encoding::F32,
+        index,
+    );
+    FedAvgClient::new(context).expect("fedavg is a baseline")
 }

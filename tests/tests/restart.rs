@@ -6,12 +6,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anchorage_client::methods::{ClientMethod, FedAvgClient, MethodContext};
+use anchorage_client::methods::{ClientMethod, MethodContext};
 use anchorage_client::model::{BlockLayout, ModelSpec, Trainable};
 use anchorage_client::store::ClientStore;
 use anchorage_client::train::OptimizerKind;
 use anchorage_client::transport::{self as client, ClientOptions};
-use anchorage_data::{SyntheticConfig, synthetic};
 use anchorage_server::RoundReport;
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
@@ -21,6 +20,7 @@ use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHan
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Metric, RoundConfig, Update};
 use anchorage_shared::tensor::Encoding;
+use anchorage_tests::fedavg_client;
 use burn::tensor::Device;
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -54,25 +54,6 @@ async fn start(
     })
     .await
     .expect("server starts")
-}
-
-fn fedavg_client(index: u64) -> FedAvgClient {
-    let (train, test) = synthetic::generate(&SyntheticConfig {
-        train_per_class: 30,
-        test_per_class: 10,
-        seed: 3 + index,
-        ..Default::default()
-    });
-    let context = MethodContext::embedded(
-        MethodConfig::named("fedavg"),
-        &train,
-        &test,
-        Device::flex().autodiff(),
-        OptimizerKind::Adam,
-        Encoding::F32,
-        index,
-    );
-    FedAvgClient::new(context).expect("fedavg is a baseline")
 }
 
 /// Clients `c0` and `c1`, running until the federation says goodbye.
@@ -155,7 +136,8 @@ async fn restarted_client_resends_its_unacknowledged_update_once() {
     let identity = tls::self_signed(&["localhost"]).unwrap();
     let spec = ModelSpec::embedded_default();
     let initial = Trainable::new(&spec.net(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
-    let mut server = start(&identity, 1, 1, &ServerStore::open(temp_dir("resend-server")).unwrap(), initial.clone()).await;
+    let mut server =
+        start(&identity, 1, 1, &ServerStore::open(temp_dir("resend-server")).unwrap(), initial.clone()).await;
 
     // The client crashed after training round 1 and persisting the update, before the ack.
     let client_store = ClientStore::new(temp_dir("resend-client"));

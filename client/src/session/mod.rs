@@ -7,7 +7,8 @@
 //!
 //! The update is persisted before it is uploaded and kept until the server acknowledges it, so a
 //! dropped connection or a restarted process resends it after the next hello; the server
-//! de-duplicates by (client, round).
+//! de-duplicates by (client, round). Only the ack for its round clears it; an update the server
+//! refuses for good is not resent but set aside, never deleted.
 
 use std::collections::VecDeque;
 
@@ -22,8 +23,12 @@ pub enum SessionAction {
     Train(Broadcast),
     /// Upload this update on its own stream.
     Upload(Update),
-    /// Persist the unacknowledged update (`None`: clear it) before anything else happens.
+    /// Persist the unacknowledged update (`None`: clear it, only ever after the ack for its round)
+    /// before anything else happens.
     Persist(Option<Update>),
+    /// The server refused the unacknowledged update of `round` for good: it is not resent, and its
+    /// file is set aside (kept for an operator), never deleted.
+    SetAsidePending { round: u64, reason: String },
     /// The federation is over (goodbye) or refused us for good; stop.
     Finished { reason: String },
 }
@@ -174,9 +179,13 @@ impl Session {
                     | RefusalReason::BadTensor
                     | RefusalReason::NotSampled
                     | RefusalReason::Malformed => {
-                        // The pending update can never be accepted: drop it rather than resend forever.
-                        if self.pending.take().is_some() {
-                            self.actions.push_back(SessionAction::Persist(None));
+                        // The pending update can never be accepted: stop resending it, but keep its
+                        // file aside (only an ack deletes an update).
+                        if let Some(update) = self.pending.take() {
+                            self.actions.push_back(SessionAction::SetAsidePending {
+                                round: update.round,
+                                reason: format!("{:?}: {}", r.reason, r.detail),
+                            });
                         }
                         if matches!(self.state, SessionState::Uploading { .. }) {
                             self.state = SessionState::Idle;

@@ -130,8 +130,13 @@ fn refusals_drop_hopeless_updates_or_end_the_session() {
     drain(&mut s);
     let refuse = |reason| Message::Refusal(Refusal { reason, detail: "test".into() });
     s.handle_message(refuse(RefusalReason::ShapeMismatch)).unwrap();
-    assert_eq!(drain(&mut s), vec![SessionAction::Persist(None)], "a refused update is never resent");
+    assert_eq!(
+        drain(&mut s),
+        vec![SessionAction::SetAsidePending { round: 1, reason: "ShapeMismatch: test".into() }],
+        "a refused update is set aside, not deleted"
+    );
     assert_eq!(s.state(), SessionState::Idle);
+    assert!(s.pending().is_none());
     s.handle_message(refuse(RefusalReason::VersionMismatch)).unwrap();
     assert!(matches!(&drain(&mut s)[..], [SessionAction::Finished { .. }]));
     assert_eq!(s.state(), SessionState::Finished);
@@ -160,4 +165,68 @@ fn a_stale_ack_does_not_clear_a_newer_update() {
     s.handle_message(Message::Ack(Ack { round: 2, aggregated: true })).unwrap();
     assert!(drain(&mut s).is_empty());
     assert_eq!(s.pending(), Some(&update(3)));
+}
+
+#[test]
+fn a_final_refusal_sets_the_update_aside_and_it_is_never_resent() {
+    for reason in
+        [RefusalReason::ShapeMismatch, RefusalReason::BadTensor, RefusalReason::NotSampled, RefusalReason::Malformed]
+    {
+        // Restored after a restart and resent after the welcome, then refused.
+        let mut s = joined(Some(update(3)));
+        assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(3))]);
+        s.handle_message(Message::Refusal(Refusal { reason, detail: "round 3 is not open".into() })).unwrap();
+        let actions = drain(&mut s);
+        assert!(
+            matches!(&actions[..], [SessionAction::SetAsidePending { round: 3, reason: r }]
+                if r == &format!("{reason:?}: round 3 is not open")),
+            "{reason:?}: {actions:?}"
+        );
+        assert!(!actions.contains(&SessionAction::Persist(None)), "{reason:?}: never deleted");
+        assert_eq!((s.pending(), s.state()), (None, SessionState::Idle), "{reason:?}");
+        // Not resent: neither after reconnecting nor on the same round's broadcast.
+        s.disconnected();
+        s.connected();
+        s.handle_message(welcome()).unwrap();
+        s.handle_message(Message::Broadcast(broadcast(3))).unwrap();
+        let actions = drain(&mut s);
+        assert!(!actions.iter().any(|a| matches!(a, SessionAction::Upload(_))), "{reason:?}: {actions:?}");
+        // A second refusal with nothing pending sets nothing aside.
+        s.handle_message(Message::Refusal(Refusal { reason, detail: "again".into() })).unwrap();
+        assert!(drain(&mut s).is_empty(), "{reason:?}");
+    }
+}
+
+#[test]
+fn passing_refusals_keep_the_pending_update() {
+    for reason in [RefusalReason::Duplicate, RefusalReason::TooLarge, RefusalReason::ServerBusy] {
+        let mut s = joined(Some(update(3)));
+        drain(&mut s);
+        s.handle_message(Message::Refusal(Refusal { reason, detail: "test".into() })).unwrap();
+        assert!(drain(&mut s).is_empty(), "{reason:?}: neither cleared nor set aside");
+        assert_eq!(s.pending(), Some(&update(3)), "{reason:?}");
+    }
+}
+
+#[test]
+fn only_the_ack_for_its_round_clears_the_pending_update() {
+    let mut s = joined(Some(update(3)));
+    assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(3))]);
+    // Acks for other rounds, older and newer (a previous update's late ack, a confused
+    // server): the update stays, on disk and in memory, and is resent after reconnecting.
+    for round in [2, 4, 0, u64::MAX] {
+        s.handle_message(Message::Ack(Ack { round, aggregated: true })).unwrap();
+        assert!(drain(&mut s).is_empty(), "ack for round {round}");
+        assert_eq!(s.pending(), Some(&update(3)), "ack for round {round}");
+        assert_eq!(s.state(), SessionState::Uploading { round: 3 });
+    }
+    s.disconnected();
+    s.connected();
+    drain(&mut s);
+    s.handle_message(welcome()).unwrap();
+    assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(3))]);
+    // Its own ack, even a late one (not aggregated), clears it.
+    s.handle_message(Message::Ack(Ack { round: 3, aggregated: false })).unwrap();
+    assert_eq!(drain(&mut s), vec![SessionAction::Persist(None)]);
+    assert_eq!((s.pending(), s.state()), (None, SessionState::Idle));
 }
