@@ -445,6 +445,17 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
     // Not a speed benchmark: a regression guard against waiting out the 15 s idle timeout (the
     // old behaviour took about 30 s). The measured median is in the line above.
     assert!(median_reconnect.unwrap() < Duration::from_secs(8), "devices do not wait out the idle timeout");
+
+    // The ledger survived too, one row per client, round and kind, and `anchorage report` reads
+    // the state folder: its ledger from the database, its rounds from the rounds table.
+    let ledger = anchorage_server::store::read_ledger(&server.db()).unwrap();
+    let keys: BTreeSet<(String, u64, bool)> = ledger.iter().map(|c| (c.client.clone(), c.round, c.dropped)).collect();
+    assert!(!ledger.is_empty() && keys.len() == ledger.len(), "{} ledger rows", ledger.len());
+    let state = server.dir.join("state");
+    let files = anchorage_sim::report::write_report(&state).unwrap();
+    let md = std::fs::read_to_string(state.join("report.md")).unwrap();
+    assert!(md.contains(&format!("| rounds | {} |", f.rounds_closed)), "{md}");
+    assert!(files.iter().any(|p| p.ends_with("bytes_per_round.svg")), "{files:?}");
 }
 
 /// Rounds per minute with the server killed every 10 s for 3 minutes, against 3 minutes with no

@@ -58,32 +58,7 @@ impl ServerStore {
 
     /// Every record in the ledger, by round, client and kind.
     pub fn load_ledger(&self) -> Result<Vec<CostRecord>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(&format!("SELECT {COLUMNS} FROM ledger ORDER BY round, client, kind"))
-            .map_err(|e| self.classify(e))?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok(CostRecord {
-                    client: r.get(0)?,
-                    round: r.get::<_, i64>(1)?.max(0) as u64,
-                    dropped: r.get::<_, String>(2)? == "dropped",
-                    payload_down: r.get::<_, i64>(3)?.max(0) as u64,
-                    payload_up: r.get::<_, i64>(4)?.max(0) as u64,
-                    wire_down: r.get::<_, i64>(5)?.max(0) as u64,
-                    wire_up: r.get::<_, i64>(6)?.max(0) as u64,
-                    compute_seconds: r.get(7)?,
-                    transfer_seconds: r.get(8)?,
-                    wait_seconds: r.get(9)?,
-                    wall_seconds: r.get(10)?,
-                    rtt_seconds: r.get(11)?,
-                    joules: r.get(12)?,
-                    straggler: r.get(13)?,
-                })
-            })
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-            .map_err(|e| self.classify(e))?;
-        Ok(rows)
+        query_ledger(&self.conn()).map_err(|e| self.classify(e))
     }
 
     /// Writes the ledger as CSV (the simulator's `ledger.csv` format), atomically; returns the
@@ -99,4 +74,34 @@ impl ServerStore {
             .map_err(|source| StoreError::Io { path: path.into(), source })?;
         Ok(records.len())
     }
+}
+
+/// The ledger of a state folder's database, read without taking the folder's lock: a running
+/// server keeps writing, and WAL lets a reader see its last commit (`anchorage report`).
+pub fn read_ledger(db: &Path) -> Result<Vec<CostRecord>, StoreError> {
+    let conn = super::open_read_only(db)?;
+    query_ledger(&conn).map_err(|source| StoreError::Sqlite { path: db.into(), source })
+}
+
+fn query_ledger(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<CostRecord>> {
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM ledger ORDER BY round, client, kind"))?;
+    let rows = stmt.query_map([], |r| {
+        Ok(CostRecord {
+            client: r.get(0)?,
+            round: r.get::<_, i64>(1)?.max(0) as u64,
+            dropped: r.get::<_, String>(2)? == "dropped",
+            payload_down: r.get::<_, i64>(3)?.max(0) as u64,
+            payload_up: r.get::<_, i64>(4)?.max(0) as u64,
+            wire_down: r.get::<_, i64>(5)?.max(0) as u64,
+            wire_up: r.get::<_, i64>(6)?.max(0) as u64,
+            compute_seconds: r.get(7)?,
+            transfer_seconds: r.get(8)?,
+            wait_seconds: r.get(9)?,
+            wall_seconds: r.get(10)?,
+            rtt_seconds: r.get(11)?,
+            joules: r.get(12)?,
+            straggler: r.get(13)?,
+        })
+    })?;
+    rows.collect()
 }

@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
+pub use ledger::read_ledger;
+pub use rounds::read_round_reports;
 pub use schema::SCHEMA_VERSION;
 
 /// The database's file name inside the state folder.
@@ -177,6 +179,19 @@ impl ServerStore {
             .map_err(|e| self.classify(e))?;
         Ok(key)
     }
+}
+
+/// A read-only connection for tools that look at a state folder while its server runs; a
+/// database from a newer schema is refused.
+fn open_read_only(db: &Path) -> Result<Connection, StoreError> {
+    let sql = |source| StoreError::Sqlite { path: db.into(), source };
+    let conn = Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(sql)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(sql)?;
+    let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(sql)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema { path: db.into(), found, supported: SCHEMA_VERSION });
+    }
+    Ok(conn)
 }
 
 /// Takes the folder's lock file, or says who holds it.

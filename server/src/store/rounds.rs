@@ -264,3 +264,21 @@ fn update_checksum(round: u64, client: &str, body: &[u8]) -> Vec<u8> {
 fn version_checksum(version: u64, method: &str, state: &[u8]) -> Vec<u8> {
     checksum(&[b"version", &version.to_le_bytes(), method.as_bytes(), state])
 }
+
+/// The reports of a state folder's closed rounds, read without taking the folder's lock.
+pub fn read_round_reports(db: &std::path::Path) -> Result<Vec<RoundReport>, StoreError> {
+    let conn = super::open_read_only(db)?;
+    let sql = |source| StoreError::Sqlite { path: db.into(), source };
+    let mut stmt =
+        conn.prepare("SELECT round, report FROM rounds WHERE report IS NOT NULL ORDER BY round").map_err(sql)?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(sql)?;
+    rows.into_iter()
+        .map(|(round, json)| {
+            serde_json::from_str(&json)
+                .map_err(|e| StoreError::Corrupt { path: db.into(), detail: format!("round {round}'s report: {e}") })
+        })
+        .collect()
+}

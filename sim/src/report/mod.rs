@@ -17,19 +17,46 @@ use std::path::{Path, PathBuf};
 use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 
-use crate::record::{RunSummary, human_bytes};
+use crate::record::{RoundRow, RunSummary, SummaryInputs, human_bytes};
 use svg::{Series, heat_map, line_chart, stacked_bars};
 
-/// Reads a run folder's summary and ledger.
+/// Reads a run folder's summary and ledger. A server's state folder (`anchorage.db`) works too:
+/// the ledger is read from its database (without taking the running server's lock), and without
+/// a `metrics.json` the summary is made from the rounds the database closed (the server does not
+/// evaluate, so there is no accuracy).
 pub fn load(dir: &Path) -> anyhow::Result<(RunSummary, Vec<CostRecord>)> {
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path)
             .with_context(|| format!("reading {} (is {} a run folder?)", path.display(), dir.display()))
     };
-    let summary: RunSummary = serde_json::from_str(&read("metrics.json")?).context("parsing metrics.json")?;
-    let ledger: Vec<CostRecord> = serde_json::from_str(&read("ledger.json")?).context("parsing ledger.json")?;
-    Ok((summary, ledger))
+    let db = dir.join(anchorage_server::store::DB_FILE);
+    if !db.exists() {
+        let summary: RunSummary = serde_json::from_str(&read("metrics.json")?).context("parsing metrics.json")?;
+        let ledger: Vec<CostRecord> = serde_json::from_str(&read("ledger.json")?).context("parsing ledger.json")?;
+        return Ok((summary, ledger));
+    }
+    let ledger = anchorage_server::store::read_ledger(&db)?;
+    if dir.join("metrics.json").exists() {
+        return Ok((serde_json::from_str(&read("metrics.json")?).context("parsing metrics.json")?, ledger));
+    }
+    let reports = anchorage_server::store::read_round_reports(&db)?;
+    let rows: Vec<RoundRow> = reports
+        .iter()
+        .map(|r| {
+            let costs: Vec<CostRecord> = ledger.iter().filter(|c| c.round == r.round).cloned().collect();
+            RoundRow::from_report(r, f64::NAN, &costs)
+        })
+        .collect();
+    let inputs = SummaryInputs {
+        initial_accuracy: f64::NAN,
+        chance: f64::NAN,
+        late_updates: reports.last().map_or(0, |r| r.late_total),
+        refused: reports.iter().map(|r| r.refused).sum(),
+        decode_errors: 0,
+        wall_seconds: rows.iter().map(|r| r.seconds).sum(),
+    };
+    Ok((RunSummary::new(inputs, rows, &ledger, &[]), ledger))
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -56,36 +83,41 @@ pub fn write_report(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         Ok(())
     };
 
+    // A server's state folder has no accuracy (the server does not evaluate): no accuracy charts.
+    let evaluated = summary.initial_accuracy.is_finite();
     let initial = (0.0, summary.initial_accuracy * 100.0);
-    let accuracy: Vec<(f64, f64)> =
-        std::iter::once(initial).chain(summary.rounds.iter().map(|r| (r.round as f64, r.accuracy * 100.0))).collect();
-    put(
-        "accuracy_by_round.svg",
-        line_chart(
-            "Global accuracy by round",
-            "round",
-            "accuracy (%)",
-            &[Series { name: "global".into(), points: accuracy }],
-            Some((0.0, 100.0)),
-        ),
-    )?;
+    if evaluated {
+        let accuracy: Vec<(f64, f64)> = std::iter::once(initial)
+            .chain(summary.rounds.iter().map(|r| (r.round as f64, r.accuracy * 100.0)))
+            .collect();
+        put(
+            "accuracy_by_round.svg",
+            line_chart(
+                "Global accuracy by round",
+                "round",
+                "accuracy (%)",
+                &[Series { name: "global".into(), points: accuracy }],
+                Some((0.0, 100.0)),
+            ),
+        )?;
 
-    let mut clock = 0.0;
-    let mut by_time = vec![initial];
-    for r in &summary.rounds {
-        clock += r.seconds;
-        by_time.push((clock, r.accuracy * 100.0));
+        let mut clock = 0.0;
+        let mut by_time = vec![initial];
+        for r in &summary.rounds {
+            clock += r.seconds;
+            by_time.push((clock, r.accuracy * 100.0));
+        }
+        put(
+            "accuracy_by_time.svg",
+            line_chart(
+                "Global accuracy over time",
+                "seconds (sum of round durations)",
+                "accuracy (%)",
+                &[Series { name: "global".into(), points: by_time }],
+                Some((0.0, 100.0)),
+            ),
+        )?;
     }
-    put(
-        "accuracy_by_time.svg",
-        line_chart(
-            "Global accuracy over time",
-            "seconds (sum of round durations)",
-            "accuracy (%)",
-            &[Series { name: "global".into(), points: by_time }],
-            Some((0.0, 100.0)),
-        ),
-    )?;
 
     let per_client = |f: &dyn Fn(&CostRecord) -> u64| -> Vec<(f64, f64)> {
         rounds.iter().map(|&r| (r as f64, mean(by_round(r).map(|c| f(c) as f64)) / 1e6)).collect()
@@ -172,13 +204,17 @@ fn markdown(
     let mut md = String::from("# Run report\n\n");
     let total = |f: &dyn Fn(&CostRecord) -> u64| ledger.iter().map(f).sum::<u64>();
     let _ = writeln!(md, "| | |\n|---|---|");
-    let _ = writeln!(
-        md,
-        "| final accuracy | {:.2}% (initial {:.2}%, chance {:.0}%) |",
-        summary.final_accuracy * 100.0,
-        summary.initial_accuracy * 100.0,
-        summary.chance * 100.0
-    );
+    if summary.initial_accuracy.is_finite() {
+        let _ = writeln!(
+            md,
+            "| final accuracy | {:.2}% (initial {:.2}%, chance {:.0}%) |",
+            summary.final_accuracy * 100.0,
+            summary.initial_accuracy * 100.0,
+            summary.chance * 100.0
+        );
+    } else {
+        let _ = writeln!(md, "| final accuracy | not measured (a server's state folder) |");
+    }
     let _ = writeln!(md, "| rounds | {} |", summary.rounds.len());
     let _ = writeln!(
         md,
