@@ -1,7 +1,7 @@
 //! `client.toml`: what an operator writes to run `anchorage-client` on a device.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -113,14 +113,30 @@ impl ConnectionConfig {
 }
 
 /// The client's configuration file.
+///
+/// Relative paths in a file read with [`ClientConfig::load`] (`server_cert`, `cert`, `key`,
+/// `state_dir`, a scenario's `data_dir`) are taken from the folder that holds the file, not from
+/// the current directory, so a folder written by `anchorage provision` works wherever it is
+/// copied; absolute paths are used as they are.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientConfig {
-    pub server: SocketAddr,
+    /// The server's address, `host:port`: an IP address (`10.0.0.5:4433`) or a DNS name
+    /// (`server.example.org:4433`), resolved when the client starts ([`ClientConfig::server_addr`]).
+    pub server: String,
+    /// The name the server's certificate must carry (a DNS name or an IP address).
     #[serde(default = "default_server_name")]
     pub server_name: String,
-    /// The server's certificate (DER) this client pins.
+    /// The only certificate (DER) this client trusts: the project CA's `ca.der`, or a
+    /// development server's own `cert.der`.
     pub server_cert: PathBuf,
+    /// This device's certificate (DER) from the project CA; the server takes the device's id
+    /// from it. With `key`; both absent only against a development server (`insecure_dev`).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// This device's private key (DER, PKCS#8; keep it mode 0600).
+    #[serde(default)]
+    pub key: Option<PathBuf>,
     pub client_id: String,
     /// Durable state: the unacknowledged update survives restarts here.
     pub state_dir: PathBuf,
@@ -163,18 +179,59 @@ fn default_encoding() -> String {
 }
 
 impl ClientConfig {
-    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+    /// Reads and checks a config file; relative paths in it are resolved against the file's own
+    /// folder (see [`ClientConfig::resolve_paths`]).
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
         use anyhow::Context;
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let config: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let mut config: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         config.validate().with_context(|| format!("checking {}", path.display()))?;
+        config.resolve_paths(path.parent().unwrap_or(Path::new("")));
         Ok(config)
+    }
+
+    /// Makes every relative path (`server_cert`, `cert`, `key`, `state_dir`, a scenario's
+    /// `data_dir`) relative to `base` (the config file's folder); absolute paths stay as they are.
+    pub fn resolve_paths(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| *p = resolve(base, p);
+        fix(&mut self.server_cert);
+        fix(&mut self.state_dir);
+        self.cert.iter_mut().for_each(fix);
+        self.key.iter_mut().for_each(fix);
+        if let DataSource::Scenario { data_dir, .. } = &mut self.data {
+            fix(data_dir);
+        }
     }
 
     /// What parsing cannot check.
     pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.server.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
+            "server = \"{}\" is not `host:port` (e.g. \"server.example.org:4433\" or \"10.0.0.5:4433\")",
+            self.server
+        );
         self.connection.validate()
     }
+
+    /// The server's socket address: `server` as an IP address and port, or its host name looked
+    /// up (the first address the resolver gives).
+    pub fn server_addr(&self) -> anyhow::Result<SocketAddr> {
+        use anyhow::Context;
+        use std::net::ToSocketAddrs;
+        if let Ok(addr) = self.server.parse() {
+            return Ok(addr);
+        }
+        self.server
+            .to_socket_addrs()
+            .with_context(|| format!("resolving the server address `{}`", self.server))?
+            .next()
+            .with_context(|| format!("`{}` resolves to no address", self.server))
+    }
+}
+
+/// `path` under `base` when it is relative; as it is when absolute.
+pub fn resolve(base: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() { path.to_path_buf() } else { base.join(path) }
 }
 
 #[cfg(test)]
@@ -242,6 +299,35 @@ alpha = 0.5
         let err = format!("{:#}", super::ClientConfig::load(&path).unwrap_err());
         assert!(err.contains("client.toml") && err.contains("keep_alive_ms"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_config_files_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("edge-1");
+        std::fs::create_dir_all(&site).unwrap();
+        let text = format!("{MINIMAL}").replace(
+            "server_cert = \"cert.der\"",
+            "server_cert = \"ca.der\"\ncert = \"cert.der\"\nkey = \"/abs/key.der\"",
+        );
+        std::fs::write(site.join("client.toml"), text).unwrap();
+        let config = super::ClientConfig::load(&site.join("client.toml")).unwrap();
+        assert_eq!(config.server_cert, site.join("ca.der"));
+        assert_eq!(config.cert.as_deref(), Some(site.join("cert.der").as_path()));
+        assert_eq!(config.key.as_deref(), Some(std::path::Path::new("/abs/key.der")), "absolute paths stay");
+        assert_eq!(config.state_dir, site.join("state"));
+        assert_eq!(config.server_addr().unwrap(), "127.0.0.1:4433".parse().unwrap());
+    }
+
+    #[test]
+    fn the_server_is_host_and_port() {
+        let with = |server: &str| {
+            let config: super::ClientConfig = toml::from_str(&MINIMAL.replace("127.0.0.1:4433", server)).unwrap();
+            config.validate().map(|_| config)
+        };
+        assert_eq!(with("localhost:4433").unwrap().server_addr().unwrap().port(), 4433);
+        assert!(with("server.example.org").is_err(), "a port is needed");
+        assert!(with(":4433").is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`train`]: the local training and evaluation loop.
 //! - [`config`]: `client.toml`.
 //! - [`device`]: choosing the compute device at run time.
+//! - [`runner`]: from a `client.toml` to a running device (what `anchorage-client` runs).
 //! - [`transport`]: the quinn shell with reconnect and resend.
 //! - [`store`]: the durable local state (the unacknowledged update).
 //! - [`memory`]: the process's peak memory, reported with every update.
@@ -16,6 +17,7 @@ pub mod encoding;
 pub mod memory;
 pub mod methods;
 pub mod model;
+pub mod runner;
 pub mod session;
 pub mod share;
 pub mod store;

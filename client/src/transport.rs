@@ -55,8 +55,12 @@ pub struct ClientOptions {
     pub server: SocketAddr,
     /// Name in the server's certificate.
     pub server_name: String,
-    /// The server certificate this client pins (the only trusted root).
+    /// The only certificate this client trusts: the project CA's (`ca.der`), or, against a
+    /// development server (`insecure_dev`), that server's own certificate.
     pub server_cert: CertificateDer<'static>,
+    /// This device's certificate and key from the project CA (mutual TLS); the server takes the
+    /// device's id from it. `None` only against a development server.
+    pub client_cert: Option<Arc<ClientCert>>,
     pub client_id: String,
     /// Backend actually in use, announced in the hello.
     pub backend: String,
@@ -82,6 +86,25 @@ pub struct ClientOptions {
     pub socket_wrapper: Option<SocketWrapper>,
 }
 
+/// A device's certificate chain and private key.
+#[derive(Debug)]
+pub struct ClientCert {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: rustls::pki_types::PrivateKeyDer<'static>,
+}
+
+/// Whether a connection failed because TLS did not accept a certificate (ours or the server's):
+/// QUIC's crypto error codes, 0x100–0x1ff, carry a TLS alert. Retrying will not fix it, so it is
+/// logged as an error.
+pub fn tls_failure(e: &quinn::ConnectionError) -> bool {
+    let crypto = |code: u64| (0x100..=0x1ff).contains(&code);
+    match e {
+        quinn::ConnectionError::TransportError(t) => crypto(u64::from(t.code)),
+        quinn::ConnectionError::ConnectionClosed(c) => crypto(u64::from(c.error_code)),
+        _ => false,
+    }
+}
+
 /// The link-shaping hook: turns the bound UDP socket into the socket quinn drives.
 #[derive(Clone)]
 pub struct SocketWrapper(
@@ -100,6 +123,7 @@ impl ClientOptions {
             server,
             server_name: "localhost".into(),
             server_cert,
+            client_cert: None,
             client_id: client_id.into(),
             backend: "cpu".into(),
             memory_mb: 1024,
@@ -144,14 +168,22 @@ pub enum ClientEvent {
 }
 
 /// Pinned-certificate rustls config (ring provider only, TLS 1.3).
-pub fn client_crypto(server_cert: &CertificateDer<'static>) -> anyhow::Result<rustls::ClientConfig> {
+pub fn client_crypto(
+    server_cert: &CertificateDer<'static>,
+    client_cert: Option<&ClientCert>,
+) -> anyhow::Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(server_cert.clone()).context("pinning the server certificate")?;
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    roots.add(server_cert.clone()).context("the trusted certificate")?;
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3 with ring")?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let mut config = match client_cert {
+        Some(c) => builder
+            .with_client_auth_cert(c.chain.clone(), c.key.clone_key())
+            .context("this device's certificate and key")?,
+        None => builder.with_no_client_auth(),
+    };
     config.alpn_protocols = vec![ALPN.to_vec()];
     Ok(config)
 }
@@ -179,8 +211,10 @@ fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
         .send_window(16 << 20)
         .stream_receive_window(quinn::VarInt::from_u32(8 << 20))
         .receive_window(quinn::VarInt::from_u32(16 << 20));
-    let mut config =
-        quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto(&options.server_cert)?)?));
+    let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto(
+        &options.server_cert,
+        options.client_cert.as_deref(),
+    )?)?));
     config.transport_config(Arc::new(transport));
     endpoint.set_default_client_config(config);
     Ok(endpoint)
@@ -317,7 +351,12 @@ pub async fn run(
         // idle timeout.
         let connecting = endpoint.connect(options.server, &options.server_name)?;
         let attempt = async {
-            let conn = connecting.await.map_err(|e| e.to_string())?;
+            let conn = connecting.await.map_err(|e| {
+                if tls_failure(&e) {
+                    tls_error(&options, &e);
+                }
+                e.to_string()
+            })?;
             // Fails only if the connection is already gone: a failed attempt, not a fatal error.
             let streams = conn.open_bi().await.map_err(|e| format!("opening the control stream: {e}"))?;
             Ok::<_, String>((conn, streams))
@@ -472,7 +511,12 @@ pub async fn run(
                         break 'conn format!("control stream: {e}");
                     }
                 }
-                reason = conn.closed() => break 'conn reason.to_string(),
+                reason = conn.closed() => {
+                    if tls_failure(&reason) {
+                        tls_error(&options, &reason);
+                    }
+                    break 'conn reason.to_string()
+                }
                 _ = stopped(&mut stop) => {
                     let frame = encode_frame(&Message::Goodbye(Goodbye { reason: "client stopping".into() }), options.max_frame_bytes)?;
                     let _ = write_frame(&mut control, &frame).await;
@@ -494,6 +538,20 @@ pub async fn run(
             return Ok(stopped_unconnected());
         }
     }
+}
+
+/// A handshake that TLS refused: an error that says what to check (it keeps retrying, in case an
+/// operator fixes the files, but never quietly).
+fn tls_error(options: &ClientOptions, e: &quinn::ConnectionError) {
+    tracing::error!(
+        client = %options.client_id,
+        server = %options.server_name,
+        mutual_tls = options.client_cert.is_some(),
+        error = %e,
+        "TLS refused the connection: check that server_cert is the project CA (or the development server's own \
+         certificate), that the server's certificate names `server_name`, and that this device's certificate is \
+         valid and not revoked"
+    );
 }
 
 /// Sleeps for `delay`; `true` when the stop signal came first.

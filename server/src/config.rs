@@ -10,6 +10,11 @@ use crate::engine::EngineConfig;
 use crate::transport::Limits;
 
 /// The server's configuration file.
+///
+/// Relative paths in a file read with [`ServerConfig::load`] (`state_dir`, `tls_dir`, `[sikf]`'s
+/// `data_dir`) are taken from the folder that holds the file, not from the current directory,
+/// so a folder written by `anchorage provision` (`tls_dir = "."`, `state_dir = "state"`) works
+/// wherever it is copied; absolute paths are used as they are.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
@@ -23,10 +28,16 @@ pub struct ServerConfig {
     /// Folder of the durable state (`anchorage.db`, SQLite). Restarting with the same folder
     /// resumes, the round that was open included.
     pub state_dir: PathBuf,
-    /// Folder of `cert.der` / `key.der`; a self-signed pair is created there if absent, and
-    /// clients pin `cert.der`.
+    /// Folder of the server's TLS files: `cert.der` and `key.der` (mode 0600), issued by the
+    /// project CA, and the CA's `ca.der` and `revoked.crl` (re-read while running); `anchorage
+    /// provision` writes them all. With `insecure_dev` only `cert.der` / `key.der`, a self-signed
+    /// pair created on first start that clients pin.
     pub tls_dir: PathBuf,
-    /// Names the development certificate is issued for.
+    /// Development only: no client certificates, the hello names the client, and a warning at
+    /// every start. Never in the field: anyone who reaches the port can join under any name.
+    #[serde(default)]
+    pub insecure_dev: bool,
+    /// Names the development certificate is issued for (`insecure_dev` only).
     #[serde(default = "default_names")]
     pub server_names: Vec<String>,
     #[serde(default)]
@@ -92,11 +103,29 @@ fn default_names() -> Vec<String> {
 }
 
 impl ServerConfig {
-    /// Reads and checks a config file.
+    /// Reads and checks a config file; relative paths in it are resolved against the file's own
+    /// folder (see [`ServerConfig::resolve_paths`]).
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
         use anyhow::Context;
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("parsing {}", path.display()))
+        let mut config = Self::parse(&text).with_context(|| format!("parsing {}", path.display()))?;
+        config.resolve_paths(path.parent().unwrap_or(std::path::Path::new("")));
+        Ok(config)
+    }
+
+    /// Makes every relative path (`state_dir`, `tls_dir`, `[sikf]`'s `data_dir`) relative to
+    /// `base` (the config file's folder); absolute paths stay as they are.
+    pub fn resolve_paths(&mut self, base: &std::path::Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.state_dir);
+        fix(&mut self.tls_dir);
+        if let Some(sikf) = &mut self.sikf {
+            fix(&mut sikf.data_dir);
+        }
     }
 
     /// Parses and checks the text of a config file.
@@ -161,6 +190,19 @@ mod tests {
         assert_eq!(s.data.get("dataset").and_then(|v| v.as_str()), Some("tiny-imagenet-100"));
         let err = format!("{:#}", ServerConfig::parse(&text.replace("\"fedta\"", "\"fedavg\"")).unwrap_err());
         assert!(err.contains("[sikf] is FedTA's"), "{err}");
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_config_files_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("server");
+        std::fs::create_dir_all(&site).unwrap();
+        let text = "method = \"fedavg\"\nbind = \"127.0.0.1:4433\"\nstate_dir = \"state\"\ntls_dir = \".\"\n";
+        std::fs::write(site.join("server.toml"), text).unwrap();
+        let config = ServerConfig::load(&site.join("server.toml")).unwrap();
+        assert_eq!((config.state_dir, config.tls_dir), (site.join("state"), site.join(".")));
+        std::fs::write(site.join("abs.toml"), text.replace("\"state\"", "\"/var/lib/x\"")).unwrap();
+        assert_eq!(ServerConfig::load(&site.join("abs.toml")).unwrap().state_dir, PathBuf::from("/var/lib/x"));
     }
 
     #[test]

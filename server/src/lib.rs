@@ -1,14 +1,18 @@
 //! anchorage-server: the coordinator.
 //!
 //! - [`engine`]: the sans-IO round engine.
+//! - [`aggregate`]: robust aggregation rules and update screening, shared by every method.
 //! - [`methods`]: server halves of the methods (aggregation, prototype rules).
 //! - [`transport`]: the quinn endpoint driving the engine.
 //! - [`store`]: durable server state in SQLite (rounds, accepted updates, versions, clients, ledger).
 //! - [`service`]: the `anchorage-server` program (config, logging, signals).
 //! - [`metrics`]: counters and their Prometheus exposition over HTTP.
-//! - [`tls`]: certificates for development and pinning.
+//! - [`ca`]: the project CA (issue, revoke, verify; ids from certificates).
+//! - [`tls`]: identities on disk, rustls configs, the development mode's self-signed certificate.
 //! - `sikf` (feature `sikf`): FedTA's distillation on burn, for the standalone server.
 
+pub mod aggregate;
+pub mod ca;
 pub mod config;
 pub mod engine;
 pub mod methods;

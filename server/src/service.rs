@@ -45,8 +45,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     // corrupt or comes from a newer server stops us here, before anything listens.
     let store = ServerStore::open_with(&config.state_dir, config.store.clone())
         .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
-    let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
-    let identity = tls::load_or_create(&config.tls_dir, &names)?;
+    let (identity, trust) = identity_and_trust(&config)?;
     let method_config = config.method.config();
     let mut parts = methods::Parts::default();
     if let Some(section) = &config.sikf {
@@ -56,6 +55,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let mut server = transport::start(ServerOptions {
         bind: config.bind,
         identity,
+        trust,
         engine: config.engine.clone(),
         method,
         initial: Vec::new(),
@@ -96,6 +96,25 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         }
     }
     server.shutdown().await
+}
+
+/// The server's certificate and who it lets in: the project CA's files in `tls_dir` (mutual
+/// TLS), or, with `insecure_dev`, a self-signed development certificate and no client
+/// certificates.
+fn identity_and_trust(config: &ServerConfig) -> anyhow::Result<(tls::Identity, tls::Trust)> {
+    let dir = &config.tls_dir;
+    if config.insecure_dev {
+        let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
+        return Ok((tls::load_or_create(dir, &names)?, tls::Trust::InsecureDev));
+    }
+    let hint = "make the project's certificates with `anchorage ca init` and `anchorage ca issue server <name>` \
+                (or `anchorage provision project.toml`), or set `insecure_dev = true` for a development run";
+    let identity =
+        tls::load_identity(dir)?.with_context(|| format!("{} holds no cert.der / key.der: {hint}", dir.display()))?;
+    let ca_path = dir.join(crate::ca::CA_CERT);
+    let ca =
+        std::fs::read(&ca_path).with_context(|| format!("reading the project CA {}: {hint}", ca_path.display()))?;
+    Ok((identity, tls::Trust::ProjectCa { ca: ca.into(), crl: Some(dir.join(crate::ca::CRL)) }))
 }
 
 /// FedTA's distiller from `[sikf]`.

@@ -1,7 +1,8 @@
 //! TLS for the QUIC endpoint: rustls with the `ring` provider only, TLS 1.3, ALPN `anchorage/1`.
 //!
-//! Today the server presents a self-signed development certificate that clients pin. Mutual TLS
-//! with a project CA plugs in here: [`server_crypto`] takes the client verifier as a parameter.
+//! By default the server presents a certificate signed by the project CA ([`crate::ca`]) and asks
+//! every client for one (mutual TLS). In the explicit development mode it presents a self-signed
+//! certificate that clients pin, and asks for none.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,6 +26,40 @@ impl Clone for Identity {
     }
 }
 
+/// How the server decides who a peer is.
+#[derive(Debug, Clone)]
+pub enum Trust {
+    /// Mutual TLS (the default): a client needs a certificate the project CA signed, within its
+    /// validity period and not on the revocation list, and its id is the one in the certificate.
+    /// The CRL file (`revoked.crl`) is re-read while the server runs.
+    ProjectCa { ca: CertificateDer<'static>, crl: Option<std::path::PathBuf> },
+    /// Development only (`insecure_dev = true`): no client certificates; the hello names the
+    /// client, so anyone who reaches the port can claim any name.
+    InsecureDev,
+}
+
+impl Trust {
+    /// The CRL as it is on disk now (none when the file does not exist yet).
+    pub fn read_crl(&self) -> anyhow::Result<Option<rustls::pki_types::CertificateRevocationListDer<'static>>> {
+        let Self::ProjectCa { crl: Some(path), .. } = self else { return Ok(None) };
+        match std::fs::read(path) {
+            Ok(bytes) => Ok(Some(bytes.into())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// The server-side rustls config for this trust (with the CRL as it is on disk now).
+    pub fn server_crypto(&self, identity: &Identity) -> anyhow::Result<rustls::ServerConfig> {
+        match self {
+            Self::InsecureDev => server_crypto(identity, None),
+            Self::ProjectCa { ca, .. } => {
+                server_crypto(identity, Some(crate::ca::client_verifier(ca, self.read_crl()?)?))
+            }
+        }
+    }
+}
+
 /// The one crypto provider (ring); configs are built with it explicitly, so no process-wide
 /// default is needed and two providers can never collide.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -41,25 +76,89 @@ pub fn self_signed(names: &[&str]) -> anyhow::Result<Identity> {
     })
 }
 
-/// Loads `cert.der` and `key.der` from `dir`, creating a self-signed pair there if absent.
+/// The certificate and key files of a TLS folder.
+pub const CERT_FILE: &str = "cert.der";
+pub const KEY_FILE: &str = "key.der";
+
+/// Loads `cert.der` and `key.der` from `dir`. A certificate without its key, or a key without
+/// its certificate, is an error that says what to do: an identity is never made again silently
+/// (devices that trust the old one would be locked out).
+pub fn load_identity(dir: &Path) -> anyhow::Result<Option<Identity>> {
+    let (cert_path, key_path) = (dir.join(CERT_FILE), dir.join(KEY_FILE));
+    match (cert_path.exists(), key_path.exists()) {
+        (false, false) => Ok(None),
+        (true, true) => {
+            let cert = std::fs::read(&cert_path).with_context(|| format!("reading {}", cert_path.display()))?;
+            let key = std::fs::read(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
+            warn_if_readable_by_others(&key_path);
+            Ok(Some(Identity {
+                cert: CertificateDer::from(cert),
+                key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key)),
+            }))
+        }
+        (true, false) => anyhow::bail!(
+            "{} is missing but {} exists: restore the key from a backup, or issue a new certificate \
+             (`anchorage ca issue`) and give every device the new one; a new key is not made silently",
+            key_path.display(),
+            cert_path.display()
+        ),
+        (false, true) => anyhow::bail!(
+            "{} exists without its certificate {}: restore the certificate or issue a new pair",
+            key_path.display(),
+            cert_path.display()
+        ),
+    }
+}
+
+/// Writes an identity into `dir`: the key with mode 0600, then the certificate.
+pub fn save_identity(dir: &Path, identity: &Identity) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    write_private(&dir.join(KEY_FILE), identity.key.secret_der())?;
+    let cert_path = dir.join(CERT_FILE);
+    anchorage_shared::io::write_atomic(&cert_path, identity.cert.as_ref())
+        .with_context(|| format!("writing {}", cert_path.display()))
+}
+
+/// Development mode: loads `cert.der` and `key.der` from `dir`, creating a self-signed pair
+/// there only when neither exists.
 pub fn load_or_create(dir: &Path, names: &[&str]) -> anyhow::Result<Identity> {
-    let (cert_path, key_path) = (dir.join("cert.der"), dir.join("key.der"));
-    if cert_path.exists() && key_path.exists() {
-        let cert = std::fs::read(&cert_path).with_context(|| format!("reading {}", cert_path.display()))?;
-        let key = std::fs::read(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
-        return Ok(Identity {
-            cert: CertificateDer::from(cert),
-            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key)),
-        });
+    if let Some(id) = load_identity(dir)? {
+        return Ok(id);
     }
     let id = self_signed(names)?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    anchorage_shared::io::write_atomic(&cert_path, id.cert.as_ref())
-        .with_context(|| format!("writing {}", cert_path.display()))?;
-    anchorage_shared::io::write_atomic(&key_path, id.key.secret_der())
-        .with_context(|| format!("writing {}", key_path.display()))?;
-    tracing::info!(cert = %cert_path.display(), "created a self-signed development certificate; clients pin this file");
+    save_identity(dir, &id)?;
+    tracing::info!(cert = %dir.join(CERT_FILE).display(), "created a self-signed development certificate; clients pin this file");
     Ok(id)
+}
+
+/// Writes a secret atomically with mode 0600 from the start (never world-readable, not even
+/// for a moment).
+pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let context = || format!("writing {}", path.display());
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(context)?;
+    file.write_all(bytes).with_context(context)?;
+    file.sync_all().with_context(context)?;
+    std::fs::rename(&tmp, path).with_context(context)?;
+    Ok(())
+}
+
+/// A private key others can read is logged (it still works: refusing would take a device down).
+fn warn_if_readable_by_others(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(key = %path.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "a private key is readable by other users; chmod 600 it");
+    }
 }
 
 /// Server-side rustls config. `client_verifier` is `None` for server-only authentication.

@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
-use anchorage_shared::io::{FrameIoError, read_frame, udp_socket, write_frame};
-use anchorage_shared::protocol::{DecodeError, Message, Refusal, RefusalReason};
+use anchorage_shared::io::{FrameIoError, ReadLimits, read_frame_limited, udp_socket, write_frame};
+use anchorage_shared::protocol::{DecodeError, KIND_UPDATE, Message, Refusal, RefusalReason};
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
 use quinn::VarInt;
@@ -27,7 +27,7 @@ use crate::engine::config::duration_ms;
 use crate::engine::{Action, Checkpoint, ClientId, Engine, EngineConfig, Persist, RoundReport};
 use crate::methods::ServerMethod;
 use crate::store::ServerStore;
-use crate::tls::{Identity, server_crypto};
+use crate::tls::{Identity, Trust};
 
 /// QUIC limits per connection.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -49,6 +49,18 @@ pub struct Limits {
     pub connection_window: u32,
     /// Kernel UDP buffer size requested for the endpoint's socket.
     pub socket_buffer: usize,
+    /// A peer that sends no byte of a started frame for this long is closed (its half-read
+    /// frame is not held).
+    #[serde(with = "duration_ms")]
+    pub read_stall: Duration,
+    /// Largest frame of a control message (hello, heartbeat, cost, goodbye); updates get
+    /// `max_frame_bytes` of the engine config.
+    pub max_control_frame: u32,
+    /// Connections open at once; more are refused before the handshake.
+    pub max_connections: usize,
+    /// Handshakes in progress from one IP address; more are refused (a host cannot tie up the
+    /// server with half-open connections).
+    pub max_handshakes_per_ip: usize,
 }
 
 impl Default for Limits {
@@ -61,6 +73,10 @@ impl Default for Limits {
             stream_window: 8 << 20,
             connection_window: 16 << 20,
             socket_buffer: 4 << 20,
+            read_stall: Duration::from_secs(30),
+            max_control_frame: 64 << 10,
+            max_connections: 10_000,
+            max_handshakes_per_ip: 16,
         }
     }
 }
@@ -93,6 +109,8 @@ pub enum ServerEvent {
 pub struct ServerOptions {
     pub bind: SocketAddr,
     pub identity: Identity,
+    /// Who may connect, and where a peer's id comes from.
+    pub trust: Trust,
     pub engine: EngineConfig,
     pub method: Box<dyn ServerMethod>,
     /// Global blocks of round 1 when no checkpoint exists (may be empty).
@@ -125,9 +143,22 @@ impl ServerHandle {
 }
 
 enum Input {
-    Hello { conn: u64, client: ClientId, msg: Message, out: mpsc::UnboundedSender<Outbound> },
-    Message { client: ClientId, msg: Message },
-    Closed { conn: u64, client: ClientId },
+    Hello {
+        conn: u64,
+        client: ClientId,
+        /// SHA-256 of the certificate the peer showed (mutual TLS).
+        fingerprint: Option<String>,
+        msg: Message,
+        out: mpsc::UnboundedSender<Outbound>,
+    },
+    Message {
+        client: ClientId,
+        msg: Message,
+    },
+    Closed {
+        conn: u64,
+        client: ClientId,
+    },
 }
 
 #[derive(Debug)]
@@ -158,12 +189,77 @@ fn restart_aware_endpoint(secret: &[u8; 32]) -> quinn::EndpointConfig {
     config
 }
 
+fn quic_server_config(
+    trust: &Trust,
+    identity: &Identity,
+    transport: &Arc<quinn::TransportConfig>,
+) -> anyhow::Result<quinn::ServerConfig> {
+    let crypto = trust.server_crypto(identity)?;
+    let mut config =
+        quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(crypto).context("QUIC TLS config")?));
+    config.transport_config(transport.clone());
+    Ok(config)
+}
+
+/// Serial numbers on the project CA's revocation list, as the server last read it.
+pub type Revoked = Arc<std::collections::BTreeSet<String>>;
+
+/// Under mutual TLS, re-reads the CRL when its file changes (every 2 s): new handshakes are
+/// checked against the new list at once, and live connections whose certificate it revokes are
+/// closed. Returns the list as a watch every connection follows.
+fn watch_revocations(
+    endpoint: &quinn::Endpoint,
+    trust: &Trust,
+    identity: &Identity,
+    transport: Arc<quinn::TransportConfig>,
+) -> anyhow::Result<watch::Receiver<Revoked>> {
+    let serials = |crl: Option<&[u8]>| -> anyhow::Result<Revoked> {
+        Ok(Arc::new(crl.map(crate::ca::revoked_serials).transpose()?.unwrap_or_default()))
+    };
+    let trust = trust.clone();
+    let first = trust.read_crl()?;
+    let (tx, rx) = watch::channel(serials(first.as_deref())?);
+    let Trust::ProjectCa { crl: Some(path), .. } = &trust else { return Ok(rx) };
+    let (path, identity, endpoint) = (path.clone(), identity.clone(), endpoint.clone());
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = modified(&path);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        while !tx.is_closed() {
+            tick.tick().await;
+            let now = modified(&path);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            let reloaded = trust.read_crl().and_then(|crl| {
+                let list = serials(crl.as_deref())?;
+                Ok((quic_server_config(&trust, &identity, &transport)?, list))
+            });
+            match reloaded {
+                Ok((config, list)) => {
+                    endpoint.set_server_config(Some(config));
+                    tracing::info!(crl = %path.display(), revoked = list.len(), "revocation list reloaded");
+                    let _ = tx.send(list);
+                }
+                Err(e) => {
+                    tracing::error!(crl = %path.display(), error = %e, "revocation list unreadable; keeping the previous one")
+                }
+            }
+        }
+    });
+    Ok(rx)
+}
+
 /// Binds the endpoint and starts the engine. Resumes from the store's checkpoint if one exists.
 pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
-    let crypto = server_crypto(&options.identity, None)?;
-    let mut server_config =
-        quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(crypto).context("QUIC TLS config")?));
-    server_config.transport_config(Arc::new(options.limits.transport_config()?));
+    if matches!(options.trust, Trust::InsecureDev) {
+        tracing::warn!(
+            "insecure development mode: clients present no certificate and name themselves; never use this in the field"
+        );
+    }
+    let transport_config = Arc::new(options.limits.transport_config()?);
+    let server_config = quic_server_config(&options.trust, &options.identity, &transport_config)?;
     let socket =
         udp_socket(options.bind, options.limits.socket_buffer).with_context(|| format!("binding {}", options.bind))?;
     let endpoint_config = match &options.store {
@@ -183,12 +279,29 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let max_frame = options.engine.max_frame_bytes as usize;
 
+    let revoked = watch_revocations(&endpoint, &options.trust, &options.identity, transport_config)?;
     let accept_endpoint = endpoint.clone();
     let accept_metrics = metrics.clone();
     let limits = options.limits.clone();
     tokio::spawn(async move {
         let mut next_conn = 0u64;
+        let handshakes = Arc::new(std::sync::Mutex::new(HashMap::new()));
         while let Some(incoming) = accept_endpoint.accept().await {
+            // Bounded before any cryptography runs: connections in all, handshakes per host.
+            if accept_endpoint.open_connections() >= limits.max_connections {
+                accept_metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(remote = %incoming.remote_address(), max = limits.max_connections, "connection limit reached; refused");
+                incoming.refuse();
+                continue;
+            }
+            let Some(slot) =
+                HandshakeSlot::take(&handshakes, incoming.remote_address().ip(), limits.max_handshakes_per_ip)
+            else {
+                accept_metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(remote = %incoming.remote_address(), max = limits.max_handshakes_per_ip, "too many handshakes from one address; refused");
+                incoming.refuse();
+                continue;
+            };
             next_conn += 1;
             accept_metrics.connections.fetch_add(1, Ordering::Relaxed);
             let ctx = ConnCtx {
@@ -197,10 +310,11 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
                 metrics: accept_metrics.clone(),
                 max_frame,
                 limits: limits.clone(),
+                revoked: revoked.clone(),
             };
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
-                if let Err(e) = ctx.run(incoming).await {
+                if let Err(e) = ctx.run(incoming, slot).await {
                     tracing::debug!(%remote, error = %e, "connection ended");
                 }
             });
@@ -266,6 +380,7 @@ async fn run_engine(
 ) -> anyhow::Result<()> {
     let start = Instant::now();
     let mut conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)> = HashMap::new();
+    let mut fingerprints: HashMap<ClientId, String> = HashMap::new();
     // A recovered round that already held its target closed during recovery: carry that out first.
     let mut first = true;
     loop {
@@ -278,7 +393,10 @@ async fn run_engine(
                     let Some(input) = input else { break };
                     let now = start.elapsed();
                     match input {
-                        Input::Hello { conn, client, msg, out } => {
+                        Input::Hello { conn, client, fingerprint, msg, out } => {
+                        if let Some(f) = fingerprint {
+                            fingerprints.insert(client.clone(), f);
+                        }
                             if let Some((old, old_out)) = conns.insert(client.clone(), (conn, out)) {
                                 tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
                                 let _ = old_out.send(Outbound::Close(Refusal { reason: RefusalReason::Duplicate, detail: "replaced by a newer connection".into() }));
@@ -325,7 +443,10 @@ async fn run_engine(
                         let _ = out.send(Outbound::Close(refusal));
                     }
                 }
-                Action::Persist(persist) => {
+                Action::Persist(mut persist) => {
+                    if let Persist::Seen { client, fingerprint } = &mut persist {
+                        *fingerprint = fingerprints.get(client).cloned();
+                    }
                     if let Some(store) = &store {
                         commit(store, persist, &metrics).await?;
                     }
@@ -391,6 +512,66 @@ struct ConnCtx {
     metrics: Arc<ServerMetrics>,
     max_frame: usize,
     limits: Limits,
+    revoked: watch::Receiver<Revoked>,
+}
+
+/// One handshake in progress from one IP address; the count goes down when it is dropped.
+struct HandshakeSlot {
+    counts: Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>,
+    ip: std::net::IpAddr,
+}
+
+impl HandshakeSlot {
+    fn take(
+        counts: &Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>,
+        ip: std::net::IpAddr,
+        max: usize,
+    ) -> Option<Self> {
+        let mut map = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Self { counts: counts.clone(), ip })
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The id and serial number of a peer's certificate (mutual TLS), `None` when it showed none.
+fn certificate_id(conn: &quinn::Connection) -> anyhow::Result<Option<(String, String)>> {
+    let Some(identity) = conn.peer_identity() else { return Ok(None) };
+    let chain = identity
+        .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+        .map_err(|_| anyhow::anyhow!("the peer identity is not a certificate chain"))?;
+    let leaf = chain.first().context("an empty certificate chain")?;
+    crate::ca::peer_id(leaf).map(Some)
+}
+
+/// SHA-256 (hex) of the certificate a peer showed, for the client registry.
+fn certificate_fingerprint(conn: &quinn::Connection) -> Option<String> {
+    let chain = conn.peer_identity()?.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok()?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, chain.first()?.as_ref());
+    Some(digest.as_ref().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Completes when `serial` appears on the revocation list; never without a serial.
+async fn revoked(list: &mut watch::Receiver<Revoked>, serial: Option<&str>) {
+    let Some(serial) = serial else { return std::future::pending().await };
+    if list.wait_for(|l| l.contains(serial)).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The refusal that answers a frame that could not be read.
@@ -405,15 +586,29 @@ fn refusal_for(e: &FrameIoError) -> Refusal {
 }
 
 impl ConnCtx {
-    async fn run(self, incoming: quinn::Incoming) -> anyhow::Result<()> {
+    async fn run(self, incoming: quinn::Incoming, handshake: HandshakeSlot) -> anyhow::Result<()> {
         let conn = incoming.await?;
+        drop(handshake);
         let remote = conn.remote_address();
+        // Mutual TLS: the handshake proved the certificate; its id is who this peer is.
+        let certified = match certificate_id(&conn) {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%remote, error = %e, "refusing a certificate without a usable id");
+                conn.close(VarInt::from_u32(1), b"certificate names no id");
+                return Ok(());
+            }
+        };
         let (mut control_send, mut control_recv) = tokio::time::timeout(self.limits.hello_timeout, conn.accept_bi())
             .await
             .context("no control stream in time")??;
-        let first = tokio::time::timeout(self.limits.hello_timeout, read_frame(&mut control_recv, self.max_frame))
-            .await
-            .context("no hello in time")?;
+        let first = tokio::time::timeout(
+            self.limits.hello_timeout,
+            read_frame_limited(&mut control_recv, &self.control_limits()),
+        )
+        .await
+        .context("no hello in time")?;
         let hello = match first {
             Ok(Some((msg @ Message::Hello(_), n))) => {
                 self.count_in(n);
@@ -432,21 +627,41 @@ impl ConnCtx {
                 return self.refuse(&conn, &mut control_send, refusal_for(&e), &remote.to_string()).await;
             }
         };
-        // Development TLS: the hello names the client. Under mutual TLS the name comes from the
-        // peer certificate (`conn.peer_identity()`) and the engine checks the hello against it.
+        // Under mutual TLS the id is the certificate's and the engine refuses a hello that names
+        // another; in the development mode the hello names the client.
         let Message::Hello(h) = &hello else { unreachable!("matched above") };
-        let client = h.client_id.clone();
+        let serial = certified.as_ref().map(|(_, serial)| serial.clone());
+        let client = certified.map_or_else(|| h.client_id.clone(), |(id, _)| id);
+        if serial.as_ref().is_some_and(|s| self.revoked.borrow().contains(s)) {
+            let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: "certificate revoked".into() };
+            return self.refuse(&conn, &mut control_send, refusal, &client).await;
+        }
         let (out_tx, out_rx) = mpsc::unbounded_channel();
-        self.inputs.send(Input::Hello { conn: self.id, client: client.clone(), msg: hello, out: out_tx.clone() })?;
+        let fingerprint = certificate_fingerprint(&conn);
+        self.inputs.send(Input::Hello {
+            conn: self.id,
+            client: client.clone(),
+            fingerprint,
+            msg: hello,
+            out: out_tx.clone(),
+        })?;
         tracing::info!(%client, %remote, "client connected");
 
         let mut writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx));
         let control = self.read_loop(control_recv, client.clone(), out_tx.clone());
         let uploads = self.accept_uploads(&conn, client.clone(), out_tx.clone());
+        let mut revocations = self.revoked.clone();
         let refused = tokio::select! {
             refused = control => refused,
             refused = uploads => refused,
             _ = conn.closed() => false,
+            _ = revoked(&mut revocations, serial.as_deref()) => {
+                tracing::warn!(%client, "certificate revoked while connected; closing");
+                self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: "certificate revoked".into() };
+                let _ = out_tx.send(Outbound::Close(refusal));
+                true
+            }
         };
         if refused {
             // Let the writer deliver the refusal and close the connection itself.
@@ -456,6 +671,23 @@ impl ConnCtx {
         let _ = self.inputs.send(Input::Closed { conn: self.id, client: client.clone() });
         tracing::info!(%client, reason = ?conn.close_reason(), "client disconnected");
         Ok(())
+    }
+
+    /// The control stream carries only small messages.
+    fn control_limits(&self) -> ReadLimits<'static> {
+        let small = (self.limits.max_control_frame as usize).min(self.max_frame);
+        ReadLimits { max_frame: small, max_small: small, large_kinds: &[], stall: Some(self.limits.read_stall) }
+    }
+
+    /// An upload stream carries one update, up to the engine's frame limit.
+    fn upload_limits(&self) -> ReadLimits<'static> {
+        let small = (self.limits.max_control_frame as usize).min(self.max_frame);
+        ReadLimits {
+            max_frame: self.max_frame,
+            max_small: small,
+            large_kinds: &[KIND_UPDATE],
+            stall: Some(self.limits.read_stall),
+        }
     }
 
     fn count_in(&self, bytes: usize) {
@@ -490,7 +722,7 @@ impl ConnCtx {
         out: mpsc::UnboundedSender<Outbound>,
     ) -> bool {
         loop {
-            match read_frame(&mut recv, self.max_frame).await {
+            match read_frame_limited(&mut recv, &self.control_limits()).await {
                 Ok(Some((msg, n))) => {
                     self.count_in(n);
                     if self.inputs.send(Input::Message { client: client.clone(), msg }).is_err() {
@@ -505,7 +737,9 @@ impl ConnCtx {
 
     /// Refuses a bad frame (returns true), or ignores a stream that merely broke off (false).
     fn bad_frame(&self, client: &str, e: &FrameIoError, out: &mpsc::UnboundedSender<Outbound>) -> bool {
-        if let FrameIoError::Io(_) = e {
+        if let FrameIoError::Io(io) = e
+            && io.kind() != std::io::ErrorKind::TimedOut
+        {
             return false; // the connection went away; nothing to refuse
         }
         self.metrics.decode_errors.fetch_add(1, Ordering::Relaxed);
@@ -523,7 +757,7 @@ impl ConnCtx {
         out: mpsc::UnboundedSender<Outbound>,
     ) -> bool {
         while let Ok(mut recv) = conn.accept_uni().await {
-            match read_frame(&mut recv, self.max_frame).await {
+            match read_frame_limited(&mut recv, &self.upload_limits()).await {
                 Ok(Some((msg, n))) => {
                     self.count_in(n);
                     if self.inputs.send(Input::Message { client: client.clone(), msg }).is_err() {

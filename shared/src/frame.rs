@@ -80,6 +80,16 @@ impl FrameReader {
         Ok(Some(len))
     }
 
+    /// Checks a length prefix against the maximum without keeping it (for readers that buffer
+    /// the frame themselves).
+    pub fn push_and_check(&mut self, prefix: &[u8]) -> Result<(), FrameError> {
+        self.buf.clear();
+        self.buf.extend_from_slice(prefix);
+        let result = self.pending_len().map(|_| ());
+        self.buf.clear();
+        result
+    }
+
     /// The error to report when the stream ended with a partial frame buffered.
     pub fn truncation(&self) -> FrameError {
         let needed = match self.pending_len() {

@@ -2,7 +2,6 @@
 //! The one frame reader: it delegates to [`FrameReader`], so limits and errors are the same as
 //! for the sans-IO decoder.
 
-use alloc::vec;
 use alloc::vec::Vec;
 use std::io;
 use std::path::Path;
@@ -28,35 +27,84 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     max_frame: usize,
 ) -> Result<Option<(Message, usize)>, FrameIoError> {
-    let mut reader = FrameReader::new(max_frame);
-    let mut prefix = [0u8; LEN_BYTES];
+    read_frame_limited(r, &ReadLimits { max_frame, max_small: max_frame, large_kinds: &[], stall: None }).await
+}
+
+/// What one peer may make a reader hold, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits<'a> {
+    /// Largest frame of the kinds in `large_kinds` (updates, broadcasts).
+    pub max_frame: usize,
+    /// Largest frame of every other kind (hello, heartbeat, cost, …).
+    pub max_small: usize,
+    pub large_kinds: &'a [u8],
+    /// A peer that sends no byte of a started frame for this long is cut off (a stalled upload
+    /// must not hold its buffer forever). `None`: wait as long as the stream lives.
+    pub stall: Option<std::time::Duration>,
+}
+
+/// [`read_frame`] with a size limit per message kind and a stall timeout. The kind is read before
+/// the body, and the body's buffer grows with the bytes that actually arrive (never to the
+/// declared length up front), so a peer that declares 64 MiB and sends nothing holds 64 KiB.
+pub async fn read_frame_limited<R: AsyncRead + Unpin>(
+    r: &mut R,
+    limits: &ReadLimits<'_>,
+) -> Result<Option<(Message, usize)>, FrameIoError> {
+    const CHUNK: usize = 64 * 1024;
+    let max = limits.max_frame.max(limits.max_small);
+    let mut head = [0u8; LEN_BYTES + crate::frame::HEADER_BYTES];
     let mut got = 0;
-    while got < LEN_BYTES {
-        let n = r.read(&mut prefix[got..]).await?;
+    while got < head.len() {
+        // The first byte may take as long as the peer likes; after it, the frame has started.
+        let read = r.read(&mut head[got..]);
+        let n = match (got, limits.stall) {
+            (0, _) | (_, None) => read.await?,
+            (_, Some(stall)) => tokio::time::timeout(stall, read).await.map_err(|_| stalled(stall))??,
+        };
         if n == 0 {
             if got == 0 {
                 return Ok(None);
             }
-            return Err(DecodeError::Truncated { needed: LEN_BYTES, have: got }.into());
+            return Err(DecodeError::Truncated { needed: head.len(), have: got }.into());
         }
         got += n;
-    }
-    reader.push(&prefix);
-    let len = reader.pending_len()?.unwrap_or(0);
-    let mut body = vec![0u8; len];
-    let mut filled = 0;
-    while filled < len {
-        let n = r.read(&mut body[filled..]).await?;
-        if n == 0 {
-            return Err(DecodeError::Truncated { needed: LEN_BYTES + len, have: LEN_BYTES + filled }.into());
+        if got >= LEN_BYTES {
+            // Refuse an oversized declaration before waiting for anything more.
+            FrameReader::new(max).push_and_check(&head[..LEN_BYTES])?;
         }
-        filled += n;
     }
-    reader.push(&body);
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let kind = head[LEN_BYTES + 1];
+    let cap = if limits.large_kinds.contains(&kind) { limits.max_frame } else { limits.max_small };
+    if len > cap {
+        return Err(DecodeError::Oversized { len, max: cap }.into());
+    }
+    let mut frame = Vec::with_capacity((LEN_BYTES + len).min(LEN_BYTES + CHUNK));
+    frame.extend_from_slice(&head);
+    while frame.len() < LEN_BYTES + len {
+        let want = (LEN_BYTES + len - frame.len()).min(CHUNK);
+        let start = frame.len();
+        frame.resize(start + want, 0);
+        let read = r.read(&mut frame[start..]);
+        let n = match limits.stall {
+            None => read.await?,
+            Some(stall) => tokio::time::timeout(stall, read).await.map_err(|_| stalled(stall))??,
+        };
+        frame.truncate(start + n);
+        if n == 0 {
+            return Err(DecodeError::Truncated { needed: LEN_BYTES + len, have: frame.len() }.into());
+        }
+    }
+    let mut reader = FrameReader::new(max);
+    reader.push(&frame);
     match reader.next_frame()? {
         Some(msg) => Ok(Some((msg, LEN_BYTES + len))),
         None => Err(reader.truncation().into()),
     }
+}
+
+fn stalled(stall: std::time::Duration) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, alloc::format!("no byte of a started frame for {stall:?}"))
 }
 
 /// Writes an already encoded frame.

@@ -178,14 +178,18 @@ pub enum Message {
     Cost(CostRecord),
 }
 
+/// Kind bytes of the two messages that may be large (readers give them their own size limit).
+pub const KIND_BROADCAST: u8 = 3;
+pub const KIND_UPDATE: u8 = 4;
+
 impl Message {
     /// The kind byte on the wire.
     pub fn kind(&self) -> u8 {
         match self {
             Message::Hello(_) => 1,
             Message::Welcome(_) => 2,
-            Message::Broadcast(_) => 3,
-            Message::Update(_) => 4,
+            Message::Broadcast(_) => KIND_BROADCAST,
+            Message::Update(_) => KIND_UPDATE,
             Message::Ack(_) => 5,
             Message::Heartbeat(_) => 6,
             Message::Refusal(_) => 7,
@@ -223,8 +227,8 @@ impl Message {
         let msg = match kind {
             1 => Message::Hello(postcard::from_bytes(body).map_err(bad)?),
             2 => Message::Welcome(postcard::from_bytes(body).map_err(bad)?),
-            3 => Message::Broadcast(postcard::from_bytes(body).map_err(bad)?),
-            4 => Message::Update(postcard::from_bytes(body).map_err(bad)?),
+            KIND_BROADCAST => Message::Broadcast(postcard::from_bytes(body).map_err(bad)?),
+            KIND_UPDATE => Message::Update(postcard::from_bytes(body).map_err(bad)?),
             5 => Message::Ack(postcard::from_bytes(body).map_err(bad)?),
             6 => Message::Heartbeat(postcard::from_bytes(body).map_err(bad)?),
             7 => Message::Refusal(postcard::from_bytes(body).map_err(bad)?),
@@ -259,14 +263,22 @@ impl Message {
     }
 }
 
+/// Most parameter blocks one message may carry (a ViT-B has about 200 tensors): a frame of
+/// tens of thousands of tiny blocks is refused before any of them is checked.
+pub const MAX_BLOCKS: usize = 4096;
+
+/// Checks every block and prototype, in time proportional to the message (names in a sorted
+/// set, not compared pairwise).
 fn validate_parts(blocks: &[ParamBlock], prototypes: &[Prototype]) -> Result<(), DecodeError> {
-    for b in blocks {
-        b.validate()?;
+    if blocks.len() > MAX_BLOCKS {
+        return Err(DecodeError::Invalid(alloc::format!("{} blocks; at most {MAX_BLOCKS}", blocks.len())));
     }
-    for (i, b) in blocks.iter().enumerate() {
-        if blocks[..i].iter().any(|o| o.name == b.name) {
+    let mut names = alloc::collections::BTreeSet::new();
+    for b in blocks {
+        if !names.insert(b.name.as_str()) {
             return Err(DecodeError::Invalid(alloc::format!("block `{}` appears twice", b.name)));
         }
+        b.validate()?;
     }
     for p in prototypes {
         p.validate()?;

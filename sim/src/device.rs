@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anchorage_client::methods::{ClientMethod, TrainError};
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
 use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
@@ -323,6 +324,8 @@ pub struct SimulatedDevice<M> {
     crash_round: Option<u64>,
     /// Local epochs the last round ran (τ, or fewer for a straggler).
     pub last_epochs: u32,
+    /// A Byzantine device: uploads global + scale·(trained − global).
+    attack: Option<f32>,
 }
 
 impl<M: ClientMethod> SimulatedDevice<M> {
@@ -335,6 +338,7 @@ impl<M: ClientMethod> SimulatedDevice<M> {
             rng: Rng::derive(seed, 0x57A6),
             crash_round: None,
             last_epochs: 0,
+            attack: None,
         }
     }
 
@@ -346,6 +350,12 @@ impl<M: ClientMethod> SimulatedDevice<M> {
     /// the abort that kills the client.
     pub fn crash_in(&mut self, round: u64) {
         self.crash_round = Some(round);
+    }
+
+    /// Turns this device Byzantine: every update it sends is the broadcast plus `scale` times its
+    /// honest change (`scale` = −10: the scaled sign-flip attack).
+    pub fn attack(&mut self, scale: f32) {
+        self.attack = Some(scale);
     }
 }
 
@@ -400,6 +410,15 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
             std::thread::sleep(charged - measured);
         }
         update.compute_seconds = charged.as_secs_f64();
+        if let Some(scale) = self.attack {
+            for block in &mut update.blocks {
+                let trained = block.decode()?;
+                let base = broadcast.blocks.iter().find(|b| b.name == block.name).and_then(|b| b.decode().ok());
+                let base = base.filter(|b| b.len() == trained.len()).unwrap_or_else(|| vec![0.0; trained.len()]);
+                let values: Vec<f32> = trained.iter().zip(&base).map(|(t, g)| g + scale * (t - g)).collect();
+                *block = ParamBlock::encode(block.name.clone(), &block.tensor.shape, &values, block.tensor.encoding);
+            }
+        }
         update.metrics.push(Metric { name: "local_epochs".into(), value: epochs as f64 });
         update.metrics.push(Metric { name: "straggler".into(), value: if straggles { 1.0 } else { 0.0 } });
         Ok(update)

@@ -7,6 +7,7 @@
 pub mod continual;
 pub mod device;
 pub mod network;
+pub mod provision;
 mod record;
 pub mod report;
 mod run;

@@ -32,6 +32,82 @@ enum Command {
     /// Data settings: inspect what a scenario's partition gives each client.
     #[command(subcommand)]
     Data(DataCommand),
+    /// The project CA: the root every site trusts, and the certificates it signs.
+    #[command(subcommand)]
+    Ca(CaCommand),
+    /// One ready folder per site (server and each device) from a project file: certificate,
+    /// key (0600), the CA's certificate and a complete server.toml / client.toml. Makes the CA
+    /// when it does not exist; run again to add devices (existing keys are kept).
+    Provision {
+        /// The project file (see deploy/project.toml).
+        project: PathBuf,
+        /// Where the site folders go (default: the project file's `out`, `sites` next to it).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaCommand {
+    /// Makes the project's root: ca.der (given to every site) and ca.key (0600, stays here).
+    Init {
+        #[arg(long, default_value = "ca")]
+        dir: PathBuf,
+        /// The project's name, in the root's common name.
+        #[arg(long, default_value = "anchorage")]
+        name: String,
+        #[arg(long, default_value_t = anchorage_sim::provision::DEFAULT_CA_DAYS)]
+        days: u32,
+    },
+    /// Signs a certificate for a server or a device: writes cert.der, key.der (0600) and ca.der
+    /// into --out.
+    Issue {
+        kind: KindArg,
+        /// The site's id (a device's id is the client id the server knows it by).
+        id: String,
+        /// A DNS name (or IP address) the server is reached by; repeat for more.
+        #[arg(long = "name")]
+        names: Vec<String>,
+        #[arg(long, default_value_t = anchorage_sim::provision::DEFAULT_DAYS)]
+        days: u32,
+        /// The site folder (default: ./<id>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, default_value = "ca")]
+        dir: PathBuf,
+    },
+    /// Revokes every certificate of an id and rewrites the CA's revoked.crl.
+    Revoke {
+        id: String,
+        #[arg(long, default_value = "ca")]
+        dir: PathBuf,
+    },
+    /// What the CA issued: id, kind, serial, expiry, revocation.
+    List {
+        #[arg(long, default_value = "ca")]
+        dir: PathBuf,
+    },
+    /// A new certificate and key for an id, same kind, fresh expiry, written into --out over
+    /// the old pair; restart the site to use it.
+    Renew {
+        id: String,
+        /// A server's DNS names (default: those of the certificate now in --out).
+        #[arg(long = "name")]
+        names: Vec<String>,
+        #[arg(long, default_value_t = anchorage_sim::provision::DEFAULT_DAYS)]
+        days: u32,
+        /// The site folder (default: ./<id>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, default_value = "ca")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum KindArg {
+    Server,
+    Client,
 }
 
 #[derive(Subcommand)]
@@ -115,6 +191,8 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Sim(args) => sim(args),
         Command::Data(DataCommand::Describe(args)) => describe(args),
+        Command::Ca(command) => ca(command),
+        Command::Provision { project, out } => provision(&project, out.as_deref()),
         Command::Report { run } => {
             for file in anchorage_sim::report::write_report(&run)? {
                 println!("{}", file.display());
@@ -122,6 +200,82 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn ca(command: CaCommand) -> anyhow::Result<()> {
+    use anchorage_server::ca::{Kind, ProjectCa};
+    use anchorage_sim::provision;
+    let site = |out: Option<PathBuf>, id: &str| out.unwrap_or_else(|| PathBuf::from(id));
+    match command {
+        CaCommand::Init { dir, name, days } => {
+            ProjectCa::init(&dir, &name, days)?;
+            println!(
+                "project CA `{name}` in {}: give every site {}/ca.der; ca.key stays here",
+                dir.display(),
+                dir.display()
+            );
+        }
+        CaCommand::Issue { kind, id, names, days, out, dir } => {
+            let mut ca = ProjectCa::open(&dir)?;
+            let kind = match kind {
+                KindArg::Server => Kind::Server,
+                KindArg::Client => Kind::Client,
+            };
+            let out = site(out, &id);
+            let issued = provision::issue(&mut ca, kind, &id, &names, days, &out)?;
+            println!(
+                "issued `{id}` (serial {}, expires {}): {}/cert.der, key.der (0600), ca.der",
+                issued.serial,
+                provision::date(issued.not_after),
+                out.display()
+            );
+        }
+        CaCommand::Revoke { id, dir } => {
+            let mut ca = ProjectCa::open(&dir)?;
+            for r in ca.revoke(&id)? {
+                println!("revoked `{id}` (serial {})", r.serial);
+            }
+            println!(
+                "revocation list: {}\ncopy it over the server's tls_dir/revoked.crl (a provisioned server: its folder's \
+                 revoked.crl); the running server re-reads it within seconds, refuses the certificate and closes its \
+                 connections, no restart needed",
+                dir.join(anchorage_server::ca::CRL).display()
+            );
+        }
+        CaCommand::List { dir } => print!("{}", provision::list_table(ProjectCa::open(&dir)?.issued())),
+        CaCommand::Renew { id, names, days, out, dir } => {
+            let mut ca = ProjectCa::open(&dir)?;
+            let out = site(out, &id);
+            let issued = provision::renew(&mut ca, &id, &names, days, &out)?;
+            println!(
+                "renewed `{id}` (serial {}, expires {}) in {}: restart the site to use it; the old certificate \
+                 stays valid until it expires (`anchorage ca revoke` ends it and this one too)",
+                issued.serial,
+                provision::date(issued.not_after),
+                out.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn provision(project: &Path, out: Option<&Path>) -> anyhow::Result<()> {
+    let done = anchorage_sim::provision::provision(project, out)?;
+    let verb = if done.ca_created { "made" } else { "used" };
+    println!("{verb} the project CA in {} (ca.key stays there)", done.ca_dir.display());
+    for site in &done.sites {
+        let key = match site.key {
+            anchorage_sim::provision::SiteKey::Issued => "new certificate and key",
+            anchorage_sim::provision::SiteKey::Kept => "certificate and key kept",
+        };
+        println!("  {:<24} {} ({key})", site.id, site.config.display());
+    }
+    let server = &done.sites[0];
+    println!(
+        "copy each folder to its machine, then start\n  anchorage-server --config {}/server.toml\n  anchorage-client --config <device>/client.toml",
+        server.dir.file_name().map_or("server".into(), |n| n.to_string_lossy())
+    );
+    Ok(())
 }
 
 fn describe(args: DescribeArgs) -> anyhow::Result<()> {

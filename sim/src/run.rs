@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anchorage_client::transport::{self as client_transport, ClientEvent, ClientOptions, SocketWrapper};
+use anchorage_client::transport::{self as client_transport, ClientCert, ClientEvent, ClientOptions, SocketWrapper};
 use anchorage_data::DataSpec;
+use anchorage_server::aggregate::RobustConfig;
+use anchorage_server::ca::{Kind, ProjectCa};
 use anchorage_server::engine::AggregationMode;
 use anchorage_server::tls;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
@@ -71,6 +73,11 @@ pub struct SimConfig {
     /// Synchronous rounds (default) or FedBuff-style buffered aggregation:
     /// `aggregation = { kind = "buffered", buffer = 4, concurrency = 8, max_staleness = 4 }`.
     pub aggregation: AggregationMode,
+    /// The server's screening and aggregation rule (`[robust]`, the server's `[engine.robust]`):
+    /// `robust = { aggregation = { rule = "median" }, max_norm_z = 3.5 }`.
+    pub robust: RobustConfig,
+    /// Byzantine devices (`[attack]`): these clients send a scaled update instead of their own.
+    pub attack: Option<Attack>,
     /// The method and its hyperparameters (`[method]` of a scenario file).
     pub method: MethodConfig,
     /// The frozen backbone and the trainable net on it (`[model]`).
@@ -108,6 +115,16 @@ impl Default for ModelConfig {
     fn default() -> Self {
         Self { backbone: "embedded".into(), hidden: vec![512] }
     }
+}
+
+/// Byzantine devices: each listed client trains as usual, then uploads
+/// global + `scale`·(trained − global) — `scale` = −10 is the scaled sign-flip attack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Attack {
+    /// 0-based client indices.
+    pub clients: Vec<usize>,
+    pub scale: f32,
 }
 
 /// A preset and its share of the fleet.
@@ -173,6 +190,8 @@ impl Default for SimConfig {
             devices: Vec::new(),
             straggler_ratio: 0.0,
             aggregation: AggregationMode::Synchronous,
+            robust: RobustConfig::default(),
+            attack: None,
             method: MethodConfig::default(),
             model: ModelConfig::default(),
             data: None,
@@ -208,12 +227,15 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     let schedule = engine.clone();
     let task_of = |round: u64| schedule.task_of(round);
 
-    // Server on loopback with a fresh self-signed certificate that the clients pin.
-    let identity = tls::self_signed(&["localhost"])?;
-    let cert = identity.cert.clone();
+    // Server and clients on loopback with certificates from a project CA that lives only in this
+    // process: mutual TLS, as in the field, with no set-up.
+    let mut ca = ProjectCa::in_memory("anchorage-sim", 7)?;
+    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 7)?;
+    let cert = ca.cert().clone();
     let mut server = server_transport::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity,
+        trust: tls::Trust::ProjectCa { ca: cert.clone(), crl: None },
         engine: engine.clone(),
         method: server_method,
         initial: initial.clone(),
@@ -234,6 +256,8 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
             method.crash_in(k);
         }
         let mut options = ClientOptions::new(server.local_addr, cert.clone(), client_id(i));
+        let device = ca.issue(Kind::Client, &client_id(i), &[], 7)?;
+        options.client_cert = Some(Arc::new(ClientCert { chain: vec![device.cert], key: device.key }));
         options.seed = config.seed.wrapping_add(1000 + i as u64);
         // The simulated server never restarts, so the devices' fast restart detection buys
         // nothing here; keep the timers the simulator's wire figures were measured with, and let

@@ -252,7 +252,11 @@ impl Setup {
         for (i, stream) in streams.into_iter().enumerate() {
             let seed = config.seed.wrapping_add(i as u64);
             let method = methods::build(context(stream, seed))?;
-            clients.push(SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed));
+            let mut device = SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed);
+            if let Some(attack) = config.attack.as_ref().filter(|a| a.clients.contains(&i)) {
+                device.attack(attack.scale);
+            }
+            clients.push(device);
         }
         let engine = EngineConfig {
             rounds: config.rounds,
@@ -271,6 +275,7 @@ impl Setup {
             },
             seed: config.seed,
             mode: config.aggregation.clone(),
+            robust: config.robust.clone(),
             ..EngineConfig::default()
         };
         let headline = format!(

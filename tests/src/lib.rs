@@ -18,8 +18,17 @@ pub async fn raw_connect(
     server: SocketAddr,
     cert: &CertificateDer<'static>,
 ) -> anyhow::Result<(quinn::Endpoint, quinn::Connection)> {
+    raw_connect_as(server, cert, None).await
+}
+
+/// A bare QUIC connection that trusts `root` and shows `client_cert` (mutual TLS) if given.
+pub async fn raw_connect_as(
+    server: SocketAddr,
+    root: &CertificateDer<'static>,
+    client_cert: Option<&anchorage_client::transport::ClientCert>,
+) -> anyhow::Result<(quinn::Endpoint, quinn::Connection)> {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
-    let crypto = anchorage_client::transport::client_crypto(cert)?;
+    let crypto = anchorage_client::transport::client_crypto(root, client_cert)?;
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(crypto)?)));
     let conn = endpoint.connect(server, "localhost")?.await?;
     Ok((endpoint, conn))

@@ -35,6 +35,7 @@ async fn server_refuses_bad_input_and_keeps_serving() {
     let mut server = transport::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity,
+        trust: anchorage_server::tls::Trust::InsecureDev,
         engine: EngineConfig {
             rounds: 1,
             min_available: 2,

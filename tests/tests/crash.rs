@@ -21,10 +21,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anchorage_client::store::ClientStore;
-use anchorage_client::transport::{self as client, Backoff, ClientEvent, ClientOptions};
+use anchorage_client::transport::{self as client, Backoff, ClientCert, ClientEvent, ClientOptions};
+use anchorage_server::ca::{Kind, ProjectCa};
 use anchorage_server::tls;
 use anchorage_shared::rng::Rng;
 use rustls::pki_types::CertificateDer;
@@ -46,7 +48,9 @@ struct Server {
     dir: PathBuf,
     config: PathBuf,
     addr: SocketAddr,
+    /// The project CA's certificate, which the devices trust.
     cert: CertificateDer<'static>,
+    ca: ProjectCa,
     log: PathBuf,
     child: Option<Child>,
 }
@@ -54,8 +58,12 @@ struct Server {
 impl Server {
     fn new(dir: &Path) -> Self {
         let addr = free_udp_port();
+        // The field set-up: a project CA, the server's certificate from it, mutual TLS.
         let tls_dir = dir.join("tls");
-        let identity = tls::load_or_create(&tls_dir, &["localhost"]).expect("development certificate");
+        let mut ca = ProjectCa::init(&dir.join("ca"), "crash-test", 30).unwrap();
+        let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
+        tls::save_identity(&tls_dir, &identity).unwrap();
+        std::fs::write(tls_dir.join(anchorage_server::ca::CA_CERT), ca.cert().as_ref()).unwrap();
         let config = dir.join("server.toml");
         std::fs::write(
             &config,
@@ -85,7 +93,8 @@ deadline_ms = 0
             ),
         )
         .unwrap();
-        Self { dir: dir.into(), config, addr, cert: identity.cert, log: dir.join("server.log"), child: None }
+        let cert = ca.cert().clone();
+        Self { dir: dir.into(), config, addr, cert, ca, log: dir.join("server.log"), child: None }
     }
 
     fn db(&self) -> PathBuf {
@@ -201,13 +210,15 @@ fn device_id(i: usize) -> String {
 
 /// Starts the devices; they run until the test ends (the runtime is dropped).
 fn start_devices(
-    server: &Server,
+    server: &mut Server,
     dir: &Path,
     tx: &mpsc::UnboundedSender<(usize, Instant, ClientEvent)>,
 ) -> Vec<tokio::task::JoinHandle<anyhow::Result<String>>> {
     (0..DEVICES)
         .map(|i| {
             let mut options = ClientOptions::new(server.addr, server.cert.clone(), device_id(i));
+            let device = server.ca.issue(Kind::Client, &device_id(i), &[], 30).unwrap();
+            options.client_cert = Some(Arc::new(ClientCert { chain: vec![device.cert], key: device.key }));
             options.store = Some(ClientStore::new(dir.join(device_id(i))));
             options.seed = i as u64;
             options.backoff =
@@ -346,7 +357,7 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
     let mut records = DeviceRecords::default();
     let mut rng = Rng::derive(seed, 0xC4A5);
     server.spawn();
-    let devices = start_devices(&server, dir.path(), &tx);
+    let devices = start_devices(&mut server, dir.path(), &tx);
 
     let started = Instant::now();
     let (mut sigkills, mut sigterms, mut mid_round, mut with_acked) = (0u64, 0u64, 0u64, 0u64);
@@ -451,6 +462,14 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
     let ledger = anchorage_server::store::read_ledger(&server.db()).unwrap();
     let keys: BTreeSet<(String, u64, bool)> = ledger.iter().map(|c| (c.client.clone(), c.round, c.dropped)).collect();
     assert!(!ledger.is_empty() && keys.len() == ledger.len(), "{} ledger rows", ledger.len());
+    // The client registry holds each device once, with the fingerprint of the certificate it showed.
+    let conn = rusqlite::Connection::open_with_flags(server.db(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let registered: i64 = conn
+        .query_row("SELECT COUNT(*) FROM clients WHERE fingerprint IS NOT NULL AND length(fingerprint) = 64", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(registered, DEVICES as i64, "every device registered with its certificate's fingerprint");
     let state = server.dir.join("state");
     let files = anchorage_sim::report::write_report(&state).unwrap();
     let md = std::fs::read_to_string(state.join("report.md")).unwrap();
@@ -471,7 +490,7 @@ async fn rounds_per_minute_with_a_kill_every_10_s() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut records = DeviceRecords::default();
         server.spawn();
-        let devices = start_devices(&server, dir.path(), &tx);
+        let devices = start_devices(&mut server, dir.path(), &tx);
         let end = Instant::now() + Duration::from_secs(60 * minutes);
         let mut kills = 0;
         while Instant::now() < end {

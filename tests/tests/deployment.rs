@@ -63,6 +63,7 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
     let mut srv = server::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity: identity.clone(),
+        trust: anchorage_server::tls::Trust::InsecureDev,
         engine: config.engine.clone(),
         method: Box::new(FedTaServer::new(method, Some(Box::new(Counted { inner: sikf, calls: calls.clone() })))),
         initial: Vec::new(),
@@ -87,7 +88,8 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
         assert!(context.stream.tasks.iter().all(|t| t.classes.len() == 8), "eight classes a task");
         assert_eq!(context.net.input_dim, 1280, "MobileNetV2 0.35 features");
         let method = methods::build(context).unwrap();
-        let mut options = ClientOptions::new(config.server, identity.cert.clone(), config.client_id.clone());
+        let mut options =
+            ClientOptions::new(config.server_addr().unwrap(), identity.cert.clone(), config.client_id.clone());
         options.store = Some(anchorage_client::store::ClientStore::new(&config.state_dir));
         handles.push(tokio::spawn(client::run(options, method, None)));
     }

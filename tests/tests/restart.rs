@@ -39,6 +39,7 @@ async fn start(
     server::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity: identity.clone(),
+        trust: anchorage_server::tls::Trust::InsecureDev,
         engine: EngineConfig {
             rounds,
             min_available: min_clients,
@@ -229,6 +230,7 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
         let mut server = server::start(ServerOptions {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             identity: identity.clone(),
+            trust: anchorage_server::tls::Trust::InsecureDev,
             engine: EngineConfig {
                 rounds,
                 min_available: 1,

@@ -142,6 +142,7 @@ impl Engine {
             blocks: self.global.clone(),
             prototypes: self.method.prototypes(),
         }));
+        self.note_invited(version + 1, picked.iter().cloned());
         for client in &picked {
             self.buffered.in_flight.insert(client.clone(), InFlight { version, since: now });
             if let Some(c) = self.clients.get_mut(client) {
@@ -158,7 +159,7 @@ impl Engine {
     }
 
     /// An update in buffered mode: `update.round − 1` is the version it trained on.
-    pub(super) fn buffered_update(&mut self, now: Duration, client: &str, update: Update) {
+    pub(super) fn buffered_update(&mut self, now: Duration, client: &str, mut update: Update) {
         let Some((buffer, _, max_staleness)) = self.buffered_params() else { return };
         // After the last version, updates still in flight are acknowledged and not aggregated:
         // a buffer filling up now would make one version more than the federation asked for.
@@ -199,6 +200,17 @@ impl Engine {
             self.dispatch(now);
             return;
         }
+        // Screening (`[engine.robust]`): finite values and a bounded delta from the version the
+        // client trained on, before the ack.
+        let base = self.buffered.history.get(&trained_on).cloned();
+        let reference = base.as_deref().map_or(self.global.as_slice(), Vec::as_slice);
+        if let Err(reason) = self.config.robust.screen_update(&update, reference) {
+            self.buffered.in_flight.remove(client);
+            self.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
+            self.dispatch(now);
+            return;
+        }
+        self.config.robust.cap_samples(client, &mut update);
         self.buffered.in_flight.remove(client);
         let staleness = self.last_round - trained_on;
         if staleness > max_staleness || update.num_samples == 0 {
@@ -255,8 +267,8 @@ impl Engine {
                 Err(e) => failure = Some(format!("rebasing {client}'s update: {e}")),
             }
         }
-        let outcome = match failure {
-            Some(reason) => RoundOutcome::Failed { reason },
+        let (outcome, screened) = match failure {
+            Some(reason) => (RoundOutcome::Failed { reason }, Vec::new()),
             None => {
                 let inputs: Vec<(&str, &Update)> = rebased.iter().map(|(c, u)| (c.as_str(), u)).collect();
                 self.aggregate(&inputs)
@@ -265,6 +277,7 @@ impl Engine {
         let started = self.buffered.version_started;
         let updates = entries
             .iter()
+            .filter(|(client, ..)| !screened.iter().any(|s| &s.client == client))
             .map(|(client, u, staleness, at)| {
                 let mut metrics: Vec<(String, f64)> = u.metrics.iter().map(|m| (m.name.clone(), m.value)).collect();
                 metrics.push(("staleness".into(), *staleness as f64));
@@ -287,7 +300,7 @@ impl Engine {
             updates,
             missing: Vec::new(),
             duplicates: 0,
-            refused: 0,
+            refused: screened.len() as u64,
             late_total: self.stats.late_updates,
             payload_down: payload_bytes(&self.global) as u64,
             started,

@@ -8,6 +8,7 @@ use anchorage_shared::protocol::RoundConfig;
 use serde::{Deserialize, Serialize};
 
 use super::AggregationMode;
+use crate::aggregate::RobustConfig;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -43,6 +44,9 @@ pub struct EngineConfig {
     pub seed: u64,
     /// Synchronous rounds (default) or FedBuff-style buffered semi-asynchronous aggregation.
     pub mode: AggregationMode,
+    /// `[engine.robust]`: update screening and the aggregation rule every method's block
+    /// averaging uses (default: the sample-weighted mean, no norm bound).
+    pub robust: RobustConfig,
 }
 
 impl Default for EngineConfig {
@@ -62,6 +66,7 @@ impl Default for EngineConfig {
             round: RoundConfig { local_epochs: 1, batch_size: 32, learning_rate: 1e-3, deadline_ms: 0 },
             seed: 0,
             mode: AggregationMode::Synchronous,
+            robust: RobustConfig::default(),
         }
     }
 }
@@ -76,7 +81,7 @@ impl EngineConfig {
     pub fn round_info(&self, round: u64) -> crate::methods::RoundInfo {
         let last_of_task = (self.rounds_per_task > 0 && round % self.rounds_per_task == 0)
             || (self.rounds > 0 && round >= self.rounds);
-        crate::methods::RoundInfo { round, task: self.task_of(round), last_of_task }
+        crate::methods::RoundInfo { round, task: self.task_of(round), last_of_task, rule: self.robust.aggregation }
     }
 
     /// Updates a round waits for, given `available` connected clients.

@@ -33,9 +33,14 @@ pub use config::EngineConfig;
 pub use persist::{AcceptedUpdate, OpenedRound, Persist, Recovered};
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport};
 
+use crate::aggregate::Screened;
 use crate::methods::ServerMethod;
 
-/// A client's identity (from its hello today, from its certificate under mutual TLS).
+/// Rounds whose invitations the engine remembers to check cost records against.
+const INVITATIONS_KEPT: u64 = 8;
+
+/// A client's identity: from its certificate under mutual TLS (from its hello in the
+/// development mode).
 pub type ClientId = String;
 
 /// What the engine asks its shell to do.
@@ -105,6 +110,8 @@ pub struct Engine {
     /// Clients whose update the last closed round aggregated: a copy arriving later is a
     /// duplicate, not a late update.
     last_accepted: BTreeSet<ClientId>,
+    /// Who was invited to each of the last [`INVITATIONS_KEPT`] rounds.
+    invited: BTreeMap<u64, BTreeSet<ClientId>>,
     open: Option<OpenRound>,
     /// State of the semi-asynchronous mode (unused in synchronous rounds).
     buffered: buffered::Buffered,
@@ -156,6 +163,7 @@ impl Engine {
             global: checkpoint.global,
             last_round: checkpoint.round,
             last_accepted: last_accepted.into_iter().collect(),
+            invited: BTreeMap::new(),
             open: None,
             buffered: buffered::Buffered::default(),
             stats: checkpoint.stats,
@@ -181,6 +189,7 @@ impl Engine {
                 let at = p.arrived_after;
                 round.updates.insert(p.client.clone(), (Arc::new(p), at));
             }
+            engine.note_invited(round.round, round.sampled.iter().cloned());
             let full = round.updates.len() >= round.target;
             engine.open = Some(round);
             if full {
@@ -309,7 +318,7 @@ impl Engine {
         }
         let last_version = self.clients.get(client).and_then(|c| c.last_version);
         self.clients.insert(client.into(), ClientInfo { connected: true, last_version });
-        self.actions.push_back(Action::Persist(Persist::Seen { client: client.into() }));
+        self.actions.push_back(Action::Persist(Persist::Seen { client: client.into(), fingerprint: None }));
         self.actions.push_back(Action::Send {
             to: client.into(),
             msg: Message::Welcome(Welcome {
@@ -334,7 +343,7 @@ impl Engine {
         self.maybe_start_round(now);
     }
 
-    fn on_update(&mut self, now: Duration, client: &str, update: Update) {
+    fn on_update(&mut self, now: Duration, client: &str, mut update: Update) {
         if !self.clients.contains_key(client) {
             self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
             return;
@@ -389,6 +398,13 @@ impl Engine {
             self.refuse(client, RefusalReason::Malformed, "an update must be trained on at least one sample".into());
             return;
         }
+        // Screening (`[engine.robust]`): finite values and a bounded delta, before the ack.
+        if let Err(reason) = self.config.robust.screen_update(&update, &self.global) {
+            open.refused += 1;
+            self.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
+            return;
+        }
+        self.config.robust.cap_samples(client, &mut update);
         let accepted = Arc::new(AcceptedUpdate {
             client: client.into(),
             update,
@@ -406,22 +422,42 @@ impl Engine {
     }
 
     /// A client's measured cost of a round it took part in: into the ledger under its identity.
+    /// A client's measured cost of a round it took part in: into the ledger under its identity.
+    /// The record is checked against what the server saw: the client must have been invited to
+    /// that round (so one peer cannot write thousands of made-up rounds; the store keeps one
+    /// row per client, round and kind), and its byte counts must fit the frames the federation
+    /// allows. A record that fails is dropped and counted, not answered with a refusal (a
+    /// refusal would make the device set its unsent update aside).
     fn on_cost(&mut self, client: &str, mut record: CostRecord) {
         if !self.clients.contains_key(client) {
             self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
             return;
         }
-        // The newest round a client can have trained for is the one after the last version (open or in flight).
-        if record.round == 0 || record.round > self.last_round + 1 {
-            self.refuse(
-                client,
-                RefusalReason::Malformed,
-                format!("cost report for round {} that never opened", record.round),
-            );
+        let invited = self.invited.get(&record.round).is_some_and(|c| c.contains(client));
+        let max_payload = u64::from(self.config.max_frame_bytes);
+        let max_wire = max_payload.saturating_mul(8).saturating_add(1 << 20);
+        let why = if !invited {
+            Some(format!("round {} is not one this client was invited to lately", record.round))
+        } else if record.payload_up.max(record.payload_down) > max_payload {
+            Some(format!("payload bytes above the {max_payload}-byte frame limit"))
+        } else if record.wire_up.max(record.wire_down) > max_wire {
+            Some(format!("wire bytes above {max_wire}"))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.stats.refused += 1;
+            tracing::warn!(client, round = record.round, %why, "cost record dropped");
             return;
         }
         record.client = client.into();
         self.actions.push_back(Action::Ledger(record));
+    }
+
+    /// Remembers who was invited to `round` (for checking cost records), for the last few rounds.
+    fn note_invited(&mut self, round: u64, clients: impl IntoIterator<Item = ClientId>) {
+        self.invited.entry(round).or_default().extend(clients);
+        self.invited.retain(|r, _| r + INVITATIONS_KEPT > round);
     }
 
     fn refuse(&mut self, client: &str, reason: RefusalReason, detail: String) {
@@ -453,6 +489,7 @@ impl Engine {
         let round = self.last_round + 1;
         tracing::info!(round, available = available.len(), target, invited = sampled.len(), "round opened");
         let open = self.open_round_record(now, round, target, sampled);
+        self.note_invited(round, open.sampled.iter().cloned());
         // The invitations are durable before anyone trains on them.
         self.actions.push_back(Action::Persist(Persist::Opened(OpenedRound {
             round,
@@ -495,7 +532,7 @@ impl Engine {
             Message::Broadcast(b) => payload_bytes(&b.blocks) as u64,
             _ => 0,
         };
-        let updates: Vec<UpdateReport> = open
+        let mut updates: Vec<UpdateReport> = open
             .updates
             .iter()
             .map(|(id, (a, at))| (id, &a.update, at))
@@ -511,19 +548,17 @@ impl Engine {
             .collect();
         let missing: Vec<ClientId> = open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
         let enough = open.updates.len() >= self.config.min_updates.max(1);
-        let outcome = if !enough {
-            RoundOutcome::Failed {
-                reason: format!(
-                    "{} of at least {} updates arrived",
-                    open.updates.len(),
-                    self.config.min_updates.max(1)
-                ),
-            }
+        let (outcome, screened) = if !enough {
+            let reason =
+                format!("{} of at least {} updates arrived", open.updates.len(), self.config.min_updates.max(1));
+            (RoundOutcome::Failed { reason }, Vec::new())
         } else {
             let inputs: Vec<(&str, &Update)> =
                 open.updates.iter().map(|(id, (a, _))| (id.as_str(), &a.update)).collect();
             self.aggregate(&inputs)
         };
+        // The report lists the updates aggregated: the screened-out ones count as refused.
+        updates.retain(|u| !screened.iter().any(|s| s.client == u.client));
         self.stats.dropped += missing.len() as u64;
         for client in &missing {
             self.actions.push_back(Action::Ledger(CostRecord {
@@ -544,7 +579,7 @@ impl Engine {
             updates,
             missing,
             duplicates: open.duplicates,
-            refused: open.refused,
+            refused: open.refused + screened.len() as u64,
             late_total: self.stats.late_updates,
             payload_down,
             started: open.started,
@@ -553,16 +588,40 @@ impl Engine {
         self.close_version(report);
     }
 
-    /// Runs the method's aggregation; on success the result becomes the global model.
-    fn aggregate(&mut self, inputs: &[(&str, &Update)]) -> RoundOutcome {
-        let info = self.config.round_info(self.last_round + 1);
-        match self.method.aggregate(&info, &self.global, inputs) {
-            Ok(global) => {
-                self.global = global;
-                RoundOutcome::Aggregated
-            }
-            Err(e) => RoundOutcome::Failed { reason: format!("aggregation failed: {e}") },
+    /// Screens the round's updates (`[engine.robust]`: finite, norm bound, robust z-score of the
+    /// norms, capped sample counts), then runs the method's aggregation on the rest with the
+    /// configured rule; on success the result becomes the global model. A result that is not
+    /// finite is refused and the model stays as it was. Returns the outcome and the updates
+    /// screened out (logged, and counted as refused).
+    fn aggregate(&mut self, inputs: &[(&str, &Update)]) -> (RoundOutcome, Vec<Screened>) {
+        let round = self.last_round + 1;
+        let (kept, screened) = self.config.robust.screen_round(inputs, &self.global);
+        if !screened.is_empty() {
+            self.stats.refused += screened.len() as u64;
+            let clients: Vec<&str> = screened.iter().map(|s| s.client.as_str()).collect();
+            let reasons: Vec<String> = screened.iter().map(|s| format!("{}: {}", s.client, s.reason)).collect();
+            tracing::warn!(round, screened = screened.len(), ?clients, ?reasons, "updates screened out of the round");
         }
+        if kept.is_empty() {
+            let reason = format!("all {} updates were screened out", inputs.len());
+            return (RoundOutcome::Failed { reason }, screened);
+        }
+        let kept: Vec<(&str, &Update)> = kept.iter().map(|(c, u)| (*c, u.as_ref())).collect();
+        let info = self.config.round_info(round);
+        let outcome = match self.method.aggregate(&info, &self.global, &kept) {
+            Ok(global) => match global.iter().find_map(|b| b.decode().err()) {
+                Some(e) => {
+                    tracing::error!(round, error = %e, "the aggregate is not a usable model; the global model stays");
+                    RoundOutcome::Failed { reason: format!("the aggregate is not a usable model: {e}") }
+                }
+                None => {
+                    self.global = global;
+                    RoundOutcome::Aggregated
+                }
+            },
+            Err(e) => RoundOutcome::Failed { reason: format!("aggregation failed: {e}") },
+        };
+        (outcome, screened)
     }
 
     /// A new global version exists (a round closed, or a buffer aggregated): persist it before

@@ -13,8 +13,9 @@ use super::{Checkpoint, ClientId, RoundReport};
 /// A state change the shell commits before anything queued after it happens.
 #[derive(Debug, Clone)]
 pub enum Persist {
-    /// A client said a valid hello (the client registry's first / last seen).
-    Seen { client: ClientId },
+    /// A client said a valid hello (the client registry's first / last seen). The shell fills
+    /// in the SHA-256 fingerprint of the certificate it showed (mutual TLS).
+    Seen { client: ClientId, fingerprint: Option<String> },
     /// A round opened; committed before its broadcast goes out, so a restart resumes the same
     /// round with the same invitations.
     Opened(OpenedRound),

@@ -348,9 +348,26 @@ fn cost_reports_and_dropped_clients_land_in_the_ledger() {
     e.handle_message(secs(11), "a", Message::Cost(report));
     let filed = ledger(&drain(&mut e));
     assert_eq!((filed[0].client.as_str(), filed[0].wire_up), ("a", 1234));
-    // Reports for rounds that never opened, or from strangers, are refused.
-    e.handle_message(secs(11), "a", Message::Cost(CostRecord { round: 99, ..CostRecord::default() }));
-    assert_eq!(refusals(&drain(&mut e), "a"), vec![RefusalReason::Malformed]);
+    // Reports for rounds the client was not invited to, or with impossible byte counts, are
+    // dropped and counted (no refusal: that would make the device set its unsent update aside).
+    let refused_before = e.stats().refused;
+    for bogus in [
+        CostRecord { round: 99, ..CostRecord::default() },
+        CostRecord { round: 1, wire_up: 1 << 60, ..CostRecord::default() },
+        CostRecord { round: 1, payload_down: u64::from(u32::MAX) + 1, ..CostRecord::default() },
+    ] {
+        e.handle_message(secs(11), "a", Message::Cost(bogus));
+        let actions = drain(&mut e);
+        assert!(ledger(&actions).is_empty() && refusals(&actions, "a").is_empty(), "{actions:?}");
+    }
+    assert_eq!(e.stats().refused, refused_before + 3);
+    // A flood of made-up rounds from one peer writes nothing.
+    for round in 2..20_000 {
+        e.handle_message(secs(11), "a", Message::Cost(CostRecord { round, wire_up: 1, ..CostRecord::default() }));
+    }
+    let flood = ledger(&drain(&mut e));
+    assert!(flood.len() <= 1, "at most the open round 2, got {} records", flood.len());
+    // Strangers are refused.
     e.handle_message(secs(11), "x", Message::Cost(CostRecord { round: 1, ..CostRecord::default() }));
     assert_eq!(refusals(&drain(&mut e), "x"), vec![RefusalReason::NotEnrolled]);
 }
@@ -548,4 +565,117 @@ fn a_buffered_engine_restores_its_accepted_updates() {
     let r = reports(&drain(&mut resumed));
     assert_eq!(r.len(), 1, "a's update from before the crash fills the buffer with b's");
     assert_eq!(resumed.global()[0].decode().unwrap(), vec![3.0, 3.0]);
+}
+
+// Screening and robust aggregation (`[engine.robust]`): no single update can break the model.
+
+fn robust(robust: crate::aggregate::RobustConfig, clients: usize) -> EngineConfig {
+    EngineConfig { robust, rounds: 5, ..config(clients, clients) }
+}
+
+#[test]
+fn a_nan_or_huge_update_is_refused_and_the_next_honest_round_aggregates() {
+    use crate::aggregate::RobustConfig;
+    let mut e = engine(robust(RobustConfig { max_norm: Some(100.0), ..RobustConfig::default() }, 3));
+    join(&mut e, secs(0), &["a", "b", "c"]);
+    e.handle_message(secs(1), "a", update(1, &[f32::NAN, 0.0], 10));
+    e.handle_message(secs(1), "b", update(1, &[1e30, 1e30], 1_000_000_000_000_000_000));
+    e.handle_message(secs(1), "c", update(1, &[1.0, 3.0], 10));
+    let actions = drain(&mut e);
+    assert_eq!(refusals(&actions, "a"), vec![RefusalReason::BadTensor], "non-finite: refused, never acked");
+    assert_eq!(refusals(&actions, "b"), vec![RefusalReason::BadTensor], "beyond max_norm: refused");
+    assert!(acks(&actions, "a").is_empty() && acks(&actions, "b").is_empty());
+    e.handle_timeout(secs(11));
+    let r = reports(&drain(&mut e));
+    assert_eq!(r[0].outcome, RoundOutcome::Aggregated);
+    assert_eq!(r[0].updates.len(), 1);
+    assert_eq!(e.global()[0].decode().unwrap(), vec![1.0, 3.0], "only the honest update");
+    // Round 2: every device is honest, and every update aggregates.
+    for (c, v) in [("a", 2.0), ("b", 3.0), ("c", 4.0)] {
+        e.handle_message(secs(12), c, update(2, &[v, v], 10));
+    }
+    let actions = drain(&mut e);
+    assert_eq!(acks(&actions, "a"), vec![(2, true)]);
+    let r = reports(&actions);
+    assert_eq!((r[0].round, &r[0].outcome, r[0].updates.len()), (2, &RoundOutcome::Aggregated, 3));
+    assert_eq!(e.global()[0].decode().unwrap(), vec![3.0, 3.0]);
+}
+
+#[test]
+fn a_huge_update_with_a_huge_sample_count_is_screened_by_the_round_z_score() {
+    use crate::aggregate::RobustConfig;
+    let mut e = engine(robust(RobustConfig { max_norm_z: Some(3.5), ..RobustConfig::default() }, 5));
+    join(&mut e, secs(0), &["a", "b", "c", "d", "x"]);
+    for (c, v) in [("a", 1.0), ("b", 1.1), ("c", 0.9), ("d", 1.0)] {
+        e.handle_message(secs(1), c, update(1, &[v, v], 10));
+    }
+    e.handle_message(secs(1), "x", update(1, &[1e30, -1e30], 1_000_000_000_000_000_000));
+    let actions = drain(&mut e);
+    assert_eq!(acks(&actions, "x"), vec![(1, true)], "finite and no max_norm: accepted, judged at the close");
+    let r = reports(&actions);
+    assert_eq!(r[0].outcome, RoundOutcome::Aggregated);
+    assert_eq!(r[0].updates.len(), 4, "the report lists the aggregated updates");
+    assert!(r[0].updates.iter().all(|u| u.client != "x"));
+    assert_eq!(r[0].refused, 1);
+    let global = e.global()[0].decode().unwrap();
+    assert!(global.iter().all(|v| v.is_finite() && (v - 1.0).abs() < 1e-6), "(1 + 1.1 + 0.9 + 1)/4 = 1: {global:?}");
+    for c in ["a", "b", "c", "d", "x"] {
+        e.handle_message(secs(2), c, update(2, &[2.0, 2.0], 10));
+    }
+    let r = reports(&drain(&mut e));
+    assert_eq!((r[0].round, &r[0].outcome, r[0].updates.len()), (2, &RoundOutcome::Aggregated, 5));
+    assert_eq!(e.global()[0].decode().unwrap(), vec![2.0, 2.0]);
+}
+
+#[test]
+fn claimed_sample_counts_are_capped_and_the_median_ignores_them() {
+    use crate::aggregate::{AggregationRule, RobustConfig};
+    // Mean with max_samples 100: (100·10 + 10·1 + 10·1)/120 = 1020/120 = 8.5 (uncapped: ≈ 10).
+    let mut e = engine(robust(RobustConfig { max_samples: 100, ..RobustConfig::default() }, 3));
+    join(&mut e, secs(0), &["a", "b", "x"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 10));
+    e.handle_message(secs(1), "b", update(1, &[1.0, 1.0], 10));
+    e.handle_message(secs(1), "x", update(1, &[10.0, 10.0], 1_000_000_000_000_000_000));
+    let r = reports(&drain(&mut e));
+    assert_eq!(r[0].updates.iter().find(|u| u.client == "x").unwrap().num_samples, 100);
+    assert_eq!(e.global()[0].decode().unwrap(), vec![8.5, 8.5]);
+    // The median: {1, 1, 1e30} → 1, whatever x claims; the model stays finite.
+    let rule = RobustConfig { aggregation: AggregationRule::Median, ..RobustConfig::default() };
+    let mut e = engine(robust(rule, 3));
+    join(&mut e, secs(0), &["a", "b", "x"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 10));
+    e.handle_message(secs(1), "b", update(1, &[1.0, 1.0], 10));
+    e.handle_message(secs(1), "x", update(1, &[1e30, 1e30], 1_000_000_000_000_000_000));
+    drain(&mut e);
+    assert_eq!(e.global()[0].decode().unwrap(), vec![1.0, 1.0]);
+}
+
+#[test]
+fn buffered_mode_screens_updates_too() {
+    use crate::aggregate::RobustConfig;
+    let mode = AggregationMode::Buffered { buffer: 2, concurrency: 3, max_staleness: 2 };
+    let robust = RobustConfig { max_norm: Some(100.0), ..RobustConfig::default() };
+    let mut e = engine(EngineConfig { mode, robust, rounds: 3, ..config(3, 3) });
+    join(&mut e, secs(0), &["a", "b", "x"]);
+    e.handle_message(secs(1), "x", update(1, &[1e30, 1e30], 10));
+    assert_eq!(refusals(&drain(&mut e), "x"), vec![RefusalReason::BadTensor]);
+    e.handle_message(secs(1), "a", update(1, &[2.0, 2.0], 1));
+    e.handle_message(secs(1), "b", update(1, &[4.0, 4.0], 1));
+    let r = reports(&drain(&mut e));
+    assert_eq!((r.len(), r[0].updates.len()), (1, 2));
+    assert_eq!(e.global()[0].decode().unwrap(), vec![3.0, 3.0]);
+}
+
+#[test]
+fn the_robust_table_reads_from_toml() {
+    use crate::aggregate::AggregationRule;
+    let c: EngineConfig = toml::from_str(
+        "rounds = 3\n[robust]\nmax_norm_z = 3.5\nmax_samples = 5000\n[robust.aggregation]\nrule = \"krum\"\nbyzantine = 2\nselect = 4\n",
+    )
+    .unwrap();
+    assert_eq!(c.robust.aggregation, AggregationRule::Krum { byzantine: 2, select: 4 });
+    assert_eq!((c.robust.max_norm_z, c.robust.max_samples, c.robust.max_norm), (Some(3.5), 5000, None));
+    assert_eq!(c.round_info(1).rule, AggregationRule::Krum { byzantine: 2, select: 4 });
+    let d: EngineConfig = toml::from_str("rounds = 3\n").unwrap();
+    assert_eq!(d.robust, crate::aggregate::RobustConfig::default());
 }

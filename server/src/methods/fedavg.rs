@@ -2,11 +2,11 @@
 //! w_{t+1} = Σ_k n_k/n · w_{t+1}^k. FedProx and FedRep aggregate the same way (their difference
 //! is on the client: a proximal term, a personal head that never travels).
 
-use anchorage_shared::math::weighted_mean;
 use anchorage_shared::protocol::Update;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 
 use super::{MethodError, RoundInfo, ServerMethod};
+use crate::aggregate::{AggregateError, AggregationRule};
 
 /// FedAvg's server half, under the name of the method it serves (`fedavg`, `fedprox`, `fedrep`).
 #[derive(Debug, Clone)]
@@ -28,33 +28,60 @@ impl FedAvg {
     }
 }
 
-/// The sample-weighted mean of every block the updates carry (by name, in the first update's
-/// order). Updates without blocks leave `global` as it is.
+/// Every block the updates carry (by name, in the first update's order), combined by `rule`
+/// (the sample-weighted mean for [`AggregationRule::Mean`], FedAvg's rule; see
+/// [`crate::aggregate`] for the robust ones). Updates without blocks leave `global` as it is.
+/// The one place every method's shared blocks are averaged.
 pub fn average_blocks(
     global: &[ParamBlock],
     updates: &[(&str, &Update)],
     encoding: Encoding,
+    rule: &AggregationRule,
 ) -> Result<Vec<ParamBlock>, MethodError> {
     let (_, first) = updates.first().ok_or(MethodError::Empty)?;
     if first.blocks.is_empty() {
         return Ok(global.to_vec());
     }
-    let mut out = Vec::with_capacity(first.blocks.len());
-    for block in &first.blocks {
-        let mut decoded = Vec::with_capacity(updates.len());
-        for (_, u) in updates {
+    // decoded[i][b]: update i's values of the first update's block b.
+    let mut decoded: Vec<Vec<Vec<f32>>> = Vec::with_capacity(updates.len());
+    for (_, u) in updates {
+        let mut blocks = Vec::with_capacity(first.blocks.len());
+        for block in &first.blocks {
             let b = u
                 .blocks
                 .iter()
                 .find(|b| b.name == block.name)
                 .ok_or_else(|| MethodError::Inconsistent(block.name.clone()))?;
-            decoded.push((b.decode()?, u.num_samples as f64));
+            let values = b.decode()?;
+            if values.len() != blocks_len(block)? {
+                return Err(MethodError::Inconsistent(block.name.clone()));
+            }
+            blocks.push(values);
         }
-        let parts: Vec<(&[f32], f64)> = decoded.iter().map(|(v, w)| (v.as_slice(), *w)).collect();
-        let mean = weighted_mean(&parts).ok_or_else(|| MethodError::Inconsistent(block.name.clone()))?;
-        out.push(ParamBlock::encode(block.name.clone(), &block.tensor.shape, &mean, encoding));
+        decoded.push(blocks);
     }
-    Ok(out)
+    let parts: Vec<(Vec<&[f32]>, f64)> = decoded
+        .iter()
+        .zip(updates)
+        .map(|(blocks, (_, u))| (blocks.iter().map(Vec::as_slice).collect(), u.num_samples as f64))
+        .collect();
+    let combined = rule.combine(&parts).map_err(|e| match e {
+        AggregateError::Inconsistent | AggregateError::BadWeights => {
+            MethodError::Inconsistent(first.blocks.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", "))
+        }
+        e => MethodError::Aggregate(e),
+    })?;
+    Ok(first
+        .blocks
+        .iter()
+        .zip(combined)
+        .map(|(block, values)| ParamBlock::encode(block.name.clone(), &block.tensor.shape, &values, encoding))
+        .collect())
+}
+
+/// Number of values a block's shape holds.
+fn blocks_len(block: &ParamBlock) -> Result<usize, MethodError> {
+    Ok(block.tensor.len()?)
 }
 
 impl ServerMethod for FedAvg {
@@ -64,11 +91,11 @@ impl ServerMethod for FedAvg {
 
     fn aggregate(
         &mut self,
-        _round: &RoundInfo,
+        round: &RoundInfo,
         global: &[ParamBlock],
         updates: &[(&str, &Update)],
     ) -> Result<Vec<ParamBlock>, MethodError> {
-        average_blocks(global, updates, self.encoding.unwrap_or(Encoding::F32))
+        average_blocks(global, updates, self.encoding.unwrap_or(Encoding::F32), &round.rule)
     }
 }
 
@@ -98,7 +125,7 @@ impl ServerMethod for LocalOnly {
 mod tests {
     use super::*;
 
-    const ROUND: RoundInfo = RoundInfo { round: 1, task: 0, last_of_task: false };
+    const ROUND: RoundInfo = RoundInfo { round: 1, task: 0, last_of_task: false, rule: AggregationRule::Mean };
 
     pub(crate) fn update(w: &[f32], n: u64) -> Update {
         Update {

@@ -100,7 +100,7 @@ impl FedTaServer {
         updates: &[(&str, &Update)],
     ) -> Result<Vec<ParamBlock>, MethodError> {
         let average = |why| -> Result<_, MethodError> {
-            Ok((average_blocks(global, updates, Encoding::F32)?, IeAggregation::Averaged(why)))
+            Ok((average_blocks(global, updates, Encoding::F32, &round.rule)?, IeAggregation::Averaged(why)))
         };
         let with_blocks: Vec<&(&str, &Update)> = updates.iter().filter(|(_, u)| !u.blocks.is_empty()).collect();
         let (blocks, how) = if !self.config.sikf {
@@ -203,15 +203,21 @@ const ANCHOR_ROWS: [&str; 2] = [TAIL_KEYS, TAIL_VALUES];
 /// The shared tail's average. Each anchor (a row of `tail.keys` and `tail.values`) is averaged
 /// over the clients that trained it, weighted by how many of their samples took it
 /// (`tail.trained`), so a class's anchor is not diluted by the untouched copies of clients that
-/// never held the class; an anchor no client trained keeps its global value. The head, and a
-/// tail sent without counts, is the sample-weighted mean. The counts themselves come back summed.
-fn average_tail(global: &[ParamBlock], updates: &[(&str, &Update)]) -> Result<Vec<ParamBlock>, MethodError> {
+/// never held the class; an anchor no client trained keeps its global value (the anchor rows are
+/// always this count-weighted mean, whatever `rule` says). The head, and a tail sent without
+/// counts, go through the round's `rule` (the sample-weighted mean by default). The counts
+/// themselves come back summed.
+fn average_tail(
+    global: &[ParamBlock],
+    updates: &[(&str, &Update)],
+    rule: &crate::aggregate::AggregationRule,
+) -> Result<Vec<ParamBlock>, MethodError> {
     let counts: Option<Vec<Vec<f32>>> = updates
         .iter()
         .map(|(_, u)| u.blocks.iter().find(|b| b.name == TAIL_TRAINED).map(|b| b.decode()))
         .collect::<Option<Result<_, _>>>()
         .transpose()?;
-    let mut out = average_blocks(global, updates, Encoding::F32)?;
+    let mut out = average_blocks(global, updates, Encoding::F32, rule)?;
     let Some(counts) = counts else { return Ok(out) };
     // The round's counts, summed over the clients, travel on in the broadcast (every update must
     // have the global's layout), where the clients skip them.
@@ -287,7 +293,7 @@ impl ServerMethod for FedTaServer {
         if parts.iter().any(|(_, tail)| !tail.blocks.is_empty()) {
             let tail_updates: Vec<(&str, &Update)> =
                 updates.iter().zip(&parts).map(|((c, _), (_, tail))| (*c, tail)).collect();
-            blocks.extend(average_tail(&tail_global, &tail_updates)?);
+            blocks.extend(average_tail(&tail_global, &tail_updates, &round.rule)?);
         }
         self.select_prototypes(&uploads)?;
         Ok(blocks)
@@ -311,7 +317,7 @@ mod tests {
     use super::*;
 
     fn round(r: u64, last_of_task: bool) -> RoundInfo {
-        RoundInfo { round: r, task: 0, last_of_task }
+        RoundInfo { round: r, task: 0, last_of_task, rule: crate::aggregate::AggregationRule::Mean }
     }
 
     fn update(ie: &[f32], protos: &[(u32, &[f32])]) -> Update {

@@ -16,6 +16,8 @@ pub use prototypes::{PrototypeMethod, PrototypeRule, uploaded_prototypes};
 
 use anchorage_shared::method::MethodConfig;
 
+pub use crate::aggregate::AggregationRule;
+
 /// Why a method could not aggregate a round.
 #[derive(Debug, thiserror::Error)]
 pub enum MethodError {
@@ -23,6 +25,8 @@ pub enum MethodError {
     Empty,
     #[error("block `{0}` could not be averaged: its clients disagree on its length")]
     Inconsistent(String),
+    #[error(transparent)]
+    Aggregate(#[from] crate::aggregate::AggregateError),
     #[error(transparent)]
     Tensor(#[from] anchorage_shared::tensor::TensorError),
     #[error("stored method state is unreadable: {0}")]
@@ -71,14 +75,16 @@ pub trait ServerMethod: Send {
     }
 }
 
-/// Where in the task stream the round being aggregated is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where in the task stream the round being aggregated is, and how its blocks are combined.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RoundInfo {
     pub round: u64,
     /// 0-based task of the round.
     pub task: u32,
     /// The last round of its task (FedTA skips SIKF there).
     pub last_of_task: bool,
+    /// The configured aggregation rule (`[engine.robust]`), for [`average_blocks`].
+    pub rule: AggregationRule,
 }
 
 /// The method registry: a server half by name, with default hyperparameters.

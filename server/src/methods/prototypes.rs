@@ -79,11 +79,11 @@ impl ServerMethod for PrototypeMethod {
 
     fn aggregate(
         &mut self,
-        _round: &RoundInfo,
+        round: &RoundInfo,
         global: &[ParamBlock],
         updates: &[(&str, &Update)],
     ) -> Result<Vec<ParamBlock>, MethodError> {
-        let blocks = average_blocks(global, updates, Encoding::F32)?;
+        let blocks = average_blocks(global, updates, Encoding::F32, &round.rule)?;
         let uploads = uploaded_prototypes(updates)?;
         self.update_prototypes(&uploads)?;
         Ok(blocks)
@@ -107,7 +107,7 @@ mod tests {
     use super::*;
 
     fn round(task: u32) -> RoundInfo {
-        RoundInfo { round: 1, task, last_of_task: false }
+        RoundInfo { round: 1, task, last_of_task: false, rule: crate::aggregate::AggregationRule::Mean }
     }
 
     fn upload(protos: &[(u32, u64, &[f32])]) -> Update {

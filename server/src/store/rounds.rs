@@ -19,11 +19,12 @@ impl ServerStore {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(|e| self.classify(e))?;
         let result = match persist {
-            Persist::Seen { client } => tx
+            Persist::Seen { client, fingerprint } => tx
                 .execute(
-                    "INSERT INTO clients (id, first_seen, last_seen) VALUES (?1, ?2, ?2)
-                     ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen",
-                    params![client, unix_now()],
+                    "INSERT INTO clients (id, fingerprint, first_seen, last_seen) VALUES (?1, ?2, ?3, ?3)
+                     ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen,
+                       fingerprint = COALESCE(excluded.fingerprint, clients.fingerprint)",
+                    params![client, fingerprint, unix_now()],
                 )
                 .map(|_| ()),
             Persist::Opened(opened) => open_round(&tx, opened),

@@ -89,7 +89,7 @@ fn an_open_round_and_its_accepted_updates_survive_reopening() {
     store.commit(&Persist::Opened(opened.clone())).unwrap();
     store.commit(&accepted("b", 2)).unwrap();
     store.commit(&accepted("b", 2)).unwrap(); // a resend: stored once
-    store.commit(&Persist::Seen { client: "b".into() }).unwrap();
+    store.commit(&Persist::Seen { client: "b".into(), fingerprint: Some("ab12".into()) }).unwrap();
     drop(store);
 
     let store = ServerStore::open(dir.path()).unwrap();

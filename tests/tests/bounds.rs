@@ -1,0 +1,136 @@
+//! Bounded cost per peer over real QUIC on loopback: what one authenticated but hostile device
+//! can make the server hold, and for how long.
+//! - frames that declare 64 MiB and then stall: the server holds what arrived (not the declared
+//!   size) and closes each at the read-stall timeout;
+//! - an update of 80,000 tiny blocks: refused by the block cap, the server keeps serving;
+//! - a control message larger than the control-frame cap: refused before its body is read.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anchorage_client::transport::ClientCert;
+use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_server::engine::EngineConfig;
+use anchorage_server::methods::FedAvg;
+use anchorage_server::tls::Trust;
+use anchorage_server::transport::{self as server, Limits, ServerHandle, ServerOptions};
+use anchorage_shared::frame::{DEFAULT_MAX_FRAME, LEN_BYTES};
+use anchorage_shared::io::read_frame;
+use anchorage_shared::protocol::{KIND_UPDATE, Message, PROTOCOL_VERSION, RefusalReason, Update};
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+use anchorage_tests::{frame, hello, raw_connect_as, write};
+
+async fn start(dir: &Path, limits: Limits) -> (ServerHandle, ProjectCa) {
+    let mut ca = ProjectCa::init(&dir.join("ca"), "bounds-test", 30).unwrap();
+    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
+    let server = server::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity,
+        trust: Trust::ProjectCa { ca: ca.cert().clone(), crl: None },
+        engine: EngineConfig { rounds: 1, min_available: 100, ..EngineConfig::default() },
+        method: Box::new(FedAvg::default()),
+        initial: vec![ParamBlock::encode("head.weight", &[2], &[0.0; 2], Encoding::F32)],
+        limits,
+        store: None,
+    })
+    .await
+    .unwrap();
+    (server, ca)
+}
+
+fn device(ca: &mut ProjectCa, id: &str) -> ClientCert {
+    let identity = ca.issue(Kind::Client, id, &[], 30).unwrap();
+    ClientCert { chain: vec![identity.cert], key: identity.key }
+}
+
+/// Resident memory of this process (the server runs in it), from /proc.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Says hello on the control stream and reads the welcome.
+async fn join(conn: &quinn::Connection, id: &str) -> (quinn::SendStream, quinn::RecvStream) {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write(&mut send, &hello(id)).await.unwrap();
+    let (welcome, _) = read_frame(&mut recv, DEFAULT_MAX_FRAME).await.unwrap().unwrap();
+    assert!(matches!(welcome, Message::Welcome(_)), "{welcome:?}");
+    (send, recv)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_64_mib_frames_hold_little_and_are_closed_at_the_stall_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let stall = Duration::from_secs(2);
+    let (server, mut ca) = start(dir.path(), Limits { read_stall: stall, ..Limits::default() }).await;
+    let root = ca.cert().clone();
+    let before = rss_bytes();
+    let mut peers = Vec::new();
+    for i in 0..8 {
+        let id = format!("staller-{i}");
+        let (endpoint, conn) = raw_connect_as(server.local_addr, &root, Some(&device(&mut ca, &id))).await.unwrap();
+        let control = join(&conn, &id).await;
+        // An update frame that declares 64 MiB, sends 1 KiB of it, and stops.
+        let mut uni = conn.open_uni().await.unwrap();
+        let declared = (DEFAULT_MAX_FRAME - 16) as u32;
+        let mut head = declared.to_le_bytes().to_vec();
+        head.extend([PROTOCOL_VERSION, KIND_UPDATE]);
+        head.extend(vec![0u8; 1024]);
+        uni.write_all(&head).await.unwrap();
+        peers.push((endpoint, conn, control, uni));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = rss_bytes().saturating_sub(before);
+    println!("8 stalled frames declaring 64 MiB each: the process grew by {} KiB", held / 1024);
+    assert!(held < 64 << 20, "the server buffers what arrived, not what was declared ({held} bytes)");
+    let started = Instant::now();
+    for (_, conn, _, _) in &peers {
+        let reason =
+            tokio::time::timeout(Duration::from_secs(15), conn.closed()).await.expect("closed at the stall timeout");
+        println!("stalled peer closed after {:?}: {reason}", started.elapsed());
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_blocks_and_oversized_control_frames_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, mut ca) = start(dir.path(), Limits::default()).await;
+    let root = ca.cert().clone();
+
+    // 80,000 tiny blocks in one update.
+    let (_e1, conn) = raw_connect_as(server.local_addr, &root, Some(&device(&mut ca, "many"))).await.unwrap();
+    let (_send, mut control) = join(&conn, "many").await;
+    let blocks = (0..80_000).map(|i| ParamBlock::encode(format!("b{i}"), &[1], &[0.0], Encoding::F32)).collect();
+    let update = Update { round: 1, num_samples: 1, blocks, prototypes: vec![], metrics: vec![], compute_seconds: 0.0 };
+    let bytes = frame(&Message::Update(update));
+    let started = Instant::now();
+    let mut uni = conn.open_uni().await.unwrap();
+    uni.write_all(&bytes).await.unwrap();
+    uni.finish().unwrap();
+    match read_frame(&mut control, DEFAULT_MAX_FRAME).await.unwrap() {
+        Some((Message::Refusal(r), _)) => {
+            println!("{} KiB update refused after {:?}: {}", bytes.len() / 1024, started.elapsed(), r.detail);
+            assert!(r.detail.contains("at most 4096"), "{}", r.detail);
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    // A "hello" of 1 MiB on the control stream: refused from its header.
+    let (_e2, conn) = raw_connect_as(server.local_addr, &root, Some(&device(&mut ca, "big-hello"))).await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let mut head = ((1u32 << 20) + 2).to_le_bytes().to_vec();
+    head.extend([PROTOCOL_VERSION, 1]);
+    assert_eq!(head.len(), LEN_BYTES + 2);
+    send.write_all(&head).await.unwrap();
+    match read_frame(&mut recv, DEFAULT_MAX_FRAME).await.unwrap() {
+        Some((Message::Refusal(r), _)) => assert_eq!(r.reason, RefusalReason::TooLarge, "{}", r.detail),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    server.shutdown().await.unwrap();
+}
