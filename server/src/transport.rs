@@ -381,6 +381,8 @@ async fn run_engine(
     let start = Instant::now();
     let mut conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)> = HashMap::new();
     let mut fingerprints: HashMap<ClientId, String> = HashMap::new();
+    let mut trimmer = Trimmer::default();
+    let mut trim_tick = tokio::time::interval(Duration::from_secs(2));
     // A recovered round that already held its target closed during recovery: carry that out first.
     let mut first = true;
     loop {
@@ -409,10 +411,12 @@ async fn run_engine(
                                 conns.remove(&client);
                                 engine.handle_disconnect(now, &client);
                             }
+                            trimmer.closed();
                         }
                     }
                 }
                 _ = sleep_until(deadline) => engine.handle_timeout(start.elapsed()),
+                _ = trim_tick.tick() => trimmer.tick(),
                 _ = shutdown.changed() => break,
             }
         }
@@ -479,6 +483,38 @@ async fn run_engine(
     }
     Ok(())
 }
+
+/// Gives memory back to the system after peers have left. glibc keeps what a thousand departed
+/// connections freed in its arenas (measured: 40 MiB still held 10 s after 1,000 devices left);
+/// `malloc_trim` returns it. Runs on the engine's 2-second tick when connections have closed
+/// since the last one.
+#[derive(Default)]
+struct Trimmer {
+    closed: u32,
+}
+
+impl Trimmer {
+    fn closed(&mut self) {
+        self.closed += 1;
+    }
+
+    fn tick(&mut self) {
+        if std::mem::take(&mut self.closed) > 0 {
+            tokio::task::spawn_blocking(trim_heap);
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim_heap() {
+    // SAFETY: malloc_trim only releases glibc's own free memory; it takes no pointer of ours.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap() {}
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {

@@ -3,6 +3,8 @@
 //! the real data folder with the FedTA scenario's data table, for the tests that need them; and
 //! the small FedAvg device that the restart and crash tests run.
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -134,3 +134,55 @@ async fn too_many_blocks_and_oversized_control_frames_are_refused() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// 1,000 devices with valid certificates connect and say hello to the real server process: its
+/// memory stays bounded while they are connected and comes back when they leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_connections_cost_bounded_memory() {
+    use anchorage_tests::process::{Ending, ServerProcess};
+    const PEERS: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_server-process"));
+    // No round opens (it would wait for more devices than connect): this measures connections.
+    let mut server = ServerProcess::new(dir.path(), bin, PEERS + 1);
+    server.spawn();
+    assert!(server.wait_listening(Duration::from_secs(30)), "{}", server.log_tail());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let start = server.rss_bytes().unwrap();
+    let certs: Vec<(String, ClientCert)> = (0..PEERS)
+        .map(|i| {
+            let id = format!("peer-{i:04}");
+            let identity = server.ca.issue(Kind::Client, &id, &[], 30).unwrap();
+            (id, ClientCert { chain: vec![identity.cert], key: identity.key })
+        })
+        .collect();
+    let mut peers = Vec::with_capacity(PEERS);
+    for (id, cert) in &certs {
+        let (endpoint, conn) = raw_connect_as(server.addr, &server.cert, Some(cert)).await.unwrap();
+        let control = join(&conn, id).await;
+        peers.push((endpoint, conn, control));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let connected = server.rss_bytes().unwrap();
+    for (endpoint, conn, _) in &peers {
+        conn.close(0u32.into(), b"bye");
+        endpoint.close(0u32.into(), b"bye");
+    }
+    for (endpoint, _, _) in &peers {
+        let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
+    }
+    drop(peers);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = server.rss_bytes().unwrap();
+
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "server RSS: {:.1} MiB at start, {:.1} MiB with {PEERS} devices connected, {:.1} MiB after they left",
+        mib(start),
+        mib(connected),
+        mib(after)
+    );
+    server.stop(Ending::Term);
+    assert!(connected < 200 << 20, "{PEERS} connections hold {:.1} MiB", mib(connected));
+    assert!(after < start + (20 << 20), "memory comes back after they leave ({:.1} MiB)", mib(after));
+}

@@ -18,143 +18,23 @@
 //! `cargo test -p anchorage-tests --test crash -- --ignored --nocapture`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anchorage_client::store::ClientStore;
 use anchorage_client::transport::{self as client, Backoff, ClientCert, ClientEvent, ClientOptions};
-use anchorage_server::ca::{Kind, ProjectCa};
-use anchorage_server::tls;
+use anchorage_server::ca::Kind;
 use anchorage_shared::rng::Rng;
-use rustls::pki_types::CertificateDer;
+use anchorage_tests::process::{Ending, ServerProcess};
+
 use tokio::sync::mpsc;
 
 const DEVICES: usize = 3;
 /// Restarts whose reconnect time is measured (the issue asks for the median over 20).
 const RESTART_SAMPLES: u64 = 20;
-
-/// How a server process ends.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Ending {
-    Kill,
-    Term,
-}
-
-/// One server's state folder and config, and the process now running on it.
-struct Server {
-    dir: PathBuf,
-    config: PathBuf,
-    addr: SocketAddr,
-    /// The project CA's certificate, which the devices trust.
-    cert: CertificateDer<'static>,
-    ca: ProjectCa,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Server {
-    fn new(dir: &Path) -> Self {
-        let addr = free_udp_port();
-        // The field set-up: a project CA, the server's certificate from it, mutual TLS.
-        let tls_dir = dir.join("tls");
-        let mut ca = ProjectCa::init(&dir.join("ca"), "crash-test", 30).unwrap();
-        let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
-        tls::save_identity(&tls_dir, &identity).unwrap();
-        std::fs::write(tls_dir.join(anchorage_server::ca::CA_CERT), ca.cert().as_ref()).unwrap();
-        let config = dir.join("server.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"
-bind = "{addr}"
-method = "fedavg"
-state_dir = "{state}"
-tls_dir = "{tls}"
-
-[engine]
-rounds = 0
-min_available = {DEVICES}
-min_fit = {DEVICES}
-fraction = 1.0
-over_selection = 0.0
-round_deadline = 60000
-
-[engine.round]
-local_epochs = 1
-batch_size = 32
-learning_rate = 0.001
-deadline_ms = 0
-"#,
-                state = dir.join("state").display(),
-                tls = tls_dir.display(),
-            ),
-        )
-        .unwrap();
-        let cert = ca.cert().clone();
-        Self { dir: dir.into(), config, addr, cert, ca, log: dir.join("server.log"), child: None }
-    }
-
-    fn db(&self) -> PathBuf {
-        self.dir.join("state").join(anchorage_server::store::DB_FILE)
-    }
-
-    fn spawn(&mut self) {
-        assert!(self.child.is_none());
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_server-process"))
-            .arg("--config")
-            .arg(&self.config)
-            .env("ANCHORAGE_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("the server process starts");
-        self.child = Some(child);
-    }
-
-    /// Ends the process the given way and waits for it; returns its exit status.
-    fn stop(&mut self, how: Ending) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("a running server");
-        match how {
-            Ending::Kill => child.kill().unwrap(),
-            Ending::Term => {
-                let ok = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap().success();
-                assert!(ok, "kill -TERM");
-                // A graceful stop that hangs is a bug; bound it, then kill.
-                let deadline = Instant::now() + Duration::from_secs(15);
-                while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        }
-        let _ = child.kill();
-        child.wait().unwrap()
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_udp_port() -> SocketAddr {
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.local_addr().unwrap()
-}
 
 /// What every device saw, in order.
 #[derive(Default)]
@@ -210,7 +90,7 @@ fn device_id(i: usize) -> String {
 
 /// Starts the devices; they run until the test ends (the runtime is dropped).
 fn start_devices(
-    server: &mut Server,
+    server: &mut ServerProcess,
     dir: &Path,
     tx: &mpsc::UnboundedSender<(usize, Instant, ClientEvent)>,
 ) -> Vec<tokio::task::JoinHandle<anyhow::Result<String>>> {
@@ -352,7 +232,7 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
     let kills = env_u64("ANCHORAGE_CRASH_KILLS", 100);
     let seed = env_u64("ANCHORAGE_CRASH_SEED", 1);
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::new(dir.path());
+    let mut server = ServerProcess::new(dir.path(), Path::new(env!("CARGO_BIN_EXE_server-process")), DEVICES);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut records = DeviceRecords::default();
     let mut rng = Rng::derive(seed, 0xC4A5);
@@ -486,7 +366,7 @@ async fn rounds_per_minute_with_a_kill_every_10_s() {
     let mut rates = Vec::new();
     for kill_every in [None, Some(Duration::from_secs(10))] {
         let dir = tempfile::tempdir().unwrap();
-        let mut server = Server::new(dir.path());
+        let mut server = ServerProcess::new(dir.path(), Path::new(env!("CARGO_BIN_EXE_server-process")), DEVICES);
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut records = DeviceRecords::default();
         server.spawn();
@@ -546,7 +426,7 @@ fn run_to_exit(config: &Path) -> (std::process::ExitStatus, String) {
 #[test]
 fn a_server_that_cannot_keep_its_state_stops_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::new(dir.path());
+    let mut server = ServerProcess::new(dir.path(), Path::new(env!("CARGO_BIN_EXE_server-process")), DEVICES);
     let text = std::fs::read_to_string(&server.config).unwrap();
 
     // A regular file where the state folder should be (fails for root too, unlike permissions).

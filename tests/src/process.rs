@@ -1,0 +1,161 @@
+//! The server program as a process the tests can `kill -9`: a project CA, the server's
+//! certificate, a server.toml, and the process running on them (`tests/src/bin/server-process.rs`
+//! runs the server's own `main`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_server::tls;
+use rustls::pki_types::CertificateDer;
+
+/// How a server process ends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Ending {
+    Kill,
+    Term,
+}
+
+/// One server's state folder and config, and the process now running on it.
+pub struct ServerProcess {
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub addr: SocketAddr,
+    /// The project CA's certificate, which the devices trust.
+    pub cert: CertificateDer<'static>,
+    pub ca: ProjectCa,
+    pub log: PathBuf,
+    pub child: Option<Child>,
+    bin: PathBuf,
+}
+
+impl ServerProcess {
+    /// A project CA, the server's certificate from it, and a server.toml in `dir` for the server
+    /// program `bin` (the tests' `server-process`), waiting for `devices` before a round opens.
+    pub fn new(dir: &Path, bin: &Path, devices: usize) -> Self {
+        let addr = free_udp_port();
+        // The field set-up: a project CA, the server's certificate from it, mutual TLS.
+        let tls_dir = dir.join("tls");
+        let mut ca = ProjectCa::init(&dir.join("ca"), "crash-test", 30).unwrap();
+        let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
+        tls::save_identity(&tls_dir, &identity).unwrap();
+        std::fs::write(tls_dir.join(anchorage_server::ca::CA_CERT), ca.cert().as_ref()).unwrap();
+        let config = dir.join("server.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+bind = "{addr}"
+method = "fedavg"
+state_dir = "{state}"
+tls_dir = "{tls}"
+
+[engine]
+rounds = 0
+min_available = {devices}
+min_fit = {devices}
+fraction = 1.0
+over_selection = 0.0
+round_deadline = 60000
+
+[engine.round]
+local_epochs = 1
+batch_size = 32
+learning_rate = 0.001
+deadline_ms = 0
+"#,
+                state = dir.join("state").display(),
+                tls = tls_dir.display(),
+            ),
+        )
+        .unwrap();
+        let cert = ca.cert().clone();
+        Self { dir: dir.into(), config, addr, cert, ca, log: dir.join("server.log"), child: None, bin: bin.into() }
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.dir.join("state").join(anchorage_server::store::DB_FILE)
+    }
+
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none());
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(&self.bin)
+            .arg("--config")
+            .arg(&self.config)
+            .env("ANCHORAGE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("the server process starts");
+        self.child = Some(child);
+    }
+
+    /// Ends the process the given way and waits for it; returns its exit status.
+    pub fn stop(&mut self, how: Ending) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("a running server");
+        match how {
+            Ending::Kill => child.kill().unwrap(),
+            Ending::Term => {
+                let ok = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap().success();
+                assert!(ok, "kill -TERM");
+                // A graceful stop that hangs is a bug; bound it, then kill.
+                let deadline = Instant::now() + Duration::from_secs(15);
+                while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        let _ = child.kill();
+        child.wait().unwrap()
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A UDP port on loopback that was free a moment ago.
+pub fn free_udp_port() -> SocketAddr {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.local_addr().unwrap()
+}
+
+impl ServerProcess {
+    /// Waits until the server logs that it listens (bounded).
+    pub fn wait_listening(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if std::fs::read_to_string(&self.log).unwrap_or_default().contains("listening") {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Resident memory of the running server, from /proc.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let pid = self.child.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    }
+}
