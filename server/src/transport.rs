@@ -50,7 +50,7 @@ pub struct Limits {
     /// Kernel UDP buffer size requested for the endpoint's socket.
     pub socket_buffer: usize,
     /// A peer that sends no byte of a started frame for this long is closed (its half-read
-    /// frame is not held).
+    /// frame is not held), and so is one that takes no byte of what the server sends it.
     #[serde(with = "duration_ms")]
     pub read_stall: Duration,
     /// Largest frame of a control message (hello, heartbeat, cost, goodbye); updates get
@@ -683,7 +683,7 @@ impl ConnCtx {
         })?;
         tracing::info!(%client, %remote, "client connected");
 
-        let mut writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx));
+        let mut writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx, self.limits.read_stall));
         let control = self.read_loop(control_recv, client.clone(), out_tx.clone());
         let uploads = self.accept_uploads(&conn, client.clone(), out_tx.clone());
         let mut revocations = self.revoked.clone();
@@ -812,33 +812,36 @@ impl ConnCtx {
     }
 }
 
+/// Writes what the engine sends one client: control frames in order on the control stream, each
+/// broadcast on its own uni stream (a large block never holds up a control message). A client
+/// that stops reading is dropped, not buffered for: a write that makes no progress for `stall`
+/// closes the connection, and a newer broadcast cancels (resets) one the client has not read
+/// yet, so the server holds at most one broadcast's flow-control window per client.
 async fn write_loop(
     conn: quinn::Connection,
     mut control: quinn::SendStream,
     mut out: mpsc::UnboundedReceiver<Outbound>,
+    stall: Duration,
 ) {
+    let mut unread_broadcast: Option<tokio::sync::oneshot::Sender<()>> = None;
     while let Some(item) = out.recv().await {
         match item {
-            Outbound::Control(frame) => {
-                if write_frame(&mut control, &frame).await.is_err() {
-                    return;
-                }
-            }
+            Outbound::Control(frame) => match tokio::time::timeout(stall, write_frame(&mut control, &frame)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => return drop_slow_reader(&conn, "control"),
+            },
             Outbound::Uni(frame) => {
-                // Each broadcast on its own stream, so it never blocks the control stream.
-                let conn = conn.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut s) = conn.open_uni().await
-                        && s.write_all(&frame).await.is_ok()
-                    {
-                        let _ = s.finish();
-                        let _ = s.stopped().await;
-                    }
-                });
+                if let Some(cancel) = unread_broadcast.take() {
+                    let _ = cancel.send(());
+                }
+                let (cancel, cancelled) = tokio::sync::oneshot::channel();
+                unread_broadcast = Some(cancel);
+                tokio::spawn(send_broadcast(conn.clone(), frame, cancelled, stall));
             }
             Outbound::Close(refusal) => {
                 if let Ok(frame) = encode_frame(&Message::Refusal(refusal), usize::MAX) {
-                    let _ = write_frame(&mut control, &frame).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), write_frame(&mut control, &frame)).await;
                     let _ = control.finish();
                     let _ = tokio::time::timeout(Duration::from_secs(1), control.stopped()).await;
                 }
@@ -847,4 +850,34 @@ async fn write_loop(
             }
         }
     }
+}
+
+/// One broadcast on its own stream, in chunks, each of which must be taken within `stall`.
+async fn send_broadcast(
+    conn: quinn::Connection,
+    frame: Arc<Vec<u8>>,
+    mut cancelled: tokio::sync::oneshot::Receiver<()>,
+    stall: Duration,
+) {
+    let Ok(mut stream) = conn.open_uni().await else { return };
+    for chunk in frame.chunks(64 << 10) {
+        tokio::select! {
+            written = tokio::time::timeout(stall, stream.write_all(chunk)) => match written {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => return drop_slow_reader(&conn, "broadcast"),
+            },
+            _ = &mut cancelled => {
+                let _ = stream.reset(VarInt::from_u32(0));
+                return;
+            }
+        }
+    }
+    let _ = stream.finish();
+    let _ = stream.stopped().await;
+}
+
+fn drop_slow_reader(conn: &quinn::Connection, what: &str) {
+    tracing::warn!(remote = %conn.remote_address(), stream = what, "a client that does not read is dropped");
+    conn.close(VarInt::from_u32(2), b"not reading");
 }

@@ -186,3 +186,33 @@ async fn a_thousand_connections_cost_bounded_memory() {
     assert!(connected < 200 << 20, "{PEERS} connections hold {:.1} MiB", mib(connected));
     assert!(after < start + (20 << 20), "memory comes back after they leave ({:.1} MiB)", mib(after));
 }
+
+/// A device that says hello and then never reads: its 4 MiB broadcast stops at its flow-control
+/// window, and the server drops it at the stall timeout instead of buffering for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca = ProjectCa::init(&dir.path().join("ca"), "slow-reader", 30).unwrap();
+    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
+    let server = server::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity,
+        trust: Trust::ProjectCa { ca: ca.cert().clone(), crl: None },
+        engine: EngineConfig { rounds: 1, min_available: 1, min_fit: 1, ..EngineConfig::default() },
+        method: Box::new(FedAvg::default()),
+        initial: vec![ParamBlock::encode("head.weight", &[1 << 20], &vec![0.5; 1 << 20], Encoding::F32)],
+        limits: Limits { read_stall: Duration::from_secs(2), ..Limits::default() },
+        store: None,
+    })
+    .await
+    .unwrap();
+    let root = ca.cert().clone();
+    let (_endpoint, conn) = raw_connect_as(server.local_addr, &root, Some(&device(&mut ca, "sloth"))).await.unwrap();
+    let _control = join(&conn, "sloth").await; // the round opens and its broadcast is sent; nothing reads it
+    let started = Instant::now();
+    let reason =
+        tokio::time::timeout(Duration::from_secs(20), conn.closed()).await.expect("the slow reader is dropped");
+    println!("slow reader dropped after {:?}: {reason}", started.elapsed());
+    assert!(reason.to_string().contains("not reading"), "{reason}");
+    server.shutdown().await.unwrap();
+}
