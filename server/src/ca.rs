@@ -210,9 +210,20 @@ impl ProjectCa {
 
     /// Revokes every certificate of `id` not revoked yet and rewrites the CRL; returns them.
     pub fn revoke(&mut self, id: &str) -> anyhow::Result<Vec<Issued>> {
+        self.revoke_where(id, None)
+    }
+
+    /// [`ProjectCa::revoke`], or only the certificate of `id` with `serial` (the old one after a
+    /// renewal, say).
+    pub fn revoke_where(&mut self, id: &str, serial: Option<&str>) -> anyhow::Result<Vec<Issued>> {
         let now = unix_now();
+        let wanted = serial.map(|s| s.trim_start_matches('0').to_ascii_lowercase());
         let mut revoked = Vec::new();
-        for i in self.issued.iter_mut().filter(|i| i.id == id && i.revoked_at.is_none()) {
+        for i in self
+            .issued
+            .iter_mut()
+            .filter(|i| i.id == id && i.revoked_at.is_none() && wanted.as_ref().is_none_or(|w| *w == i.serial))
+        {
             i.revoked_at = Some(now);
             revoked.push(i.clone());
         }
@@ -323,13 +334,19 @@ mod tests {
         assert_eq!(id, "edge-001");
         assert_eq!(peer_id(&server.cert).unwrap().0, "server");
         assert!(ca.issue(Kind::Client, "no spaces", &[], 1).is_err());
-        let revoked = ca.revoke("edge-001").unwrap();
-        assert_eq!(revoked[0].serial, serial);
+        // After a renewal, only the old certificate is revoked by its serial.
+        let renewed = ca.issue(Kind::Client, "edge-001", &[], 10).unwrap();
+        let revoked = ca.revoke_where("edge-001", Some(&serial)).unwrap();
+        assert_eq!(revoked.iter().map(|r| r.serial.clone()).collect::<Vec<_>>(), vec![serial.clone()]);
+        assert!(ca.revoke_where("edge-001", Some(&serial)).is_err(), "already revoked");
+        let (_, renewed_serial) = peer_id(&renewed.cert).unwrap();
+        assert_eq!(ca.revoke("edge-001").unwrap()[0].serial, renewed_serial, "the id's remaining certificate");
         assert!(ca.revoke("edge-001").is_err(), "nothing left to revoke");
         let reopened = ProjectCa::open(dir.path()).unwrap();
-        assert_eq!(reopened.issued().len(), 2);
+        assert_eq!(reopened.issued().len(), 3);
         let crl = std::fs::read(dir.path().join(CRL)).unwrap();
-        assert_eq!(revoked_serials(&crl).unwrap().into_iter().collect::<Vec<_>>(), vec![serial]);
+        let listed = revoked_serials(&crl).unwrap();
+        assert!(listed.contains(&serial) && listed.contains(&renewed_serial) && listed.len() == 2, "{listed:?}");
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join(CA_KEY)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "the CA key is private");

@@ -79,6 +79,10 @@ enum CaCommand {
     /// Revokes every certificate of an id and rewrites the CA's revoked.crl.
     Revoke {
         id: String,
+        /// Only the certificate with this serial (from `anchorage ca list`), e.g. the old one after
+        /// a renewal; without it every certificate of the id is revoked.
+        #[arg(long)]
+        serial: Option<String>,
         #[arg(long, default_value = "ca")]
         dir: PathBuf,
     },
@@ -230,9 +234,9 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
                 out.display()
             );
         }
-        CaCommand::Revoke { id, dir } => {
+        CaCommand::Revoke { id, serial, dir } => {
             let mut ca = ProjectCa::open(&dir)?;
-            for r in ca.revoke(&id)? {
+            for r in ca.revoke_where(&id, serial.as_deref())? {
                 println!("revoked `{id}` (serial {})", r.serial);
             }
             println!(
