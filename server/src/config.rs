@@ -55,6 +55,11 @@ pub struct ServerConfig {
     /// built with the `sikf` feature.
     #[serde(default)]
     pub sikf: Option<SikfSection>,
+    /// The global model of round 1 (`anchorage provision` writes `initial-model.bin` from the
+    /// method's own model): the model's layout comes from here, never from the first update. A
+    /// server resuming from its database ignores it.
+    #[serde(default)]
+    pub initial_model: Option<PathBuf>,
 }
 
 /// `[sikf]`: what FedTA's server half distils the clients' input enhancement on.
@@ -123,6 +128,9 @@ impl ServerConfig {
         };
         fix(&mut self.state_dir);
         fix(&mut self.tls_dir);
+        if let Some(model) = &mut self.initial_model {
+            fix(model);
+        }
         if let Some(sikf) = &mut self.sikf {
             fix(&mut sikf.data_dir);
         }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod engine;
 pub mod methods;
 pub mod metrics;
+pub mod model_file;
 pub mod service;
 #[cfg(feature = "sikf")]
 pub mod sikf;

@@ -58,7 +58,10 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         trust,
         engine: config.engine.clone(),
         method,
-        initial: Vec::new(),
+        initial: match &config.initial_model {
+            Some(path) => crate::model_file::load(path)?,
+            None => Vec::new(),
+        },
         limits: config.limits.clone(),
         store: Some(store),
     })

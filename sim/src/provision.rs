@@ -330,6 +330,7 @@ impl Project {
         t.insert("method".into(), self.method.clone());
         t.insert("state_dir".into(), "state".into());
         t.insert("tls_dir".into(), ".".into());
+        t.insert("initial_model".into(), INITIAL_MODEL.into());
         if let Some(m) = self.server.metrics_bind {
             t.insert("metrics_bind".into(), m.to_string().into());
         }
@@ -521,7 +522,27 @@ pub fn provision(project_path: &Path, out: Option<&Path>) -> anyhow::Result<Prov
         write(dir.join("client.toml"), text.as_bytes())?;
         sites.push(Site { id: device.id.clone(), kind: Kind::Client, config: dir.join("client.toml"), dir, key });
     }
+    write_initial_model(&out, &sites)?;
     Ok(Provisioned { ca_dir, ca_created, out, sites })
+}
+
+/// The server's initial model file, beside its server.toml.
+pub const INITIAL_MODEL: &str = "initial-model.bin";
+
+/// The global model of round 1, made by the method's own client half on the first device's
+/// config (every device builds the same model), so that the server's layout is the method's,
+/// never an update's. Kept when it exists: a running federation's first model does not change.
+fn write_initial_model(out: &Path, sites: &[Site]) -> anyhow::Result<()> {
+    let path = out.join("server").join(INITIAL_MODEL);
+    if path.exists() {
+        return Ok(());
+    }
+    let Some(first) = sites.iter().find(|s| s.kind == Kind::Client) else { return Ok(()) };
+    let config = anchorage_client::config::ClientConfig::load(&first.config)?;
+    let method = anchorage_client::runner::method(&config, &burn::tensor::Device::flex())
+        .with_context(|| format!("building the method of {} for the initial model", first.config.display()))?;
+    let blocks = method.initial_blocks().context("the method's initial model")?;
+    anchorage_server::model_file::save(&path, &blocks)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anchorage_client::methods::ClientMethod;
 use anchorage_server::ca::{Kind, ProjectCa};
 use anchorage_server::tls;
 use rustls::pki_types::CertificateDer;
@@ -42,6 +43,10 @@ impl ServerProcess {
         let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
         tls::save_identity(&tls_dir, &identity).unwrap();
         std::fs::write(tls_dir.join(anchorage_server::ca::CA_CERT), ca.cert().as_ref()).unwrap();
+        // The operator's initial model: the devices' own (the tests' FedAvg device).
+        let model = dir.join("initial-model.bin");
+        let blocks = crate::fedavg_client(0).initial_blocks().expect("the device's model");
+        anchorage_server::model_file::save(&model, &blocks).unwrap();
         let config = dir.join("server.toml");
         std::fs::write(
             &config,
@@ -51,6 +56,7 @@ bind = "{addr}"
 method = "fedavg"
 state_dir = "{state}"
 tls_dir = "{tls}"
+initial_model = "{model}"
 
 [engine]
 rounds = 0
@@ -68,6 +74,7 @@ deadline_ms = 0
 "#,
                 state = dir.join("state").display(),
                 tls = tls_dir.display(),
+                model = model.display(),
             ),
         )
         .unwrap();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anchorage_client::config::ClientConfig;
-use anchorage_client::methods;
+use anchorage_client::methods::{self, ClientMethod};
 use anchorage_client::share::scenario_context;
 use anchorage_client::transport::{self as client, ClientOptions};
 use anchorage_server::config::ServerConfig;
@@ -59,26 +59,13 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
     let method = config.method.config();
     let calls = Arc::new(AtomicUsize::new(0));
     let sikf = anchorage_server::sikf::distiller(config.sikf.as_ref().unwrap(), &method).unwrap();
-    let identity = tls::self_signed(&["localhost"]).unwrap();
-    let mut srv = server::start(ServerOptions {
-        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-        identity: identity.clone(),
-        trust: anchorage_server::tls::Trust::InsecureDev,
-        engine: config.engine.clone(),
-        method: Box::new(FedTaServer::new(method, Some(Box::new(Counted { inner: sikf, calls: calls.clone() })))),
-        initial: Vec::new(),
-        limits: config.limits.clone(),
-        store: None,
-    })
-    .await
-    .unwrap();
-
-    let mut handles = Vec::new();
+    // The devices first: their method's own model is the server's initial model (its layout is
+    // the operator's, never an update's).
+    let mut devices = Vec::new();
     for device in 0..2usize {
         let client_toml = format!(
-            "server = \"{}\"\nserver_cert = \"unused\"\nclient_id = \"jetson-{device}\"\nstate_dir = {:?}\n\
+            "server = \"127.0.0.1:1\"\nserver_cert = \"unused\"\nclient_id = \"jetson-{device}\"\nstate_dir = {:?}\n\
              {METHOD}[data]\nsource = \"scenario\"\ndata_dir = {dir:?}\nclient = {device}\nbackbone = \"mobilenet_v2\"\n{}",
-            srv.local_addr,
             state.join(format!("client-{device}")),
             fedta_data_table("data.spec"),
         );
@@ -87,9 +74,26 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
         assert_eq!(context.stream.tasks.len(), 5, "five tasks on each device");
         assert!(context.stream.tasks.iter().all(|t| t.classes.len() == 8), "eight classes a task");
         assert_eq!(context.net.input_dim, 1280, "MobileNetV2 0.35 features");
-        let method = methods::build(context).unwrap();
-        let mut options =
-            ClientOptions::new(config.server_addr().unwrap(), identity.cert.clone(), config.client_id.clone());
+        devices.push((config, methods::build(context).unwrap()));
+    }
+    let initial = devices[0].1.initial_blocks().unwrap();
+    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let mut srv = server::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity: identity.clone(),
+        trust: anchorage_server::tls::Trust::InsecureDev,
+        engine: config.engine.clone(),
+        method: Box::new(FedTaServer::new(method, Some(Box::new(Counted { inner: sikf, calls: calls.clone() })))),
+        initial,
+        limits: config.limits.clone(),
+        store: None,
+    })
+    .await
+    .unwrap();
+
+    let mut handles = Vec::new();
+    for (config, method) in devices {
+        let mut options = ClientOptions::new(srv.local_addr, identity.cert.clone(), config.client_id.clone());
         options.store = Some(anchorage_client::store::ClientStore::new(&config.state_dir));
         handles.push(tokio::spawn(client::run(options, method, None)));
     }

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anchorage_client::methods::ClientMethod;
 use anchorage_client::transport::{self as client, Backoff, ClientCert, ClientEvent, ClientOptions};
 use anchorage_server::ca::{Kind, ProjectCa};
 use anchorage_server::engine::EngineConfig;
@@ -52,7 +53,7 @@ impl Project {
                 ..EngineConfig::default()
             },
             method: Box::new(FedAvg::default()),
-            initial: Vec::new(),
+            initial: fedavg_client(0).initial_blocks().unwrap(),
             limits: Limits::default(),
             store: None,
         })

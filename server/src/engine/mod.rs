@@ -381,14 +381,16 @@ impl Engine {
                 .push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
             return;
         }
-        let reference = if self.global.is_empty() {
-            open.updates.values().next().map(|(u, _)| u.update.blocks.as_slice())
+        // The model's layout is the operator's (the initial model), never an update's: a server
+        // without one aggregates only methods that share no blocks.
+        let layout = if self.global.is_empty() && !update.blocks.is_empty() {
+            Err("this server holds no model: its layout comes from the operator (initial_model in server.toml), \
+                 never from an update"
+                .to_string())
         } else {
-            Some(self.global.as_slice())
+            same_layout(&self.global, &update.blocks)
         };
-        if let Some(reference) = reference
-            && let Err(detail) = same_layout(reference, &update.blocks)
-        {
+        if let Err(detail) = layout {
             open.refused += 1;
             self.refuse(client, RefusalReason::ShapeMismatch, detail);
             return;

@@ -679,3 +679,21 @@ fn the_robust_table_reads_from_toml() {
     let d: EngineConfig = toml::from_str("rounds = 3\n").unwrap();
     assert_eq!(d.robust, crate::aggregate::RobustConfig::default());
 }
+
+#[test]
+fn the_layout_is_the_operators_never_the_first_updates() {
+    // No initial model: the first update may not fix the layout (a stranger answering round 1
+    // first would otherwise lock every honest device out with a shape mismatch).
+    let mut e = Engine::new(config(1, 1), Box::new(FedAvg::default()), Vec::new());
+    join(&mut e, secs(0), &["a"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 2.0, 3.0], 1));
+    assert_eq!(refusals(&drain(&mut e), "a"), vec![RefusalReason::ShapeMismatch]);
+    assert!(e.global().is_empty());
+    // With the operator's model, an update of another layout is refused and the right one taken.
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["stranger", "honest"]);
+    e.handle_message(secs(1), "stranger", update(1, &[1.0, 2.0, 3.0], 1));
+    assert_eq!(refusals(&drain(&mut e), "stranger"), vec![RefusalReason::ShapeMismatch]);
+    e.handle_message(secs(1), "honest", update(1, &[1.0, 2.0], 1));
+    assert_eq!(acks(&drain(&mut e), "honest"), vec![(1, true)]);
+}
