@@ -49,13 +49,17 @@ impl Trust {
         }
     }
 
-    /// The server-side rustls config for this trust (with the CRL as it is on disk now).
-    pub fn server_crypto(&self, identity: &Identity) -> anyhow::Result<rustls::ServerConfig> {
+    /// The server-side rustls config for this trust, checking client certificates against `crl`
+    /// (read once by the caller with [`Trust::read_crl`], so the verifier and the list the server
+    /// applies to live connections are the same).
+    pub fn server_crypto(
+        &self,
+        identity: &Identity,
+        crl: Option<rustls::pki_types::CertificateRevocationListDer<'static>>,
+    ) -> anyhow::Result<rustls::ServerConfig> {
         match self {
             Self::InsecureDev => server_crypto(identity, None),
-            Self::ProjectCa { ca, .. } => {
-                server_crypto(identity, Some(crate::ca::client_verifier(ca, self.read_crl()?)?))
-            }
+            Self::ProjectCa { ca, .. } => server_crypto(identity, Some(crate::ca::client_verifier(ca, crl)?)),
         }
     }
 }

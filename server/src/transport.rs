@@ -189,12 +189,15 @@ fn restart_aware_endpoint(secret: &[u8; 32]) -> quinn::EndpointConfig {
     config
 }
 
+type Crl = Option<rustls::pki_types::CertificateRevocationListDer<'static>>;
+
 fn quic_server_config(
     trust: &Trust,
     identity: &Identity,
+    crl: Crl,
     transport: &Arc<quinn::TransportConfig>,
 ) -> anyhow::Result<quinn::ServerConfig> {
-    let crypto = trust.server_crypto(identity)?;
+    let crypto = trust.server_crypto(identity, crl)?;
     let mut config =
         quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(crypto).context("QUIC TLS config")?));
     config.transport_config(transport.clone());
@@ -211,13 +214,13 @@ fn watch_revocations(
     endpoint: &quinn::Endpoint,
     trust: &Trust,
     identity: &Identity,
+    first: &Crl,
     transport: Arc<quinn::TransportConfig>,
 ) -> anyhow::Result<watch::Receiver<Revoked>> {
     let serials = |crl: Option<&[u8]>| -> anyhow::Result<Revoked> {
         Ok(Arc::new(crl.map(crate::ca::revoked_serials).transpose()?.unwrap_or_default()))
     };
     let trust = trust.clone();
-    let first = trust.read_crl()?;
     let (tx, rx) = watch::channel(serials(first.as_deref())?);
     let Trust::ProjectCa { crl: Some(path), .. } = &trust else { return Ok(rx) };
     let (path, identity, endpoint) = (path.clone(), identity.clone(), endpoint.clone());
@@ -234,7 +237,7 @@ fn watch_revocations(
             seen = now;
             let reloaded = trust.read_crl().and_then(|crl| {
                 let list = serials(crl.as_deref())?;
-                Ok((quic_server_config(&trust, &identity, &transport)?, list))
+                Ok((quic_server_config(&trust, &identity, crl, &transport)?, list))
             });
             match reloaded {
                 Ok((config, list)) => {
@@ -259,7 +262,8 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         );
     }
     let transport_config = Arc::new(options.limits.transport_config()?);
-    let server_config = quic_server_config(&options.trust, &options.identity, &transport_config)?;
+    let crl = options.trust.read_crl()?;
+    let server_config = quic_server_config(&options.trust, &options.identity, crl.clone(), &transport_config)?;
     let socket =
         udp_socket(options.bind, options.limits.socket_buffer).with_context(|| format!("binding {}", options.bind))?;
     let endpoint_config = match &options.store {
@@ -279,7 +283,7 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let max_frame = options.engine.max_frame_bytes as usize;
 
-    let revoked = watch_revocations(&endpoint, &options.trust, &options.identity, transport_config)?;
+    let revoked = watch_revocations(&endpoint, &options.trust, &options.identity, &crl, transport_config)?;
     let accept_endpoint = endpoint.clone();
     let accept_metrics = metrics.clone();
     let limits = options.limits.clone();
@@ -381,45 +385,10 @@ async fn run_engine(
     let start = Instant::now();
     let mut conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)> = HashMap::new();
     let mut fingerprints: HashMap<ClientId, String> = HashMap::new();
-    let mut trimmer = Trimmer::default();
+    let mut trim_due = false;
     let mut trim_tick = tokio::time::interval(Duration::from_secs(2));
-    // A recovered round that already held its target closed during recovery: carry that out first.
-    let mut first = true;
     loop {
-        if std::mem::take(&mut first) {
-            engine.handle_timeout(start.elapsed());
-        } else {
-            let deadline = engine.poll_timeout().map(|t| start + t);
-            tokio::select! {
-                input = inputs.recv() => {
-                    let Some(input) = input else { break };
-                    let now = start.elapsed();
-                    match input {
-                        Input::Hello { conn, client, fingerprint, msg, out } => {
-                        if let Some(f) = fingerprint {
-                            fingerprints.insert(client.clone(), f);
-                        }
-                            if let Some((old, old_out)) = conns.insert(client.clone(), (conn, out)) {
-                                tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
-                                let _ = old_out.send(Outbound::Close(Refusal { reason: RefusalReason::Duplicate, detail: "replaced by a newer connection".into() }));
-                            }
-                            engine.handle_message(now, &client, msg);
-                        }
-                        Input::Message { client, msg } => engine.handle_message(now, &client, msg),
-                        Input::Closed { conn, client } => {
-                            if conns.get(&client).is_some_and(|(c, _)| *c == conn) {
-                                conns.remove(&client);
-                                engine.handle_disconnect(now, &client);
-                            }
-                            trimmer.closed();
-                        }
-                    }
-                }
-                _ = sleep_until(deadline) => engine.handle_timeout(start.elapsed()),
-                _ = trim_tick.tick() => trimmer.tick(),
-                _ = shutdown.changed() => break,
-            }
-        }
+        // Carry out what the engine asked for first: recovery may already have closed a round.
         while let Some(action) = engine.poll_action() {
             match action {
                 Action::Send { to, msg } => {
@@ -480,31 +449,44 @@ async fn run_engine(
                 }
             }
         }
+        let deadline = engine.poll_timeout().map(|t| start + t);
+        tokio::select! {
+            input = inputs.recv() => {
+                let Some(input) = input else { break };
+                let now = start.elapsed();
+                match input {
+                    Input::Hello { conn, client, fingerprint, msg, out } => {
+                        if let Some(f) = fingerprint {
+                            fingerprints.insert(client.clone(), f);
+                        }
+                        if let Some((old, old_out)) = conns.insert(client.clone(), (conn, out)) {
+                            tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
+                            let _ = old_out.send(Outbound::Close(Refusal { reason: RefusalReason::Duplicate, detail: "replaced by a newer connection".into() }));
+                        }
+                        engine.handle_message(now, &client, msg);
+                    }
+                    Input::Message { client, msg } => engine.handle_message(now, &client, msg),
+                    Input::Closed { conn, client } => {
+                        if conns.get(&client).is_some_and(|(c, _)| *c == conn) {
+                            conns.remove(&client);
+                            engine.handle_disconnect(now, &client);
+                        }
+                        trim_due = true;
+                    }
+                }
+            }
+            _ = sleep_until(deadline) => engine.handle_timeout(start.elapsed()),
+            _ = trim_tick.tick() => if std::mem::take(&mut trim_due) { tokio::task::spawn_blocking(trim_heap); },
+            _ = shutdown.changed() => break,
+        }
     }
     Ok(())
 }
 
-/// Gives memory back to the system after peers have left. glibc keeps what a thousand departed
-/// connections freed in its arenas (measured: 40 MiB still held 10 s after 1,000 devices left);
-/// `malloc_trim` returns it. Runs on the engine's 2-second tick when connections have closed
-/// since the last one.
-#[derive(Default)]
-struct Trimmer {
-    closed: u32,
-}
-
-impl Trimmer {
-    fn closed(&mut self) {
-        self.closed += 1;
-    }
-
-    fn tick(&mut self) {
-        if std::mem::take(&mut self.closed) > 0 {
-            tokio::task::spawn_blocking(trim_heap);
-        }
-    }
-}
-
+/// Gives memory back to the system after peers have left: glibc keeps what a thousand departed
+/// connections freed in its arenas (measured: 40 MiB still held 10 s after 1,000 devices left),
+/// and `malloc_trim` returns it. The engine loop calls it on its 2-second tick when connections
+/// have closed since the last one.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn trim_heap() {
     // SAFETY: malloc_trim only releases glibc's own free memory; it takes no pointer of ours.
@@ -585,21 +567,25 @@ impl Drop for HandshakeSlot {
     }
 }
 
-/// The id and serial number of a peer's certificate (mutual TLS), `None` when it showed none.
-fn certificate_id(conn: &quinn::Connection) -> anyhow::Result<Option<(String, String)>> {
+/// Who a peer's certificate says it is (mutual TLS).
+struct Certified {
+    id: String,
+    serial: String,
+    /// SHA-256 (hex) of the certificate, for the client registry.
+    fingerprint: String,
+}
+
+/// The certificate a peer showed, read once; `None` when it showed none (development mode).
+fn certified(conn: &quinn::Connection) -> anyhow::Result<Option<Certified>> {
     let Some(identity) = conn.peer_identity() else { return Ok(None) };
     let chain = identity
         .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
         .map_err(|_| anyhow::anyhow!("the peer identity is not a certificate chain"))?;
     let leaf = chain.first().context("an empty certificate chain")?;
-    crate::ca::peer_id(leaf).map(Some)
-}
-
-/// SHA-256 (hex) of the certificate a peer showed, for the client registry.
-fn certificate_fingerprint(conn: &quinn::Connection) -> Option<String> {
-    let chain = conn.peer_identity()?.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok()?;
-    let digest = ring::digest::digest(&ring::digest::SHA256, chain.first()?.as_ref());
-    Some(digest.as_ref().iter().map(|b| format!("{b:02x}")).collect())
+    let (id, serial) = crate::ca::peer_id(leaf)?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, leaf.as_ref());
+    let fingerprint = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Some(Certified { id, serial, fingerprint }))
 }
 
 /// Completes when `serial` appears on the revocation list; never without a serial.
@@ -627,7 +613,7 @@ impl ConnCtx {
         drop(handshake);
         let remote = conn.remote_address();
         // Mutual TLS: the handshake proved the certificate; its id is who this peer is.
-        let certified = match certificate_id(&conn) {
+        let certified = match certified(&conn) {
             Ok(c) => c,
             Err(e) => {
                 self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
@@ -666,14 +652,14 @@ impl ConnCtx {
         // Under mutual TLS the id is the certificate's and the engine refuses a hello that names
         // another; in the development mode the hello names the client.
         let Message::Hello(h) = &hello else { unreachable!("matched above") };
-        let serial = certified.as_ref().map(|(_, serial)| serial.clone());
-        let client = certified.map_or_else(|| h.client_id.clone(), |(id, _)| id);
+        let serial = certified.as_ref().map(|c| c.serial.clone());
+        let fingerprint = certified.as_ref().map(|c| c.fingerprint.clone());
+        let client = certified.map_or_else(|| h.client_id.clone(), |c| c.id);
         if serial.as_ref().is_some_and(|s| self.revoked.borrow().contains(s)) {
             let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: "certificate revoked".into() };
             return self.refuse(&conn, &mut control_send, refusal, &client).await;
         }
         let (out_tx, out_rx) = mpsc::unbounded_channel();
-        let fingerprint = certificate_fingerprint(&conn);
         self.inputs.send(Input::Hello {
             conn: self.id,
             client: client.clone(),
