@@ -4,8 +4,8 @@
 //! Two halves, both configured by `[engine.robust]` ([`RobustConfig`]):
 //!
 //! - **Screening** ([`RobustConfig::screen_update`], [`RobustConfig::screen_round`]), run by the
-//!   engine before any method sees an update: every value finite, `num_samples` capped at
-//!   `max_samples`, the L2 norm of the update's delta from the current global within `max_norm`,
+//!   engine before any method sees an update: every value (of blocks and prototypes) finite and
+//!   within `max_abs_value`, `num_samples` and prototype counts capped at `max_samples`, the L2 norm of the update's delta from the current global within `max_norm`,
 //!   and a robust z-score of the round's delta norms (median / MAD) within `max_norm_z`.
 //! - **Rules** ([`AggregationRule`]), applied by the methods' block averaging
 //!   ([`crate::methods::average_blocks`]): the sample-weighted mean (FedAvg, the default),
@@ -237,15 +237,21 @@ pub fn krum_select(updates: &[&[&[f32]]], byzantine: usize, select: usize) -> Ve
 }
 
 /// `[engine.robust]`: screening of updates and the aggregation rule. The defaults keep plain
-/// FedAvg: the mean, no norm bound, no z-score, `max_samples` = 10⁹.
+/// FedAvg: the mean, no norm bound, no z-score, `max_samples` = 10⁹; only values beyond
+/// `max_abs_value` = 10⁶ (which no trained network or class mean holds) are refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RobustToml")]
 pub struct RobustConfig {
     /// How screened updates are combined: `{ rule = "mean" }` (default), `{ rule = "median" }`,
     /// `{ rule = "trimmed-mean", trim = 0.2 }`, `{ rule = "krum", byzantine = 2, select = 1 }`.
     pub aggregation: AggregationRule,
-    /// Largest `num_samples` an update may claim; larger claims are lowered to this (and logged).
+    /// Largest `num_samples` an update (and a prototype's `count`) may claim; larger claims are
+    /// lowered to this (and logged).
     pub max_samples: u64,
+    /// Largest magnitude of any value in an update's blocks or prototypes; an update holding a
+    /// larger one is refused before it is acked. It keeps one update from pushing the model to
+    /// magnitudes where the next sums overflow f32.
+    pub max_abs_value: f64,
     /// Largest L2 norm of an update's delta from the current global (all blocks together; in
     /// buffered mode from the version the client trained on); an update beyond it is refused
     /// before it is acked. A block the global lacks (a server started without an initial model,
@@ -260,10 +266,18 @@ pub struct RobustConfig {
 
 /// Default of `max_samples`.
 pub const DEFAULT_MAX_SAMPLES: u64 = 1_000_000_000;
+/// Default of `max_abs_value`.
+pub const DEFAULT_MAX_ABS_VALUE: f64 = 1e6;
 
 impl Default for RobustConfig {
     fn default() -> Self {
-        Self { aggregation: AggregationRule::Mean, max_samples: DEFAULT_MAX_SAMPLES, max_norm: None, max_norm_z: None }
+        Self {
+            aggregation: AggregationRule::Mean,
+            max_samples: DEFAULT_MAX_SAMPLES,
+            max_abs_value: DEFAULT_MAX_ABS_VALUE,
+            max_norm: None,
+            max_norm_z: None,
+        }
     }
 }
 
@@ -273,6 +287,7 @@ impl Default for RobustConfig {
 struct RobustToml {
     aggregation: AggregationRule,
     max_samples: u64,
+    max_abs_value: f64,
     max_norm: Option<f64>,
     max_norm_z: Option<f64>,
 }
@@ -280,7 +295,13 @@ struct RobustToml {
 impl Default for RobustToml {
     fn default() -> Self {
         let d = RobustConfig::default();
-        Self { aggregation: d.aggregation, max_samples: d.max_samples, max_norm: d.max_norm, max_norm_z: d.max_norm_z }
+        Self {
+            aggregation: d.aggregation,
+            max_samples: d.max_samples,
+            max_abs_value: d.max_abs_value,
+            max_norm: d.max_norm,
+            max_norm_z: d.max_norm_z,
+        }
     }
 }
 
@@ -291,6 +312,7 @@ impl TryFrom<RobustToml> for RobustConfig {
         let c = Self {
             aggregation: t.aggregation,
             max_samples: t.max_samples,
+            max_abs_value: t.max_abs_value,
             max_norm: t.max_norm,
             max_norm_z: t.max_norm_z,
         };
@@ -302,8 +324,10 @@ impl TryFrom<RobustToml> for RobustConfig {
 /// Why screening refused an update.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ScreenReason {
-    /// A block does not decode, or holds a non-finite value.
+    /// A block or prototype does not decode, or holds a non-finite value.
     BadTensor(String),
+    /// A value's magnitude is beyond `max_abs_value`.
+    Value { value: f64, bound: f64 },
     /// The delta's norm is beyond `max_norm` (or not finite).
     Norm { norm: f64, bound: f64 },
     /// The delta's norm is an outlier among the round's.
@@ -314,6 +338,7 @@ impl std::fmt::Display for ScreenReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::BadTensor(e) => write!(f, "{e}"),
+            Self::Value { value, bound } => write!(f, "a value of magnitude {value:.4e} exceeds max_abs_value {bound}"),
             Self::Norm { norm, bound } => write!(f, "update norm {norm:.4e} exceeds max_norm {bound}"),
             Self::Outlier { norm, z, bound } => {
                 write!(f, "update norm {norm:.4e} is an outlier (robust z {z:.2} > max_norm_z {bound})")
@@ -335,6 +360,12 @@ impl RobustConfig {
         if self.max_samples == 0 {
             return Err(AggregateError::InvalidRule("max_samples must be at least 1".into()));
         }
+        if !(self.max_abs_value > 0.0) {
+            return Err(AggregateError::InvalidRule(format!(
+                "max_abs_value must be positive, got {}",
+                self.max_abs_value
+            )));
+        }
         if let Some(b) = self.max_norm
             && !(b > 0.0)
         {
@@ -348,25 +379,38 @@ impl RobustConfig {
         Ok(())
     }
 
-    /// Lowers `update.num_samples` to `max_samples`; says whether it did.
-    pub fn cap_samples(&self, client: &str, update: &mut Update) -> bool {
-        if update.num_samples > self.max_samples {
-            tracing::warn!(
-                client,
-                claimed = update.num_samples,
-                max_samples = self.max_samples,
-                "update claims more samples than max_samples; capped"
-            );
-            update.num_samples = self.max_samples;
-            return true;
-        }
-        false
+    /// Whether `update` claims more samples (or a prototype more members) than `max_samples`.
+    fn claims_too_much(&self, update: &Update) -> bool {
+        update.num_samples > self.max_samples || update.prototypes.iter().any(|p| p.count > self.max_samples)
     }
 
-    /// Checks one update on its own: every block decodes to finite values, and the L2 norm of
-    /// its delta from `reference` (the global it trained on; a block the reference lacks counts
-    /// from zero) is finite and within `max_norm`. Returns that norm.
+    /// Lowers `update.num_samples` and its prototypes' counts to `max_samples`; says whether it did.
+    pub fn cap_samples(&self, client: &str, update: &mut Update) -> bool {
+        if !self.claims_too_much(update) {
+            return false;
+        }
+        tracing::warn!(
+            client,
+            claimed = update.num_samples,
+            max_samples = self.max_samples,
+            "update claims more samples than max_samples; capped"
+        );
+        update.num_samples = update.num_samples.min(self.max_samples);
+        for p in &mut update.prototypes {
+            p.count = p.count.min(self.max_samples);
+        }
+        true
+    }
+
+    /// Checks one update on its own: every block and prototype decodes to finite values within
+    /// `max_abs_value`, and the L2 norm of its blocks' delta from `reference` (the global it
+    /// trained on; a block the reference lacks counts from zero) is finite and within `max_norm`.
+    /// Returns that norm.
     pub fn screen_update(&self, update: &Update, reference: &[ParamBlock]) -> Result<f64, ScreenReason> {
+        let largest = largest_magnitude(update)?;
+        if largest > self.max_abs_value {
+            return Err(ScreenReason::Value { value: largest, bound: self.max_abs_value });
+        }
         let norm = delta_norm(update, reference)?;
         if !norm.is_finite() {
             return Err(ScreenReason::Norm { norm, bound: self.max_norm.unwrap_or(f64::INFINITY) });
@@ -412,7 +456,7 @@ impl RobustConfig {
         let kept = passed
             .into_iter()
             .map(|(client, update, _)| {
-                if update.num_samples > self.max_samples {
+                if self.claims_too_much(update) {
                     let mut capped = update.clone();
                     self.cap_samples(client, &mut capped);
                     (client, Cow::Owned(capped))
@@ -423,6 +467,21 @@ impl RobustConfig {
             .collect();
         (kept, screened)
     }
+}
+
+/// The largest magnitude of any value in the update's blocks and prototypes; a block or prototype
+/// that does not decode or holds a non-finite value is an error.
+pub fn largest_magnitude(update: &Update) -> Result<f64, ScreenReason> {
+    let blocks = update.blocks.iter().map(|b| b.decode().map_err(|e| ScreenReason::BadTensor(e.to_string())));
+    let prototypes = update.prototypes.iter().map(|p| {
+        p.validate().map_err(|e| ScreenReason::BadTensor(format!("prototype of class {}: {e}", p.class)))?;
+        p.vector.decode().map_err(|e| ScreenReason::BadTensor(format!("prototype of class {}: {e}", p.class)))
+    });
+    let mut largest = 0f64;
+    for values in blocks.chain(prototypes) {
+        largest = values?.iter().fold(largest, |m, v| m.max(v.abs() as f64));
+    }
+    Ok(largest)
 }
 
 /// L2 norm (f64) of `update − reference` over all blocks; a block missing from `reference`

@@ -190,11 +190,36 @@ fn screening_refuses_non_finite_and_too_large_updates() {
         config.screen_update(&update(&[f32::INFINITY, 0.0], 1), &global),
         Err(ScreenReason::BadTensor(_))
     ));
-    assert!(matches!(config.screen_update(&update(&[1e30, 1e30], 1), &global), Err(ScreenReason::Norm { .. })));
-    // Without a bound the 1e30 update is finite (the norm is taken in f64: 1.41e30), so it passes.
-    assert!(RobustConfig::default().screen_update(&update(&[1e30, 1e30], 1), &global).is_ok());
-    // f32::MAX twice overflows an f32 norm but not the f64 one.
-    assert!(RobustConfig::default().screen_update(&update(&[f32::MAX, f32::MAX], 1), &global).is_ok());
+    // ‖[101, 1] − [1, 1]‖ = 100 > 10
+    assert!(matches!(config.screen_update(&update(&[101.0, 1.0], 1), &global), Err(ScreenReason::Norm { .. })));
+    // Without a norm bound, 1e30 is finite but beyond the default max_abs_value of 1e6.
+    assert_eq!(
+        RobustConfig::default().screen_update(&update(&[1e30, 0.0], 1), &global),
+        Err(ScreenReason::Value { value: 1e30f32 as f64, bound: 1e6 })
+    );
+    assert!(
+        RobustConfig::default().screen_update(&update(&[-1e6, 1e6], 1), &global).is_ok(),
+        "the bound itself passes"
+    );
+    // A looser value bound: f32::MAX twice overflows an f32 norm but not the f64 one.
+    let loose = RobustConfig { max_abs_value: f64::MAX, ..RobustConfig::default() };
+    assert!(loose.screen_update(&update(&[f32::MAX, f32::MAX], 1), &global).is_ok());
+}
+
+#[test]
+fn prototypes_are_screened_and_their_counts_capped_like_blocks() {
+    use anchorage_shared::prototype::Prototype;
+    let global = update(&[0.0], 1).blocks;
+    let config = RobustConfig { max_samples: 100, ..RobustConfig::default() };
+    let mut u = update(&[0.5], 10);
+    u.prototypes = vec![Prototype::encode(3, 1_000_000_000_000_000_000, &[1.0, 2.0], Encoding::F32)];
+    assert!(config.screen_update(&u, &global).is_ok());
+    assert!(config.cap_samples("a", &mut u), "the prototype's count is beyond max_samples");
+    assert_eq!((u.num_samples, u.prototypes[0].count), (10, 100));
+    u.prototypes = vec![Prototype::encode(3, 5, &[2e7, 0.0], Encoding::F32)];
+    assert_eq!(config.screen_update(&u, &global), Err(ScreenReason::Value { value: 2e7, bound: 1e6 }));
+    u.prototypes = vec![Prototype::encode(3, 5, &[f32::NAN, 0.0], Encoding::F32)];
+    assert!(matches!(config.screen_update(&u, &global), Err(ScreenReason::BadTensor(_))));
 }
 
 #[test]
@@ -216,7 +241,7 @@ fn screen_round_drops_outliers_caps_samples_and_reports_who() {
     let global = update(&[0.0], 1).blocks;
     let config = RobustConfig { max_norm_z: Some(3.5), max_samples: 100, ..RobustConfig::default() };
     let (a, b, c, d, e) =
-        (update(&[1.0], 10), update(&[1.1], 10), update(&[0.9], 1_000_000), update(&[1.0], 10), update(&[1e30], 10));
+        (update(&[1.0], 10), update(&[1.1], 10), update(&[0.9], 1_000_000), update(&[1.0], 10), update(&[50.0], 10));
     let bad = update(&[f32::NAN], 10);
     let inputs = [("a", &a), ("b", &b), ("bad", &bad), ("c", &c), ("d", &d), ("e", &e)];
     let (kept, screened) = config.screen_round(&inputs, &global);

@@ -110,8 +110,9 @@ pub struct Engine {
     /// Clients whose update the last closed round aggregated: a copy arriving later is a
     /// duplicate, not a late update.
     last_accepted: BTreeSet<ClientId>,
-    /// Who was invited to each of the last [`INVITATIONS_KEPT`] rounds.
-    invited: BTreeMap<u64, BTreeSet<ClientId>>,
+    /// Who was invited to each of the last [`INVITATIONS_KEPT`] rounds, and whether their cost
+    /// record for it arrived.
+    invited: BTreeMap<u64, BTreeMap<ClientId, bool>>,
     open: Option<OpenRound>,
     /// State of the semi-asynchronous mode (unused in synchronous rounds).
     buffered: buffered::Buffered,
@@ -424,22 +425,24 @@ impl Engine {
     }
 
     /// A client's measured cost of a round it took part in: into the ledger under its identity.
-    /// A client's measured cost of a round it took part in: into the ledger under its identity.
     /// The record is checked against what the server saw: the client must have been invited to
-    /// that round (so one peer cannot write thousands of made-up rounds; the store keeps one
-    /// row per client, round and kind), and its byte counts must fit the frames the federation
-    /// allows. A record that fails is dropped and counted, not answered with a refusal (a
-    /// refusal would make the device set its unsent update aside).
+    /// that round, and each invitation takes one record (so one peer writes at most one row per
+    /// round it was invited to, whatever it sends); its byte counts must fit the frames the
+    /// federation allows. A record that fails is dropped and counted, not answered with a
+    /// refusal (a refusal would make the device set its unsent update aside); the log says so
+    /// for the 1st, 2nd, 4th, 8th, … dropped record, so a flood cannot flood the log either.
     fn on_cost(&mut self, client: &str, mut record: CostRecord) {
         if !self.clients.contains_key(client) {
             self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
             return;
         }
-        let invited = self.invited.get(&record.round).is_some_and(|c| c.contains(client));
+        let invitation = self.invited.get_mut(&record.round).and_then(|c| c.get_mut(client));
         let max_payload = u64::from(self.config.max_frame_bytes);
         let max_wire = max_payload.saturating_mul(8).saturating_add(1 << 20);
-        let why = if !invited {
+        let why = if invitation.is_none() {
             Some(format!("round {} is not one this client was invited to lately", record.round))
+        } else if invitation.as_ref().is_some_and(|costed| **costed) {
+            Some(format!("round {} already has this client's cost record", record.round))
         } else if record.payload_up.max(record.payload_down) > max_payload {
             Some(format!("payload bytes above the {max_payload}-byte frame limit"))
         } else if record.wire_up.max(record.wire_down) > max_wire {
@@ -449,8 +452,15 @@ impl Engine {
         };
         if let Some(why) = why {
             self.stats.refused += 1;
-            tracing::warn!(client, round = record.round, %why, "cost record dropped");
+            self.stats.dropped_cost_records += 1;
+            let dropped = self.stats.dropped_cost_records;
+            if dropped.is_power_of_two() {
+                tracing::warn!(client, round = record.round, %why, dropped, "cost record dropped");
+            }
             return;
+        }
+        if let Some(costed) = invitation {
+            *costed = true;
         }
         record.client = client.into();
         self.actions.push_back(Action::Ledger(record));
@@ -458,7 +468,7 @@ impl Engine {
 
     /// Remembers who was invited to `round` (for checking cost records), for the last few rounds.
     fn note_invited(&mut self, round: u64, clients: impl IntoIterator<Item = ClientId>) {
-        self.invited.entry(round).or_default().extend(clients);
+        self.invited.entry(round).or_default().extend(clients.into_iter().map(|c| (c, false)));
         self.invited.retain(|r, _| r + INVITATIONS_KEPT > round);
     }
 

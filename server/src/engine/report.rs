@@ -19,6 +19,9 @@ pub struct EngineStats {
     pub dropped: u64,
     /// Rounds that closed without aggregating.
     pub failed_rounds: u64,
+    /// Cost records dropped (not invited to that round, a second record for it, or bytes beyond
+    /// the frame limits); also counted in `refused`.
+    pub dropped_cost_records: u64,
 }
 
 /// How a round ended.

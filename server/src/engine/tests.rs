@@ -367,6 +367,10 @@ fn cost_reports_and_dropped_clients_land_in_the_ledger() {
     }
     let flood = ledger(&drain(&mut e));
     assert!(flood.len() <= 1, "at most the open round 2, got {} records", flood.len());
+    // Each invitation takes one record: a second valid-looking one for round 1 is dropped too.
+    e.handle_message(secs(11), "a", Message::Cost(CostRecord { round: 1, wire_up: 99, ..CostRecord::default() }));
+    assert!(ledger(&drain(&mut e)).is_empty());
+    assert!(e.stats().dropped_cost_records >= 20_000, "{:?}", e.stats());
     // Strangers are refused.
     e.handle_message(secs(11), "x", Message::Cost(CostRecord { round: 1, ..CostRecord::default() }));
     assert_eq!(refusals(&drain(&mut e), "x"), vec![RefusalReason::NotEnrolled]);
@@ -576,14 +580,15 @@ fn robust(robust: crate::aggregate::RobustConfig, clients: usize) -> EngineConfi
 #[test]
 fn a_nan_or_huge_update_is_refused_and_the_next_honest_round_aggregates() {
     use crate::aggregate::RobustConfig;
-    let mut e = engine(robust(RobustConfig { max_norm: Some(100.0), ..RobustConfig::default() }, 3));
+    // The default screening: finite values within max_abs_value (1e6), nothing else.
+    let mut e = engine(robust(RobustConfig::default(), 3));
     join(&mut e, secs(0), &["a", "b", "c"]);
     e.handle_message(secs(1), "a", update(1, &[f32::NAN, 0.0], 10));
     e.handle_message(secs(1), "b", update(1, &[1e30, 1e30], 1_000_000_000_000_000_000));
     e.handle_message(secs(1), "c", update(1, &[1.0, 3.0], 10));
     let actions = drain(&mut e);
     assert_eq!(refusals(&actions, "a"), vec![RefusalReason::BadTensor], "non-finite: refused, never acked");
-    assert_eq!(refusals(&actions, "b"), vec![RefusalReason::BadTensor], "beyond max_norm: refused");
+    assert_eq!(refusals(&actions, "b"), vec![RefusalReason::BadTensor], "beyond max_abs_value: refused");
     assert!(acks(&actions, "a").is_empty() && acks(&actions, "b").is_empty());
     e.handle_timeout(secs(11));
     let r = reports(&drain(&mut e));
@@ -609,9 +614,13 @@ fn a_huge_update_with_a_huge_sample_count_is_screened_by_the_round_z_score() {
     for (c, v) in [("a", 1.0), ("b", 1.1), ("c", 0.9), ("d", 1.0)] {
         e.handle_message(secs(1), c, update(1, &[v, v], 10));
     }
-    e.handle_message(secs(1), "x", update(1, &[1e30, -1e30], 1_000_000_000_000_000_000));
+    e.handle_message(secs(1), "x", update(1, &[5e5, -5e5], 1_000_000_000_000_000_000));
     let actions = drain(&mut e);
-    assert_eq!(acks(&actions, "x"), vec![(1, true)], "finite and no max_norm: accepted, judged at the close");
+    assert_eq!(
+        acks(&actions, "x"),
+        vec![(1, true)],
+        "within max_abs_value and no max_norm: accepted, judged at the close"
+    );
     let r = reports(&actions);
     assert_eq!(r[0].outcome, RoundOutcome::Aggregated);
     assert_eq!(r[0].updates.len(), 4, "the report lists the aggregated updates");
@@ -639,14 +648,15 @@ fn claimed_sample_counts_are_capped_and_the_median_ignores_them() {
     let r = reports(&drain(&mut e));
     assert_eq!(r[0].updates.iter().find(|u| u.client == "x").unwrap().num_samples, 100);
     assert_eq!(e.global()[0].decode().unwrap(), vec![8.5, 8.5]);
-    // The median: {1, 1, 1e30} → 1, whatever x claims; the model stays finite.
+    // The median: {1, 1, 1e5} → 1, whatever x claims.
     let rule = RobustConfig { aggregation: AggregationRule::Median, ..RobustConfig::default() };
     let mut e = engine(robust(rule, 3));
     join(&mut e, secs(0), &["a", "b", "x"]);
     e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 10));
     e.handle_message(secs(1), "b", update(1, &[1.0, 1.0], 10));
-    e.handle_message(secs(1), "x", update(1, &[1e30, 1e30], 1_000_000_000_000_000_000));
-    drain(&mut e);
+    e.handle_message(secs(1), "x", update(1, &[1e5, 1e5], 1_000_000_000_000_000_000));
+    let actions = drain(&mut e);
+    assert_eq!(acks(&actions, "x"), vec![(1, true)]);
     assert_eq!(e.global()[0].decode().unwrap(), vec![1.0, 1.0]);
 }
 
