@@ -146,6 +146,13 @@ impl ProjectCa {
         Ok(Self { dir: Some(dir.to_path_buf()), cert, key, issued })
     }
 
+    /// This CA without its folder: what it issues from now on is not recorded in the folder's
+    /// index (a fleet worker's short-lived certificates for simulated devices).
+    pub fn detached(mut self) -> Self {
+        self.dir = None;
+        self
+    }
+
     /// The root certificate every site trusts.
     pub fn cert(&self) -> &CertificateDer<'static> {
         &self.cert

@@ -313,9 +313,55 @@ pub enum Charge {
     Report,
 }
 
+/// At most `limit` simulated devices of this process train at once; the others wait their turn.
+/// A process that hosts hundreds of devices on a few cores (a fleet worker, the real clock)
+/// would otherwise run them all at once, and their measured compute seconds would measure
+/// contention, not work. Waiting for the pool is not charged as compute. (A Mutex and a Condvar:
+/// training runs on blocking threads, where an async semaphore cannot be awaited.)
+#[derive(Debug)]
+pub struct ComputePool {
+    limit: usize,
+    busy: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl ComputePool {
+    /// A pool of `limit` slots (at least 1).
+    pub fn new(limit: usize) -> Self {
+        Self { limit: limit.max(1), busy: std::sync::Mutex::new(0), freed: std::sync::Condvar::new() }
+    }
+
+    /// One slot per core of this machine.
+    pub fn per_core() -> Self {
+        Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// Runs `work` in a slot, after waiting for one.
+    pub fn run<T>(&self, work: impl FnOnce() -> T) -> T {
+        {
+            let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+            while *busy >= self.limit {
+                busy = self.freed.wait(busy).unwrap_or_else(|e| e.into_inner());
+            }
+            *busy += 1;
+        }
+        struct Release<'a>(&'a ComputePool);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                self.0.freed.notify_one();
+            }
+        }
+        let _release = Release(self);
+        work()
+    }
+}
+
 /// A client's method on a simulated device. See the module docs.
 pub struct SimulatedDevice<M> {
     inner: M,
+    /// Where its training takes turns with the process's other devices (none: no limit).
+    pool: Option<std::sync::Arc<ComputePool>>,
     profile: DeviceProfile,
     straggler_ratio: f64,
     charge: Charge,
@@ -332,6 +378,7 @@ impl<M: ClientMethod> SimulatedDevice<M> {
     pub fn new(inner: M, profile: DeviceProfile, straggler_ratio: f64, charge: Charge, seed: u64) -> Self {
         Self {
             inner,
+            pool: None,
             profile,
             straggler_ratio,
             charge,
@@ -344,6 +391,11 @@ impl<M: ClientMethod> SimulatedDevice<M> {
 
     pub fn profile(&self) -> &DeviceProfile {
         &self.profile
+    }
+
+    /// Trains in `pool`'s slots.
+    pub fn in_pool(&mut self, pool: std::sync::Arc<ComputePool>) {
+        self.pool = Some(pool);
     }
 
     /// Crash in `round`: its training fails before anything is uploaded, whatever the timing of
@@ -396,15 +448,23 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
         let straggles = self.straggler_ratio > 0.0 && self.rng.f64() < self.straggler_ratio;
         let epochs = if straggles { 1 + self.rng.below(tau as u64) as u32 } else { tau };
         self.last_epochs = epochs;
-        let started = Instant::now();
-        let mut update = if epochs == tau {
-            self.inner.train(broadcast)?
-        } else {
-            let mut b = broadcast.clone();
-            b.config.local_epochs = epochs;
-            self.inner.train(&b)?
+        let inner = &mut self.inner;
+        let mut work = || {
+            let started = Instant::now();
+            let update = if epochs == tau {
+                inner.train(broadcast)
+            } else {
+                let mut b = broadcast.clone();
+                b.config.local_epochs = epochs;
+                inner.train(&b)
+            };
+            (update, started.elapsed())
         };
-        let measured = started.elapsed();
+        let (update, measured) = match &self.pool {
+            Some(pool) => pool.run(work),
+            None => work(),
+        };
+        let mut update = update?;
         let charged = measured.mul_f64(self.profile.compute_scale.max(0.0));
         if self.charge == Charge::Sleep && charged > measured {
             std::thread::sleep(charged - measured);

@@ -6,6 +6,7 @@
 
 pub mod continual;
 pub mod device;
+pub mod fleet;
 pub mod network;
 pub mod provision;
 mod record;

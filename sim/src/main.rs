@@ -24,6 +24,10 @@ enum Command {
     /// Run one server and N clients in this process over real QUIC on loopback.
     /// With no arguments: the embedded default (synthetic data made in code, FedAvg).
     Sim(SimArgs),
+    /// Simulated devices as worker processes over real QUIC: `--index I --of N` runs shard I of
+    /// N of the scenario's clients against `--server`; `--local N` starts a server here and N
+    /// workers, and writes one run folder.
+    Fleet(FleetArgs),
     /// Plots (SVG) and a Markdown summary of a run folder.
     Report {
         /// A run folder written by `anchorage sim`.
@@ -45,6 +49,47 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+#[derive(Args)]
+struct FleetArgs {
+    /// The scenario (as for `anchorage sim`); default: the embedded default.
+    #[arg(long)]
+    scenario: Option<PathBuf>,
+    /// This worker's shard, from 0 (a Kubernetes Indexed Job passes $JOB_COMPLETION_INDEX).
+    #[arg(long, env = "JOB_COMPLETION_INDEX", requires = "of")]
+    index: Option<usize>,
+    /// The number of shards (workers).
+    #[arg(long)]
+    of: Option<usize>,
+    /// The server, host:port.
+    #[arg(long)]
+    server: Option<String>,
+    /// The name in the server's certificate (default: the host of --server).
+    #[arg(long)]
+    server_name: Option<String>,
+    /// The project CA's folder (ca.der, ca.key): each device gets its own certificate from it.
+    #[arg(long, default_value = "ca")]
+    ca: PathBuf,
+    /// Start a server here and this many worker processes; write one run folder.
+    #[arg(long, conflicts_with_all = ["index", "server"])]
+    local: Option<usize>,
+    #[arg(long)]
+    clients: Option<usize>,
+    #[arg(long)]
+    rounds: Option<u64>,
+    /// Fraction of the connected devices sampled per round.
+    #[arg(long)]
+    fraction: Option<f64>,
+    /// Every device's link preset (ethernet, wifi, lte, 3g, satellite, iot).
+    #[arg(long)]
+    link: Option<String>,
+    /// Folder of the real datasets and weights (`../shared/data`).
+    #[arg(long, env = "ANCHORAGE_DATA")]
+    data_dir: Option<PathBuf>,
+    /// Run folder of a local fleet (default: runs/fleet-<seed>-<unix time>).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -194,6 +239,7 @@ fn main() -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Sim(args) => sim(args),
+        Command::Fleet(args) => fleet(args),
         Command::Data(DataCommand::Describe(args)) => describe(args),
         Command::Ca(command) => ca(command),
         Command::Provision { project, out } => provision(&project, out.as_deref()),
@@ -278,6 +324,77 @@ fn provision(project: &Path, out: Option<&Path>) -> anyhow::Result<()> {
     println!(
         "copy each folder to its machine, then start\n  anchorage-server --config {}/server.toml\n  anchorage-client --config <device>/client.toml",
         server.dir.file_name().map_or("server".into(), |n| n.to_string_lossy())
+    );
+    Ok(())
+}
+
+fn fleet(args: FleetArgs) -> anyhow::Result<()> {
+    let mut config = match &args.scenario {
+        Some(path) => anchorage_sim::scenario::sim_config(path)?,
+        None => SimConfig::default(),
+    };
+    if let Some(v) = args.clients {
+        config.clients = v;
+    }
+    if let Some(v) = args.rounds {
+        config.rounds = v;
+    }
+    if let Some(v) = args.fraction {
+        config.fraction = v;
+    }
+    if let Some(v) = args.link {
+        config.link = Some(v);
+    }
+    if let Some(v) = args.data_dir {
+        config.data_dir = Some(v);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some(workers) = args.local {
+        let out = match args.out {
+            Some(out) => out,
+            None => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                anchorage_sim::claim_run_folder(Path::new("runs"), &format!("fleet-{}-{now}", config.seed))
+                    .context("creating the run folder under runs/")?
+            }
+        };
+        let result = runtime.block_on(anchorage_sim::fleet::run_local(config, workers, &out, true))?;
+        println!(
+            "final accuracy {:.2}% (initial {:.2}%); {} rounds in {:.1} s",
+            result.summary.final_accuracy * 100.0,
+            result.summary.initial_accuracy * 100.0,
+            result.summary.rounds.len(),
+            result.summary.wall_seconds
+        );
+        anchorage_sim::report::write_report(&out)?;
+        println!("run folder: {} (the server's state folder is {}/state)", out.display(), out.display());
+        return Ok(());
+    }
+    let (Some(index), Some(of)) = (args.index, args.of) else {
+        anyhow::bail!("give --local N, or --index I --of N --server host:port for one worker");
+    };
+    let server = args.server.context("a worker needs --server host:port")?;
+    let address = std::net::ToSocketAddrs::to_socket_addrs(&server)
+        .with_context(|| format!("resolving {server}"))?
+        .next()
+        .with_context(|| format!("{server} resolves to no address"))?;
+    let server_name = args
+        .server_name
+        .unwrap_or_else(|| server.rsplit_once(':').map_or(server.as_str(), |(host, _)| host).to_string());
+    let server_name = if server_name.parse::<std::net::IpAddr>().is_ok() { "localhost".into() } else { server_name };
+    let target = anchorage_sim::fleet::Target { server: address, server_name, ca_dir: args.ca };
+    let summary = runtime.block_on(anchorage_sim::fleet::run_worker(&config, index, of, &target))?;
+    println!(
+        "worker {index} of {of}: {} devices, {} finished, {} updates acknowledged",
+        summary.devices, summary.finished, summary.rounds
+    );
+    anyhow::ensure!(
+        summary.finished == summary.devices,
+        "{} devices did not finish",
+        summary.devices - summary.finished
     );
     Ok(())
 }

@@ -122,6 +122,19 @@ pub fn accuracy_records(report: &anchorage_server::RoundReport, task: u32, globa
     out
 }
 
+/// Evaluates the global model a round closed with (on the test data of the tasks seen by `task`)
+/// and returns the round's headline accuracy and its accuracy records.
+pub fn evaluate_round(
+    evaluator: &crate::setup::Evaluator,
+    report: &anchorage_server::RoundReport,
+    checkpoint: &anchorage_server::engine::Checkpoint,
+    task: u32,
+) -> anyhow::Result<(f64, Vec<AccuracyRow>)> {
+    let global = evaluator.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
+    let rows = accuracy_records(report, task, &global);
+    Ok((round_accuracy(&global, &rows), rows))
+}
+
 /// The round's headline accuracy: the global model's mean over the seen tasks, or the clients'
 /// local models' mean where the method has no global predictor (Local-only, FedRep).
 pub fn round_accuracy(global: &[(u32, f64)], rows: &[AccuracyRow]) -> f64 {

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::device::{Charge, DeviceProfile, deal_by_share};
 use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
-use crate::record::{RoundRow, RunSummary, SummaryInputs, accuracy_records, round_accuracy, write_run_folder};
+use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round, write_run_folder};
 use crate::setup::{Setup, client_id, mean_accuracy};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
@@ -222,7 +222,7 @@ pub struct SimResult {
 /// run folder when `out` is given.
 pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
     let started = Instant::now();
-    let Setup { engine, initial, clients, evaluator, devices, num_classes, headline, server_method } =
+    let Setup { engine, initial, clients, evaluator, devices, num_classes, headline, server_method, .. } =
         Setup::new(&config, Charge::Sleep)?;
     let schedule = engine.clone();
     let task_of = |round: u64| schedule.task_of(round);
@@ -249,35 +249,17 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     // Clients.
     let (event_tx, mut client_events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
     let mut handles = Vec::new();
-    let mut link_handles: Vec<Option<Arc<Mutex<Option<LinkHandle>>>>> = Vec::new();
+    let mut link_handles: Vec<Option<LinkSlot>> = Vec::new();
     let links = config.links()?;
+    // One training at a time per core: compute seconds in the ledger then measure work, not contention.
+    let pool = Arc::new(crate::device::ComputePool::per_core());
     for (i, mut method) in clients.into_iter().enumerate() {
+        method.in_pool(pool.clone());
         if let Some(k) = config.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {
             method.crash_in(k);
         }
-        let mut options = ClientOptions::new(server.local_addr, cert.clone(), client_id(i));
-        let device = ca.issue(Kind::Client, &client_id(i), &[], 7)?;
-        options.client_cert = Some(Arc::new(ClientCert { chain: vec![device.cert], key: device.key }));
-        options.seed = config.seed.wrapping_add(1000 + i as u64);
-        // The simulated server never restarts, so the devices' fast restart detection buys
-        // nothing here; keep the timers the simulator's wire figures were measured with, and let
-        // a handshake over a slow modelled link (or a busy host) take as long as it needs.
-        options.keep_alive = std::time::Duration::from_secs(5);
-        options.idle_timeout = std::time::Duration::from_secs(30);
-        options.connect_timeout = options.idle_timeout;
-        if let Some(profile) = links[i].clone() {
-            let (slot, seed) = (Arc::new(Mutex::new(None)), config.seed.wrapping_add(5000 + i as u64));
-            link_handles.push(Some(slot.clone()));
-            options.socket_wrapper = Some(SocketWrapper(Arc::new(move |socket| {
-                let (shaped, handle) = ShapedSocket::new(socket, profile.clone(), seed)?;
-                if let Ok(mut s) = slot.lock() {
-                    *s = Some(handle);
-                }
-                Ok(shaped as Arc<dyn quinn::AsyncUdpSocket>)
-            })));
-        } else {
-            link_handles.push(None);
-        }
+        let (options, link) = device_options(&config, i, server.local_addr, &cert, &mut ca, links[i].clone())?;
+        link_handles.push(link);
         let (tx, forward) = (event_tx.clone(), mpsc::unbounded_channel::<ClientEvent>());
         let (ctx, mut crx) = forward;
         tokio::spawn(async move {
@@ -324,9 +306,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
                     }
                     let costs = costs_by_round.remove(&report.round).unwrap_or_default();
                     let task = task_of(report.round);
-                    let global = evaluator.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
-                    let new_rows = accuracy_records(&report, task, &global);
-                    let acc = round_accuracy(&global, &new_rows);
+                    let (acc, new_rows) = evaluate_round(&evaluator, &report, &checkpoint, task)?;
                     accuracy_rows.extend(new_rows);
                     let row = RoundRow::from_report(&report, acc, &costs);
                     say(row.table_line());
@@ -385,6 +365,43 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         .map(|h| h.as_ref().and_then(|slot| slot.lock().ok().and_then(|s| s.as_ref().map(LinkHandle::stats))))
         .collect();
     Ok(SimResult { summary, ledger, reports, run_dir: out, link_stats, accuracy: accuracy_rows })
+}
+
+/// The link counters of one shaped device, filled in once its socket exists.
+pub(crate) type LinkSlot = Arc<Mutex<Option<LinkHandle>>>;
+
+/// How simulated device `i` reaches the server at `server`: a certificate from `ca` under its
+/// client id, the simulator's timers, and its modelled link (if any) around its socket, whose
+/// counters land in the returned slot. Used by the real clock and by fleet workers alike.
+pub(crate) fn device_options(
+    config: &SimConfig,
+    i: usize,
+    server: SocketAddr,
+    root: &quinn::rustls::pki_types::CertificateDer<'static>,
+    ca: &mut ProjectCa,
+    link: Option<DuplexProfile>,
+) -> anyhow::Result<(ClientOptions, Option<LinkSlot>)> {
+    let mut options = ClientOptions::new(server, root.clone(), client_id(i));
+    let device = ca.issue(Kind::Client, &client_id(i), &[], 7)?;
+    options.client_cert = Some(Arc::new(ClientCert { chain: vec![device.cert], key: device.key }));
+    options.seed = config.seed.wrapping_add(1000 + i as u64);
+    // The simulated server never restarts, so the devices' fast restart detection buys nothing
+    // here; keep the timers the simulator's wire figures were measured with, and let a handshake
+    // over a slow modelled link (or a busy host) take as long as it needs.
+    options.keep_alive = std::time::Duration::from_secs(5);
+    options.idle_timeout = std::time::Duration::from_secs(30);
+    options.connect_timeout = options.idle_timeout;
+    let Some(profile) = link else { return Ok((options, None)) };
+    let (slot, seed): (LinkSlot, u64) = (Arc::new(Mutex::new(None)), config.seed.wrapping_add(5000 + i as u64));
+    let filled = slot.clone();
+    options.socket_wrapper = Some(SocketWrapper(Arc::new(move |socket| {
+        let (shaped, handle) = ShapedSocket::new(socket, profile.clone(), seed)?;
+        if let Ok(mut s) = filled.lock() {
+            *s = Some(handle);
+        }
+        Ok(shaped as Arc<dyn quinn::AsyncUdpSocket>)
+    })));
+    Ok((options, Some(slot)))
 }
 
 fn handle_client_event(

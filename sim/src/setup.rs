@@ -26,7 +26,8 @@ use crate::run::SimConfig;
 pub struct Setup {
     pub engine: EngineConfig,
     pub initial: Vec<ParamBlock>,
-    /// One client half per client, in client order, on its simulated device.
+    /// One client half per client built (all of them, or a fleet worker's shard), in client
+    /// order, on its simulated device.
     pub clients: Vec<SimulatedDevice<Box<dyn ClientMethod>>>,
     /// Each client's device profile.
     pub devices: Vec<DeviceProfile>,
@@ -95,8 +96,25 @@ struct Prepared {
 }
 
 impl Setup {
+    /// The whole federation, every client built.
     pub fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
+        Self::for_clients(config, charge, 0..config.clients)
+    }
+
+    /// The federation with only the clients of `client_range` built (a fleet worker's shard; an
+    /// empty range for a server that only evaluates). The split is computed in full, the same
+    /// way on every shard, so client i gets the same data wherever it runs.
+    pub fn for_clients(
+        config: &SimConfig,
+        charge: Charge,
+        client_range: std::ops::Range<usize>,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(config.clients >= 1, "need at least one client");
+        anyhow::ensure!(
+            client_range.end <= config.clients,
+            "clients {client_range:?} are outside the federation's {}",
+            config.clients
+        );
         let encoding = anchorage_client::encoding::parse(&config.encoding)?;
         let plain = Device::flex();
         let train_device = Device::flex().autodiff();
@@ -198,8 +216,8 @@ impl Setup {
             global_rows.push((k as u32, in_train, idx));
         }
 
-        let mut streams = Vec::with_capacity(config.clients);
-        for client in &split.clients {
+        let mut streams = Vec::with_capacity(client_range.len());
+        for client in &split.clients[client_range.clone()] {
             let task_data = |(k, t): (usize, &anchorage_data::partition::TaskSplit)| {
                 let (idx, in_train) = t.local_test_rows();
                 // A^sel: the task's global test rows of the classes this client trains on.
@@ -248,8 +266,8 @@ impl Setup {
         let initial = evaluator.method.initial_blocks()?;
         let server_method = server_method(config, &input_backbone, &test_features, &split, &train_device)?;
         let devices = device::assign(&config.devices, config.clients, config.seed);
-        let mut clients = Vec::with_capacity(config.clients);
-        for (i, stream) in streams.into_iter().enumerate() {
+        let mut clients = Vec::with_capacity(client_range.len());
+        for (i, stream) in client_range.clone().zip(streams) {
             let seed = config.seed.wrapping_add(i as u64);
             let method = methods::build(context(stream, seed))?;
             let mut device = SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed);

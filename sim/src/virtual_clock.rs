@@ -19,7 +19,7 @@ use anchorage_shared::tensor::payload_bytes;
 
 use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
-use crate::record::{RoundRow, RunSummary, SummaryInputs, accuracy_records, round_accuracy};
+use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round};
 use crate::run::{SimConfig, SimResult};
 use crate::setup::{Setup, client_id, mean_accuracy};
 
@@ -148,8 +148,9 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         .progress_chars("=> "),
     );
     let started = Instant::now();
-    let Setup { engine: engine_config, initial, clients, devices, evaluator, num_classes, headline, server_method } =
-        Setup::new(config, Charge::Report)?;
+    let Setup {
+        engine: engine_config, initial, clients, devices, evaluator, num_classes, headline, server_method, ..
+    } = Setup::new(config, Charge::Report)?;
     if progress {
         println!("anchorage sim (virtual clock): {headline}");
     }
@@ -363,9 +364,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                 Action::Persist(_) => {}
                 Action::RoundClosed(report, checkpoint) => {
                     let task = schedule.task_of(report.round);
-                    let global = evaluator.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
-                    let new_rows = accuracy_records(&report, task, &global);
-                    let accuracy = round_accuracy(&global, &new_rows);
+                    let (accuracy, new_rows) = evaluate_round(&evaluator, &report, &checkpoint, task)?;
                     accuracy_rows.extend(new_rows);
                     rows.push(RoundRow::from_report(&report, accuracy, &[]));
                     reports.push((*report).clone());

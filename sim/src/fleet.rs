@@ -1,0 +1,254 @@
+//! Fleets beyond one process: simulated devices as worker processes over real QUIC.
+//!
+//! - [`run_worker`]: shard `index` of `of` of a scenario's clients, each a full client session
+//!   with its own data share (the split is computed in full on every shard, so client i gets the
+//!   same rows wherever it runs), its own link model around its socket and its own device
+//!   profile, against a real server given by address. Training takes turns on one
+//!   [`ComputePool`] per worker (one slot per core).
+//! - [`run_local`]: `anchorage fleet --local N` — a server in this process with its state folder
+//!   in the run folder, N worker processes of this binary, and one run folder at the end with
+//!   the same files as `anchorage sim` writes. The run's record is the server's: the ledger is
+//!   read from the server's database (what the devices reported over QUIC), not collected from
+//!   the workers.
+//!
+//! Certificates: one per device, issued by the worker from the project CA's folder, because the
+//! server knows a client by the id in its certificate (one shared certificate would make every
+//! device of a shard the same client). They are issued in memory for 7 days and not recorded in
+//! the CA's index; give workers a CA made for the fleet, not the field project's.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anchorage_client::transport as client_transport;
+use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_server::store::{ServerStore, read_ledger};
+use anchorage_server::tls;
+use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
+use anchorage_shared::ledger::CostRecord;
+use anyhow::Context;
+
+use crate::device::{Charge, ComputePool};
+use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round, write_run_folder};
+use crate::run::{SimConfig, SimResult, device_options};
+use crate::setup::{Setup, mean_accuracy};
+
+/// The clients of shard `index` of `of`: contiguous, sizes differing by at most one.
+pub fn shard(clients: usize, index: usize, of: usize) -> anyhow::Result<std::ops::Range<usize>> {
+    anyhow::ensure!(of >= 1 && index < of, "shard {index} of {of}: the index must be below the count");
+    Ok(clients * index / of..clients * (index + 1) / of)
+}
+
+/// Where a worker's devices connect.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub server: SocketAddr,
+    /// The name in the server's certificate.
+    pub server_name: String,
+    /// The project CA's folder (ca.der and ca.key).
+    pub ca_dir: PathBuf,
+}
+
+/// What a worker's devices did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerSummary {
+    pub devices: usize,
+    /// Devices that ended because the server finished the run.
+    pub finished: usize,
+    /// Rounds each device took part in, summed.
+    pub rounds: u64,
+}
+
+/// Runs shard `index` of `of` of `config`'s clients against `target` until the server ends the
+/// run; returns when every device has left.
+pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Target) -> anyhow::Result<WorkerSummary> {
+    let range = shard(config.clients, index, of)?;
+    let setup = Setup::for_clients(config, Charge::Sleep, range.clone())?;
+    let mut ca = ProjectCa::open(&target.ca_dir)?.detached();
+    let root = ca.cert().clone();
+    let links = config.links()?;
+    let pool = Arc::new(ComputePool::per_core());
+    let mut handles = Vec::with_capacity(range.len());
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    for (i, mut device) in range.clone().zip(setup.clients) {
+        device.in_pool(pool.clone());
+        let (mut options, _link) = device_options(config, i, target.server, &root, &mut ca, links[i].clone())?;
+        options.server_name = target.server_name.clone();
+        handles.push(tokio::spawn(client_transport::run(options, Box::new(device), Some(events_tx.clone()))));
+    }
+    drop(events_tx);
+    tracing::info!(index, of, devices = range.len(), server = %target.server, "fleet worker started");
+    let mut summary = WorkerSummary { devices: range.len(), finished: 0, rounds: 0 };
+    let counting = async {
+        let mut rounds = 0;
+        while let Some(e) = events.recv().await {
+            rounds += matches!(e, client_transport::ClientEvent::Acked { .. }) as u64;
+        }
+        rounds
+    };
+    let joined = async {
+        let mut finished = 0;
+        for h in handles {
+            match h.await {
+                Ok(Ok(reason)) => finished += reason.contains("finished") as usize,
+                Ok(Err(e)) => tracing::warn!(error = %format!("{e:#}"), "a device ended with an error"),
+                Err(e) => tracing::warn!(error = %e, "a device's task failed"),
+            }
+        }
+        finished
+    };
+    let (rounds, finished) = tokio::join!(counting, joined);
+    summary.rounds = rounds;
+    summary.finished = finished;
+    Ok(summary)
+}
+
+/// `anchorage fleet --local N`: a server here, `workers` worker processes of this binary, one
+/// run folder in `out` (with the server's state folder in `out/state` and its CA in `out/ca`).
+pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: bool) -> anyhow::Result<SimResult> {
+    anyhow::ensure!(workers >= 1, "a fleet needs at least one worker");
+    let started = Instant::now();
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let Setup { engine, initial, evaluator, num_classes, headline, server_method, .. } =
+        Setup::for_clients(&config, Charge::Sleep, 0..0)?;
+    let schedule = engine.clone();
+    let ca_dir = out.join("ca");
+    let mut ca = ProjectCa::init(&ca_dir, "anchorage-fleet", 7)?;
+    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 7)?;
+    let store = ServerStore::open(out.join("state"))?;
+    let db = store.db_path().to_path_buf();
+    let mut server = server_transport::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity,
+        trust: tls::Trust::ProjectCa { ca: ca.cert().clone(), crl: None },
+        engine,
+        method: server_method,
+        initial: initial.clone(),
+        // Every device of a local fleet comes from 127.0.0.1: the per-address handshake cap that
+        // guards a field server would make them queue.
+        limits: Limits {
+            max_connections: config.clients + 64,
+            max_handshakes_per_ip: config.clients.max(16),
+            ..Limits::default()
+        },
+        store: Some(store),
+    })
+    .await?;
+    let initial_accuracy = mean_accuracy(&evaluator.evaluate(&initial, &[], 0)?);
+    let scenario = out.join("fleet.toml");
+    std::fs::write(&scenario, toml::to_string_pretty(&config)?)
+        .with_context(|| format!("writing {}", scenario.display()))?;
+
+    let exe = std::env::current_exe().context("finding this program to start the workers")?;
+    let mut children = Vec::with_capacity(workers);
+    for index in 0..workers {
+        let log = std::fs::File::create(out.join(format!("worker-{index}.log")))?;
+        let child = tokio::process::Command::new(&exe)
+            .arg("fleet")
+            .arg("--scenario")
+            .arg(&scenario)
+            .args(["--index", &index.to_string(), "--of", &workers.to_string()])
+            .args(["--server", &server.local_addr.to_string(), "--ca"])
+            .arg(&ca_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting worker {index} ({})", exe.display()))?;
+        children.push(child);
+    }
+    if progress {
+        println!("anchorage fleet: {headline}, {workers} worker processes");
+        println!("initial global accuracy {:.2}%", initial_accuracy * 100.0);
+    }
+
+    let mut closed = Vec::new();
+    let mut accuracy_rows = Vec::new();
+    loop {
+        let event = tokio::select! {
+            e = server.events.recv() => e,
+            status = first_failure(&mut children) => {
+                anyhow::bail!("a worker stopped before the run ended ({status}); see {}/worker-*.log", out.display())
+            }
+        };
+        match event {
+            Some(ServerEvent::RoundClosed { report, checkpoint }) => {
+                let task = schedule.task_of(report.round);
+                let (acc, rows) = evaluate_round(&evaluator, &report, &checkpoint, task)?;
+                accuracy_rows.extend(rows);
+                if progress {
+                    println!(
+                        "round {:>4}  accuracy {:>6.2}%  clients {}/{}  {:.2} s",
+                        report.round,
+                        acc * 100.0,
+                        report.updates.len(),
+                        report.sampled,
+                        report.seconds()
+                    );
+                }
+                closed.push((report, acc));
+            }
+            Some(ServerEvent::Finished) | None => break,
+        }
+    }
+    for (index, child) in children.iter_mut().enumerate() {
+        match tokio::time::timeout(Duration::from_secs(30), child.wait()).await {
+            Ok(Ok(status)) if status.success() => {}
+            Ok(Ok(status)) => tracing::warn!(index, %status, "a worker ended with an error"),
+            Ok(Err(e)) => tracing::warn!(index, error = %e, "could not wait for a worker"),
+            Err(_) => {
+                tracing::warn!(index, "a worker did not leave in time; stopping it");
+                let _ = child.kill().await;
+            }
+        }
+    }
+    let metrics = server.metrics.clone();
+    server.shutdown().await?;
+
+    // The run's record is the server's: every device's costs as they reached its ledger.
+    let ledger: Vec<CostRecord> = read_ledger(&db)?;
+    let rows: Vec<RoundRow> = closed
+        .iter()
+        .map(|(report, acc)| {
+            let costs: Vec<CostRecord> = ledger.iter().filter(|c| c.round == report.round).cloned().collect();
+            RoundRow::from_report(report, *acc, &costs)
+        })
+        .collect();
+    let inputs = SummaryInputs {
+        initial_accuracy,
+        chance: 1.0 / num_classes as f64,
+        late_updates: closed.last().map(|(r, _)| r.late_total).unwrap_or(0),
+        refused: ServerMetrics::get(&metrics.refusals),
+        decode_errors: ServerMetrics::get(&metrics.decode_errors),
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
+    write_run_folder(out, &toml::to_string_pretty(&config)?, &summary, &ledger, &accuracy_rows)?;
+    let reports = closed.iter().map(|(r, _)| (**r).clone()).collect();
+    Ok(SimResult {
+        summary,
+        ledger,
+        reports,
+        run_dir: Some(out.to_path_buf()),
+        link_stats: Vec::new(),
+        accuracy: accuracy_rows,
+    })
+}
+
+/// Waits until one of `children` exits with a failure (a worker that ends well, because the
+/// server told its devices the run is over, is not one); says which and how.
+async fn first_failure(children: &mut [tokio::process::Child]) -> String {
+    loop {
+        for (i, c) in children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = c.try_wait()
+                && !status.success()
+            {
+                return format!("worker {i}: {status}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
