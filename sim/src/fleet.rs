@@ -207,6 +207,9 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
     }
     let metrics = server.metrics.clone();
     server.shutdown().await?;
+    if progress && let Some((peak, cpu)) = own_usage() {
+        println!("server process (server and evaluator): peak RSS {:.1} MiB, CPU {cpu:.1} s", peak as f64 / 1048576.0);
+    }
 
     // The run's record is the server's: every device's costs as they reached its ledger.
     let ledger: Vec<CostRecord> = read_ledger(&db)?;
@@ -236,6 +239,21 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         link_stats: Vec::new(),
         accuracy: accuracy_rows,
     })
+}
+
+/// This process's peak resident memory (bytes) and CPU seconds (user + system), from /proc.
+fn own_usage() -> Option<(u64, f64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let peak_kb: u64 =
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at ") ": utime and stime are
+    // the 14th and 15th fields of the line, the 12th and 13th after it.
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some((peak_kb * 1024, ticks / hz.max(1) as f64))
 }
 
 /// Waits until one of `children` exits with a failure (a worker that ends well, because the
