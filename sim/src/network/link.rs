@@ -15,6 +15,15 @@ use std::time::Duration;
 use anchorage_shared::rng::Rng;
 use serde::{Deserialize, Serialize};
 
+/// QUIC payload bytes per packet, the segment size of the congestion-control bound in
+/// [`Link::transfer_time`] (quinn's default initial MTU of 1200 bytes, as the virtual clock's
+/// packet model).
+const MSS: f64 = 1200.0;
+/// quinn's initial congestion window (bytes): min(10·MSS, max(2·MSS, 14720)).
+const INITIAL_WINDOW: f64 = 12_000.0;
+/// Cubic's multiplicative decrease (RFC 9438, §4.6).
+const CUBIC_BETA: f64 = 0.7;
+
 /// Bursty loss (Gilbert–Elliott): a good and a bad state with their own loss probabilities.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,6 +157,10 @@ pub struct Link {
     last_arrival: Duration,
     bad_state: bool,
     stats: LinkStats,
+    /// The virtual clock's congestion window and slow-start threshold (bytes), kept across
+    /// transfers as a connection keeps them across rounds ([`Link::transfer_time`]).
+    cwnd: f64,
+    ssthresh: f64,
 }
 
 impl Link {
@@ -159,6 +172,8 @@ impl Link {
             last_arrival: Duration::ZERO,
             bad_state: false,
             stats: LinkStats::default(),
+            cwnd: INITIAL_WINDOW,
+            ssthresh: f64::INFINITY,
         }
     }
 
@@ -236,16 +251,51 @@ impl Link {
         t
     }
 
-    /// Virtual clock: time to move `bytes` as one bulk transfer starting at `start` (serialisation
-    /// plus one latency; loss stretches it by the expected retransmissions, 1/(1−p)). `None`
+    /// Virtual clock: time to move `bytes` as one bulk transfer starting at `start`, under a
+    /// fluid model of the sender's congestion control, stepped one round trip at a time: the
+    /// window starts at quinn's initial window and persists across transfers (as a connection's
+    /// does across rounds), doubles per round trip in slow start and grows by one segment per
+    /// round trip after, and shrinks by Cubic's β = 0.7 (RFC 9438) when a step loses a packet
+    /// (each with the link's loss probability) or overflows the bottleneck's buffer. A step
+    /// sends one window in one round trip, or at the link's rate once the window exceeds the
+    /// bandwidth-delay product. Then one latency for the last packet. Without a bandwidth or a
+    /// latency: serialisation only, stretched by the expected retransmissions 1/(1−p). `None`
     /// when an outage covers the start.
+    ///
+    /// Why a window model and not bytes/rate: on the 3g preset (2 Mbit/s down, 1% loss) QUIC
+    /// through the shaped socket moves a 1 MB broadcast at about 0.7 Mbit/s, and on a clean
+    /// 10 Mbit/s link a 260 KB one spends most of its time in slow start.
     pub fn transfer_time(&mut self, start: Duration, bytes: u64) -> Option<Duration> {
         if self.profile.outages.iter().any(|o| o.covers(start)) {
             return None;
         }
         let loss = self.profile.loss.clamp(0.0, 0.99);
-        let serial = self.serialisation(bytes).mul_f64(1.0 / (1.0 - loss));
-        Some(serial + self.delay())
+        let rate = self.profile.bandwidth_bps / 8.0;
+        let base_rtt = 2.0 * (self.profile.latency_ms.max(0.0) + self.profile.jitter_ms.max(0.0) / 2.0) / 1000.0;
+        if rate <= 0.0 || base_rtt <= 0.0 {
+            return Some(self.serialisation(bytes).mul_f64(1.0 / (1.0 - loss)) + self.delay());
+        }
+        // More in flight than the path holds plus the buffer overflows the drop-tail queue.
+        let ceiling = rate * base_rtt + self.profile.buffer_bytes as f64;
+        let (mut left, mut seconds) = (bytes as f64, 0.0);
+        while left > 0.0 {
+            let window = self.cwnd.min(ceiling);
+            let step = (window / rate).max(base_rtt);
+            let sent = window.min(left / (1.0 - loss));
+            seconds += step * sent / window;
+            left -= sent * (1.0 - loss);
+            let packets = (sent / MSS).ceil();
+            let lost = self.cwnd >= ceiling || self.rng.f64() < 1.0 - (1.0 - loss).powf(packets);
+            if lost {
+                self.ssthresh = (self.cwnd * CUBIC_BETA).max(2.0 * MSS);
+                self.cwnd = self.ssthresh;
+            } else if self.cwnd < self.ssthresh {
+                self.cwnd *= 2.0;
+            } else {
+                self.cwnd += MSS;
+            }
+        }
+        Some(Duration::from_secs_f64(seconds) + self.delay())
     }
 }
 
