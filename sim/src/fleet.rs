@@ -4,7 +4,7 @@
 //!   with its own data share (the split is computed in full on every shard, so client i gets the
 //!   same rows wherever it runs), its own link model around its socket and its own device
 //!   profile, against a real server given by address. Training takes turns on one
-//!   [`ComputePool`] per worker (one slot per core).
+//!   [`ComputePool`] per worker (one at a time; workers train in parallel).
 //! - [`run_local`]: `anchorage fleet --local N` — a server in this process with its state folder
 //!   in the run folder, N worker processes of this binary, and one run folder at the end with
 //!   the same files as `anchorage sim` writes. The run's record is the server's: the ledger is
@@ -69,7 +69,7 @@ pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Ta
     let mut ca = ProjectCa::open(&target.ca_dir)?.detached();
     let root = ca.cert().clone();
     let links = config.links()?;
-    let pool = Arc::new(ComputePool::per_core());
+    let pool = Arc::new(ComputePool::new(1));
     let mut handles = Vec::with_capacity(range.len());
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     for (i, mut device) in range.clone().zip(setup.clients) {

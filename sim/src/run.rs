@@ -70,6 +70,11 @@ pub struct SimConfig {
     /// FedEvolve's straggler ratio p: with probability p a client runs a uniform random number of
     /// local epochs in 1..τ instead of τ.
     pub straggler_ratio: f64,
+    /// Threads the virtual clock trains sampled clients on; 0: one per core. Results are the
+    /// same for any count (a training sees only its own client's state and the broadcast). The
+    /// default is 1: on the CPU backend trainings serialise on burn-autodiff's process-wide lock
+    /// (see `device::ComputePool`), and the slowdown of each would enter the simulated time.
+    pub threads: usize,
     /// Synchronous rounds (default) or FedBuff-style buffered aggregation:
     /// `aggregation = { kind = "buffered", buffer = 4, concurrency = 8, max_staleness = 4 }`.
     pub aggregation: AggregationMode,
@@ -189,6 +194,7 @@ impl Default for SimConfig {
             client_links: Vec::new(),
             devices: Vec::new(),
             straggler_ratio: 0.0,
+            threads: 1,
             aggregation: AggregationMode::Synchronous,
             robust: RobustConfig::default(),
             attack: None,
@@ -251,8 +257,8 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     let mut handles = Vec::new();
     let mut link_handles: Vec<Option<LinkSlot>> = Vec::new();
     let links = config.links()?;
-    // One training at a time per core: compute seconds in the ledger then measure work, not contention.
-    let pool = Arc::new(crate::device::ComputePool::per_core());
+    // One training at a time (see ComputePool): compute seconds in the ledger measure work, not contention.
+    let pool = Arc::new(crate::device::ComputePool::new(1));
     for (i, mut method) in clients.into_iter().enumerate() {
         method.in_pool(pool.clone());
         if let Some(k) = config.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {

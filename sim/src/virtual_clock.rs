@@ -13,9 +13,10 @@ use anchorage_client::session::{Session, SessionAction};
 use anchorage_server::engine::{Action, Engine};
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Capabilities, Message};
+use anchorage_shared::protocol::{Broadcast, Capabilities, Message};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::payload_bytes;
+use anyhow::Context;
 
 use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
@@ -85,6 +86,11 @@ impl Queue {
         self.heap.peek().map(|Reverse((t, _))| *t)
     }
 
+    fn peek(&self) -> Option<(Duration, &Event)> {
+        let Reverse((t, seq)) = self.heap.peek()?;
+        self.events.get(seq).map(|e| (*t, e))
+    }
+
     fn pop(&mut self) -> Option<(Duration, Event)> {
         let Reverse((t, seq)) = self.heap.pop()?;
         self.events.remove(&seq).map(|e| (t, e))
@@ -126,7 +132,8 @@ struct VirtualClient {
     conn: u64,
     /// Incremented by every crash: results of an earlier life are discarded.
     life: u64,
-    method: Box<dyn ClientMethod>,
+    /// `None` while the method trains on the pool ([`Trainer`]).
+    method: Option<Box<dyn ClientMethod>>,
     up: Path,
     down: Path,
     /// Cost of the round in flight, and when its broadcast arrived.
@@ -193,7 +200,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                 online: true,
                 conn: 0,
                 life: 0,
-                method: Box::new(method) as Box<dyn ClientMethod>,
+                method: Some(Box::new(method) as Box<dyn ClientMethod>),
                 up: Path::new(profile.up, seed),
                 down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
                 costs: HashMap::new(),
@@ -222,10 +229,17 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
             schedule_departure(i, c, now, &mut queue);
         }
     }
+    let mut trainer = Trainer::new(config.threads)?;
     for i in 0..clients.len() {
-        drive_client(i, now, &mut clients, &mut queue);
+        drive_client(i, now, &mut clients, &mut queue, &mut trainer);
     }
     loop {
+        // Trainings in flight land (as Trained events at their start + compute) before anything
+        // that could see them: an event for the engine, or for a client that is training.
+        if trainer.must_land(&queue, engine.poll_timeout()) {
+            trainer.land_all(&mut clients, &mut queue)?;
+            continue;
+        }
         // The engine's deadline fires before the next event, if it comes first.
         let next = queue.peek_time();
         if let Some(deadline) = engine.poll_timeout()
@@ -280,7 +294,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                         _ => {}
                     }
                     let _ = c.session.handle_message(msg);
-                    drive_client(to, now, &mut clients, &mut queue);
+                    drive_client(to, now, &mut clients, &mut queue, &mut trainer);
                 }
                 Event::Offline { client, back_after, crash } => {
                     let c = &mut clients[client];
@@ -295,7 +309,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                             c.session = Session::new(
                                 client_id(client),
                                 c.capabilities.clone(),
-                                c.method.num_samples(),
+                                c.method.as_ref().map_or(0, |m| m.num_samples()),
                                 pending,
                             );
                         } else {
@@ -323,7 +337,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                         if !finished {
                             schedule_departure(client, c, now, &mut queue);
                         }
-                        drive_client(client, now, &mut clients, &mut queue);
+                        drive_client(client, now, &mut clients, &mut queue, &mut trainer);
                     }
                 }
                 Event::Trained { client, life, .. } if life != clients[client].life => {}
@@ -333,7 +347,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                         Ok(update) => c.session.trained(update),
                         Err(e) => c.session.training_failed(round, &e),
                     }
-                    drive_client(client, now, &mut clients, &mut queue);
+                    drive_client(client, now, &mut clients, &mut queue, &mut trainer);
                 }
             }
         } else {
@@ -407,6 +421,106 @@ impl VirtualClient {
     }
 }
 
+/// Trains the sampled clients on a pool of threads, deterministically. A training sees only its
+/// own client's method and the broadcast, so it can run while the clock handles other clients'
+/// events; its result lands as a `Trained` event at its start time plus its measured compute
+/// time, before the clock handles anything that could see it (an engine event, or an event for
+/// that client). With one thread (or a single-core host) it trains in place, as the clock
+/// always did.
+struct Trainer {
+    pool: Option<rayon::ThreadPool>,
+    done_tx: std::sync::mpsc::Sender<Trained>,
+    done_rx: std::sync::mpsc::Receiver<Trained>,
+    /// Client → (start time, round, life) of its training in flight.
+    in_flight: HashMap<usize, (Duration, u64, u64)>,
+}
+
+/// A training's outcome, with the method it borrowed.
+struct Trained {
+    client: usize,
+    method: Box<dyn ClientMethod>,
+    result: Result<anchorage_shared::protocol::Update, String>,
+}
+
+impl Trainer {
+    fn new(threads: usize) -> anyhow::Result<Self> {
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let pool = if threads > 1 {
+            Some(rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("train-{i}")).build()?)
+        } else {
+            None
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        Ok(Self { pool, done_tx, done_rx, in_flight: HashMap::new() })
+    }
+
+    /// Client `i` trains on `b` from `now`.
+    fn start(&mut self, i: usize, c: &mut VirtualClient, now: Duration, b: Broadcast, queue: &mut Queue) {
+        let Some(mut method) = c.method.take() else {
+            tracing::warn!(client = i, "a second training before the first landed; ignored");
+            return;
+        };
+        let round = b.round;
+        match &self.pool {
+            Some(pool) => {
+                self.in_flight.insert(i, (now, round, c.life));
+                let tx = self.done_tx.clone();
+                pool.spawn(move || {
+                    let result = method.train(&b).map_err(|e| e.to_string());
+                    let _ = tx.send(Trained { client: i, method, result });
+                });
+            }
+            None => {
+                let result = method.train(&b).map_err(|e| e.to_string());
+                land(c, i, method, result, now, round, queue);
+            }
+        }
+    }
+
+    /// Whether the next event (or the engine's deadline `timeout`) could see a training in flight.
+    fn must_land(&self, queue: &Queue, timeout: Option<Duration>) -> bool {
+        if self.in_flight.is_empty() {
+            return false;
+        }
+        match queue.peek() {
+            Some((t, Event::ToClient { to, .. })) => {
+                self.in_flight.contains_key(to) || timeout.is_some_and(|deadline| deadline <= t)
+            }
+            _ => true,
+        }
+    }
+
+    /// Waits for every training in flight and queues their `Trained` events.
+    fn land_all(&mut self, clients: &mut [VirtualClient], queue: &mut Queue) -> anyhow::Result<()> {
+        while !self.in_flight.is_empty() {
+            let done = self.done_rx.recv().context("a training thread of the virtual clock died")?;
+            let (started, round, _) = self.in_flight.remove(&done.client).context("an unexpected training result")?;
+            land(&mut clients[done.client], done.client, done.method, done.result, started, round, queue);
+        }
+        Ok(())
+    }
+}
+
+/// A finished training: the method goes back to its client, the compute time to its cost
+/// record, and a `Trained` event to `started` + the device's compute seconds.
+fn land(
+    c: &mut VirtualClient,
+    i: usize,
+    method: Box<dyn ClientMethod>,
+    result: Result<anchorage_shared::protocol::Update, String>,
+    started: Duration,
+    round: u64,
+    queue: &mut Queue,
+) {
+    c.method = Some(method);
+    // The device wrapper reports the device's compute seconds (host time × its scale).
+    let compute = Duration::from_secs_f64(result.as_ref().map(|u| u.compute_seconds).unwrap_or(0.0));
+    if let Some((cost, _)) = c.costs.get_mut(&round) {
+        cost.compute_seconds = compute.as_secs_f64();
+    }
+    queue.push(started + compute, Event::Trained { client: i, life: c.life, round, result });
+}
+
 /// Queues a reachable device's departure at the end of its window, back at the start of the next.
 fn schedule_departure(client: usize, c: &VirtualClient, now: Duration, queue: &mut Queue) {
     if let (_, Some(end)) = c.window(now) {
@@ -434,7 +548,7 @@ fn send_down(
 }
 
 /// Carries out a client session's actions at `now`.
-fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &mut Queue) {
+fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &mut Queue, trainer: &mut Trainer) {
     let c = &mut clients[i];
     while let Some(action) = c.session.poll_action() {
         match action {
@@ -442,16 +556,7 @@ fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &
                 let at = c.up.carry(now, frame_len(&msg));
                 queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
             }
-            SessionAction::Train(b) => {
-                let round = b.round;
-                // The device wrapper reports the device's compute seconds (host time × its scale).
-                let result = c.method.train(&b).map_err(|e| e.to_string());
-                let compute = Duration::from_secs_f64(result.as_ref().map(|u| u.compute_seconds).unwrap_or(0.0));
-                if let Some((cost, _)) = c.costs.get_mut(&round) {
-                    cost.compute_seconds = compute.as_secs_f64();
-                }
-                queue.push(now + compute, Event::Trained { client: i, life: c.life, round, result });
-            }
+            SessionAction::Train(b) => trainer.start(i, c, now, b, queue),
             SessionAction::Upload(update) => {
                 let msg = Message::Update(update);
                 let bytes = frame_len(&msg);

@@ -224,3 +224,39 @@ fn devices_on_an_availability_cycle_come_and_go() {
     assert!(sampled.iter().any(|&s| s < 4), "some rounds open while sleepy devices are away: {sampled:?}");
     assert!(result.reports.iter().all(|r| !r.updates.is_empty()), "the always-on half keeps every round going");
 }
+
+/// The virtual clock trains the sampled clients on a pool of threads; the run is the same for one
+/// thread and for four: accuracy per round, who was aggregated, the bytes and the loss.
+#[test]
+fn one_thread_and_four_give_the_same_run() {
+    let config = |threads| SimConfig {
+        clients: 8,
+        rounds: 3,
+        seed: 13,
+        local_epochs: 1,
+        train_per_class: 40,
+        test_per_class: 20,
+        link: Some("wifi".into()),
+        threads,
+        ..SimConfig::default()
+    };
+    let (one, four) = (run_virtual(&config(1)).unwrap(), run_virtual(&config(4)).unwrap());
+    let rounds = |r: &anchorage_sim::SimResult| -> Vec<(u64, String, usize, String, u64, u64)> {
+        r.summary
+            .rounds
+            .iter()
+            .map(|x| {
+                let loss = x.train_loss.map(|l| format!("{l:.6}")).unwrap_or_default();
+                (x.round, format!("{:.6}", x.accuracy), x.aggregated, loss, x.payload_up, x.payload_down)
+            })
+            .collect()
+    };
+    println!("1 thread: {:?}", rounds(&one));
+    assert_eq!(rounds(&one), rounds(&four));
+    let who = |r: &anchorage_sim::SimResult| -> Vec<Vec<String>> {
+        r.reports.iter().map(|x| x.updates.iter().map(|u| u.client.to_string()).collect()).collect()
+    };
+    assert_eq!(who(&one), who(&four));
+    assert_eq!(one.accuracy.len(), four.accuracy.len());
+    assert!(one.accuracy.iter().zip(&four.accuracy).all(|(a, b)| a == b), "the accuracy records match");
+}

@@ -70,3 +70,39 @@ async fn real_and_virtual_agree_on_a_lossy_link() {
         |run: &anchorage_sim::SimResult| -> Vec<f64> { run.summary.rounds.iter().map(|r| r.accuracy).collect() };
     assert_eq!(accuracy(&real_run), accuracy(&virtual_run), "the same seed gives the same accuracy curve");
 }
+
+/// Compute seconds measure work on both clocks: a device's training is charged its thread's CPU
+/// time, and the real clock trains one device at a time, so a busy host (QUIC, the server, ten
+/// clients on two cores) does not stretch them. After the first round (warm-up: first
+/// allocations, handshakes beside it), the real clock's compute seconds per client-round are
+/// within 20% of the virtual clock's for the same job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compute_seconds_per_client_round_agree_across_clocks() {
+    let config = SimConfig {
+        clients: 10,
+        rounds: 3,
+        seed: 5,
+        alpha: f64::INFINITY,
+        train_per_class: 600,
+        local_epochs: 1,
+        ..SimConfig::default()
+    };
+    let virtual_run = tokio::task::spawn_blocking({
+        let config = config.clone();
+        move || run_virtual(&config)
+    })
+    .await
+    .unwrap()
+    .expect("virtual run");
+    let real_run = run(config, None, false).await.expect("real run");
+    let per_client_round = |run: &anchorage_sim::SimResult| -> f64 {
+        let after_warm_up: Vec<f64> =
+            run.ledger.iter().filter(|c| c.round >= 2 && !c.dropped).map(|c| c.compute_seconds).collect();
+        assert_eq!(after_warm_up.len(), 20);
+        after_warm_up.iter().sum::<f64>() / after_warm_up.len() as f64
+    };
+    let (real, simulated) = (per_client_round(&real_run), per_client_round(&virtual_run));
+    println!("compute seconds per client-round (rounds 2–3): real clock {real:.4}, virtual clock {simulated:.4}");
+    assert!(real > 0.0 && simulated > 0.0);
+    assert!((real - simulated).abs() <= 0.2 * simulated, "real {real:.4} s vs virtual {simulated:.4} s");
+}
