@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anchorage_client::config::ClientConfig;
+use anchorage_shared::systemd;
 use anyhow::Context;
 use clap::Parser;
 
@@ -44,9 +45,16 @@ async fn run(config: ClientConfig) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => {}
         }
         tracing::info!("stopping: goodbye to the server");
+        systemd::stopping("stopping: goodbye to the server");
         let _ = stop_tx.send(true);
     });
-    let reason = anchorage_client::runner::run(config, Some(stop_rx)).await?;
+    let (id, server) = (config.client_id.clone(), config.server.clone());
+    // Under a Type=notify unit: ready once configured (a device keeps dialling a server that is
+    // down, so readiness cannot wait for the server); the watchdog is pinged from this runtime.
+    let reason = anchorage_client::runner::run_configured(config, Some(stop_rx), |device| {
+        let _ = systemd::ready(&format!("{id} on {device}: connecting to {server}"));
+    })
+    .await?;
     tracing::info!(%reason, "client finished");
     Ok(())
 }

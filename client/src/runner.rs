@@ -21,12 +21,24 @@ use burn::tensor::Device;
 /// Runs the device of `config` until the server says goodbye or `stop` turns `true`; returns
 /// the reason the session ended.
 pub async fn run(config: ClientConfig, stop: Option<tokio::sync::watch::Receiver<bool>>) -> anyhow::Result<String> {
+    run_configured(config, stop, |_| {}).await
+}
+
+/// [`run`], calling `configured` with the compute device's name once the device is configured
+/// (compute device, local data, method, certificates read) and before it first dials the server:
+/// `anchorage-client` tells systemd there that it is ready.
+pub async fn run_configured(
+    config: ClientConfig,
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
+    configured: impl FnOnce(&str),
+) -> anyhow::Result<String> {
     let (dev, picked) = device::select(&config.device)?;
     tracing::info!(device = picked, "compute device");
     let method = method(&config, &dev)?;
     let mut options = options(&config)?;
     options.backend = picked.into();
     options.stop = stop;
+    configured(picked);
     transport::run(options, method, None).await
 }
 

@@ -5,7 +5,7 @@
 //! - [`methods`]: server halves of the methods (aggregation, prototype rules).
 //! - [`transport`]: the quinn endpoint driving the engine.
 //! - [`store`]: durable server state in SQLite (rounds, accepted updates, versions, clients, ledger).
-//! - [`service`]: the `anchorage-server` program (config, logging, signals).
+//! - [`service`]: the `anchorage-server` program (config, logging, signals, systemd notifications).
 //! - [`metrics`]: counters and their Prometheus exposition over HTTP.
 //! - [`ca`]: the project CA (issue, revoke, verify; ids from certificates).
 //! - [`tls`]: identities on disk, rustls configs, the development mode's self-signed certificate.

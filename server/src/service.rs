@@ -8,6 +8,7 @@ use crate::config::ServerConfig;
 use crate::store::ServerStore;
 use crate::transport::{self, ServerEvent, ServerOptions};
 use crate::{methods, tls};
+use anchorage_shared::systemd;
 use anyhow::Context;
 use clap::Parser;
 
@@ -75,17 +76,28 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         tracing::info!(%addr, "Prometheus metrics at http://{addr}/metrics");
     }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // Under a Type=notify unit: ready now that QUIC (and the metrics port) listen; the watchdog
+    // is pinged from this runtime until it ends.
+    let _watchdog = systemd::ready(&format!("listening on {}", server.local_addr));
     loop {
         tokio::select! {
             event = server.events.recv() => match event {
-                Some(ServerEvent::RoundClosed { report, .. }) => tracing::info!(
-                    round = report.round,
-                    updates = report.updates.len(),
-                    missing = report.missing.len(),
-                    late_total = report.late_total,
-                    train_loss = report.weighted_metric("train_loss"),
-                    "round summary"
-                ),
+                Some(ServerEvent::RoundClosed { report, .. }) => {
+                    tracing::info!(
+                        round = report.round,
+                        updates = report.updates.len(),
+                        missing = report.missing.len(),
+                        late_total = report.late_total,
+                        train_loss = report.weighted_metric("train_loss"),
+                        "round summary"
+                    );
+                    systemd::status(&format!(
+                        "round {} closed with {} updates; listening on {}",
+                        report.round,
+                        report.updates.len(),
+                        server.local_addr
+                    ));
+                }
                 Some(ServerEvent::Finished) => {
                     tracing::info!("all rounds done");
                     // Let the goodbyes reach the clients before closing.
@@ -98,6 +110,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
             _ = terminate.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
         }
     }
+    systemd::stopping("shutting down: closing connections and the store");
     server.shutdown().await
 }
 

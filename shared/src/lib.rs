@@ -12,6 +12,7 @@
 //! - [`math`]: weighted means and cosine similarity, the one copy used everywhere.
 //! - [`ledger`]: the cost record of one client in one round.
 //! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.
+//! - [`systemd`] (feature `io`): sd_notify readiness, watchdog and stopping for the two services.
 //! - [`rng`]: a small seeded generator, so every sampled choice is reproducible byte for byte.
 #![no_std]
 extern crate alloc;
@@ -28,6 +29,8 @@ pub mod protocol;
 pub mod prototype;
 pub mod prototype_rules;
 pub mod rng;
+#[cfg(feature = "io")]
+pub mod systemd;
 pub mod tensor;
 
 pub use frame::{FrameError, FrameReader, encode_frame};
