@@ -227,6 +227,7 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         refused: ServerMetrics::get(&metrics.refusals),
         decode_errors: ServerMetrics::get(&metrics.decode_errors),
         wall_seconds: started.elapsed().as_secs_f64(),
+        local_eval: crate::record::LocalEval::of(&config),
     };
     let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
     write_run_folder(out, &toml::to_string_pretty(&config)?, &summary, &ledger, &accuracy_rows)?;

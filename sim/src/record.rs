@@ -52,6 +52,33 @@ pub struct RunSummary {
     /// FedProK's efficiency E = (τ1 + τ2) / R (see [`Efficiency`]).
     #[serde(default)]
     pub efficiency: Efficiency,
+    /// How the clients' local accuracies (the client rows of the accuracy records, and the
+    /// continual metrics' local side) were computed.
+    #[serde(default)]
+    pub local_eval: LocalEval,
+}
+
+/// The clients' local evaluation policy of a run: every `every`-th round, on `fraction` of each
+/// task's test rows (a seeded sample when below 1).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LocalEval {
+    pub every: u64,
+    pub fraction: f64,
+    /// Whether the local accuracies come from a sample of the test rows.
+    pub sampled: bool,
+}
+
+impl Default for LocalEval {
+    fn default() -> Self {
+        Self { every: 1, fraction: 1.0, sampled: false }
+    }
+}
+
+impl LocalEval {
+    pub fn of(config: &crate::run::SimConfig) -> Self {
+        let fraction = config.eval_fraction.clamp(0.0, 1.0);
+        Self { every: config.eval_every.max(1), fraction, sampled: fraction < 1.0 }
+    }
 }
 
 /// FedProK's efficiency metric E = (τ1 + τ2) / R: the time a round costs. Our reading: τ1 is the
@@ -83,6 +110,7 @@ pub struct SummaryInputs {
     pub refused: u64,
     pub decode_errors: u64,
     pub wall_seconds: f64,
+    pub local_eval: LocalEval,
 }
 
 /// The accuracy records of a closed round: the global model per test task, and each client's
@@ -166,6 +194,7 @@ impl RunSummary {
             rounds: rows,
             wall_seconds: inputs.wall_seconds,
             continual: ContinualMetrics::from_records(accuracy),
+            local_eval: inputs.local_eval,
         }
     }
 }

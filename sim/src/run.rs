@@ -70,6 +70,12 @@ pub struct SimConfig {
     /// FedEvolve's straggler ratio p: with probability p a client runs a uniform random number of
     /// local epochs in 1..τ instead of τ.
     pub straggler_ratio: f64,
+    /// Clients evaluate their local model in rounds that are multiples of this (1: every round;
+    /// the global model is evaluated every round whatever this says).
+    pub eval_every: u64,
+    /// Fraction of each task's test rows clients evaluate their local model on (a seeded
+    /// sample; 1: all). `metrics.json` records both under `local_eval`.
+    pub eval_fraction: f64,
     /// Threads the virtual clock trains sampled clients on; 0: one per core. Results are the
     /// same for any count (a training sees only its own client's state and the broadcast). The
     /// default is 1: on the CPU backend trainings serialise on burn-autodiff's process-wide lock
@@ -194,6 +200,8 @@ impl Default for SimConfig {
             client_links: Vec::new(),
             devices: Vec::new(),
             straggler_ratio: 0.0,
+            eval_every: 1,
+            eval_fraction: 1.0,
             threads: 1,
             aggregation: AggregationMode::Synchronous,
             robust: RobustConfig::default(),
@@ -347,6 +355,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         refused: ServerMetrics::get(&metrics.refusals),
         decode_errors: ServerMetrics::get(&metrics.decode_errors),
         wall_seconds: started.elapsed().as_secs_f64(),
+        local_eval: crate::record::LocalEval::of(&config),
     };
     let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
     if progress {

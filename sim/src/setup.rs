@@ -216,10 +216,23 @@ impl Setup {
             global_rows.push((k as u32, in_train, idx));
         }
 
+        // `eval_fraction`: clients evaluate their local model on a seeded sample of each task's
+        // test rows, the same sample for the same rows (clients sharing a test set share it).
+        let eval_rows = |k: usize, idx: &[usize]| -> Vec<usize> {
+            if config.eval_fraction >= 1.0 || idx.is_empty() {
+                return idx.to_vec();
+            }
+            let keep = ((idx.len() as f64 * config.eval_fraction.max(0.0)).ceil() as usize).clamp(1, idx.len());
+            let mut rng = anchorage_shared::rng::Rng::derive(config.seed ^ k as u64, 0xE7A1);
+            let mut picked: Vec<usize> = rng.sample_indices(idx.len(), keep).into_iter().map(|i| idx[i]).collect();
+            picked.sort_unstable();
+            picked
+        };
         let mut streams = Vec::with_capacity(client_range.len());
         for client in &split.clients[client_range.clone()] {
             let task_data = |(k, t): (usize, &anchorage_data::partition::TaskSplit)| {
                 let (idx, in_train) = t.local_test_rows();
+                let idx = &eval_rows(k, idx)[..];
                 // A^sel: the task's global test rows of the classes this client trains on.
                 let selected = config.selected_accuracy.then(|| {
                     let own: std::collections::BTreeSet<u32> = t.train.iter().map(|&i| train.labels[i]).collect();
@@ -243,13 +256,15 @@ impl Setup {
                 TaskStream {
                     tasks: sources.iter().enumerate().map(task_data).collect(),
                     reveal: Reveal::All,
-                    target: Some(rows(true, &all)),
+                    target: Some(rows(true, &eval_rows(num_tasks, &all))),
+                    eval_every: config.eval_every,
                 }
             } else {
                 TaskStream {
                     tasks: client.tasks.iter().enumerate().map(task_data).collect(),
                     reveal: Reveal::ByTask,
                     target: None,
+                    eval_every: config.eval_every,
                 }
             };
             streams.push(stream);

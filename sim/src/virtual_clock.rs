@@ -405,6 +405,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         refused: engine.stats().refused,
         decode_errors: 0,
         wall_seconds: started.elapsed().as_secs_f64(),
+        local_eval: crate::record::LocalEval::of(&config),
     };
     let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
     bar.finish_and_clear();

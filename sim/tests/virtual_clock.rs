@@ -260,3 +260,26 @@ fn one_thread_and_four_give_the_same_run() {
     assert_eq!(one.accuracy.len(), four.accuracy.len());
     assert!(one.accuracy.iter().zip(&four.accuracy).all(|(a, b)| a == b), "the accuracy records match");
 }
+
+/// The clients' local evaluation policy: every 2nd round, on a 20% sample of the test rows. The
+/// global model is still evaluated every round, training is untouched (the same global
+/// accuracies), and the summary says the local side is a sample.
+#[test]
+fn clients_evaluate_on_the_policy_and_the_global_model_every_round() {
+    let base =
+        SimConfig { clients: 4, rounds: 4, seed: 3, local_epochs: 1, train_per_class: 40, ..SimConfig::default() };
+    let full = run_virtual(&base).unwrap();
+    let sparse = run_virtual(&SimConfig { eval_every: 2, eval_fraction: 0.2, ..base }).unwrap();
+    let global = |r: &anchorage_sim::SimResult| -> Vec<f64> { r.summary.rounds.iter().map(|x| x.accuracy).collect() };
+    assert_eq!(global(&full), global(&sparse), "evaluation does not change training");
+    let client_rounds = |r: &anchorage_sim::SimResult| -> std::collections::BTreeSet<u64> {
+        r.accuracy.iter().filter(|a| a.is_client()).map(|a| a.round).collect()
+    };
+    assert_eq!(client_rounds(&full), [1, 2, 3, 4].into());
+    assert_eq!(client_rounds(&sparse), [2, 4].into(), "local accuracies only in even rounds");
+    let global_rounds: std::collections::BTreeSet<u64> =
+        sparse.accuracy.iter().filter(|a| !a.is_client()).map(|a| a.round).collect();
+    assert_eq!(global_rounds, [1, 2, 3, 4].into(), "the global model every round");
+    assert!(sparse.summary.local_eval.sampled && sparse.summary.local_eval.every == 2);
+    assert!(!full.summary.local_eval.sampled);
+}

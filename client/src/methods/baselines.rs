@@ -124,7 +124,7 @@ impl ClientMethod for Baseline {
                 }
             });
         }
-        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| accuracy(&model, t, 512));
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&model, t, 512));
         let mut blocks = model.to_blocks(self.ctx.encoding)?;
         match self.kind {
             Kind::FedRep => blocks.retain(|b| !is_head_block(&b.name)),

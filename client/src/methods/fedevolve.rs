@@ -185,10 +185,8 @@ impl ClientMethod for FedEvolveClient {
         let prototypes =
             class_means(maps.valid().phi.embed(last.train.features.clone().inner()), &last.train.labels_host);
         let table = PrototypeTable::new(&prototypes, &device);
-        let accuracies = self
-            .ctx
-            .stream
-            .accuracy_metrics(broadcast.task, |test| target_accuracy(&maps, table.as_ref(), test, &self.ctx));
+        let accuracies =
+            self.ctx.stream.accuracy_metrics(broadcast, |test| target_accuracy(&maps, table.as_ref(), test, &self.ctx));
         Ok(Update {
             round: broadcast.round,
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),

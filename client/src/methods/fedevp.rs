@@ -141,7 +141,7 @@ impl ClientMethod for FedEvpClient {
             });
         }
         self.rng = rng;
-        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| accuracy(&personal, t, 512));
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&personal, t, 512));
         Ok(Update {
             round: broadcast.round,
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),

@@ -134,7 +134,7 @@ impl ClientMethod for FedProKClient {
         }
         self.rng = rng;
         let fresh = class_means(net.valid().represent(train.features.clone().inner()), &train.labels_host);
-        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| accuracy(&net, t, 512));
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&net, t, 512));
         let mut metrics = common_metrics(loss, accuracies);
         metrics.push(anchorage_shared::protocol::Metric { name: "pseudo_classes".into(), value: table.len() as f64 });
         Ok(Update {

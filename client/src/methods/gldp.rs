@@ -192,7 +192,7 @@ impl ClientMethod for GldpClient {
             }
         };
         let accuracies =
-            self.ctx.stream.accuracy_metrics(broadcast.task, |t| prototype_accuracy(&net, predict_with.as_ref(), t));
+            self.ctx.stream.accuracy_metrics(broadcast, |t| prototype_accuracy(&net, predict_with.as_ref(), t));
         let mut blocks = net.to_blocks(self.ctx.encoding)?;
         blocks.retain(|b| !is_head_block(&b.name));
         self.own = Some(net);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anchorage_data::Dataset;
-use anchorage_shared::protocol::Metric;
+use anchorage_shared::protocol::{Broadcast, Metric};
 use burn::tensor::Device;
 
 use crate::model::{Backbone, FeatureCache, Inputs};
@@ -39,6 +39,9 @@ pub struct TaskStream {
     pub reveal: Reveal,
     /// A test set beyond the stream: the unseen target domain of FedEvolve / FedEvp.
     pub target: Option<FeatureCache>,
+    /// The local model is evaluated in rounds that are multiples of this (0 or 1: every round).
+    /// Evaluating every seen task's test data each round can cost more than the training.
+    pub eval_every: u64,
 }
 
 impl TaskStream {
@@ -95,9 +98,18 @@ impl TaskStream {
 
     /// The local model's accuracy on every seen task's test data (`acc.task.K`), on its selected
     /// global test data (`acc.sel.K`, where the stream has it) and on the target (`acc.target`),
-    /// with `accuracy` evaluating one test set (`None`: nothing to evaluate).
-    pub fn accuracy_metrics(&self, task: u32, accuracy: impl Fn(&FeatureCache) -> Option<f64>) -> Vec<Metric> {
+    /// with `accuracy` evaluating one test set (`None`: nothing to evaluate). Nothing in rounds
+    /// the evaluation policy skips ([`TaskStream::eval_every`]).
+    pub fn accuracy_metrics(
+        &self,
+        broadcast: &Broadcast,
+        accuracy: impl Fn(&FeatureCache) -> Option<f64>,
+    ) -> Vec<Metric> {
         let mut out = Vec::new();
+        if self.eval_every > 1 && broadcast.round % self.eval_every != 0 {
+            return out;
+        }
+        let task = broadcast.task;
         if self.target.is_none() {
             for (k, t) in self.seen(task).iter().enumerate() {
                 if let Some(a) = accuracy(&t.test) {

@@ -55,6 +55,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(RunSummary, Vec<CostRecord>)> {
         refused: reports.iter().map(|r| r.refused).sum(),
         decode_errors: 0,
         wall_seconds: rows.iter().map(|r| r.seconds).sum(),
+        local_eval: Default::default(),
     };
     Ok((RunSummary::new(inputs, rows, &ledger, &[]), ledger))
 }
@@ -242,6 +243,20 @@ fn markdown(
     );
     let _ = writeln!(md, "| late updates / refused | {} / {} |", summary.late_updates, summary.refused);
     let _ = writeln!(md, "| wall time of the run | {:.1} s |", summary.wall_seconds);
+    let local = &summary.local_eval;
+    if local.every > 1 || local.sampled {
+        let _ = writeln!(
+            md,
+            "| clients' local accuracies | every {} round(s), on {:.0}% of each task's test rows{} |",
+            local.every,
+            local.fraction * 100.0,
+            if local.sampled {
+                " (a seeded sample: the local side of the continual metrics is an estimate)"
+            } else {
+                ""
+            }
+        );
+    }
     let _ = writeln!(
         md,
         "\n## Rounds\n\n| round | accuracy | updates | dropped | up wire | down wire | seconds | mean compute s | mean transfer s | mean wait s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -300,6 +315,7 @@ mod tests {
             refused: 0,
             decode_errors: 0,
             wall_seconds: 1.0,
+            local_eval: Default::default(),
         };
         let summary = RunSummary::new(inputs, Vec::new(), &[], &[]);
         std::fs::write(dir.join("metrics.json"), serde_json::to_string(&summary).unwrap()).unwrap();

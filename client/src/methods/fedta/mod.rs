@@ -303,7 +303,7 @@ impl ClientMethod for FedTaClient {
         let plain_features = enhanced.features.clone().inner();
         let anchored = valid_tail.anchored_by_class(plain_features.clone(), &enhanced.labels_host).0;
         let fresh = class_means(anchored, &enhanced.labels_host);
-        let accuracies = self.ctx.stream.accuracy_metrics(broadcast.task, |t| self.local_accuracy(&ie, &valid_tail, t));
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| self.local_accuracy(&ie, &valid_tail, t));
         let mut blocks = ie.to_blocks(self.ctx.encoding)?;
         if self.ctx.method.share_tail {
             blocks.extend(valid_tail.to_blocks(self.ctx.encoding)?);
