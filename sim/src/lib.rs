@@ -6,7 +6,9 @@
 
 pub mod continual;
 pub mod device;
+pub mod export;
 pub mod fleet;
+pub mod microbench;
 pub mod network;
 pub mod provision;
 mod record;
