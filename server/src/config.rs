@@ -47,9 +47,13 @@ pub struct ServerConfig {
     /// `[store]`: how much history the database keeps.
     #[serde(default)]
     pub store: crate::store::Retention,
-    /// Address of the Prometheus endpoint (`GET /metrics`); none: no endpoint.
+    /// Address of the metrics port (`GET /metrics`, `/healthz`, `/readyz`); none: no port. The
+    /// same as `[metrics] bind` (give one of the two).
     #[serde(default)]
     pub metrics_bind: Option<SocketAddr>,
+    /// `[metrics]`: the metrics port and how many series it may hold.
+    #[serde(default)]
+    pub metrics: MetricsSection,
     /// FedTA's SIKF (Eq. 8): the backbone and surrogate set the server distils on. Without it
     /// FedTA averages the clients' input enhancement, and says so in the log. Needs a server
     /// built with the `sikf` feature.
@@ -60,6 +64,23 @@ pub struct ServerConfig {
     /// server resuming from its database ignores it.
     #[serde(default)]
     pub initial_model: Option<PathBuf>,
+}
+
+/// `[metrics]`: Prometheus metrics and the health probes on one HTTP port.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Address of `GET /metrics`, `/healthz` and `/readyz`; none: no port.
+    pub bind: Option<SocketAddr>,
+    /// Devices with their own `anchorage_device_last_seen_timestamp_seconds` series, the longest
+    /// silent first (a fleet beyond it is still counted in `anchorage_devices_silent`).
+    pub device_series: usize,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self { bind: None, device_series: crate::metrics::DEFAULT_DEVICE_SERIES }
+    }
 }
 
 /// `[sikf]`: what FedTA's server half distils the clients' input enhancement on.
@@ -108,6 +129,11 @@ fn default_names() -> Vec<String> {
 }
 
 impl ServerConfig {
+    /// The metrics port's address: `metrics_bind` or `[metrics] bind`.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics.bind.or(self.metrics_bind)
+    }
+
     /// Reads and checks a config file; relative paths in it are resolved against the file's own
     /// folder (see [`ServerConfig::resolve_paths`]).
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
@@ -146,6 +172,10 @@ impl ServerConfig {
             toml::Value::Table(method.clone()).try_into::<MethodConfig>().context("[method]")?;
         }
         let config: Self = toml::from_str(text)?;
+        anyhow::ensure!(
+            config.metrics_bind.is_none() || config.metrics.bind.is_none(),
+            "server.toml gives both metrics_bind and [metrics] bind: keep one"
+        );
         let method = config.method.config();
         anyhow::ensure!(
             config.sikf.is_none() || method.name == "fedta",
@@ -211,6 +241,27 @@ mod tests {
         assert_eq!((config.state_dir, config.tls_dir), (site.join("state"), site.join(".")));
         std::fs::write(site.join("abs.toml"), text.replace("\"state\"", "\"/var/lib/x\"")).unwrap();
         assert_eq!(ServerConfig::load(&site.join("abs.toml")).unwrap().state_dir, PathBuf::from("/var/lib/x"));
+    }
+
+    #[test]
+    fn the_metrics_port_is_metrics_bind_or_a_metrics_table() {
+        let flat =
+            ServerConfig::parse(&format!("method = \"fedavg\"\nmetrics_bind = \"127.0.0.1:9464\"\n{BASE}")).unwrap();
+        assert_eq!(flat.metrics_address(), Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(flat.metrics.device_series, crate::metrics::DEFAULT_DEVICE_SERIES);
+        let table = ServerConfig::parse(&format!(
+            "method = \"fedavg\"\n{BASE}[metrics]\nbind = \"0.0.0.0:9464\"\ndevice_series = 50\n"
+        ))
+        .unwrap();
+        assert_eq!((table.metrics_address(), table.metrics.device_series), (Some("0.0.0.0:9464".parse().unwrap()), 50));
+        let both =
+            format!("method = \"fedavg\"\nmetrics_bind = \"127.0.0.1:1\"\n{BASE}[metrics]\nbind = \"127.0.0.1:2\"\n");
+        assert!(format!("{:#}", ServerConfig::parse(&both).unwrap_err()).contains("keep one"));
+        assert!(ServerConfig::parse(&format!("method = \"fedavg\"\n{BASE}")).unwrap().metrics_address().is_none());
+        // The Kubernetes manifests' server.toml uses the table.
+        let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/server/server.toml");
+        let k8s = ServerConfig::load(&k8s).unwrap();
+        assert_eq!(k8s.metrics_address(), Some("0.0.0.0:9464".parse().unwrap()));
     }
 
     #[test]

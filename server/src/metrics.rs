@@ -1,229 +1,583 @@
-//! The server's counters and their Prometheus text exposition, served over plain HTTP
-//! (`GET /metrics`) on the port the config names. Ledger totals are replayed from the durable
-//! ledger at start, so they survive a restart.
+//! The server's metrics, on `prometheus-client`: one [`Registry`] per server, so that servers
+//! that share a process (the simulator, the tests) never mix their counts. [`http`] serves them
+//! (`GET /metrics`) beside the health probes (`/healthz`, `/readyz`) on the port `[metrics]`
+//! names; [`process`] adds the process's own CPU, memory and file descriptors.
+//!
+//! Names follow Prometheus' conventions: the `anchorage_` prefix, the unit in the name
+//! (`_seconds`, `_bytes`), `_total` on counters, and what varies as a label with a fixed set of
+//! values (`direction`, `kind`, `reason`, `outcome`, `result`, `phase`). Every labelled series
+//! exists from the start, at 0. The one label whose values come from outside is `device` on
+//! `anchorage_device_last_seen_timestamp_seconds`, bounded by `[metrics] device_series`.
+//!
+//! The totals of what clients report (`anchorage_client_*`: bytes, seconds, energy, rounds) are
+//! replayed from the durable cost ledger at start, and the devices' last-seen times and the last
+//! round's close from the client registry and the rounds table, so they survive a restart. The
+//! other counters count from the process's start (Prometheus' `rate` and `increase` handle the
+//! reset).
 
-use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+pub mod http;
+pub mod process;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anchorage_shared::ledger::CostRecord;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::watch;
+use anchorage_shared::protocol::RefusalReason;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 
-/// Counters of the transport, the engine and the cost ledger.
-#[derive(Debug, Default)]
+use crate::engine::{RoundOutcome, RoundReport};
+
+/// One label and its value.
+type Label = [(&'static str, &'static str); 1];
+type FloatCounter = Counter<f64, AtomicU64>;
+
+/// Upper bounds (seconds) of the round-time histograms: sub-second loopback rounds up to
+/// hour-long field rounds with slow devices.
+pub const SECONDS_BUCKETS: [f64; 15] =
+    [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0];
+
+/// Devices with their own last-seen series by default (`[metrics] device_series`).
+pub const DEFAULT_DEVICE_SERIES: usize = 1000;
+/// A device silent this long is taken as retired: it leaves the per-device series (it is still
+/// counted in `anchorage_devices_silent`).
+pub const RETIRED_AFTER_SECONDS: i64 = 30 * 86_400;
+
+/// `outcome` of `anchorage_updates_total`.
+pub mod outcome {
+    /// Committed to the store and acknowledged, for the round it answers.
+    pub const ACCEPTED: &str = "accepted";
+    /// Arrived after its round closed: acknowledged, counted, not aggregated.
+    pub const LATE: &str = "late";
+    /// A resend of an update already accepted: acknowledged again, counted once.
+    pub const DUPLICATE: &str = "duplicate";
+    pub const ALL: [&str; 3] = [ACCEPTED, LATE, DUPLICATE];
+}
+
+/// `reason` of `anchorage_refusals_total` for refusals of the transport (before the engine sees
+/// a message); the engine's own carry a [`RefusalReason`] ([`refusal_reason`]).
+pub mod reason {
+    /// `[limits] max_connections` connections were open.
+    pub const CONNECTION_LIMIT: &str = "connection_limit";
+    /// `[limits] max_handshakes_per_ip` handshakes were in progress from the peer's address.
+    pub const HANDSHAKE_LIMIT: &str = "handshake_limit";
+    /// The certificate names no usable id.
+    pub const BAD_CERTIFICATE: &str = "bad_certificate";
+    /// The certificate is on the revocation list.
+    pub const REVOKED: &str = "revoked";
+    pub const TRANSPORT: [&str; 4] = [CONNECTION_LIMIT, HANDSHAKE_LIMIT, BAD_CERTIFICATE, REVOKED];
+}
+
+/// The label value of a protocol refusal.
+pub fn refusal_reason(r: RefusalReason) -> &'static str {
+    match r {
+        RefusalReason::VersionMismatch => "version_mismatch",
+        RefusalReason::Malformed => "malformed",
+        RefusalReason::TooLarge => "too_large",
+        RefusalReason::ShapeMismatch => "shape_mismatch",
+        RefusalReason::NotEnrolled => "not_enrolled",
+        RefusalReason::NotSampled => "not_sampled",
+        RefusalReason::Duplicate => "duplicate",
+        RefusalReason::ServerBusy => "server_busy",
+        RefusalReason::UnknownMethod => "unknown_method",
+        RefusalReason::BadTensor => "bad_tensor",
+    }
+}
+
+const PROTOCOL_REASONS: [RefusalReason; 10] = [
+    RefusalReason::VersionMismatch,
+    RefusalReason::Malformed,
+    RefusalReason::TooLarge,
+    RefusalReason::ShapeMismatch,
+    RefusalReason::NotEnrolled,
+    RefusalReason::NotSampled,
+    RefusalReason::Duplicate,
+    RefusalReason::ServerBusy,
+    RefusalReason::UnknownMethod,
+    RefusalReason::BadTensor,
+];
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The metrics of one server.
+#[derive(Debug)]
 pub struct ServerMetrics {
-    pub connections: AtomicU64,
-    pub frames_in: AtomicU64,
-    pub bytes_in: AtomicU64,
-    pub frames_out: AtomicU64,
-    pub decode_errors: AtomicU64,
-    pub refusals: AtomicU64,
-    pub store_errors: AtomicU64,
-    pub rounds_closed: AtomicU64,
-    /// The last round that closed (a gauge).
-    pub round: AtomicU64,
-    pub ledger_records: AtomicU64,
-    pub payload_up_bytes: AtomicU64,
-    pub payload_down_bytes: AtomicU64,
-    pub wire_up_bytes: AtomicU64,
-    pub wire_down_bytes: AtomicU64,
-    pub compute_micros: AtomicU64,
-    pub transfer_micros: AtomicU64,
-    pub wait_micros: AtomicU64,
-    pub millijoules: AtomicU64,
-    pub dropped: AtomicU64,
-    pub stragglers: AtomicU64,
+    registry: Registry,
+    connections: Counter,
+    frames: Family<Label, Counter>,
+    frame_bytes: Family<Label, Counter>,
+    decode_errors: Counter,
+    refusals: Family<Label, Counter>,
+    updates: Family<Label, Counter>,
+    store_errors: Counter,
+    rounds_closed: Family<Label, Counter>,
+    last_round: Gauge,
+    last_round_closed: Gauge<f64, AtomicU64>,
+    round_duration: Histogram,
+    clients_connected: Gauge,
+    clients_sampled: Gauge,
+    client_rounds: Family<Label, Counter>,
+    client_bytes: Family<[(&'static str, &'static str); 2], Counter>,
+    client_seconds: Family<Label, FloatCounter>,
+    client_energy: FloatCounter,
+    client_round_duration: Histogram,
+    devices: std::sync::Arc<Devices>,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl ServerMetrics {
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
+    pub fn new() -> Self {
+        let mut root = Registry::default();
+        let r = root.sub_registry_with_prefix("anchorage");
+        let m = Self {
+            registry: Registry::default(),
+            connections: Counter::default(),
+            frames: Family::default(),
+            frame_bytes: Family::default(),
+            decode_errors: Counter::default(),
+            refusals: Family::default(),
+            updates: Family::default(),
+            store_errors: Counter::default(),
+            rounds_closed: Family::default(),
+            last_round: Gauge::default(),
+            last_round_closed: Gauge::default(),
+            round_duration: Histogram::new(SECONDS_BUCKETS),
+            clients_connected: Gauge::default(),
+            clients_sampled: Gauge::default(),
+            client_rounds: Family::default(),
+            client_bytes: Family::default(),
+            client_seconds: Family::default(),
+            client_energy: FloatCounter::default(),
+            client_round_duration: Histogram::new(SECONDS_BUCKETS),
+            devices: std::sync::Arc::new(Devices::default()),
+        };
+        r.register("connections", "QUIC connections accepted for a handshake.", m.connections.clone());
+        r.register("frames", "Protocol frames read from (up) and written to (down) clients.", m.frames.clone());
+        r.register_with_unit(
+            "frame",
+            "Bytes of protocol frames read from (up) and written to (down) clients.",
+            Unit::Bytes,
+            m.frame_bytes.clone(),
+        );
+        r.register("decode_errors", "Frames from clients that could not be read.", m.decode_errors.clone());
+        r.register(
+            "refusals",
+            "Messages and connections refused, by reason (protocol refusals, limits, certificates).",
+            m.refusals.clone(),
+        );
+        r.register(
+            "updates",
+            "Updates acknowledged, by outcome: accepted for their round, late (their round had closed), \
+             duplicate (a resend of an accepted one).",
+            m.updates.clone(),
+        );
+        r.register("store_errors", "Failed writes of durable state.", m.store_errors.clone());
+        r.register("rounds_closed", "Rounds closed since this process started, by outcome.", m.rounds_closed.clone());
+        r.register("last_round", "The last round that closed.", m.last_round.clone());
+        r.register_with_unit(
+            "last_round_closed_timestamp",
+            "When the last round closed (Unix time; kept across restarts).",
+            Unit::Seconds,
+            m.last_round_closed.clone(),
+        );
+        r.register_with_unit(
+            "round_duration",
+            "Time from a round's opening to its close.",
+            Unit::Seconds,
+            m.round_duration.clone(),
+        );
+        r.register("clients_connected", "Clients connected now (a valid hello).", m.clients_connected.clone());
+        r.register("clients_sampled", "Clients invited to the round opened last.", m.clients_sampled.clone());
+        r.register(
+            "client_rounds",
+            "Rounds of sampled clients as clients reported them: completed, late (after the close), \
+             dropped (nothing before the deadline).",
+            m.client_rounds.clone(),
+        );
+        r.register_with_unit(
+            "client_traffic",
+            "Bytes clients reported, by direction and kind (payload: parameter and prototype values; \
+             wire: UDP bytes, QUIC overhead and retransmissions included).",
+            Unit::Bytes,
+            m.client_bytes.clone(),
+        );
+        r.register_with_unit(
+            "client_time",
+            "Client seconds reported, by phase (compute, transfer, wait).",
+            Unit::Seconds,
+            m.client_seconds.clone(),
+        );
+        r.register_with_unit(
+            "client_energy",
+            "Estimated energy of clients' rounds (compute and radio).",
+            Unit::Joules,
+            m.client_energy.clone(),
+        );
+        r.register_with_unit(
+            "client_round_duration",
+            "A client's time in one round: compute + transfer + wait, as it reported it.",
+            Unit::Seconds,
+            m.client_round_duration.clone(),
+        );
+        r.register_collector(Box::new(m.devices.clone()));
+        // Every series of a fixed label set exists from the start, at 0.
+        for direction in ["up", "down"] {
+            let _ = m.frames.get_or_create(&[("direction", direction)]);
+            let _ = m.frame_bytes.get_or_create(&[("direction", direction)]);
+            for kind in ["payload", "wire"] {
+                let _ = m.client_bytes.get_or_create(&[("direction", direction), ("kind", kind)]);
+            }
+        }
+        for r in PROTOCOL_REASONS.map(refusal_reason).iter().chain(&reason::TRANSPORT) {
+            let _ = m.refusals.get_or_create(&[("reason", r)]);
+        }
+        for o in outcome::ALL {
+            let _ = m.updates.get_or_create(&[("outcome", o)]);
+        }
+        for o in ["aggregated", "failed"] {
+            let _ = m.rounds_closed.get_or_create(&[("outcome", o)]);
+        }
+        for r in ["completed", "late", "dropped"] {
+            let _ = m.client_rounds.get_or_create(&[("result", r)]);
+        }
+        for p in ["compute", "transfer", "wait"] {
+            let _ = m.client_seconds.get_or_create(&[("phase", p)]);
+        }
+        Self { registry: root, ..m }
     }
 
-    /// Adds one ledger record to the totals.
-    pub fn record_cost(&self, c: &CostRecord) {
-        let add = |a: &AtomicU64, v: u64| a.fetch_add(v, Ordering::Relaxed);
-        let micros = |s: f64| (s.max(0.0) * 1e6) as u64;
-        add(&self.ledger_records, 1);
-        add(&self.payload_up_bytes, c.payload_up);
-        add(&self.payload_down_bytes, c.payload_down);
-        add(&self.wire_up_bytes, c.wire_up);
-        add(&self.wire_down_bytes, c.wire_down);
-        add(&self.compute_micros, micros(c.compute_seconds));
-        add(&self.transfer_micros, micros(c.transfer_seconds));
-        add(&self.wait_micros, micros(c.wait_seconds));
-        add(&self.millijoules, (c.joules.max(0.0) * 1e3) as u64);
-        add(&self.dropped, c.dropped as u64);
-        add(&self.stragglers, c.straggler as u64);
+    /// The exposition, without OpenMetrics' closing `# EOF` (so that several registries can be
+    /// written one after the other; [`http`] adds it).
+    pub fn encode(&self, out: &mut String) -> std::fmt::Result {
+        prometheus_client::encoding::text::encode_registry(out, &self.registry)
     }
 
-    /// The Prometheus text exposition format (version 0.0.4).
+    /// The whole exposition (OpenMetrics text).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let g = Self::get;
-        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
-            let _ = writeln!(out, "# HELP anchorage_{name} {help}\n# TYPE anchorage_{name} {kind}");
-            for (labels, v) in samples {
-                let _ = writeln!(out, "anchorage_{name}{labels} {v}");
-            }
-        };
-        metric("connections_total", "counter", "QUIC connections accepted.", &[("", g(&self.connections) as f64)]);
-        metric("frames_in_total", "counter", "Frames received from clients.", &[("", g(&self.frames_in) as f64)]);
-        metric("bytes_in_total", "counter", "Frame bytes received from clients.", &[("", g(&self.bytes_in) as f64)]);
-        metric("frames_out_total", "counter", "Frames sent to clients.", &[("", g(&self.frames_out) as f64)]);
-        metric("decode_errors_total", "counter", "Malformed frames received.", &[("", g(&self.decode_errors) as f64)]);
-        metric("refusals_total", "counter", "Messages or clients refused.", &[("", g(&self.refusals) as f64)]);
-        metric(
-            "store_errors_total",
-            "counter",
-            "Failed writes of durable state.",
-            &[("", g(&self.store_errors) as f64)],
-        );
-        metric(
-            "rounds_closed_total",
-            "counter",
-            "Rounds closed since this process started.",
-            &[("", g(&self.rounds_closed) as f64)],
-        );
-        metric("round", "gauge", "The last round that closed.", &[("", g(&self.round) as f64)]);
-        metric(
-            "ledger_records_total",
-            "counter",
-            "Cost ledger records (one per client per round).",
-            &[("", g(&self.ledger_records) as f64)],
-        );
-        metric(
-            "ledger_bytes_total",
-            "counter",
-            "Bytes in the cost ledger, by direction and kind (payload: parameter values; wire: UDP bytes).",
-            &[
-                ("{direction=\"up\",kind=\"payload\"}", g(&self.payload_up_bytes) as f64),
-                ("{direction=\"up\",kind=\"wire\"}", g(&self.wire_up_bytes) as f64),
-                ("{direction=\"down\",kind=\"payload\"}", g(&self.payload_down_bytes) as f64),
-                ("{direction=\"down\",kind=\"wire\"}", g(&self.wire_down_bytes) as f64),
-            ],
-        );
-        metric(
-            "ledger_seconds_total",
-            "counter",
-            "Client seconds in the cost ledger, by phase.",
-            &[
-                ("{phase=\"compute\"}", g(&self.compute_micros) as f64 / 1e6),
-                ("{phase=\"transfer\"}", g(&self.transfer_micros) as f64 / 1e6),
-                ("{phase=\"wait\"}", g(&self.wait_micros) as f64 / 1e6),
-            ],
-        );
-        metric(
-            "ledger_joules_total",
-            "counter",
-            "Estimated client energy.",
-            &[("", g(&self.millijoules) as f64 / 1e3)],
-        );
-        metric(
-            "ledger_dropped_total",
-            "counter",
-            "Sampled clients that sent nothing before the deadline.",
-            &[("", g(&self.dropped) as f64)],
-        );
-        metric(
-            "ledger_stragglers_total",
-            "counter",
-            "Updates that arrived after their round closed.",
-            &[("", g(&self.stragglers) as f64)],
-        );
+        let _ = self.encode(&mut out);
+        let _ = prometheus_client::encoding::text::encode_eof(&mut out);
         out
     }
-}
 
-/// Serves `GET /metrics` on `bind` until `shutdown` turns true. Returns the bound address.
-pub async fn serve(
-    bind: SocketAddr,
-    metrics: Arc<ServerMetrics>,
-    mut shutdown: watch::Receiver<bool>,
-) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(bind).await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => { tokio::spawn(answer(stream, metrics.clone())); }
-                    Err(e) => tracing::warn!(error = %e, "metrics listener accept failed"),
-                },
-                _ = shutdown.changed() => break,
-            }
-        }
-    });
-    Ok(addr)
-}
-
-/// One HTTP/1.1 exchange: a bounded request head, then the exposition or a 404.
-async fn answer(mut stream: tokio::net::TcpStream, metrics: Arc<ServerMetrics>) {
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    let read = async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => head.extend_from_slice(&buf[..n]),
-            }
-        }
-    };
-    if tokio::time::timeout(std::time::Duration::from_secs(5), read).await.is_err() {
-        return;
+    pub fn connection_accepted(&self) {
+        self.connections.inc();
     }
-    let (status, body) = if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics?") {
-        ("200 OK", metrics.render())
-    } else {
-        ("404 Not Found", "try GET /metrics\n".to_string())
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
-    let _ = stream.shutdown().await;
+
+    /// A frame of `bytes` read from a client.
+    pub fn frame_in(&self, bytes: usize) {
+        self.frames.get_or_create(&[("direction", "up")]).inc();
+        self.frame_bytes.get_or_create(&[("direction", "up")]).inc_by(bytes as u64);
+    }
+
+    /// A frame of `bytes` queued for `clients` clients.
+    pub fn frames_out(&self, bytes: usize, clients: u64) {
+        self.frames.get_or_create(&[("direction", "down")]).inc_by(clients);
+        self.frame_bytes.get_or_create(&[("direction", "down")]).inc_by((bytes as u64).saturating_mul(clients));
+    }
+
+    pub fn decode_error(&self) {
+        self.decode_errors.inc();
+    }
+
+    /// A refusal, by its label value ([`refusal_reason`] or one of [`reason`]).
+    pub fn refused(&self, reason: &'static str) {
+        self.refusals.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// An acknowledged update, by [`outcome`].
+    pub fn update(&self, outcome: &'static str) {
+        self.updates.get_or_create(&[("outcome", outcome)]).inc();
+    }
+
+    pub fn store_error(&self) {
+        self.store_errors.inc();
+    }
+
+    /// A round closed (now).
+    pub fn round_closed(&self, report: &RoundReport) {
+        let outcome = match report.outcome {
+            RoundOutcome::Aggregated => "aggregated",
+            RoundOutcome::Failed { .. } => "failed",
+        };
+        self.rounds_closed.get_or_create(&[("outcome", outcome)]).inc();
+        self.last_round.set(i64::try_from(report.round).unwrap_or(i64::MAX));
+        self.round_duration.observe(report.closed.saturating_sub(report.started).as_secs_f64());
+        self.set_last_round_closed_at(unix_now());
+    }
+
+    /// When the last round closed (Unix seconds; the store's record at start).
+    pub fn set_last_round_closed_at(&self, unix: i64) {
+        self.last_round_closed.set(unix as f64);
+    }
+
+    pub fn set_connected(&self, clients: usize) {
+        self.clients_connected.set(clients as i64);
+    }
+
+    pub fn set_sampled(&self, clients: usize) {
+        self.clients_sampled.set(clients as i64);
+    }
+
+    /// Adds one cost record (a client's round) to the totals.
+    pub fn record_cost(&self, c: &CostRecord) {
+        let result = match (c.dropped, c.straggler) {
+            (true, _) => "dropped",
+            (false, true) => "late",
+            (false, false) => "completed",
+        };
+        self.client_rounds.get_or_create(&[("result", result)]).inc();
+        for (direction, kind, v) in [
+            ("up", "payload", c.payload_up),
+            ("up", "wire", c.wire_up),
+            ("down", "payload", c.payload_down),
+            ("down", "wire", c.wire_down),
+        ] {
+            self.client_bytes.get_or_create(&[("direction", direction), ("kind", kind)]).inc_by(v);
+        }
+        let secs = |s: f64| if s.is_finite() { s.max(0.0) } else { 0.0 };
+        for (phase, v) in [("compute", c.compute_seconds), ("transfer", c.transfer_seconds), ("wait", c.wait_seconds)] {
+            self.client_seconds.get_or_create(&[("phase", phase)]).inc_by(secs(v));
+        }
+        self.client_energy.inc_by(secs(c.joules));
+        if !c.dropped {
+            self.client_round_duration
+                .observe(secs(c.compute_seconds) + secs(c.transfer_seconds) + secs(c.wait_seconds));
+        }
+    }
+
+    /// A client was heard from at `unix` (seconds).
+    pub fn seen(&self, client: &str, unix: i64) {
+        self.devices.seen(client, unix);
+    }
+
+    /// Devices with their own last-seen series (the longest silent first); the rest are counted
+    /// in `anchorage_devices_silent` only.
+    pub fn set_device_series(&self, max: usize) {
+        self.devices.max_series.store(max, Ordering::Relaxed);
+    }
+
+    // Totals for the simulator's summary and the tests.
+
+    /// Refusals of every reason.
+    pub fn refusals_total(&self) -> u64 {
+        let mut total = 0;
+        for r in PROTOCOL_REASONS.map(refusal_reason).iter().chain(&reason::TRANSPORT) {
+            total += self.refusals.get(&[("reason", r)]).map_or(0, |c| c.get());
+        }
+        total
+    }
+
+    /// Refusals of one reason.
+    pub fn refusals_of(&self, reason: &'static str) -> u64 {
+        self.refusals.get(&[("reason", reason)]).map_or(0, |c| c.get())
+    }
+
+    pub fn decode_errors_total(&self) -> u64 {
+        self.decode_errors.get()
+    }
+
+    pub fn updates_total(&self, outcome: &'static str) -> u64 {
+        self.updates.get(&[("outcome", outcome)]).map_or(0, |c| c.get())
+    }
+
+    /// Rounds closed since the process started, aggregated or failed.
+    pub fn rounds_closed_total(&self) -> u64 {
+        ["aggregated", "failed"].iter().map(|o| self.rounds_closed.get(&[("outcome", o)]).map_or(0, |c| c.get())).sum()
+    }
+
+    /// Cost records counted (one per client per round), those replayed from the store included.
+    pub fn client_rounds_total(&self) -> u64 {
+        ["completed", "late", "dropped"]
+            .iter()
+            .map(|r| self.client_rounds.get(&[("result", r)]).map_or(0, |c| c.get()))
+            .sum()
+    }
+
+    /// Bytes clients reported for one direction (`up`, `down`) and kind (`payload`, `wire`).
+    pub fn client_bytes_total(&self, direction: &'static str, kind: &'static str) -> u64 {
+        self.client_bytes.get(&[("direction", direction), ("kind", kind)]).map_or(0, |c| c.get())
+    }
+}
+
+/// When each device was last heard from, exported at each scrape with a bounded number of
+/// series: `anchorage_devices_known`, `anchorage_devices_silent{since}` over every device, and
+/// `anchorage_device_last_seen_timestamp_seconds{device}` for at most `max_series` devices (the
+/// longest silent first, none silent for more than [`RETIRED_AFTER_SECONDS`]).
+#[derive(Debug)]
+struct Devices {
+    seen: Mutex<HashMap<String, i64>>,
+    max_series: AtomicUsize,
+}
+
+impl Default for Devices {
+    fn default() -> Self {
+        Self { seen: Mutex::default(), max_series: AtomicUsize::new(DEFAULT_DEVICE_SERIES) }
+    }
+}
+
+impl Devices {
+    fn seen(&self, client: &str, unix: i64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        match seen.get_mut(client) {
+            Some(t) => *t = (*t).max(unix),
+            None => {
+                seen.insert(client.to_string(), unix);
+            }
+        }
+    }
+}
+
+/// `since` of `anchorage_devices_silent`.
+const SILENT_PERIODS: [(&str, i64); 3] = [("1h", 3_600), ("1d", 86_400), ("7d", 7 * 86_400)];
+
+impl Collector for Devices {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let now = unix_now();
+        let mut list: Vec<(i64, String)> = {
+            let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            seen.iter().map(|(id, t)| (*t, id.clone())).collect()
+        };
+        let known = ConstGauge::new(list.len() as i64);
+        known.encode(encoder.encode_descriptor(
+            "devices_known",
+            "Devices that ever said a valid hello to this server.",
+            None,
+            known.metric_type(),
+        )?)?;
+        let mut silent = encoder.encode_descriptor(
+            "devices_silent",
+            "Known devices not heard from for at least `since`.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (label, secs) in SILENT_PERIODS {
+            let n = list.iter().filter(|(t, _)| now - t >= secs).count();
+            ConstGauge::new(n as i64).encode(silent.encode_family(&[("since", label)])?)?;
+        }
+        list.retain(|(t, _)| now - t < RETIRED_AFTER_SECONDS);
+        list.sort_unstable();
+        list.truncate(self.max_series.load(Ordering::Relaxed));
+        let mut last_seen = encoder.encode_descriptor(
+            "device_last_seen_timestamp",
+            "When a device was last heard from (Unix time; a hello, a heartbeat, any message).",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        for (t, id) in &list {
+            ConstGauge::new(*t).encode(last_seen.encode_family(&[("device", id.as_str())])?)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
     #[test]
-    fn ledger_records_add_up_in_the_exposition() {
-        let m = ServerMetrics::default();
+    fn cost_records_add_up_in_the_exposition() {
+        let m = ServerMetrics::new();
         m.record_cost(&CostRecord {
             wire_up: 1000,
             payload_up: 900,
             compute_seconds: 1.5,
+            transfer_seconds: 0.25,
+            wait_seconds: 0.25,
             joules: 2.0,
             ..Default::default()
         });
         m.record_cost(&CostRecord { wire_up: 500, dropped: true, ..Default::default() });
+        m.record_cost(&CostRecord { compute_seconds: f64::NAN, straggler: true, ..Default::default() });
         let text = m.render();
-        assert!(text.contains("anchorage_ledger_bytes_total{direction=\"up\",kind=\"wire\"} 1500"), "{text}");
-        assert!(text.contains("anchorage_ledger_seconds_total{phase=\"compute\"} 1.5"));
-        assert!(text.contains("anchorage_ledger_dropped_total 1"));
-        assert!(text.contains("# TYPE anchorage_round gauge"));
+        let v = |s| value(&text, s).unwrap_or_else(|| panic!("{s} in\n{text}"));
+        assert_eq!(v("anchorage_client_traffic_bytes_total{direction=\"up\",kind=\"wire\"}"), 1500.0);
+        assert_eq!(v("anchorage_client_traffic_bytes_total{direction=\"down\",kind=\"payload\"}"), 0.0);
+        assert_eq!(v("anchorage_client_time_seconds_total{phase=\"compute\"}"), 1.5);
+        assert_eq!(v("anchorage_client_energy_joules_total"), 2.0);
+        assert_eq!(v("anchorage_client_rounds_total{result=\"dropped\"}"), 1.0);
+        assert_eq!(v("anchorage_client_rounds_total{result=\"late\"}"), 1.0);
+        assert_eq!(v("anchorage_client_rounds_total{result=\"completed\"}"), 1.0);
+        // A dropped client has no round time; the others' compute + transfer + wait.
+        assert_eq!(v("anchorage_client_round_duration_seconds_count"), 2.0);
+        assert_eq!(v("anchorage_client_round_duration_seconds_sum"), 2.0);
+        assert_eq!(m.client_rounds_total(), 3);
+        assert!(text.contains("# TYPE anchorage_last_round gauge"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
     }
 
-    #[tokio::test]
-    async fn metrics_are_served_over_http() {
-        let m = Arc::new(ServerMetrics::default());
-        m.rounds_closed.fetch_add(3, Ordering::Relaxed);
-        let (_tx, rx) = watch::channel(false);
-        let addr = serve(SocketAddr::from(([127, 0, 0, 1], 0)), m, rx).await.unwrap();
-        let get = |path: &'static str| async move {
-            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).await.unwrap();
-            out
-        };
-        let ok = get("/metrics").await;
-        assert!(ok.starts_with("HTTP/1.1 200") && ok.contains("anchorage_rounds_closed_total 3"), "{ok}");
-        assert!(get("/").await.starts_with("HTTP/1.1 404"));
+    #[test]
+    fn every_labelled_series_exists_from_the_start() {
+        let m = ServerMetrics::new();
+        let text = m.render();
+        for series in [
+            "anchorage_refusals_total{reason=\"not_enrolled\"}",
+            "anchorage_refusals_total{reason=\"connection_limit\"}",
+            "anchorage_updates_total{outcome=\"late\"}",
+            "anchorage_rounds_closed_total{outcome=\"failed\"}",
+            "anchorage_frame_bytes_total{direction=\"down\"}",
+            "anchorage_devices_silent{since=\"1d\"}",
+            "anchorage_devices_known",
+        ] {
+            assert_eq!(value(&text, series), Some(0.0), "{series} in\n{text}");
+        }
+        m.refused(refusal_reason(RefusalReason::NotSampled));
+        m.refused(reason::REVOKED);
+        assert_eq!((m.refusals_total(), m.refusals_of("revoked")), (2, 1));
+    }
+
+    #[test]
+    fn two_servers_in_one_process_keep_their_own_counts() {
+        let (a, b) = (ServerMetrics::new(), ServerMetrics::new());
+        a.update(outcome::ACCEPTED);
+        a.update(outcome::ACCEPTED);
+        b.update(outcome::LATE);
+        assert_eq!((a.updates_total(outcome::ACCEPTED), b.updates_total(outcome::ACCEPTED)), (2, 0));
+        assert_eq!(value(&b.render(), "anchorage_updates_total{outcome=\"late\"}"), Some(1.0));
+        assert_eq!(value(&a.render(), "anchorage_updates_total{outcome=\"late\"}"), Some(0.0));
+    }
+
+    #[test]
+    fn device_series_are_bounded_and_the_silent_are_counted() {
+        let m = ServerMetrics::new();
+        let now = unix_now();
+        m.seen("fresh", now);
+        m.seen("quiet", now - 2 * 86_400);
+        m.seen("quiet", now - 3 * 86_400); // an older time never moves it back
+        m.seen("gone", now - 40 * 86_400);
+        m.seen("with \"quotes\"", now - 10);
+        let text = m.render();
+        assert_eq!(value(&text, "anchorage_devices_known"), Some(4.0));
+        assert_eq!(value(&text, "anchorage_devices_silent{since=\"1d\"}"), Some(2.0));
+        assert_eq!(value(&text, "anchorage_devices_silent{since=\"7d\"}"), Some(1.0));
+        let quiet = format!("anchorage_device_last_seen_timestamp_seconds{{device=\"quiet\"}} {}", now - 2 * 86_400);
+        assert!(text.contains(&quiet), "{text}");
+        assert!(!text.contains("device=\"gone\""), "a retired device has no series: {text}");
+        assert!(text.contains(r#"device="with \"quotes\"""#), "label values are escaped: {text}");
+        // At most one series: the longest silent one.
+        m.set_device_series(1);
+        let text = m.render();
+        assert_eq!(text.matches("anchorage_device_last_seen_timestamp_seconds{").count(), 1, "{text}");
+        assert!(text.contains("device=\"quiet\""), "{text}");
     }
 }

@@ -3,12 +3,14 @@
 //! process they can `kill -9`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::config::ServerConfig;
+use crate::metrics::http::{self, Exporter};
 use crate::store::ServerStore;
 use crate::transport::{self, ServerEvent, ServerOptions};
 use crate::{methods, tls};
-use anchorage_shared::systemd;
+use anchorage_shared::{logging, systemd};
 use anyhow::Context;
 use clap::Parser;
 
@@ -18,32 +20,37 @@ struct Cli {
     /// Path of server.toml.
     #[arg(long, short)]
     config: PathBuf,
-    /// Log filter (tracing EnvFilter syntax).
+    /// Log filter (tracing EnvFilter syntax); logs go to stderr.
     #[arg(long, env = "ANCHORAGE_LOG", default_value = "info")]
     log: String,
-    /// Logs as JSON lines.
-    #[arg(long)]
-    log_json: bool,
+    #[command(flatten)]
+    log_format: logging::LogFormatArgs,
 }
 
 /// Parses the command line, sets up logging, and serves until SIGTERM or the last round.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log filter")?;
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
-    if cli.log_json {
-        fmt.json().init()
-    } else {
-        fmt.init()
-    }
-    let config = ServerConfig::load(&cli.config)?;
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
+    logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
+    let result = ServerConfig::load(&cli.config).and_then(|config| {
+        Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))?)
+    });
+    logging::exit_on_error(result, cli.log_format.format())
 }
 
 /// Runs the server of `config` until SIGTERM, Ctrl-C or the last round.
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
-    // The database first: a state folder that cannot be written, is locked by another server, is
-    // corrupt or comes from a newer server stops us here, before anything listens.
+    // The metrics port first, so that probes see a server that is starting (/healthz 200,
+    // /readyz 503) while a large database is checked.
+    let exporter = Arc::new(Exporter::new());
+    let (_metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(bind) = config.metrics_address() {
+        let addr = http::serve(bind, exporter.clone(), metrics_stop_rx)
+            .await
+            .with_context(|| format!("binding the metrics port {bind}"))?;
+        tracing::info!(%addr, "metrics port: http://{addr}/metrics, /healthz, /readyz");
+    }
+    // Then the database: a state folder that cannot be written, is locked by another server, is
+    // corrupt or comes from a newer server stops us here, before QUIC listens.
     let store = ServerStore::open_with(&config.state_dir, config.store.clone())
         .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
     let (identity, trust) = identity_and_trust(&config)?;
@@ -68,13 +75,9 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     })
     .await?;
     tracing::info!(addr = %server.local_addr, method = %method_config.name, "listening");
-    let (_metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
-    if let Some(bind) = config.metrics_bind {
-        let addr = crate::metrics::serve(bind, server.metrics.clone(), metrics_stop_rx)
-            .await
-            .with_context(|| format!("binding the metrics endpoint {bind}"))?;
-        tracing::info!(%addr, "Prometheus metrics at http://{addr}/metrics");
-    }
+    server.metrics.set_device_series(config.metrics.device_series);
+    exporter.attach(server.metrics.clone());
+    exporter.set_ready();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Under a Type=notify unit: ready now that QUIC (and the metrics port) listen; the watchdog
     // is pinged from this runtime until it ends.
@@ -110,6 +113,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
             _ = terminate.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
         }
     }
+    exporter.set_stopping();
     systemd::stopping("shutting down: closing connections and the store");
     server.shutdown().await
 }

@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
@@ -26,6 +25,7 @@ use tokio::time::Instant;
 use crate::engine::config::duration_ms;
 use crate::engine::{Action, Checkpoint, ClientId, Engine, EngineConfig, Persist, RoundReport};
 use crate::methods::ServerMethod;
+use crate::metrics::{outcome, reason, refusal_reason, unix_now};
 use crate::store::ServerStore;
 use crate::tls::{Identity, Trust};
 
@@ -246,7 +246,7 @@ fn watch_revocations(
                     let _ = tx.send(list);
                 }
                 Err(e) => {
-                    tracing::error!(crl = %path.display(), error = %e, "revocation list unreadable; keeping the previous one")
+                    tracing::error!(crl = %path.display(), error = %format!("{e:#}"), "revocation list unreadable; keeping the previous one")
                 }
             }
         }
@@ -276,7 +276,7 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
 
     let (engine, metrics) = match &options.store {
         Some(store) => recover(store, &options.engine, options.method, options.initial)?,
-        None => (Engine::new(options.engine.clone(), options.method, options.initial), Arc::default()),
+        None => (Engine::new(options.engine.clone(), options.method, options.initial), Arc::new(ServerMetrics::new())),
     };
     let (input_tx, input_rx) = mpsc::unbounded_channel();
     let (event_tx, events) = mpsc::unbounded_channel();
@@ -293,7 +293,7 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         while let Some(incoming) = accept_endpoint.accept().await {
             // Bounded before any cryptography runs: connections in all, handshakes per host.
             if accept_endpoint.open_connections() >= limits.max_connections {
-                accept_metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                accept_metrics.refused(reason::CONNECTION_LIMIT);
                 tracing::warn!(remote = %incoming.remote_address(), max = limits.max_connections, "connection limit reached; refused");
                 incoming.refuse();
                 continue;
@@ -301,13 +301,13 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
             let Some(slot) =
                 HandshakeSlot::take(&handshakes, incoming.remote_address().ip(), limits.max_handshakes_per_ip)
             else {
-                accept_metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                accept_metrics.refused(reason::HANDSHAKE_LIMIT);
                 tracing::warn!(remote = %incoming.remote_address(), max = limits.max_handshakes_per_ip, "too many handshakes from one address; refused");
                 incoming.refuse();
                 continue;
             };
             next_conn += 1;
-            accept_metrics.connections.fetch_add(1, Ordering::Relaxed);
+            accept_metrics.connection_accepted();
             let ctx = ConnCtx {
                 id: next_conn,
                 inputs: input_tx.clone(),
@@ -319,7 +319,7 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
                 if let Err(e) = ctx.run(incoming, slot).await {
-                    tracing::debug!(%remote, error = %e, "connection ended");
+                    tracing::debug!(%remote, error = %format!("{e:#}"), "connection ended");
                 }
             });
         }
@@ -331,7 +331,8 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
 }
 
 /// The engine a store resumes (the open round and its accepted updates included), and the
-/// Prometheus totals from its ledger. A new federation's initial version is stored first.
+/// metrics that outlive a restart: the totals of its cost ledger, when each client was last
+/// seen, when the last round closed. A new federation's initial version is stored first.
 fn recover(
     store: &ServerStore,
     config: &EngineConfig,
@@ -342,7 +343,7 @@ fn recover(
         Some(recovered) => {
             tracing::info!(
                 round = recovered.checkpoint.round,
-                open = ?recovered.open.as_ref().map(|o| o.round),
+                open = recovered.open.as_ref().map(|o| o.round),
                 accepted = recovered.pending.len(),
                 db = %store.db_path().display(),
                 "resuming from the database"
@@ -355,8 +356,12 @@ fn recover(
             engine
         }
     };
-    let metrics = Arc::new(ServerMetrics::default());
+    let metrics = Arc::new(ServerMetrics::new());
     store.load_ledger()?.iter().for_each(|r| metrics.record_cost(r));
+    store.clients_last_seen()?.iter().for_each(|(client, at)| metrics.seen(client, *at));
+    if let Some(at) = store.last_round_closed_at()? {
+        metrics.set_last_round_closed_at(at);
+    }
     Ok((engine, metrics))
 }
 
@@ -366,7 +371,7 @@ async fn commit(store: &ServerStore, persist: Persist, metrics: &ServerMetrics) 
     let store = store.clone();
     let result = tokio::task::spawn_blocking(move || store.commit(&persist)).await.context("store task panicked")?;
     if let Err(e) = result {
-        metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+        metrics.store_error();
         tracing::error!(error = %e, "could not commit to the database; stopping before anything is acknowledged");
         return Err(anyhow::Error::new(e).context("committing to the database"));
     }
@@ -387,30 +392,43 @@ async fn run_engine(
     let mut fingerprints: HashMap<ClientId, String> = HashMap::new();
     let mut trim_due = false;
     let mut trim_tick = tokio::time::interval(Duration::from_secs(2));
+    // Accepted updates whose ack has not gone out yet: an ack for anything else re-acknowledges
+    // a duplicate. Buffered mode opens no rounds: the sampled gauge follows its versions.
+    let mut unacked: std::collections::HashSet<(ClientId, u64)> = std::collections::HashSet::new();
+    let mut opened_since_close = false;
     loop {
         // Carry out what the engine asked for first: recovery may already have closed a round.
         while let Some(action) = engine.poll_action() {
             match action {
                 Action::Send { to, msg } => {
-                    if matches!(msg, Message::Refusal(_)) {
-                        metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                    match &msg {
+                        Message::Refusal(r) => metrics.refused(refusal_reason(r.reason)),
+                        Message::Ack(ack) if !ack.aggregated => metrics.update(outcome::LATE),
+                        Message::Ack(ack) => {
+                            if !unacked.remove(&(to.clone(), ack.round)) {
+                                metrics.update(outcome::DUPLICATE);
+                            }
+                        }
+                        _ => {}
                     }
                     send(&conns, &to, &msg, max_frame, Outbound::Control, &metrics);
                 }
                 Action::Broadcast { to, msg } => match encode_frame(&msg, max_frame) {
                     Ok(frame) => {
                         let frame = Arc::new(frame);
+                        let mut sent = 0;
                         for client in to {
                             if let Some((_, out)) = conns.get(&client) {
-                                metrics.frames_out.fetch_add(1, Ordering::Relaxed);
+                                sent += 1;
                                 let _ = out.send(Outbound::Uni(frame.clone()));
                             }
                         }
+                        metrics.frames_out(frame.len(), sent);
                     }
                     Err(e) => tracing::error!(error = %e, "broadcast does not fit in a frame; raise max_frame_bytes"),
                 },
                 Action::Close { client, refusal } => {
-                    metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                    metrics.refused(refusal_reason(refusal.reason));
                     tracing::warn!(%client, reason = ?refusal.reason, detail = %refusal.detail, "closing client");
                     if let Some((_, out)) = conns.remove(&client) {
                         let _ = out.send(Outbound::Close(refusal));
@@ -420,8 +438,21 @@ async fn run_engine(
                     if let Persist::Seen { client, fingerprint } = &mut persist {
                         *fingerprint = fingerprints.get(client).cloned();
                     }
+                    let counted = match &persist {
+                        Persist::Accepted(a) => Some((a.client.clone(), a.update.round)),
+                        Persist::Opened(opened) => {
+                            metrics.set_sampled(opened.sampled.len());
+                            opened_since_close = true;
+                            None
+                        }
+                        _ => None,
+                    };
                     if let Some(store) = &store {
                         commit(store, persist, &metrics).await?;
+                    }
+                    if let Some(key) = counted {
+                        metrics.update(outcome::ACCEPTED);
+                        unacked.insert(key);
                     }
                 }
                 Action::Ledger(record) => match &store {
@@ -431,7 +462,7 @@ async fn run_engine(
                             // Only records new to the ledger count: a resent report is not counted twice.
                             Ok(Ok(new)) => new.iter().for_each(|r| metrics.record_cost(r)),
                             Ok(Err(e)) => {
-                                metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                                metrics.store_error();
                                 tracing::error!(error = %e, "could not append to the cost ledger");
                             }
                             Err(e) => tracing::error!(error = %e, "ledger task failed"),
@@ -440,8 +471,10 @@ async fn run_engine(
                     None => metrics.record_cost(&record),
                 },
                 Action::RoundClosed(report, checkpoint) => {
-                    metrics.rounds_closed.fetch_add(1, Ordering::Relaxed);
-                    metrics.round.store(report.round, Ordering::Relaxed);
+                    metrics.round_closed(&report);
+                    if !std::mem::take(&mut opened_since_close) {
+                        metrics.set_sampled(report.sampled);
+                    }
                     let _ = events.send(ServerEvent::RoundClosed { report, checkpoint });
                 }
                 Action::Finished => {
@@ -463,12 +496,21 @@ async fn run_engine(
                             tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
                             let _ = old_out.send(Outbound::Close(Refusal { reason: RefusalReason::Duplicate, detail: "replaced by a newer connection".into() }));
                         }
+                        metrics.set_connected(conns.len());
+                        metrics.seen(&client, unix_now());
                         engine.handle_message(now, &client, msg);
                     }
-                    Input::Message { client, msg } => engine.handle_message(now, &client, msg),
+                    Input::Message { client, msg } => {
+                        metrics.seen(&client, unix_now());
+                        engine.handle_message(now, &client, msg)
+                    }
                     Input::Closed { conn, client } => {
                         if conns.get(&client).is_some_and(|(c, _)| *c == conn) {
                             conns.remove(&client);
+                            metrics.set_connected(conns.len());
+                            let at = unix_now();
+                            metrics.seen(&client, at);
+                            let _ = touch_clients(&store, vec![(client.clone(), at)]);
                             engine.handle_disconnect(now, &client);
                         }
                         trim_due = true;
@@ -480,7 +522,26 @@ async fn run_engine(
             _ = shutdown.changed() => break,
         }
     }
+    // The clients still connected were heard from until now.
+    let at = unix_now();
+    if let Some(done) = touch_clients(&store, conns.into_keys().map(|c| (c, at)).collect()) {
+        let _ = done.await;
+    }
     Ok(())
+}
+
+/// Records in the client registry when clients were last heard from (on a blocking thread; a
+/// failure is logged and counted, never fatal: it only makes a last-seen time older).
+fn touch_clients(store: &Option<ServerStore>, seen: Vec<(ClientId, i64)>) -> Option<JoinHandle<()>> {
+    let store = store.clone()?;
+    if seen.is_empty() {
+        return None;
+    }
+    Some(tokio::task::spawn_blocking(move || {
+        if let Err(e) = store.touch_clients(&seen) {
+            tracing::warn!(error = %e, clients = seen.len(), "could not record when clients were last seen");
+        }
+    }))
 }
 
 /// Gives memory back to the system after peers have left: glibc keeps what a thousand departed
@@ -516,7 +577,7 @@ fn send(
     let Some((_, out)) = conns.get(to) else { return };
     match encode_frame(msg, max_frame) {
         Ok(frame) => {
-            metrics.frames_out.fetch_add(1, Ordering::Relaxed);
+            metrics.frames_out(frame.len(), 1);
             let _ = out.send(wrap(Arc::new(frame)));
         }
         Err(e) => tracing::error!(error = %e, to, "message does not fit in a frame"),
@@ -616,8 +677,8 @@ impl ConnCtx {
         let certified = match certified(&conn) {
             Ok(c) => c,
             Err(e) => {
-                self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%remote, error = %e, "refusing a certificate without a usable id");
+                self.metrics.refused(reason::BAD_CERTIFICATE);
+                tracing::warn!(%remote, error = %format!("{e:#}"), "refusing a certificate without a usable id");
                 conn.close(VarInt::from_u32(1), b"certificate names no id");
                 return Ok(());
             }
@@ -641,12 +702,12 @@ impl ConnCtx {
                     reason: RefusalReason::NotEnrolled,
                     detail: format!("expected hello, got {}", other.kind_name()),
                 };
-                return self.refuse(&conn, &mut control_send, refusal, &remote.to_string()).await;
+                return self.refuse(&conn, &mut control_send, refusal, None, &remote.to_string()).await;
             }
             Ok(None) => return Ok(()),
             Err(e) => {
-                self.metrics.decode_errors.fetch_add(1, Ordering::Relaxed);
-                return self.refuse(&conn, &mut control_send, refusal_for(&e), &remote.to_string()).await;
+                self.metrics.decode_error();
+                return self.refuse(&conn, &mut control_send, refusal_for(&e), None, &remote.to_string()).await;
             }
         };
         // Under mutual TLS the id is the certificate's and the engine refuses a hello that names
@@ -657,7 +718,7 @@ impl ConnCtx {
         let client = certified.map_or_else(|| h.client_id.clone(), |c| c.id);
         if serial.as_ref().is_some_and(|s| self.revoked.borrow().contains(s)) {
             let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: "certificate revoked".into() };
-            return self.refuse(&conn, &mut control_send, refusal, &client).await;
+            return self.refuse(&conn, &mut control_send, refusal, Some(reason::REVOKED), &client).await;
         }
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         self.inputs.send(Input::Hello {
@@ -679,7 +740,7 @@ impl ConnCtx {
             _ = conn.closed() => false,
             _ = revoked(&mut revocations, serial.as_deref()) => {
                 tracing::warn!(%client, "certificate revoked while connected; closing");
-                self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refused(reason::REVOKED);
                 let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: "certificate revoked".into() };
                 let _ = out_tx.send(Outbound::Close(refusal));
                 true
@@ -691,7 +752,8 @@ impl ConnCtx {
         }
         writer.abort();
         let _ = self.inputs.send(Input::Closed { conn: self.id, client: client.clone() });
-        tracing::info!(%client, reason = ?conn.close_reason(), "client disconnected");
+        let why = conn.close_reason().map_or_else(|| "the connection is still open".to_string(), |e| e.to_string());
+        tracing::info!(%client, reason = %why, "client disconnected");
         Ok(())
     }
 
@@ -713,18 +775,19 @@ impl ConnCtx {
     }
 
     fn count_in(&self, bytes: usize) {
-        self.metrics.frames_in.fetch_add(1, Ordering::Relaxed);
-        self.metrics.bytes_in.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.metrics.frame_in(bytes);
     }
 
+    /// Refuses a connection: `label` counts it under another reason than the refusal's own.
     async fn refuse(
         &self,
         conn: &quinn::Connection,
         control: &mut quinn::SendStream,
         refusal: Refusal,
+        label: Option<&'static str>,
         who: &str,
     ) -> anyhow::Result<()> {
-        self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
+        self.metrics.refused(label.unwrap_or(refusal_reason(refusal.reason)));
         tracing::warn!(who, reason = ?refusal.reason, detail = %refusal.detail, "refusing connection");
         if let Ok(frame) = encode_frame(&Message::Refusal(refusal), self.max_frame) {
             let _ = write_frame(control, &frame).await;
@@ -764,10 +827,11 @@ impl ConnCtx {
         {
             return false; // the connection went away; nothing to refuse
         }
-        self.metrics.decode_errors.fetch_add(1, Ordering::Relaxed);
-        self.metrics.refusals.fetch_add(1, Ordering::Relaxed);
+        let refusal = refusal_for(e);
+        self.metrics.decode_error();
+        self.metrics.refused(refusal_reason(refusal.reason));
         tracing::warn!(client, error = %e, "bad frame from client");
-        let _ = out.send(Outbound::Close(refusal_for(e)));
+        let _ = out.send(Outbound::Close(refusal));
         true
     }
 

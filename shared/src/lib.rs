@@ -13,6 +13,7 @@
 //! - [`ledger`]: the cost record of one client in one round.
 //! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.
 //! - [`systemd`] (feature `io`): sd_notify readiness, watchdog and stopping for the two services.
+//! - [`logging`] (feature `logging`): the binaries' log set-up (text or JSON lines on stderr).
 //! - [`rng`]: a small seeded generator, so every sampled choice is reproducible byte for byte.
 #![no_std]
 extern crate alloc;
@@ -23,6 +24,8 @@ pub mod frame;
 #[cfg(feature = "io")]
 pub mod io;
 pub mod ledger;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod math;
 pub mod method;
 pub mod protocol;

@@ -26,7 +26,7 @@ use anchorage_client::transport as client_transport;
 use anchorage_server::ca::{Kind, ProjectCa};
 use anchorage_server::store::{ServerStore, read_ledger};
 use anchorage_server::tls;
-use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
+use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerOptions};
 use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 
@@ -224,8 +224,8 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         initial_accuracy,
         chance: 1.0 / num_classes as f64,
         late_updates: closed.last().map(|(r, _)| r.late_total).unwrap_or(0),
-        refused: ServerMetrics::get(&metrics.refusals),
-        decode_errors: ServerMetrics::get(&metrics.decode_errors),
+        refused: metrics.refusals_total(),
+        decode_errors: metrics.decode_errors_total(),
         wall_seconds: started.elapsed().as_secs_f64(),
         local_eval: crate::record::LocalEval::of(&config),
     };

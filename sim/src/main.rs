@@ -14,9 +14,8 @@ struct Cli {
     /// Log filter (e.g. `info`, `anchorage_server=debug`); logs go to stderr.
     #[arg(long, global = true, env = "ANCHORAGE_LOG", default_value = "warn")]
     log: String,
-    /// Logs as JSON lines.
-    #[arg(long, global = true)]
-    log_json: bool,
+    #[command(flatten)]
+    log_format: anchorage_shared::logging::LogFormatArgs,
 }
 
 #[derive(Subcommand)]
@@ -249,13 +248,7 @@ struct SimArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log filter")?;
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if cli.log_json {
-        fmt.json().init()
-    } else {
-        fmt.init()
-    }
+    anchorage_shared::logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
     match cli.command {
         Command::Sim(args) => sim(args),
         Command::Fleet(args) => fleet(args),

@@ -12,7 +12,7 @@ use anchorage_server::aggregate::RobustConfig;
 use anchorage_server::ca::{Kind, ProjectCa};
 use anchorage_server::engine::AggregationMode;
 use anchorage_server::tls;
-use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerMetrics, ServerOptions};
+use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerOptions};
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::method::MethodConfig;
 use anyhow::Context;
@@ -341,7 +341,7 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     for h in handles {
         match tokio::time::timeout(Duration::from_secs(5), h).await {
             Ok(Ok(Ok(_))) | Ok(Err(_)) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "a client ended with an error"),
+            Ok(Ok(Err(e))) => tracing::warn!(error = %format!("{e:#}"), "a client ended with an error"),
             Err(_) => tracing::warn!("a client did not leave in time"),
         }
     }
@@ -352,8 +352,8 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         initial_accuracy,
         chance: 1.0 / num_classes as f64,
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
-        refused: ServerMetrics::get(&metrics.refusals),
-        decode_errors: ServerMetrics::get(&metrics.decode_errors),
+        refused: metrics.refusals_total(),
+        decode_errors: metrics.decode_errors_total(),
         wall_seconds: started.elapsed().as_secs_f64(),
         local_eval: crate::record::LocalEval::of(&config),
     };

@@ -82,6 +82,15 @@ deadline_ms = 0
         Self { dir: dir.into(), config, addr, cert, ca, log: dir.join("server.log"), child: None, bin: bin.into() }
     }
 
+    /// Turns on the metrics port (`metrics_bind` in server.toml) on a free loopback port, for a
+    /// process not yet spawned; returns its address.
+    pub fn with_metrics(&mut self) -> SocketAddr {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        std::fs::write(&self.config, format!("metrics_bind = \"{addr}\"\n{text}")).unwrap();
+        addr
+    }
+
     pub fn db(&self) -> PathBuf {
         self.dir.join("state").join(anchorage_server::store::DB_FILE)
     }
@@ -134,6 +143,19 @@ impl Drop for ServerProcess {
             let _ = c.wait();
         }
     }
+}
+
+/// `GET path` on a loopback HTTP port (the server's metrics port): the status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    Ok((status, body))
 }
 
 /// A UDP port on loopback that was free a moment ago.

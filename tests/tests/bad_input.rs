@@ -3,7 +3,6 @@
 //! keeps serving everyone else.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anchorage_server::engine::EngineConfig;
@@ -142,12 +141,17 @@ async fn server_refuses_bad_input_and_keeps_serving() {
     };
     assert_eq!(report.updates.len(), 2);
     let m = &server.metrics;
-    println!(
-        "decode errors {}, refusals {}",
-        m.decode_errors.load(Ordering::Relaxed),
-        m.refusals.load(Ordering::Relaxed)
-    );
-    assert!(m.decode_errors.load(Ordering::Relaxed) >= 5, "every malformed frame is counted");
-    assert!(m.refusals.load(Ordering::Relaxed) >= 6, "every refusal is counted");
+    println!("decode errors {}, refusals {}", m.decode_errors_total(), m.refusals_total());
+    assert!(m.decode_errors_total() >= 5, "every malformed frame is counted");
+    assert!(m.refusals_total() >= 6, "every refusal is counted");
+    // … by reason, in the exposition Prometheus reads.
+    let text = m.render();
+    let by_reason: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("anchorage_refusals_total{reason="))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(by_reason, m.refusals_total() as f64, "{text}");
+    assert!(m.refusals_of("malformed") >= 1, "{text}");
     server.shutdown().await.unwrap();
 }

@@ -115,7 +115,7 @@ async fn restarted_server_resumes_from_its_checkpoint() {
     let store = ServerStore::open(&state_dir).unwrap();
     let mut second = start(&identity, 4, 2, &store, initial.clone()).await;
     assert_eq!(
-        anchorage_server::transport::ServerMetrics::get(&second.metrics.ledger_records),
+        second.metrics.client_rounds_total(),
         ledger.len() as u64,
         "the ledger totals are replayed into the metrics after a restart"
     );

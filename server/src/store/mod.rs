@@ -13,6 +13,7 @@
 mod ledger;
 mod rounds;
 mod schema;
+mod status;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,0 +1,277 @@
+//! The metrics port, served by hyper: `GET /metrics` (OpenMetrics text: the server's metrics,
+//! the process's, `anchorage_build_info`), `GET /healthz` (200 while the process runs) and
+//! `GET /readyz` (200 once the store is open and the QUIC endpoint listens, 503 before that and
+//! from the start of a shutdown). The port comes up before the store is opened, so a probe can
+//! tell a server that is still checking a large database from one that is down.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::{Semaphore, watch};
+
+use super::ServerMetrics;
+use super::process::ProcessCollector;
+
+/// `Content-Type` of the exposition.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Connections served at once; more are closed at once (a scrape, two probes and some room).
+const MAX_CONNECTIONS: usize = 32;
+/// A request must arrive, and its answer leave, within this.
+const REQUEST_TIME: Duration = Duration::from_secs(10);
+
+/// The version and commit this binary was built from.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const GIT_COMMIT: &str = match option_env!("ANCHORAGE_GIT_COMMIT") {
+    Some(c) => c,
+    None => "unknown",
+};
+
+const STARTING: u8 = 0;
+const READY: u8 = 1;
+const STOPPING: u8 = 2;
+
+/// What the metrics port answers with: the server's metrics once it runs, its readiness, and
+/// the metrics of the port itself and the process.
+#[derive(Debug)]
+pub struct Exporter {
+    registry: Registry,
+    state: AtomicU8,
+    ready: Gauge,
+    requests: Family<[(&'static str, &'static str); 2], Counter>,
+    server: OnceLock<Arc<ServerMetrics>>,
+}
+
+impl Default for Exporter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Exporter {
+    pub fn new() -> Self {
+        let mut root = Registry::default();
+        root.register_collector(Box::new(ProcessCollector));
+        let r = root.sub_registry_with_prefix("anchorage");
+        let build: Family<[(&'static str, &'static str); 2], Gauge> = Family::default();
+        build.get_or_create(&[("version", VERSION), ("git_commit", GIT_COMMIT)]).set(1);
+        r.register("build_info", "The version and git commit of this server; always 1.", build);
+        let ready = Gauge::default();
+        r.register("ready", "1 while the server serves (store open, QUIC listening), else 0.", ready.clone());
+        let requests = Family::default();
+        r.register("http_requests", "Requests to the metrics port, by path and status code.", requests.clone());
+        Self { registry: root, state: AtomicU8::new(STARTING), ready, requests, server: OnceLock::new() }
+    }
+
+    /// The running server's metrics; from now on `/metrics` includes them. Only the first call
+    /// counts.
+    pub fn attach(&self, metrics: Arc<ServerMetrics>) {
+        let _ = self.server.set(metrics);
+    }
+
+    /// The store is open and QUIC listens: `/readyz` answers 200.
+    pub fn set_ready(&self) {
+        if self.state.compare_exchange(STARTING, READY, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            self.ready.set(1);
+        }
+    }
+
+    /// A shutdown began: `/readyz` answers 503 from now on.
+    pub fn set_stopping(&self) {
+        self.state.store(STOPPING, Ordering::SeqCst);
+        self.ready.set(0);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == READY
+    }
+
+    /// The whole exposition: the server's metrics (once attached), the port's and the process's.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(16 << 10);
+        if let Some(server) = self.server.get() {
+            let _ = server.encode(&mut out);
+        }
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode_eof(&mut out);
+        out
+    }
+
+    /// The answer to one request.
+    pub fn answer(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+        let (label, (status, content_type, body)) = match path {
+            "/metrics" => ("/metrics", (StatusCode::OK, OPENMETRICS, self.render())),
+            "/healthz" => ("/healthz", (StatusCode::OK, "text/plain; charset=utf-8", "ok\n".to_string())),
+            "/readyz" => ("/readyz", self.readiness()),
+            _ => (
+                "other",
+                (
+                    StatusCode::NOT_FOUND,
+                    "text/plain; charset=utf-8",
+                    "not found: try GET /metrics, /healthz or /readyz\n".to_string(),
+                ),
+            ),
+        };
+        let (status, content_type, body) = if method == Method::GET || method == Method::HEAD {
+            (status, content_type, body)
+        } else {
+            (StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "only GET and HEAD\n".to_string())
+        };
+        let code = match status {
+            StatusCode::OK => "200",
+            StatusCode::NOT_FOUND => "404",
+            StatusCode::METHOD_NOT_ALLOWED => "405",
+            StatusCode::SERVICE_UNAVAILABLE => "503",
+            _ => "other",
+        };
+        self.requests.get_or_create(&[("path", label), ("code", code)]).inc();
+        if status != StatusCode::OK && status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::debug!(%method, path, %status, "metrics port: bad request");
+        }
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            response.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        }
+        response
+    }
+
+    fn readiness(&self) -> (StatusCode, &'static str, String) {
+        let text = "text/plain; charset=utf-8";
+        match self.state.load(Ordering::SeqCst) {
+            READY => (StatusCode::OK, text, "ready\n".into()),
+            STARTING => (StatusCode::SERVICE_UNAVAILABLE, text, "starting: opening the store\n".into()),
+            _ => (StatusCode::SERVICE_UNAVAILABLE, text, "shutting down\n".into()),
+        }
+    }
+}
+
+/// Serves the exporter's answers on `bind` until `shutdown` turns true (or its sender goes).
+/// Returns the bound address.
+pub async fn serve(
+    bind: SocketAddr,
+    exporter: Arc<Exporter>,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(bind).await?;
+    let addr = listener.local_addr()?;
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, remote)) => {
+                        let Ok(slot) = slots.clone().try_acquire_owned() else {
+                            tracing::warn!(%remote, max = MAX_CONNECTIONS, "metrics port busy; connection closed");
+                            continue;
+                        };
+                        let exporter = exporter.clone();
+                        tokio::spawn(async move {
+                            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                                let response = exporter.answer(req.method(), req.uri().path());
+                                async move { Ok::<_, Infallible>(response) }
+                            });
+                            let connection = hyper::server::conn::http1::Builder::new()
+                                .timer(TokioTimer::new())
+                                .header_read_timeout(REQUEST_TIME)
+                                .keep_alive(false)
+                                .serve_connection(TokioIo::new(stream), service);
+                            match tokio::time::timeout(REQUEST_TIME, connection).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "metrics port: connection failed"),
+                                Err(_) => tracing::debug!(%remote, "metrics port: request too slow; closed"),
+                            }
+                            drop(slot);
+                        });
+                    }
+                    Err(e) => {
+                        // Out of file descriptors, most likely: say so, and do not spin.
+                        tracing::warn!(error = %e, "metrics port: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { break },
+            }
+        }
+    });
+    Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, request: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn health_readiness_and_metrics_over_http() {
+        let exporter = Arc::new(Exporter::new());
+        let (stop, rx) = watch::channel(false);
+        let addr = serve(SocketAddr::from(([127, 0, 0, 1], 0)), exporter.clone(), rx).await.unwrap();
+        let req = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(get(addr, &req("/healthz")).await.starts_with("HTTP/1.1 200"));
+        // Before the store is open and QUIC listens: not ready, and the port's own metrics only.
+        let starting = get(addr, &req("/readyz")).await;
+        assert!(starting.starts_with("HTTP/1.1 503") && starting.contains("starting"), "{starting}");
+        let early = get(addr, &req("/metrics")).await;
+        assert!(early.starts_with("HTTP/1.1 200") && early.contains("anchorage_ready 0"), "{early}");
+        assert!(early.contains("anchorage_build_info{version=\"") && early.contains("# EOF"), "{early}");
+        assert!(!early.contains("anchorage_rounds_closed_total"), "{early}");
+
+        let metrics = Arc::new(ServerMetrics::new());
+        metrics.update(super::super::outcome::ACCEPTED);
+        exporter.attach(metrics);
+        exporter.set_ready();
+        let ok = get(addr, &req("/readyz")).await;
+        assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ready\n"), "{ok}");
+        let full = get(addr, &req("/metrics")).await;
+        assert!(
+            full.contains(OPENMETRICS) && full.contains("anchorage_updates_total{outcome=\"accepted\"} 1"),
+            "{full}"
+        );
+        assert!(full.contains("anchorage_ready 1"), "{full}");
+        if cfg!(target_os = "linux") {
+            assert!(full.contains("process_resident_memory_bytes ") && full.contains("process_cpu_seconds_total "));
+        }
+        // The HTTP Date header, which `anchorage-client doctor` reads the server's clock from.
+        assert!(full.to_ascii_lowercase().contains("\r\ndate: "), "{full}");
+        assert_eq!(full.matches("# EOF").count(), 1);
+
+        // Bad input: an answer, a count, no crash.
+        assert!(get(addr, &req("/")).await.starts_with("HTTP/1.1 404"));
+        assert!(
+            get(addr, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                .await
+                .starts_with("HTTP/1.1 405")
+        );
+        let garbage = get(addr, "\x16\x03\x01 not http at all\r\n\r\n").await;
+        assert!(garbage.is_empty() || garbage.starts_with("HTTP/1.1 400"), "{garbage}");
+        let counted = exporter.render();
+        assert!(counted.contains("anchorage_http_requests_total{path=\"other\",code=\"404\"} 1"), "{counted}");
+        assert!(counted.contains("anchorage_http_requests_total{path=\"/metrics\",code=\"405\"} 1"), "{counted}");
+
+        exporter.set_stopping();
+        let stopping = get(addr, &req("/readyz")).await;
+        assert!(stopping.starts_with("HTTP/1.1 503") && stopping.contains("shutting down"), "{stopping}");
+        assert!(!exporter.is_ready());
+        let _ = stop.send(true);
+    }
+}
