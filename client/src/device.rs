@@ -148,15 +148,42 @@ fn probe(device: &Device) -> Result<(), String> {
 /// The device named `name` and the name of what was picked. GPU devices are probed with one tiny
 /// operation so that an absent GPU is an error here rather than a panic later.
 pub fn select(name: &str) -> Result<(Device, &'static str), DeviceError> {
+    choose(name).map(|c| (c.device, c.label))
+}
+
+/// A device picked, and why.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    pub device: Device,
+    /// `cpu`, `ndarray`, `wgpu`, `vulkan` or `cuda`.
+    pub label: &'static str,
+    /// Under `auto`: the backends tried before it, each with why it was skipped.
+    pub skipped: Vec<String>,
+}
+
+/// What a picked backend is, in words.
+pub fn describe(label: &str) -> &'static str {
+    match label {
+        "cpu" => "flex, the pure-Rust CPU backend",
+        "ndarray" => "ndarray, a CPU backend",
+        "wgpu" => "WGSL shaders through wgpu",
+        "vulkan" => "SPIR-V through Vulkan",
+        "cuda" => "CUDA",
+        _ => "unknown backend",
+    }
+}
+
+/// [`select`], telling what `auto` skipped.
+pub fn choose(name: &str) -> Result<Choice, DeviceError> {
     let spec: DeviceSpec = name.parse()?;
     let compiled_list = || compiled().join(", ");
     if spec == DeviceSpec::Auto {
         let mut tried = Vec::new();
         for candidate in compiled() {
             match select(candidate) {
-                Ok(picked) => {
-                    tracing::info!(device = picked.1, tried = ?tried, "auto picked the first compiled backend that works");
-                    return Ok(picked);
+                Ok((device, label)) => {
+                    tracing::info!(device = label, tried = %tried.join("; "), "auto picked the first compiled backend that works");
+                    return Ok(Choice { device, label, skipped: tried });
                 }
                 Err(e) => {
                     tracing::info!(device = candidate, error = %e, "auto: backend skipped");
@@ -179,7 +206,7 @@ pub fn select(name: &str) -> Result<(Device, &'static str), DeviceError> {
     if matches!(spec, DeviceSpec::Wgpu | DeviceSpec::Vulkan | DeviceSpec::Cuda(_)) {
         probe(&device).map_err(|e| DeviceError::Unavailable(spec.to_string(), e))?;
     }
-    Ok((device, label))
+    Ok(Choice { device, label, skipped: Vec::new() })
 }
 
 #[cfg(test)]

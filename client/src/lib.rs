@@ -6,6 +6,7 @@
 //! - [`train`]: the local training and evaluation loop.
 //! - [`config`]: `client.toml`.
 //! - [`device`]: choosing the compute device at run time.
+//! - [`doctor`]: `anchorage-client doctor`, the checks before a device's service starts.
 //! - [`runner`]: from a `client.toml` to a running device (what `anchorage-client` runs).
 //! - [`transport`]: the quinn shell with reconnect and resend.
 //! - [`store`]: the durable local state (the unacknowledged update).
@@ -13,6 +14,7 @@
 
 pub mod config;
 pub mod device;
+pub mod doctor;
 pub mod encoding;
 pub mod memory;
 pub mod methods;

@@ -1,36 +1,52 @@
 //! `anchorage-client --config client.toml`: the edge runtime as a long-running service (the
-//! work is [`anchorage_client::runner`]).
+//! work is [`anchorage_client::runner`]); `anchorage-client doctor --config client.toml` checks
+//! the device before the service starts ([`anchorage_client::doctor`]).
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anchorage_client::config::ClientConfig;
-use anchorage_shared::systemd;
+use anchorage_client::doctor::{self, DoctorArgs};
+use anchorage_shared::{logging, systemd};
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "anchorage-client", version, about = "Anchorage edge client")]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Path of client.toml.
-    #[arg(long, short)]
-    config: PathBuf,
-    #[arg(long, env = "ANCHORAGE_LOG", default_value = "info")]
-    log: String,
-    #[arg(long)]
-    log_json: bool,
+    #[arg(long, short, global = true)]
+    config: Option<PathBuf>,
+    /// Log filter (tracing EnvFilter syntax); logs go to stderr. Default: info (doctor: warn).
+    #[arg(long, global = true, env = "ANCHORAGE_LOG")]
+    log: Option<String>,
+    #[command(flatten)]
+    log_format: logging::LogFormatArgs,
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Subcommand)]
+enum Command {
+    /// Checks this device before its service starts: compute device, memory plan, state folder,
+    /// certificates, a QUIC handshake with the server, the clock; exits 1 if any check fails.
+    Doctor(DoctorArgs),
+}
+
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log filter")?;
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
-    if cli.log_json {
-        fmt.json().init()
-    } else {
-        fmt.init()
+    let Some(path) = cli.config else {
+        Cli::command().error(clap::error::ErrorKind::MissingRequiredArgument, "--config client.toml is required").exit()
+    };
+    let default_filter = if cli.command.is_some() { "warn" } else { "info" };
+    logging::init(cli.log.as_deref().unwrap_or(default_filter), cli.log_format.format()).context("--log filter")?;
+    if let Some(Command::Doctor(args)) = cli.command {
+        return Ok(doctor::main(&path, &args));
     }
-    let config = ClientConfig::load(&cli.config)?;
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(config))
+    let result = ClientConfig::load(&path)
+        .and_then(|config| tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(config)));
+    logging::exit_on_error(result, cli.log_format.format())?;
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn run(config: ClientConfig) -> anyhow::Result<()> {

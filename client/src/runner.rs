@@ -9,7 +9,7 @@ use anchorage_shared::rng::Rng;
 use anyhow::Context;
 
 use crate::config::{ClientConfig, DataSource};
-use crate::memory::{self, MemoryPlan};
+use crate::memory::{self, MemoryNeeds, MemoryPlan};
 use crate::methods::{self, BatchCap, ClientMethod, MethodContext};
 use crate::model::ModelSpec;
 use crate::store::ClientStore;
@@ -47,15 +47,12 @@ pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn Cli
     let enc = encoding::parse(&config.encoding)?;
     Ok(match &config.data {
         DataSource::Synthetic { seed, clients, index, alpha } => {
-            anyhow::ensure!(index < clients, "data.index {index} must be below data.clients {clients}");
-            let (all, _) = synthetic::generate(&SyntheticConfig { seed: *seed, ..SyntheticConfig::default() });
-            let parts = partition::dirichlet(&all.labels, all.num_classes, *clients, *alpha, 20, *seed)?;
-            let (train, test) = all.subset(&parts[*index]).split_per_class(0.8, seed ^ *index as u64);
+            let (train, test) = synthetic_share(*seed, *clients, *index, *alpha)?;
             tracing::info!(train = train.len(), test = test.len(), "local data (embedded synthetic set)");
             let mut plan = None;
             let (train, test) = match config.max_memory_mb {
                 Some(mb) => {
-                    let p = plan_memory(mb, &ModelSpec::embedded_default(), config.optimizer, &train, &test)?;
+                    let (_, p) = plan_memory(mb, &ModelSpec::embedded_default(), config.optimizer, &train, &test)?;
                     plan = Some(p);
                     fit_cache(&p, train, test)
                 }
@@ -83,6 +80,24 @@ pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn Cli
             methods::build(share::scenario_context(config, dev)?)?
         }
     })
+}
+
+/// This device's train and test share of the embedded synthetic set.
+fn synthetic_share(seed: u64, clients: usize, index: usize, alpha: f64) -> anyhow::Result<(Dataset, Dataset)> {
+    anyhow::ensure!(index < clients, "data.index {index} must be below data.clients {clients}");
+    let (all, _) = synthetic::generate(&SyntheticConfig { seed, ..SyntheticConfig::default() });
+    let parts = partition::dirichlet(&all.labels, all.num_classes, clients, alpha, 20, seed)?;
+    Ok(all.subset(&parts[index]).split_per_class(0.8, seed ^ index as u64))
+}
+
+/// The memory plan `config` trains under (`anchorage-client doctor` shows it): `None` without
+/// `max_memory_mb`, and for a scenario share (the budget plans the embedded model only).
+pub fn memory_plan(config: &ClientConfig) -> anyhow::Result<Option<(MemoryNeeds, MemoryPlan)>> {
+    let (Some(mb), DataSource::Synthetic { seed, clients, index, alpha }) = (config.max_memory_mb, &config.data) else {
+        return Ok(None);
+    };
+    let (train, test) = synthetic_share(*seed, *clients, *index, *alpha)?;
+    plan_memory(mb, &ModelSpec::embedded_default(), config.optimizer, &train, &test).map(Some)
 }
 
 /// The transport's options of `config`: the server's address, the trusted root, this device's
@@ -126,7 +141,7 @@ fn plan_memory(
     optimizer: OptimizerKind,
     train: &Dataset,
     test: &Dataset,
-) -> anyhow::Result<MemoryPlan> {
+) -> anyhow::Result<(MemoryNeeds, MemoryPlan)> {
     // What runs now (runtime, the data already loaded) stays resident whatever the plan.
     let runtime = memory::current_rss_bytes().unwrap_or(0);
     let needs = memory::embedded_needs(spec, optimizer, (train.len() + test.len()) as u64, runtime);
@@ -141,7 +156,7 @@ fn plan_memory(
         samples = needs.samples,
         "memory plan"
     );
-    Ok(plan)
+    Ok((needs, plan))
 }
 
 /// The train and test sets cut to what the plan's cache holds (a seeded choice, in proportion).

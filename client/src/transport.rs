@@ -188,7 +188,9 @@ pub fn client_crypto(
     Ok(config)
 }
 
-fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
+/// The QUIC endpoint of `options`: its socket (wrapped when asked), its timers, and a client
+/// config that trusts `server_cert` and shows `client_cert`.
+pub fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
     let bind: SocketAddr = if options.server.is_ipv4() { "0.0.0.0:0".parse()? } else { "[::]:0".parse()? };
     let socket = udp_socket(bind, 4 << 20).context("binding the client socket")?;
     let mut endpoint = match &options.socket_wrapper {

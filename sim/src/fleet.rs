@@ -210,6 +210,12 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
     if progress && let Some((peak, cpu)) = own_usage() {
         println!("server process (server and evaluator): peak RSS {:.1} MiB, CPU {cpu:.1} s", peak as f64 / 1048576.0);
     }
+    if progress && let Some((peak, cpu)) = workers_usage() {
+        println!(
+            "worker processes: largest peak RSS {:.1} MiB, CPU {cpu:.1} s in all ({workers} workers)",
+            peak as f64 / 1048576.0
+        );
+    }
 
     // The run's record is the server's: every device's costs as they reached its ledger.
     let ledger: Vec<CostRecord> = read_ledger(&db)?;
@@ -255,6 +261,21 @@ fn own_usage() -> Option<(u64, f64)> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     Some((peak_kb * 1024, ticks / hz.max(1) as f64))
+}
+
+/// The finished worker processes' largest peak resident memory (bytes) and their CPU seconds
+/// (user + system, all of them), from getrusage(RUSAGE_CHILDREN): /proc no longer has them.
+fn workers_usage() -> Option<(u64, f64)> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a whole rusage into the pointer it is given, which is valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: zeroed, then filled in by a successful getrusage.
+    let usage = unsafe { usage.assume_init() };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    // ru_maxrss is in KiB on Linux.
+    Some((usage.ru_maxrss as u64 * 1024, seconds(usage.ru_utime) + seconds(usage.ru_stime)))
 }
 
 /// Waits until one of `children` exits with a failure (a worker that ends well, because the

@@ -1,0 +1,626 @@
+//! `anchorage-client doctor --config client.toml`: checks a device before its service starts
+//! (`ExecStartPre=`), from the same `client.toml`, and says what it found, one line per check:
+//!
+//! - **device**: the compute device training would use and why (what `auto` skipped);
+//! - **memory**: the plan `max_memory_mb` gives (batch size, feature cache) and what the system has;
+//! - **state**: the state folder exists or can be made, and is writable;
+//! - **certificate**: this device's certificate (id, validity, days left; its id is the one the
+//!   server will know it by) and the project CA's, and the key file's mode;
+//! - **server**: a QUIC handshake with this device's certificate (mutual TLS, the server checks it
+//!   against the CA and its revocation list), its time and the round-trip time. Nothing else is
+//!   sent: no hello, so the server does not take the doctor for the device (it logs a connection
+//!   that ended without one, and counts it in `anchorage_connections_total`);
+//! - **clock**: the skew to the server's clock, from the HTTP `Date` header of the server's
+//!   `/healthz` on its metrics port (`--health-url`; by default the server's host on port 9464,
+//!   and only when that answers). The QUIC protocol itself carries no time.
+//!
+//! Exit status 0 when nothing failed (warnings and skipped checks included), 1 otherwise.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use http_body_util::Empty;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+
+use crate::config::ClientConfig;
+use crate::{device, runner, transport};
+
+/// The metrics port a server listens on by default (`[metrics] bind` in server.toml).
+pub const DEFAULT_METRICS_PORT: u16 = 9464;
+
+/// `anchorage-client doctor`'s options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DoctorArgs {
+    /// The server's health endpoint, whose HTTP Date header gives the server's clock
+    /// (http://HOST:PORT/healthz on its metrics port). Default: the server's host on port 9464,
+    /// skipped if it does not answer; given, it must answer.
+    #[arg(long)]
+    pub health_url: Option<String>,
+    /// Largest clock skew to the server that passes, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub max_skew: u64,
+    /// A certificate with fewer days left than this is a warning.
+    #[arg(long, default_value_t = 30)]
+    pub warn_days: i64,
+    /// Time each network check may take, in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    pub timeout_ms: u64,
+}
+
+impl Default for DoctorArgs {
+    fn default() -> Self {
+        Self { health_url: None, max_skew: 60, warn_days: 30, timeout_ms: 3000 }
+    }
+}
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    /// Works, but needs attention soon (a certificate about to expire, a world-readable key).
+    Warn,
+    /// Not checked, and why is in the detail.
+    Skip,
+    Fail,
+}
+
+impl Status {
+    fn word(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Skip => "skip",
+            Status::Fail => "FAIL",
+        }
+    }
+}
+
+/// One check's finding.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    pub detail: String,
+}
+
+impl Check {
+    fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Self {
+        Self { name, status, detail: detail.into() }
+    }
+}
+
+/// Everything the doctor found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn failed(&self) -> bool {
+        self.checks.iter().any(|c| c.status == Status::Fail)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Check> {
+        self.checks.iter().find(|c| c.name == name)
+    }
+
+    /// The report as the command prints it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for c in &self.checks {
+            out.push_str(&format!("  {:<5} {:<12} {}\n", c.status.word(), c.name, c.detail));
+        }
+        let failed: Vec<&str> = self.checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name).collect();
+        let count = |s| self.checks.iter().filter(|c| c.status == s).count();
+        if failed.is_empty() {
+            out.push_str(&format!(
+                "doctor: ready ({} ok, {} warnings, {} skipped)\n",
+                count(Status::Ok),
+                count(Status::Warn),
+                count(Status::Skip)
+            ));
+        } else {
+            out.push_str(&format!("doctor: NOT ready: {} failed\n", failed.join(", ")));
+        }
+        out
+    }
+}
+
+/// Runs every check of the device whose config is at `path`.
+pub async fn run(path: &Path, args: &DoctorArgs) -> Report {
+    let mut report = Report::default();
+    let config = match ClientConfig::load(path) {
+        Ok(c) => {
+            report.checks.push(Check::new(
+                "config",
+                Status::Ok,
+                format!("{} (device {})", path.display(), c.client_id),
+            ));
+            c
+        }
+        Err(e) => {
+            report.checks.push(Check::new("config", Status::Fail, format!("{e:#}")));
+            return report;
+        }
+    };
+    let timeout = Duration::from_millis(args.timeout_ms.max(1));
+    report.checks.push(check_device(&config));
+    report.checks.push(check_memory(&config));
+    report.checks.push(check_state(&config.state_dir));
+    report.checks.extend(check_certificates(&config, args.warn_days, unix_now()));
+    report.checks.push(check_server(&config, timeout).await);
+    report.checks.push(check_clock(&config, args, timeout).await);
+    report
+}
+
+/// `anchorage-client doctor`: prints the report, returns the exit status.
+pub fn main(config: &Path, args: &DoctorArgs) -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("doctor: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let report = runtime.block_on(run(config, args));
+    print!("{}", report.render());
+    if report.failed() { std::process::ExitCode::FAILURE } else { std::process::ExitCode::SUCCESS }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+fn check_device(config: &ClientConfig) -> Check {
+    match device::choose(&config.device) {
+        Ok(choice) => {
+            let mut detail = format!(
+                "{} ({}; {:?}), from device = \"{}\"; compiled in: {}",
+                choice.label,
+                device::describe(choice.label),
+                choice.device,
+                config.device,
+                device::compiled().join(", ")
+            );
+            if !choice.skipped.is_empty() {
+                detail.push_str(&format!("; auto skipped: {}", choice.skipped.join("; ")));
+            }
+            Check::new("device", Status::Ok, detail)
+        }
+        Err(e) => Check::new("device", Status::Fail, e.to_string()),
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 =
+        info.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+fn check_memory(config: &ClientConfig) -> Check {
+    let available = available_memory().map(|b| format!("; the system has {} available", mib(b))).unwrap_or_default();
+    match (config.max_memory_mb, runner::memory_plan(config)) {
+        (None, _) => Check::new("memory", Status::Skip, format!("no budget (max_memory_mb unset){available}")),
+        (Some(mb), Ok(Some((needs, plan)))) => {
+            let status = match available_memory() {
+                Some(avail) if avail < u64::from(mb) << 20 => Status::Warn,
+                _ => Status::Ok,
+            };
+            Check::new(
+                "memory",
+                status,
+                format!(
+                    "max_memory_mb = {mb}: {} fixed, batch {}, feature cache {} for {} of {} samples{available}",
+                    mib(needs.fixed_bytes),
+                    plan.batch_size,
+                    mib(plan.cache_bytes),
+                    plan.cache_samples,
+                    needs.samples
+                ),
+            )
+        }
+        (Some(mb), Ok(None)) => Check::new(
+            "memory",
+            Status::Skip,
+            format!("max_memory_mb = {mb} plans the embedded model only, not a scenario share{available}"),
+        ),
+        (Some(_), Err(e)) => Check::new("memory", Status::Fail, format!("{e:#}")),
+    }
+}
+
+/// The state folder is writable (a probe file, removed again); one that does not exist yet is
+/// not made here (the service, or systemd's `StateDirectory=`, makes it), only its parent checked.
+fn check_state(dir: &Path) -> Check {
+    if !dir.exists() {
+        let parent = dir.ancestors().skip(1).find(|p| p.exists()).unwrap_or(Path::new("/"));
+        let writable = tempfile_in(parent).is_ok();
+        return match writable {
+            true => Check::new("state", Status::Ok, format!("{} does not exist yet; it can be made", dir.display())),
+            false => Check::new(
+                "state",
+                Status::Fail,
+                format!(
+                    "{} does not exist and {} is not writable: create it for the service's user",
+                    dir.display(),
+                    parent.display()
+                ),
+            ),
+        };
+    }
+    match tempfile_in(dir) {
+        Ok(()) => Check::new("state", Status::Ok, format!("{} is writable", dir.display())),
+        Err(e) => Check::new("state", Status::Fail, format!("{} is not writable: {e}", dir.display())),
+    }
+}
+
+/// Writes and removes a probe file in `dir`.
+fn tempfile_in(dir: &Path) -> std::io::Result<()> {
+    let probe = dir.join(format!(".anchorage-doctor-{}", std::process::id()));
+    let written = std::fs::write(&probe, b"ok");
+    let _ = std::fs::remove_file(&probe);
+    written
+}
+
+/// What a certificate says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CertInfo {
+    /// The first DNS subject alternative name: the id the server knows the holder by (as
+    /// `anchorage_server::ca::peer_id` reads it).
+    pub id: Option<String>,
+    pub not_before: i64,
+    pub not_after: i64,
+    pub not_after_text: String,
+}
+
+/// Reads a DER certificate.
+pub fn cert_info(der: &[u8]) -> anyhow::Result<CertInfo> {
+    let (_, x509) =
+        x509_parser::parse_x509_certificate(der).map_err(|e| anyhow::anyhow!("not a DER certificate: {e}"))?;
+    let id = x509.subject_alternative_name().ok().flatten().and_then(|san| {
+        san.value.general_names.iter().find_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(s) => Some(s.to_string()),
+            _ => None,
+        })
+    });
+    let v = x509.validity();
+    Ok(CertInfo {
+        id,
+        not_before: v.not_before.timestamp(),
+        not_after: v.not_after.timestamp(),
+        not_after_text: v.not_after.to_string(),
+    })
+}
+
+/// Whether `info` is valid at `now`, in words, with the status it deserves.
+fn validity(what: &str, info: &CertInfo, now: i64, warn_days: i64) -> (Status, String) {
+    let days_left = (info.not_after - now).div_euclid(86_400);
+    if now < info.not_before {
+        let wait = info.not_before - now;
+        return (
+            Status::Fail,
+            format!(
+                "{what} is not valid yet (for another {wait} s): is this device's clock behind? (valid until {})",
+                info.not_after_text
+            ),
+        );
+    }
+    if now > info.not_after {
+        return (
+            Status::Fail,
+            format!(
+                "{what} EXPIRED on {} ({} days ago): renew it (`anchorage ca renew`) and copy the new cert.der here",
+                info.not_after_text,
+                (now - info.not_after).div_euclid(86_400)
+            ),
+        );
+    }
+    let status = if days_left < warn_days { Status::Warn } else { Status::Ok };
+    (status, format!("{what} valid until {} ({days_left} days left)", info.not_after_text))
+}
+
+fn check_certificates(config: &ClientConfig, warn_days: i64, now: i64) -> Vec<Check> {
+    let mut checks = Vec::new();
+    // The project CA (or, against a development server, the server's own certificate).
+    match std::fs::read(&config.server_cert)
+        .with_context(|| format!("reading {}", config.server_cert.display()))
+        .and_then(|der| cert_info(&der))
+    {
+        Ok(ca) => {
+            let (status, detail) = validity("the trusted CA certificate", &ca, now, warn_days);
+            checks.push(Check::new("ca", status, format!("{detail}; {}", config.server_cert.display())));
+        }
+        Err(e) => checks.push(Check::new("ca", Status::Fail, format!("{e:#}"))),
+    }
+    let (Some(cert), Some(key)) = (&config.cert, &config.key) else {
+        let status = if config.cert.is_some() != config.key.is_some() { Status::Fail } else { Status::Skip };
+        checks.push(Check::new(
+            "certificate",
+            status,
+            match status {
+                Status::Fail => "client.toml names `cert` or `key` without the other",
+                _ => "none configured: only a development server (insecure_dev) lets this device in",
+            },
+        ));
+        return checks;
+    };
+    let info =
+        match std::fs::read(cert).with_context(|| format!("reading {}", cert.display())).and_then(|d| cert_info(&d)) {
+            Ok(info) => info,
+            Err(e) => {
+                checks.push(Check::new("certificate", Status::Fail, format!("{e:#}")));
+                return checks;
+            }
+        };
+    let (mut status, mut detail) = validity("this device's certificate", &info, now, warn_days);
+    match &info.id {
+        Some(id) if id == &config.client_id => detail = format!("{id}: {detail}"),
+        Some(id) => {
+            status = Status::Fail;
+            detail = format!(
+                "the certificate is {id}'s, but client.toml says client_id = \"{}\" (the server would refuse the \
+                 hello): {detail}",
+                config.client_id
+            );
+        }
+        None => {
+            status = Status::Fail;
+            detail = format!("the certificate names no id (no DNS subject alternative name): {detail}");
+        }
+    }
+    checks.push(Check::new("certificate", status, detail));
+    checks.push(check_key(key));
+    checks
+}
+
+fn check_key(key: &Path) -> Check {
+    let meta = match std::fs::metadata(key) {
+        Ok(m) => m,
+        Err(e) => return Check::new("key", Status::Fail, format!("{}: {e}", key.display())),
+    };
+    if let Err(e) = std::fs::File::open(key) {
+        return Check::new("key", Status::Fail, format!("{} cannot be read: {e}", key.display()));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Check::new(
+                "key",
+                Status::Warn,
+                format!("{} is readable by others (mode {mode:04o}): chmod 0600 it", key.display()),
+            );
+        }
+        Check::new("key", Status::Ok, format!("{} (mode {mode:04o})", key.display()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        Check::new("key", Status::Ok, key.display().to_string())
+    }
+}
+
+/// A QUIC handshake with this device's certificate: the server checks it (CA, revocation list)
+/// and closes at once if it refuses it, so the connection is held a few round trips before the
+/// doctor closes it itself.
+async fn check_server(config: &ClientConfig, timeout: Duration) -> Check {
+    let attempt = async {
+        let mut options = runner::options(config)?;
+        options.store = None;
+        options.connect_timeout = timeout;
+        let server = options.server;
+        let endpoint = transport::endpoint(&options)?;
+        let started = Instant::now();
+        let connecting = endpoint.connect(server, &options.server_name).context("starting the handshake")?;
+        let conn = match tokio::time::timeout(timeout, connecting).await {
+            Err(_) => anyhow::bail!(
+                "no answer from {server} within {} ms: is the server running, and is UDP port {} open between here \
+                 and there?",
+                timeout.as_millis(),
+                server.port()
+            ),
+            Ok(Err(e)) => return Err(refused(server, &e)),
+            Ok(Ok(conn)) => conn,
+        };
+        let handshake = started.elapsed();
+        // The server's verdict on our certificate follows our last handshake message.
+        let grace = (conn.rtt() * 4).max(Duration::from_millis(300));
+        if let Ok(e) = tokio::time::timeout(grace, conn.closed()).await {
+            return Err(refused(server, &e));
+        }
+        let rtt = conn.rtt();
+        conn.close(quinn::VarInt::from_u32(0), b"anchorage-client doctor");
+        endpoint.wait_idle().await;
+        Ok::<_, anyhow::Error>(format!(
+            "{server} ({}) accepts this device's certificate: QUIC handshake in {:.1} ms, RTT {:.1} ms",
+            options.server_name,
+            handshake.as_secs_f64() * 1e3,
+            rtt.as_secs_f64() * 1e3
+        ))
+    };
+    match attempt.await {
+        Ok(detail) => Check::new("server", Status::Ok, detail),
+        Err(e) => Check::new("server", Status::Fail, format!("{e:#}")),
+    }
+}
+
+fn refused(server: SocketAddr, e: &quinn::ConnectionError) -> anyhow::Error {
+    if transport::tls_failure(e) {
+        anyhow::anyhow!(
+            "{server} refused the TLS handshake ({e}): a certificate that expired, was revoked, or comes from \
+             another CA (this device's, or the server's against ca.der)"
+        )
+    } else {
+        anyhow::anyhow!("{server} closed the connection: {e}")
+    }
+}
+
+/// The clock skew to the server: its HTTP `Date` against this device's clock.
+async fn check_clock(config: &ClientConfig, args: &DoctorArgs, timeout: Duration) -> Check {
+    let (url, explicit) = match &args.health_url {
+        Some(url) => (url.clone(), true),
+        None => {
+            let host = config.server.rsplit_once(':').map_or(config.server.as_str(), |(h, _)| h);
+            (format!("http://{host}:{DEFAULT_METRICS_PORT}/healthz"), false)
+        }
+    };
+    match server_date(&url, timeout).await {
+        Ok(sample) => {
+            let skew = sample.skew_seconds();
+            let bound = sample.uncertainty_seconds();
+            let behind_ahead = if skew >= 0.0 { "behind" } else { "ahead of" };
+            let detail = format!(
+                "this device's clock is {:.1} s {behind_ahead} the server's (±{bound:.1} s, from the Date header of {url})",
+                skew.abs()
+            );
+            if skew.abs() - bound > args.max_skew as f64 {
+                Check::new(
+                    "clock",
+                    Status::Fail,
+                    format!("{detail}: more than --max-skew {} s; set the time (NTP: timedatectl)", args.max_skew),
+                )
+            } else {
+                Check::new("clock", Status::Ok, detail)
+            }
+        }
+        Err(e) if explicit => Check::new("clock", Status::Fail, format!("{url}: {e:#}")),
+        Err(e) => Check::new(
+            "clock",
+            Status::Skip,
+            format!(
+                "not measured: {url} did not answer ({e:#}); the server's clock is read from its metrics port \
+                 ([metrics] bind in server.toml): pass --health-url http://SERVER:PORT/healthz"
+            ),
+        ),
+    }
+}
+
+/// One reading of the server's clock.
+#[derive(Debug, Clone, Copy)]
+struct DateSample {
+    /// The server's `Date` (whole seconds, truncated).
+    server: SystemTime,
+    sent: SystemTime,
+    received: SystemTime,
+}
+
+impl DateSample {
+    /// Server minus local time, in seconds: the server's second (its middle) against the middle
+    /// of the exchange.
+    fn skew_seconds(&self) -> f64 {
+        let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        secs(self.server) + 0.5 - (secs(self.sent) + secs(self.received)) / 2.0
+    }
+
+    /// Half a second of `Date`'s resolution, and half the exchange.
+    fn uncertainty_seconds(&self) -> f64 {
+        0.5 + self.received.duration_since(self.sent).map_or(0.0, |d| d.as_secs_f64()) / 2.0
+    }
+}
+
+/// GETs `url` (plain HTTP) and reads its `Date` header.
+async fn server_date(url: &str, timeout: Duration) -> anyhow::Result<DateSample> {
+    let uri: hyper::Uri = url.parse().with_context(|| format!("`{url}` is not a URL"))?;
+    anyhow::ensure!(uri.scheme_str() == Some("http"), "only http:// URLs (the metrics port speaks plain HTTP)");
+    let host = uri.host().context("the URL names no host")?.trim_start_matches('[').trim_end_matches(']').to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let exchange = async {
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await.context("connecting")?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream)).await.context("HTTP")?;
+        let driver = tokio::spawn(connection);
+        let authority = uri.authority().map_or_else(|| host.clone(), |a| a.to_string());
+        let request = hyper::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+            .header(hyper::header::HOST, authority)
+            .body(Empty::new())
+            .context("building the request")?;
+        let sent = SystemTime::now();
+        let response = sender.send_request(request).await.context("HTTP request")?;
+        let received = SystemTime::now();
+        driver.abort();
+        anyhow::ensure!(response.status().is_success(), "answered {}", response.status());
+        let date = response.headers().get(hyper::header::DATE).context("the answer has no Date header")?;
+        let server = httpdate::parse_http_date(date.to_str().unwrap_or_default())
+            .map_err(|e| anyhow::anyhow!("Date header {date:?}: {e}"))?;
+        Ok(DateSample { server, sent, received })
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {} ms", timeout.as_millis()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(not_before: i64, not_after: i64) -> CertInfo {
+        CertInfo { id: Some("edge-1".into()), not_before, not_after, not_after_text: "then".into() }
+    }
+
+    #[test]
+    fn certificate_validity_in_words() {
+        let now = 1_800_000_000;
+        let (s, d) = validity("it", &info(now - 10, now + 100 * 86_400), now, 30);
+        assert_eq!(s, Status::Ok, "{d}");
+        assert!(d.contains("100 days left"), "{d}");
+        let (s, d) = validity("it", &info(now - 10, now + 10 * 86_400 + 5), now, 30);
+        assert_eq!((s, d.contains("10 days left")), (Status::Warn, true), "{d}");
+        let (s, d) = validity("it", &info(now - 100 * 86_400, now - 2 * 86_400), now, 30);
+        assert_eq!(s, Status::Fail);
+        assert!(d.contains("EXPIRED") && d.contains("2 days ago"), "{d}");
+        let (s, d) = validity("it", &info(now + 600, now + 86_400), now, 30);
+        assert_eq!(s, Status::Fail);
+        assert!(d.contains("not valid yet") && d.contains("clock"), "{d}");
+    }
+
+    #[test]
+    fn clock_skew_from_a_date_header() {
+        let at = |s: f64| UNIX_EPOCH + Duration::from_secs_f64(s);
+        // The server's second 1000 covers [1000, 1001); the exchange's middle is 990.5: +10 s.
+        let sample = DateSample { server: at(1000.0), sent: at(990.4), received: at(990.6) };
+        assert!((sample.skew_seconds() - 10.0).abs() < 1e-6);
+        assert!((sample.uncertainty_seconds() - 0.6).abs() < 1e-6);
+        let behind = DateSample { server: at(1000.0), sent: at(1100.0), received: at(1100.0) };
+        assert!((behind.skew_seconds() + 99.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_report_says_what_failed() {
+        let report = Report {
+            checks: vec![
+                Check::new("device", Status::Ok, "cpu"),
+                Check::new("clock", Status::Skip, "not measured"),
+                Check::new("server", Status::Fail, "no answer"),
+            ],
+        };
+        assert!(report.failed());
+        let text = report.render();
+        assert!(text.contains("  FAIL  server       no answer\n"), "{text}");
+        assert!(text.ends_with("doctor: NOT ready: server failed\n"), "{text}");
+        let fine = Report { checks: report.checks[..2].to_vec() };
+        assert!(!fine.failed());
+        assert!(fine.render().ends_with("doctor: ready (1 ok, 0 warnings, 1 skipped)\n"));
+    }
+
+    #[tokio::test]
+    async fn a_bad_config_is_one_clear_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("client.toml");
+        std::fs::write(&path, "server = \"nowhere\"\n").unwrap();
+        let report = run(&path, &DoctorArgs::default()).await;
+        assert!(report.failed());
+        let config = report.get("config").unwrap();
+        assert!(config.detail.contains("client.toml"), "{}", config.detail);
+        let missing = run(&dir.path().join("absent.toml"), &DoctorArgs::default()).await;
+        assert!(missing.get("config").unwrap().detail.contains("absent.toml"));
+    }
+}
