@@ -173,6 +173,29 @@ pub fn describe(label: &str) -> &'static str {
     }
 }
 
+/// The GPU adapters wgpu finds on this machine through Vulkan, one line each (name, type,
+/// driver), the one a `wgpu`/`vulkan` device uses marked: the first, or with
+/// `CUBECL_WGPU_DEFAULT_DEVICE=Cpu` the first software one (cubecl-wgpu's rule).
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
+pub async fn gpu_adapters() -> Vec<String> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::VULKAN,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    });
+    let infos: Vec<wgpu::AdapterInfo> =
+        instance.enumerate_adapters(wgpu::Backends::VULKAN).await.iter().map(wgpu::Adapter::get_info).collect();
+    let want_cpu = std::env::var("CUBECL_WGPU_DEFAULT_DEVICE").is_ok_and(|v| v == "Cpu");
+    let used = infos.iter().position(|i| !want_cpu || i.device_type == wgpu::DeviceType::Cpu);
+    infos
+        .iter()
+        .enumerate()
+        .map(|(n, i)| {
+            let mark = if Some(n) == used { " (used)" } else { "" };
+            format!("{} [{:?}, {} {}]{mark}", i.name, i.device_type, i.driver, i.driver_info)
+        })
+        .collect()
+}
+
 /// [`select`], telling what `auto` skipped.
 pub fn choose(name: &str) -> Result<Choice, DeviceError> {
     let spec: DeviceSpec = name.parse()?;

@@ -147,7 +147,7 @@ pub async fn run(path: &Path, args: &DoctorArgs) -> Report {
         }
     };
     let timeout = Duration::from_millis(args.timeout_ms.max(1));
-    report.checks.push(check_device(&config));
+    report.checks.push(check_device(&config).await);
     report.checks.push(check_memory(&config));
     report.checks.push(check_state(&config.state_dir));
     report.checks.extend(check_certificates(&config, args.warn_days, unix_now()));
@@ -178,7 +178,7 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-fn check_device(config: &ClientConfig) -> Check {
+async fn check_device(config: &ClientConfig) -> Check {
     match device::choose(&config.device) {
         Ok(choice) => {
             let mut detail = format!(
@@ -189,6 +189,10 @@ fn check_device(config: &ClientConfig) -> Check {
                 config.device,
                 device::compiled().join(", ")
             );
+            #[cfg(any(feature = "wgpu", feature = "vulkan"))]
+            if matches!(choice.label, "wgpu" | "vulkan") {
+                detail.push_str(&format!("; Vulkan adapters: {}", device::gpu_adapters().await.join("; ")));
+            }
             if !choice.skipped.is_empty() {
                 detail.push_str(&format!("; auto skipped: {}", choice.skipped.join("; ")));
             }

@@ -205,4 +205,18 @@ mod agreement {
         let failed: Vec<&str> = rows.iter().filter(|r| !(r.diff <= r.tol)).map(|r| r.what.as_str()).collect();
         assert!(failed.is_empty(), "flex and wgpu disagree beyond tolerance: {failed:?}");
     }
+
+    /// What `anchorage-client doctor` says of a wgpu device: the adapters Vulkan has here, the
+    /// used one marked (under `CUBECL_WGPU_DEFAULT_DEVICE=Cpu`, Mesa's software lavapipe).
+    #[tokio::test(flavor = "current_thread")]
+    async fn doctor_names_the_adapter_a_wgpu_device_uses() {
+        let _ = wgpu();
+        let adapters = device::gpu_adapters().await;
+        say(&format!("Vulkan adapters: {adapters:?}"));
+        let used: Vec<&String> = adapters.iter().filter(|a| a.ends_with("(used)")).collect();
+        assert_eq!(used.len(), 1, "exactly one adapter is the one used: {adapters:?}");
+        if std::env::var("CUBECL_WGPU_DEFAULT_DEVICE").is_ok_and(|v| v == "Cpu") {
+            assert!(used[0].contains("[Cpu,"), "the software adapter under CUBECL_WGPU_DEFAULT_DEVICE=Cpu: {used:?}");
+        }
+    }
 }
