@@ -392,6 +392,10 @@ async fn run_engine(
     let mut fingerprints: HashMap<ClientId, String> = HashMap::new();
     let mut trim_due = false;
     let mut trim_tick = tokio::time::interval(Duration::from_secs(2));
+    // Departures' last-seen times, written on the tick in one transaction: a thousand devices
+    // leaving at once would otherwise queue a thousand blocking threads on the store's mutex
+    // (each thread's stack and arena held memory after they left).
+    let mut departed: Vec<(ClientId, i64)> = Vec::new();
     // Accepted updates whose ack has not gone out yet: an ack for anything else re-acknowledges
     // a duplicate. Buffered mode opens no rounds: the sampled gauge follows its versions.
     let mut unacked: std::collections::HashSet<(ClientId, u64)> = std::collections::HashSet::new();
@@ -510,7 +514,7 @@ async fn run_engine(
                             metrics.set_connected(conns.len());
                             let at = unix_now();
                             metrics.seen(&client, at);
-                            let _ = touch_clients(&store, vec![(client.clone(), at)]);
+                            departed.push((client.clone(), at));
                             engine.handle_disconnect(now, &client);
                         }
                         trim_due = true;
@@ -518,13 +522,19 @@ async fn run_engine(
                 }
             }
             _ = sleep_until(deadline) => engine.handle_timeout(start.elapsed()),
-            _ = trim_tick.tick() => if std::mem::take(&mut trim_due) { tokio::task::spawn_blocking(trim_heap); },
+            _ = trim_tick.tick() => {
+                let _ = touch_clients(&store, std::mem::take(&mut departed));
+                if std::mem::take(&mut trim_due) {
+                    tokio::task::spawn_blocking(trim_heap);
+                }
+            }
             _ = shutdown.changed() => break,
         }
     }
     // The clients still connected were heard from until now.
     let at = unix_now();
-    if let Some(done) = touch_clients(&store, conns.into_keys().map(|c| (c, at)).collect()) {
+    departed.extend(conns.into_keys().map(|c| (c, at)));
+    if let Some(done) = touch_clients(&store, departed) {
         let _ = done.await;
     }
     Ok(())
