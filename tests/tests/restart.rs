@@ -23,10 +23,9 @@ use anchorage_shared::tensor::Encoding;
 use anchorage_tests::fedavg_client;
 use burn::tensor::Device;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("anchorage-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A folder named `name` inside the test's own temporary folder (removed when the test ends).
+fn temp_dir(tmp: &tempfile::TempDir, name: &str) -> PathBuf {
+    tmp.path().join(name)
 }
 
 async fn start(
@@ -83,8 +82,9 @@ async fn reports_until_finished(server: &mut ServerHandle) -> Vec<RoundReport> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_server_resumes_from_its_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
     let identity = tls::self_signed(&["localhost"]).unwrap();
-    let state_dir = temp_dir("server-restart");
+    let state_dir = temp_dir(&tmp, "server-restart");
     let store = ServerStore::open(&state_dir).unwrap();
     let initial =
         Trainable::new(&ModelSpec::embedded_default().net(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
@@ -134,14 +134,15 @@ async fn restarted_server_resumes_from_its_checkpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_client_resends_its_unacknowledged_update_once() {
+    let tmp = tempfile::tempdir().unwrap();
     let identity = tls::self_signed(&["localhost"]).unwrap();
     let spec = ModelSpec::embedded_default();
     let initial = Trainable::new(&spec.net(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
     let mut server =
-        start(&identity, 1, 1, &ServerStore::open(temp_dir("resend-server")).unwrap(), initial.clone()).await;
+        start(&identity, 1, 1, &ServerStore::open(temp_dir(&tmp, "resend-server")).unwrap(), initial.clone()).await;
 
     // The client crashed after training round 1 and persisting the update, before the ack.
-    let client_store = ClientStore::new(temp_dir("resend-client"));
+    let client_store = ClientStore::new(temp_dir(&tmp, "resend-client"));
     let trained = Trainable::new(&ModelSpec { seed: 99, ..spec.clone() }.net(), &Device::flex())
         .to_blocks(Encoding::F32)
         .unwrap();
@@ -208,6 +209,7 @@ async fn stop_while_the_server_is_unreachable() {
 /// method refuses is set aside and the client trains from a fresh state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
+    let tmp = tempfile::tempdir().unwrap();
     use anchorage_server::methods::FedTaServer;
     let identity = tls::self_signed(&["localhost"]).unwrap();
     let method = MethodConfig {
@@ -226,6 +228,7 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
         name: &str,
         store: &ClientStore,
         rounds: u64,
+        tmp: &tempfile::TempDir,
     ) {
         let mut server = server::start(ServerOptions {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -242,7 +245,7 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
             method: Box::new(FedTaServer::new(method.clone(), None)),
             initial: initial.to_vec(),
             limits: Limits::default(),
-            store: Some(ServerStore::open(temp_dir(name)).unwrap()),
+            store: Some(ServerStore::open(temp_dir(tmp, name)).unwrap()),
         })
         .await
         .expect("server starts");
@@ -259,23 +262,23 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
         blocks.iter().filter(|b| b.name.starts_with("tail.")).cloned().collect::<Vec<_>>()
     };
 
-    let kept = ClientStore::new(temp_dir("fedta-kept"));
-    session(&identity, &method, &initial, "fedta-s1", &kept, 2).await;
+    let kept = ClientStore::new(temp_dir(&tmp, "fedta-kept"));
+    session(&identity, &method, &initial, "fedta-s1", &kept, 2, &tmp).await;
     let first = state_of(&kept);
     let names: Vec<&str> = first.iter().map(|b| b.name.as_str()).collect();
     assert!(names.contains(&"tail.values") && names.contains(&"ie_head.weight"), "{names:?}");
 
     // Session 2: restored from the kept state, and a fresh device for comparison.
-    session(&identity, &method, &initial, "fedta-s2", &kept, 1).await;
-    let fresh = ClientStore::new(temp_dir("fedta-fresh"));
-    session(&identity, &method, &initial, "fedta-s2-fresh", &fresh, 1).await;
+    session(&identity, &method, &initial, "fedta-s2", &kept, 1, &tmp).await;
+    let fresh = ClientStore::new(temp_dir(&tmp, "fedta-fresh"));
+    session(&identity, &method, &initial, "fedta-s2-fresh", &fresh, 1, &tmp).await;
     let (restored, control) = (state_of(&kept), state_of(&fresh));
     assert!(tail(&restored) != tail(&control), "the restarted device trained on from its saved tail");
     assert!(tail(&restored) != tail(&first), "and it trained");
 
     // A state of another model (anchor width 5) is refused, set aside and replaced.
     let other = MethodConfig { anchor_dim: 5, ..method.clone() };
-    session(&identity, &other, &fedta_client(&other).initial_blocks().unwrap(), "fedta-s3", &kept, 1).await;
+    session(&identity, &other, &fedta_client(&other).initial_blocks().unwrap(), "fedta-s3", &kept, 1, &tmp).await;
     let replaced = state_of(&kept);
     let width = replaced.iter().find(|b| b.name == "tail.values").unwrap().tensor.shape.clone();
     assert_eq!(width, vec![4, 5], "a fresh tail of the new shape");
