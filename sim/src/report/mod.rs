@@ -120,17 +120,18 @@ pub fn write_report(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         )?;
     }
 
+    const MIB: f64 = 1024.0 * 1024.0;
     let per_client = |f: &dyn Fn(&CostRecord) -> u64| -> Vec<(f64, f64)> {
-        rounds.iter().map(|&r| (r as f64, mean(by_round(r).map(|c| f(c) as f64)) / 1e6)).collect()
+        rounds.iter().map(|&r| (r as f64, mean(by_round(r).map(|c| f(c) as f64)) / MIB)).collect()
     };
     let max_up: Vec<(f64, f64)> =
-        rounds.iter().map(|&r| (r as f64, by_round(r).map(|c| c.wire_up).max().unwrap_or(0) as f64 / 1e6)).collect();
+        rounds.iter().map(|&r| (r as f64, by_round(r).map(|c| c.wire_up).max().unwrap_or(0) as f64 / MIB)).collect();
     put(
         "bytes_per_round.svg",
         line_chart(
             "Bytes per client per round",
             "round",
-            "MB",
+            "MiB (as the console prints)",
             &[
                 Series { name: "up wire (mean)".into(), points: per_client(&|c| c.wire_up) },
                 Series { name: "up payload (mean)".into(), points: per_client(&|c| c.payload_up) },

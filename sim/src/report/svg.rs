@@ -31,16 +31,44 @@ fn ticks(lo: f64, hi: f64) -> Vec<f64> {
     (0..=12).map(|i| first + i as f64 * step).take_while(|t| *t <= hi + step * 1e-9).collect()
 }
 
-fn label(v: f64) -> String {
-    if v.abs() >= 1e6 {
-        format!("{:.1}M", v / 1e6)
-    } else if v.abs() >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else if v.fract().abs() < 1e-9 {
-        format!("{v:.0}")
+/// Tick labels that tell neighbouring ticks apart: as many decimals as the step between them
+/// needs (0.010 0.012 0.014, not 0.01 0.01 0.01), in k or M for large values.
+fn labels(ticks: &[f64]) -> Vec<String> {
+    let step = match ticks {
+        [a, b, ..] => (b - a).abs(),
+        [a] => a.abs().max(1.0),
+        [] => return Vec::new(),
+    };
+    let top = ticks.iter().fold(0.0f64, |m, t| m.max(t.abs()));
+    let (scale, suffix) = if top >= 1e6 {
+        (1e6, "M")
+    } else if top >= 1e3 {
+        (1e3, "k")
     } else {
-        format!("{v:.2}")
-    }
+        (1.0, "")
+    };
+    // The fewest decimals that write the step exactly (2.5k needs one, 0.002 three).
+    let step = step / scale;
+    let decimals = (0..9).find(|&d| ((step * 10f64.powi(d)).round() - step * 10f64.powi(d)).abs() < 1e-6).unwrap_or(9);
+    let decimals = decimals as usize;
+    ticks
+        .iter()
+        .map(|t| {
+            let text = format!("{:.*}{suffix}", decimals, t / scale);
+            // A tick at zero computed as -1e-17 would print "-0.00".
+            if text.starts_with('-') && text[1..].chars().all(|c| matches!(c, '0' | '.' | 'k' | 'M')) {
+                text[1..].to_string()
+            } else {
+                text
+            }
+        })
+        .collect()
+}
+
+/// How the `i`-th line of a chart is dashed: the first solid, the rest dashed differently, so a
+/// line drawn over another (a maximum equal to the mean) leaves the one beneath visible.
+fn dash(i: usize) -> &'static str {
+    ["", "7 4", "2 3", "9 3 2 3", "4 4"][i % 5]
 }
 
 struct Frame {
@@ -64,21 +92,22 @@ fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &s
         (W - RIGHT + LEFT) / 2.0,
         escape(title)
     );
-    for t in ticks(frame.y.0, frame.y.1) {
-        let y = frame.py(t);
+    let y_ticks = ticks(frame.y.0, frame.y.1);
+    for (t, text) in y_ticks.iter().zip(labels(&y_ticks)) {
+        let y = frame.py(*t);
         let _ = write!(
             svg,
             r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
             W - RIGHT,
             LEFT - 6.0,
             y + 4.0,
-            label(t)
+            text
         );
     }
-    for t in ticks(frame.x.0, frame.x.1).into_iter().filter(|_| x_ticks) {
-        let x = frame.px(t);
-        let _ =
-            write!(svg, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, H - BOTTOM + 16.0, label(t));
+    let x_ticks: Vec<f64> = if x_ticks { ticks(frame.x.0, frame.x.1) } else { Vec::new() };
+    for (t, text) in x_ticks.iter().zip(labels(&x_ticks)) {
+        let x = frame.px(*t);
+        let _ = write!(svg, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{text}</text>"#, H - BOTTOM + 16.0);
     }
     let _ = write!(
         svg,
@@ -93,19 +122,25 @@ fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &s
     );
 }
 
-fn legend(svg: &mut String, names: &[&str]) {
+/// The legend: a swatch per name (bars), or a stretch of the line as it is drawn (`lines`).
+fn legend(svg: &mut String, names: &[&str], lines: bool) {
     for (i, name) in names.iter().enumerate() {
         let y = TOP + 10.0 + i as f64 * 18.0;
-        let _ = write!(
-            svg,
-            r#"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            W - RIGHT + 12.0,
-            y - 10.0,
-            COLOURS[i % COLOURS.len()],
-            W - RIGHT + 30.0,
-            y,
-            escape(name)
-        );
+        let colour = COLOURS[i % COLOURS.len()];
+        let x = W - RIGHT + 8.0;
+        let _ = if lines {
+            write!(
+                svg,
+                r#"<line x1="{x:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{colour}" stroke-width="2" stroke-dasharray="{}"/>"#,
+                y - 4.0,
+                x + 20.0,
+                y - 4.0,
+                dash(i)
+            )
+        } else {
+            write!(svg, r#"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{colour}"/>"#, x + 4.0, y - 10.0)
+        };
+        let _ = write!(svg, r#"<text x="{:.1}" y="{y:.1}">{}</text>"#, W - RIGHT + 32.0, escape(name));
     }
 }
 
@@ -134,13 +169,17 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], 
         let colour = COLOURS[i % COLOURS.len()];
         let path: Vec<String> =
             s.points.iter().map(|(a, b)| format!("{:.1},{:.1}", frame.px(*a), frame.py(*b))).collect();
-        let _ =
-            write!(svg, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
+        let _ = write!(
+            svg,
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{}" points="{}"/>"#,
+            dash(i),
+            path.join(" ")
+        );
         for (a, b) in &s.points {
             let _ = write!(svg, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"/>"#, frame.px(*a), frame.py(*b));
         }
     }
-    legend(&mut svg, &series.iter().map(|s| s.name.as_str()).collect::<Vec<_>>());
+    legend(&mut svg, &series.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), true);
     svg.push_str("</svg>\n");
     svg
 }
@@ -188,7 +227,7 @@ pub fn stacked_bars(
             );
         }
     }
-    legend(&mut svg, &layers.iter().map(|(n, _)| *n).collect::<Vec<_>>());
+    legend(&mut svg, &layers.iter().map(|(n, _)| *n).collect::<Vec<_>>(), false);
     svg.push_str("</svg>\n");
     svg
 }
@@ -301,6 +340,19 @@ mod tests {
         assert_eq!(ticks(0.0, 100.0), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
         let t = ticks(0.13, 0.87);
         assert!(t.first().unwrap() >= &0.13 && t.last().unwrap() <= &0.87 && t.len() >= 3, "{t:?}");
+    }
+
+    #[test]
+    fn tick_labels_tell_neighbours_apart() {
+        // The issue's cases: "0.01 0.01 0.01 0.02" and "0.00 0.00 0.00".
+        assert_eq!(labels(&ticks(0.010, 0.018)), ["0.010", "0.012", "0.014", "0.016", "0.018"]);
+        assert_eq!(labels(&ticks(0.0, 0.004)), ["0.000", "0.001", "0.002", "0.003", "0.004"]);
+        let small = labels(&ticks(0.0, 0.004));
+        let distinct: std::collections::BTreeSet<&String> = small.iter().collect();
+        assert_eq!(distinct.len(), small.len(), "{small:?}");
+        assert_eq!(labels(&ticks(0.0, 100.0)), ["0", "20", "40", "60", "80", "100"]);
+        assert_eq!(labels(&[0.0, 2500.0, 5000.0]), ["0.0k", "2.5k", "5.0k"]);
+        assert_eq!(labels(&[-0.0, 0.5]), ["0.0", "0.5"]);
     }
 
     #[test]
