@@ -85,7 +85,16 @@ impl Frame {
     }
 }
 
-fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &str, x_ticks: bool) {
+/// How the x axis is marked: not at all (bars label their categories), at any round value, or
+/// at whole numbers only (rounds).
+#[derive(Clone, Copy, PartialEq)]
+enum XTicks {
+    None,
+    Any,
+    Whole,
+}
+
+fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &str, x_ticks: XTicks) {
     let _ = write!(
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
@@ -104,7 +113,11 @@ fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &s
             text
         );
     }
-    let x_ticks: Vec<f64> = if x_ticks { ticks(frame.x.0, frame.x.1) } else { Vec::new() };
+    let x_ticks: Vec<f64> = match x_ticks {
+        XTicks::None => Vec::new(),
+        XTicks::Any => ticks(frame.x.0, frame.x.1),
+        XTicks::Whole => ticks(frame.x.0, frame.x.1).into_iter().filter(|t| t.fract() == 0.0).collect(),
+    };
     for (t, text) in x_ticks.iter().zip(labels(&x_ticks)) {
         let x = frame.px(*t);
         let _ = write!(svg, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{text}</text>"#, H - BOTTOM + 16.0);
@@ -164,7 +177,8 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], 
     });
     let frame = Frame { x, y };
     let mut svg = String::new();
-    open(&mut svg, title, &frame, x_label, y_label, true);
+    let whole = series.iter().all(|s| s.points.iter().all(|p| p.0.fract() == 0.0));
+    open(&mut svg, title, &frame, x_label, y_label, if whole { XTicks::Whole } else { XTicks::Any });
     for (i, s) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         let path: Vec<String> =
@@ -198,7 +212,7 @@ pub fn stacked_bars(
     let n = categories.len().max(1) as f64;
     let frame = Frame { x: (0.0, n), y: (0.0, hi) };
     let mut svg = String::new();
-    open(&mut svg, title, &Frame { x: (0.5, n + 0.5), y: (0.0, hi) }, x_label, y_label, false);
+    open(&mut svg, title, &Frame { x: (0.5, n + 0.5), y: (0.0, hi) }, x_label, y_label, XTicks::None);
     let width = (W - LEFT - RIGHT) / n * 0.7;
     for (c, name) in categories.iter().enumerate() {
         let x = frame.px(c as f64 + 0.5) - width / 2.0;
