@@ -64,4 +64,5 @@ fn logs_off_a_terminal_are_plain_text_or_json_lines_with_causes_as_text() {
     let error = fatal["error"].as_str().unwrap_or_else(|| panic!("an error field: {fatal}"));
     assert!(error.contains("opening the state folder") && error.contains(": "), "the cause chain as text: {error}");
     assert!(!error.contains("Os {"), "{error}");
+    assert_eq!(error.matches("Not a directory").count(), 1, "each cause once: {error}");
 }

@@ -71,7 +71,7 @@ impl ServerStore {
             text.push('\n');
         }
         anchorage_shared::io::write_atomic(path, text.as_bytes())
-            .map_err(|source| StoreError::Io { path: path.into(), source })?;
+            .map_err(|source| StoreError::Io { path: path.into(), error: source })?;
         Ok(records.len())
     }
 }
@@ -80,7 +80,7 @@ impl ServerStore {
 /// server keeps writing, and WAL lets a reader see its last commit (`anchorage report`).
 pub fn read_ledger(db: &Path) -> Result<Vec<CostRecord>, StoreError> {
     let conn = super::open_read_only(db)?;
-    query_ledger(&conn).map_err(|source| StoreError::Sqlite { path: db.into(), source })
+    query_ledger(&conn).map_err(|source| StoreError::Sqlite { path: db.into(), error: source })
 }
 
 fn query_ledger(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<CostRecord>> {

@@ -33,10 +33,11 @@ pub const LOCK_FILE: &str = "anchorage.lock";
 /// Why the store could not open, read or commit.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot use {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("database {path}: {source}")]
-    Sqlite { path: PathBuf, source: rusqlite::Error },
+    // The cause is in the message and not also a `source()`, so that a `{:#}` chain prints it once.
+    #[error("cannot use {path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("database {path}: {error}")]
+    Sqlite { path: PathBuf, error: rusqlite::Error },
     #[error("{path} is held by another anchorage-server ({holder}); one server per state folder")]
     Locked { path: PathBuf, holder: String },
     #[error(
@@ -103,12 +104,12 @@ impl ServerStore {
         let dir = dir.into();
         let io = |path: &Path| {
             let path = path.to_path_buf();
-            move |source| StoreError::Io { path, source }
+            move |source| StoreError::Io { path, error: source }
         };
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let lock = take_lock(&dir.join(LOCK_FILE))?;
         let db_path = dir.join(DB_FILE);
-        let sql = |source| StoreError::Sqlite { path: db_path.clone(), source };
+        let sql = |source| StoreError::Sqlite { path: db_path.clone(), error: source };
         let conn = Connection::open(&db_path).map_err(sql)?;
         let store = Self {
             inner: Arc::new(Inner { dir, db_path: db_path.clone(), conn: Mutex::new(conn), retention, _lock: lock }),
@@ -151,7 +152,7 @@ impl ServerStore {
             Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
                 StoreError::Corrupt { path, detail: e.to_string() }
             }
-            _ => StoreError::Sqlite { path, source: e },
+            _ => StoreError::Sqlite { path, error: e },
         }
     }
 
@@ -185,7 +186,7 @@ impl ServerStore {
 /// A read-only connection for tools that look at a state folder while its server runs; a
 /// database from a newer schema is refused.
 fn open_read_only(db: &Path) -> Result<Connection, StoreError> {
-    let sql = |source| StoreError::Sqlite { path: db.into(), source };
+    let sql = |source| StoreError::Sqlite { path: db.into(), error: source };
     let conn = Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(sql)?;
     conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(sql)?;
     let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(sql)?;
@@ -198,7 +199,7 @@ fn open_read_only(db: &Path) -> Result<Connection, StoreError> {
 /// Takes the folder's lock file, or says who holds it.
 fn take_lock(path: &Path) -> Result<std::fs::File, StoreError> {
     use std::io::{Read, Seek, Write};
-    let io = |source| StoreError::Io { path: path.to_path_buf(), source };
+    let io = |source| StoreError::Io { path: path.to_path_buf(), error: source };
     let mut file =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
     match file.try_lock() {

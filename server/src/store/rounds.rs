@@ -269,7 +269,7 @@ fn version_checksum(version: u64, method: &str, state: &[u8]) -> Vec<u8> {
 /// The reports of a state folder's closed rounds, read without taking the folder's lock.
 pub fn read_round_reports(db: &std::path::Path) -> Result<Vec<RoundReport>, StoreError> {
     let conn = super::open_read_only(db)?;
-    let sql = |source| StoreError::Sqlite { path: db.into(), source };
+    let sql = |source| StoreError::Sqlite { path: db.into(), error: source };
     let mut stmt =
         conn.prepare("SELECT round, report FROM rounds WHERE report IS NOT NULL ORDER BY round").map_err(sql)?;
     let rows = stmt

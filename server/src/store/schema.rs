@@ -88,7 +88,7 @@ const MIGRATIONS: &[&str] = &[
 
 /// Brings the schema up to [`SCHEMA_VERSION`].
 pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let sql = |source| StoreError::Sqlite { path: path.to_path_buf(), source };
+    let sql = |source| StoreError::Sqlite { path: path.to_path_buf(), error: source };
     let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(sql)?;
     if found > SCHEMA_VERSION {
         return Err(StoreError::NewerSchema { path: path.to_path_buf(), found, supported: SCHEMA_VERSION });
