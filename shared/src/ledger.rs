@@ -1,4 +1,4 @@
-//! The cost record of one client in one round (DESIGN.md §3 step 6).
+//! The cost record of one client in one round (ARCHITECTURE.md §7).
 
 use alloc::string::String;
 use serde::{Deserialize, Serialize};

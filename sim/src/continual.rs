@@ -1,4 +1,4 @@
-//! The continual-learning metrics of DESIGN.md §7, all from one task accuracy matrix a[t][k]
+//! The continual-learning metrics of ARCHITECTURE.md §8, all from one task accuracy matrix a[t][k]
 //! (accuracy on the test data of task k after training task t, at the task's last round).
 
 use serde::{Deserialize, Serialize};

@@ -46,7 +46,7 @@ pub struct RunSummary {
     pub refused: u64,
     pub decode_errors: u64,
     pub wall_seconds: f64,
-    /// Metrics of the task accuracy matrix (DESIGN.md §7).
+    /// Metrics of the task accuracy matrix (ARCHITECTURE.md §8).
     #[serde(default)]
     pub continual: ContinualMetrics,
     /// FedProK's efficiency E = (τ1 + τ2) / R (see [`Efficiency`]).

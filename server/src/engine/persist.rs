@@ -1,7 +1,7 @@
 //! What the engine asks its shell to make durable, and what a store gives back to a restarted
 //! engine. The rule is SQLite's own promise turned into a protocol: the shell commits every
 //! [`Persist`] before it carries out the actions queued after it, so an ack, a broadcast or an
-//! announcement never runs ahead of the state it refers to (DESIGN.md §3 step 5).
+//! announcement never runs ahead of the state it refers to (ARCHITECTURE.md §6).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The cost ledger (DESIGN.md §3 step 6): one row per client, round and kind (`reported` by the
+//! The cost ledger (ARCHITECTURE.md §7): one row per client, round and kind (`reported` by the
 //! client, or `dropped` by the engine when a sampled client sent nothing). A second record for the
 //! same key is ignored, so a client that resends its cost report after a reconnect is counted once.
 
