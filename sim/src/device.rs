@@ -232,6 +232,10 @@ impl Default for DeviceProfile {
 }
 
 impl DeviceProfile {
+    /// The names [`DeviceProfile::preset`] knows.
+    pub const PRESETS: &'static [&'static str] =
+        &["host", "desktop", "jetson-orin", "jetson-nano", "raspberry-pi-4", "phone"];
+
     /// Named presets (rough figures relative to a desktop CPU core): `host`, `desktop`,
     /// `jetson-orin`, `jetson-nano`, `raspberry-pi-4`, `phone`.
     pub fn preset(name: &str) -> Option<Self> {
@@ -503,6 +507,13 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_listed_preset_exists() {
+        for name in DeviceProfile::PRESETS {
+            assert!(DeviceProfile::preset(name).is_some(), "{name}");
+        }
+    }
 
     #[test]
     fn shares_are_dealt_exactly_and_seeded() {

@@ -19,4 +19,4 @@ mod setup;
 pub mod virtual_clock;
 
 pub use record::{RoundRow, RunSummary, claim_run_folder, write_run_folder};
-pub use run::{Attack, ClientLink, KillAt, LinkShare, SimConfig, SimResult, run};
+pub use run::{Attack, ClientLink, Clock, KillAt, LinkShare, SimConfig, SimResult, run};

@@ -2,9 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anchorage_sim::SimConfig;
+use anchorage_data::PartitionSpec;
+use anchorage_sim::device::DeviceProfile;
+use anchorage_sim::network::DuplexProfile;
+use anchorage_sim::scenario::{self, ConfigFile};
+use anchorage_sim::{Clock, SimConfig};
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::builder::{PossibleValuesParser, RangedU64ValueParser};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "anchorage", version, about = "Federated continual learning for edge devices: simulate and report")]
@@ -78,17 +83,17 @@ struct FleetArgs {
     #[arg(long, default_value = "ca")]
     ca: PathBuf,
     /// Start a server here and this many worker processes; write one run folder.
-    #[arg(long, conflicts_with_all = ["index", "server"])]
+    #[arg(long, conflicts_with_all = ["index", "server"], value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     local: Option<usize>,
-    #[arg(long)]
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     clients: Option<usize>,
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: Option<u64>,
     /// Fraction of the connected devices sampled per round.
-    #[arg(long)]
+    #[arg(long, value_parser = fraction)]
     fraction: Option<f64>,
-    /// Every device's link preset (ethernet, wifi, lte, 3g, satellite, iot).
-    #[arg(long)]
+    /// Every device's link preset.
+    #[arg(long, value_parser = PossibleValuesParser::new(DuplexProfile::PRESETS.iter().copied()))]
     link: Option<String>,
     /// Folder of the real datasets and weights (`../shared/data`).
     #[arg(long, env = "ANCHORAGE_DATA")]
@@ -201,52 +206,90 @@ struct DescribeArgs {
 struct SimArgs {
     /// A scenario file (`scenarios/*.toml`) or a TOML file of `SimConfig` fields; flags override it.
     config: Option<PathBuf>,
-    /// The method: fedavg, fedprox, fedrep, local, gldp, fedprok, fedevolve, fedevp, fedta.
-    #[arg(long)]
+    /// The method.
+    #[arg(long, value_parser = PossibleValuesParser::new(anchorage_server::methods::METHODS.iter().copied()))]
     method: Option<String>,
     /// Folder of the real datasets and weights (`../shared/data`).
     #[arg(long, env = "ANCHORAGE_DATA")]
     data_dir: Option<PathBuf>,
     /// Fraction of the scenario's data to use (its `[data] scale`), for a quick CPU run.
-    #[arg(long)]
+    #[arg(long, value_parser = fraction)]
     data_scale: Option<f64>,
-    /// Rounds per task of the stream.
+    /// Rounds per task of the stream (0: a single task).
     #[arg(long)]
     rounds_per_task: Option<u64>,
-    #[arg(long)]
+    /// Clients in the federation (a scenario's `[data.partition] clients` too).
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     clients: Option<usize>,
-    #[arg(long)]
+    /// Rounds in all.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: Option<u64>,
+    /// The federation's seed (a scenario's `[data] seed` stays).
     #[arg(long)]
     seed: Option<u64>,
     /// Local epochs per round.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     epochs: Option<u32>,
-    /// Dirichlet α of the label skew (smaller: more non-IID).
-    #[arg(long)]
+    /// Dirichlet α of the label skew (smaller: more non-IID; inf: IID).
+    #[arg(long, value_parser = positive)]
     alpha: Option<f64>,
-    /// Upload encoding: f32, f16, bf16, int8.
-    #[arg(long)]
+    /// Upload encoding.
+    #[arg(long, value_parser = ["f32", "f16", "bf16", "int8"])]
     encoding: Option<String>,
-    /// Every client's link: a preset (ethernet, wifi, lte, 3g, satellite, iot) shaping real QUIC.
-    #[arg(long)]
+    /// Every client's link: a preset shaping real QUIC.
+    #[arg(long, value_parser = PossibleValuesParser::new(DuplexProfile::PRESETS.iter().copied()))]
     link: Option<String>,
     /// `real`: QUIC on loopback in real time; `virtual`: the discrete-event clock (no sockets,
-    /// simulated time charged by the link and device models).
-    #[arg(long, default_value = "real")]
-    clock: String,
-    /// Every client's device: a preset (host, desktop, jetson-orin, jetson-nano, raspberry-pi-4, phone).
-    #[arg(long)]
+    /// simulated time charged by the link and device models). Default: real.
+    #[arg(long, value_enum)]
+    clock: Option<Clock>,
+    /// Every client's device preset.
+    #[arg(long, value_parser = PossibleValuesParser::new(DeviceProfile::PRESETS.iter().copied()))]
     device: Option<String>,
     /// FedEvolve's straggler ratio: the chance a client runs fewer local epochs (1..τ) in a round.
-    #[arg(long)]
+    #[arg(long, value_parser = probability)]
     stragglers: Option<f64>,
     /// Run folder (default: runs/sim-<seed>-<unix time>).
     #[arg(long)]
     out: Option<PathBuf>,
 }
 
+/// A number parsed from a flag, or why not.
+fn number(s: &str, ok: fn(f64) -> bool, rule: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if ok(v) { Ok(v) } else { Err(format!("must be {rule}")) }
+}
+
+fn fraction(s: &str) -> Result<f64, String> {
+    number(s, |v| v > 0.0 && v <= 1.0, "in (0, 1]")
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    number(s, |v| (0.0..=1.0).contains(&v), "within [0, 1]")
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    number(s, |v| v > 0.0, "above 0")
+}
+
+/// Environment variables the flags read, set but empty, count as unset.
+fn unset_empty_env() {
+    fn envs(command: &clap::Command, names: &mut Vec<std::ffi::OsString>) {
+        names.extend(command.get_arguments().filter_map(|a| a.get_env()).map(|e| e.to_os_string()));
+        command.get_subcommands().for_each(|c| envs(c, names));
+    }
+    let mut names = Vec::new();
+    envs(&Cli::command(), &mut names);
+    for name in names {
+        if std::env::var_os(&name).is_some_and(|v| v.is_empty()) {
+            // SAFETY: called first thing in main, before any other thread exists.
+            unsafe { std::env::remove_var(&name) };
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    unset_empty_env();
     let cli = Cli::parse();
     anchorage_shared::logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
     match cli.command {
@@ -346,25 +389,41 @@ fn provision(project: &Path, out: Option<&Path>) -> anyhow::Result<()> {
 }
 
 fn fleet(args: FleetArgs) -> anyhow::Result<()> {
-    let mut config = match &args.scenario {
-        Some(path) => anchorage_sim::scenario::sim_config(path)?,
+    let file = args.scenario.as_deref().map(ConfigFile::read).transpose()?;
+    let mut config = match &file {
+        Some(f) => f.config()?,
         None => SimConfig::default(),
     };
+    let file = file.as_ref();
     if let Some(v) = args.clients {
+        overrides(file, "--clients", v, &["clients"]);
         config.clients = v;
+        if let Some(data) = config.data.as_mut() {
+            overrides(file, "--clients", v, &["data", "partition", "clients"]);
+            *scenario::partition_clients(&mut data.partition) = v;
+        }
     }
     if let Some(v) = args.rounds {
+        overrides(file, "--rounds", v, &["rounds"]);
         config.rounds = v;
     }
     if let Some(v) = args.fraction {
+        overrides(file, "--fraction", v, &["fraction"]);
         config.fraction = v;
     }
     if let Some(v) = args.link {
+        for key in ["link", "link_mix", "client_links"] {
+            overrides(file, "--link", &v, &[key]);
+        }
         config.link = Some(v);
+        config.link_mix.clear();
+        config.client_links.clear();
     }
     if let Some(v) = args.data_dir {
+        overrides(file, "--data-dir", v.display(), &["data_dir"]);
         config.data_dir = Some(v);
     }
+    scenario::check(&config, file)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     if let Some(workers) = args.local {
         let out = match args.out {
@@ -449,52 +508,164 @@ fn describe(args: DescribeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sim(args: SimArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
-        Some(path) => anchorage_sim::scenario::sim_config(path)?,
-        None => SimConfig::default(),
-    };
-    if let Some(v) = args.method {
-        config.method.name = v;
+/// Prints `--flag value overrides KEY = old from FILE` when the file sets the key a flag replaces.
+fn overrides(file: Option<&ConfigFile>, flag: &str, value: impl std::fmt::Display, key: &[&str]) {
+    if let Some(f) = file
+        && let Some(old) = f.get(key)
+    {
+        println!("{flag} {value} overrides {} = {old} from {}", f.key(key), f.path.display());
     }
-    if let Some(v) = args.data_dir {
-        config.data_dir = Some(v);
+}
+
+/// Applies the flags over the file's values (a flag wins, for every flag), printing each override,
+/// or refuses a flag that cannot apply, naming the key to change instead.
+fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
+    let from = || file.map_or("the embedded default".to_string(), |f| f.path.display().to_string());
+    if let Some(v) = &args.method {
+        overrides(file, "--method", v, &["method", "name"]);
+        config.method.name = v.clone();
     }
-    if let (Some(scale), Some(data)) = (args.data_scale, config.data.as_mut()) {
-        data.scale = scale;
+    if let Some(v) = &args.data_dir {
+        overrides(file, "--data-dir", v.display(), &["data_dir"]);
+        config.data_dir = Some(v.clone());
+    }
+    if let Some(v) = args.data_scale {
+        let data = config.data.as_mut().with_context(|| {
+            format!(
+                "--data-scale scales a scenario's [data] table and {} has none (the embedded data's size: \
+                 train_per_class, test_per_class)",
+                from()
+            )
+        })?;
+        overrides(file, "--data-scale", v, &["data", "scale"]);
+        data.scale = v;
     }
     if let Some(v) = args.rounds_per_task {
+        overrides(file, "--rounds-per-task", v, &["rounds_per_task"]);
         config.rounds_per_task = v;
     }
     if let Some(v) = args.clients {
+        overrides(file, "--clients", v, &["clients"]);
         config.clients = v;
+        if let Some(data) = config.data.as_mut() {
+            overrides(file, "--clients", v, &["data", "partition", "clients"]);
+            *scenario::partition_clients(&mut data.partition) = v;
+        }
     }
     if let Some(v) = args.rounds {
+        overrides(file, "--rounds", v, &["rounds"]);
         config.rounds = v;
     }
     if let Some(v) = args.seed {
+        overrides(file, "--seed", v, &["seed"]);
         config.seed = v;
     }
     if let Some(v) = args.epochs {
+        overrides(file, "--epochs", v, &["local_epochs"]);
         config.local_epochs = v;
     }
     if let Some(v) = args.alpha {
-        config.alpha = v;
+        let key = ["data", "partition", "alpha"];
+        match config.data.as_mut().map(|d| &mut d.partition) {
+            None => {
+                overrides(file, "--alpha", v, &["alpha"]);
+                config.alpha = v;
+            }
+            Some(PartitionSpec::Dirichlet { alpha, .. }) => {
+                overrides(file, "--alpha", v, &key);
+                *alpha = v;
+            }
+            Some(PartitionSpec::LongTail { alpha, .. }) => {
+                overrides(file, "--alpha", v, &key);
+                *alpha = Some(v);
+            }
+            Some(PartitionSpec::FedprokSync(c)) => {
+                overrides(file, "--alpha", v, &key);
+                c.alpha = v;
+            }
+            Some(PartitionSpec::FedprokAsync(c)) => {
+                overrides(file, "--alpha", v, &key);
+                c.alpha = v;
+            }
+            Some(_) => {
+                let kind = file.and_then(|f| f.get(&["data", "partition", "kind"])).map(|k| k.to_string());
+                anyhow::bail!(
+                    "--alpha: [data.partition] kind = {} in {} has no Dirichlet α to set; set kind = \"dirichlet\" \
+                     and alpha in its [data.partition] instead",
+                    kind.as_deref().unwrap_or("?"),
+                    from()
+                );
+            }
+        }
     }
-    if let Some(v) = args.encoding {
-        config.encoding = v;
+    if let Some(v) = &args.encoding {
+        overrides(file, "--encoding", v, &["encoding"]);
+        config.encoding = v.clone();
     }
-    if let Some(v) = args.link {
-        config.link = Some(v);
+    if let Some(v) = &args.link {
+        for key in ["link", "link_mix", "client_links"] {
+            overrides(file, "--link", v, &[key]);
+        }
+        config.link = Some(v.clone());
+        config.link_mix.clear();
+        config.client_links.clear();
     }
-    if let Some(name) = args.device {
-        let profile = anchorage_sim::device::DeviceProfile::preset(&name)
-            .with_context(|| format!("unknown device preset `{name}`"))?;
-        config.devices = vec![profile];
+    if let Some(v) = args.clock {
+        overrides(file, "--clock", v, &["clock"]);
+        config.clock = v;
+    }
+    if let Some(name) = &args.device {
+        overrides(file, "--device", name, &["devices"]);
+        config.devices = vec![DeviceProfile::preset(name).with_context(|| format!("unknown device preset `{name}`"))?];
     }
     if let Some(v) = args.stragglers {
+        overrides(file, "--stragglers", v, &["straggler_ratio"]);
         config.straggler_ratio = v;
     }
+    Ok(())
+}
+
+/// A data folder that is not there: an error when the run reads files from it, else a warning.
+fn check_data_dir(config: &SimConfig, from_flag: bool, file: Option<&ConfigFile>) -> anyhow::Result<()> {
+    let dataset = config.data.as_ref().map(|d| d.dataset).filter(|d| {
+        use anchorage_data::DatasetKind::{Circle, Synthetic};
+        !matches!(d, Synthetic | Circle)
+    });
+    let backbone = Some(config.model.backbone.as_str()).filter(|b| !matches!(*b, "embedded" | "identity"));
+    let needs = match (dataset, backbone) {
+        (Some(d), _) => Some(format!("the files of the dataset {}", d.name())),
+        (None, Some(b)) => Some(format!("the weights of the backbone {b}")),
+        (None, None) => None,
+    };
+    let Some(dir) = &config.data_dir else {
+        if let Some(needs) = needs {
+            anyhow::bail!("{needs} are read from a data folder: give --data-dir or set ANCHORAGE_DATA");
+        }
+        return Ok(());
+    };
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let named = match file {
+        Some(f) if !from_flag => format!("{} = {:?} in {}", f.key(&["data_dir"]), dir, f.path.display()),
+        _ => format!("--data-dir (or ANCHORAGE_DATA) {}", dir.display()),
+    };
+    match needs {
+        Some(needs) => anyhow::bail!("{named} is not a folder, and {needs} are read from it"),
+        None => eprintln!("warning: {named} is not a folder; this run reads nothing from it"),
+    }
+    Ok(())
+}
+
+fn sim(args: SimArgs) -> anyhow::Result<()> {
+    let file = args.config.as_deref().map(ConfigFile::read).transpose()?;
+    let mut config = match &file {
+        Some(f) => f.config()?,
+        None => SimConfig::default(),
+    };
+    apply_flags(&args, &mut config, file.as_ref())?;
+    scenario::check(&config, file.as_ref())?;
+    check_data_dir(&config, args.data_dir.is_some(), file.as_ref())?;
     let out = match args.out {
         Some(out) => out,
         None => {
@@ -504,14 +675,14 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
                 .context("creating the run folder under runs/")?
         }
     };
-    match args.clock.as_str() {
-        "real" => {
+    match config.clock {
+        Clock::Real => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(anchorage_sim::run(config, Some(out.clone()), true))?;
             anchorage_sim::report::write_report(&out)?;
             println!("report: {}", out.join("report.md").display());
         }
-        "virtual" => {
+        Clock::Virtual => {
             let result = anchorage_sim::virtual_clock::run_virtual_with_progress(&config, true)?;
             println!("{}", anchorage_sim::RoundRow::HEADER);
             for row in &result.summary.rounds {
@@ -534,7 +705,6 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
             anchorage_sim::report::write_report(&out)?;
             println!("run folder: {} (report.md and plots inside)", out.display());
         }
-        other => anyhow::bail!("unknown clock `{other}` (real or virtual)"),
     }
     Ok(())
 }

@@ -97,6 +97,8 @@ pub struct SimConfig {
     pub data: Option<DataSpec>,
     /// Where real datasets and weights are (`../shared/data`, `ANCHORAGE_DATA`).
     pub data_dir: Option<PathBuf>,
+    /// Which clock `anchorage sim` runs on.
+    pub clock: Clock,
     /// Rounds per task of the stream (FedProK's R); 0: a single task.
     pub rounds_per_task: u64,
     /// FedEvolve's protocol: the clients hold every source domain from the start and the last
@@ -109,6 +111,21 @@ pub struct SimConfig {
     /// Evolving shifts: how many of the last domains form the target (default 1: the next domain
     /// only; more holds out a stretch of far domains, as evolving-domain benchmarks often do).
     pub target_domains: usize,
+}
+
+/// `real`: QUIC on loopback in real time; `virtual`: the discrete-event clock (no sockets,
+/// simulated time charged by the link and device models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Clock {
+    Real,
+    Virtual,
+}
+
+impl std::fmt::Display for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if *self == Clock::Real { "real" } else { "virtual" })
+    }
 }
 
 /// The frozen backbone and the trainable net on its features.
@@ -210,6 +227,7 @@ impl Default for SimConfig {
             model: ModelConfig::default(),
             data: None,
             data_dir: None,
+            clock: Clock::Real,
             rounds_per_task: 0,
             evolving: false,
             selected_accuracy: false,

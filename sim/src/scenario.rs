@@ -1,10 +1,13 @@
 //! Scenario files (`scenarios/*.toml`): one per paper setting. Each holds a `[data]` table (the
 //! data crate's [`DataSpec`]) beside the method, model and federation tables.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anchorage_data::DataSpec;
+use anchorage_data::{DataSpec, PartitionSpec};
 use anyhow::Context;
+
+use crate::SimConfig;
+use crate::network::DuplexProfile;
 
 /// Reads the `[data]` table of a scenario file.
 pub fn data_spec(path: &Path) -> anyhow::Result<DataSpec> {
@@ -19,25 +22,140 @@ pub fn data_spec(path: &Path) -> anyhow::Result<DataSpec> {
 /// `[model]` and `[data]` their tables; `[scenario]` is a description. A plain SimConfig file
 /// (no `[scenario]` table) is read as it is.
 pub fn sim_config(path: &Path) -> anyhow::Result<crate::SimConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut doc: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    if doc.remove("scenario").is_none() {
-        return toml::from_str(&text).with_context(|| format!("parsing {}", path.display()));
+    ConfigFile::read(path)?.config()
+}
+
+/// A scenario or SimConfig file, read: which keys it sets and where they are in it.
+pub struct ConfigFile {
+    pub path: PathBuf,
+    text: String,
+    /// The file's keys in SimConfig's shape (a scenario's `[federation]` keys at the top).
+    table: toml::Table,
+    scenario: bool,
+}
+
+impl ConfigFile {
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut doc: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let path = path.to_path_buf();
+        if doc.remove("scenario").is_none() {
+            return Ok(Self { path, text, table: doc, scenario: false });
+        }
+        let mut table = match doc.remove("federation") {
+            Some(toml::Value::Table(t)) => t,
+            Some(_) => anyhow::bail!("{}: [federation] must be a table", path.display()),
+            None => toml::Table::new(),
+        };
+        for key in ["method", "model", "data"] {
+            if let Some(v) = doc.remove(key) {
+                table.insert(key.into(), v);
+            }
+        }
+        if let Some(extra) = doc.keys().next() {
+            anyhow::bail!("{}: unknown table [{extra}]", path.display());
+        }
+        Ok(Self { path, text, table, scenario: true })
     }
-    let mut config = match doc.remove("federation") {
-        Some(toml::Value::Table(t)) => t,
-        Some(_) => anyhow::bail!("{}: [federation] must be a table", path.display()),
-        None => toml::Table::new(),
-    };
-    for key in ["method", "model", "data"] {
-        if let Some(v) = doc.remove(key) {
-            config.insert(key.into(), v);
+
+    pub fn config(&self) -> anyhow::Result<SimConfig> {
+        if !self.scenario {
+            return toml::from_str(&self.text).with_context(|| format!("parsing {}", self.path.display()));
+        }
+        toml::Value::Table(self.table.clone())
+            .try_into()
+            .with_context(|| format!("the scenario {}", self.path.display()))
+    }
+
+    /// The file's value of a SimConfig key (`&["data", "partition", "alpha"]`), if it sets one.
+    pub fn get(&self, key: &[&str]) -> Option<&toml::Value> {
+        let (last, tables) = key.split_last()?;
+        let mut table = &self.table;
+        for name in tables {
+            table = table.get(*name)?.as_table()?;
+        }
+        table.get(*last)
+    }
+
+    /// A key as a reader finds it in the file: `[federation] clients`, `[data.partition] alpha`.
+    pub fn key(&self, key: &[&str]) -> String {
+        match key {
+            [field] if self.scenario => format!("[federation] {field}"),
+            [field] => field.to_string(),
+            [tables @ .., field] => format!("[{}] {field}", tables.join(".")),
+            [] => String::new(),
         }
     }
-    if let Some(extra) = doc.keys().next() {
-        anyhow::bail!("{}: unknown table [{extra}]", path.display());
+}
+
+/// The number of clients a partition deals to.
+pub fn partition_clients(partition: &mut PartitionSpec) -> &mut usize {
+    match partition {
+        PartitionSpec::Iid { clients, .. }
+        | PartitionSpec::Dirichlet { clients, .. }
+        | PartitionSpec::QuantitySkew { clients, .. }
+        | PartitionSpec::LongTail { clients, .. }
+        | PartitionSpec::Domains { clients, .. } => clients,
+        PartitionSpec::Gldp(c) => &mut c.clients,
+        PartitionSpec::Fedta(c) => &mut c.clients,
+        PartitionSpec::FedprokSync(c) => &mut c.clients,
+        PartitionSpec::FedprokAsync(c) => &mut c.clients,
     }
-    toml::Value::Table(config).try_into().with_context(|| format!("the scenario {}", path.display()))
+}
+
+/// Range and name checks of a configuration before anything runs; an error names the key and
+/// the file it came from.
+pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
+    let ensure = |ok: bool, key: &[&str], value: &dyn std::fmt::Display, rule: &str| match (ok, file) {
+        (true, _) => Ok(()),
+        (false, Some(f)) => Err(anyhow::anyhow!("{} = {value} in {}: {rule}", f.key(key), f.path.display())),
+        (false, None) => Err(anyhow::anyhow!("{} = {value}: {rule}", key.join("."))),
+    };
+    let c = config;
+    ensure(c.clients >= 1, &["clients"], &c.clients, "must be at least 1")?;
+    ensure(c.rounds >= 1, &["rounds"], &c.rounds, "must be at least 1")?;
+    ensure(c.local_epochs >= 1, &["local_epochs"], &c.local_epochs, "must be at least 1")?;
+    ensure(c.batch_size >= 1, &["batch_size"], &c.batch_size, "must be at least 1")?;
+    ensure(
+        (0.0..=1.0).contains(&c.straggler_ratio),
+        &["straggler_ratio"],
+        &c.straggler_ratio,
+        "must be within [0, 1]",
+    )?;
+    ensure(c.fraction > 0.0 && c.fraction <= 1.0, &["fraction"], &c.fraction, "must be in (0, 1]")?;
+    let method = format!("{:?}", c.method.name);
+    let known = anchorage_server::methods::METHODS;
+    ensure(
+        known.contains(&c.method.name.as_str()),
+        &["method", "name"],
+        &method,
+        &format!("known: {}", known.join(", ")),
+    )?;
+    let encoding = format!("{:?}", c.encoding);
+    ensure(
+        anchorage_client::encoding::parse(&c.encoding).is_ok(),
+        &["encoding"],
+        &encoding,
+        "known: f32, f16, bf16, int8",
+    )?;
+    let presets = DuplexProfile::PRESETS;
+    let link_rule = format!("known presets: {}", presets.join(", "));
+    for name in c.link.iter().chain(c.link_mix.iter().map(|m| &m.preset)) {
+        let key: &[&str] = if c.link.as_ref() == Some(name) { &["link"] } else { &["link_mix"] };
+        ensure(presets.contains(&name.as_str()), key, &format!("{name:?}"), &link_rule)?;
+    }
+    match &c.data {
+        None => ensure(c.alpha > 0.0, &["alpha"], &c.alpha, "must be above 0 (inf: IID)"),
+        Some(data) => {
+            ensure(data.scale > 0.0 && data.scale <= 1.0, &["data", "scale"], &data.scale, "must be in (0, 1]")?;
+            let split = *partition_clients(&mut data.partition.clone());
+            let rule = format!(
+                "the federation has {} clients, the data split {split}; make them equal (--clients sets both)",
+                c.clients
+            );
+            ensure(split == c.clients, &["data", "partition", "clients"], &split, &rule)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -52,6 +170,8 @@ mod tests {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
                 data_spec(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                let file = ConfigFile::read(&path).unwrap();
+                check(&file.config().unwrap(), Some(&file)).unwrap_or_else(|e| panic!("{e:#}"));
                 seen += 1;
             }
         }
