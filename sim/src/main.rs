@@ -395,18 +395,7 @@ fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         None => SimConfig::default(),
     };
     let file = file.as_ref();
-    if let Some(v) = args.clients {
-        overrides(file, "--clients", v, &["clients"]);
-        config.clients = v;
-        if let Some(data) = config.data.as_mut() {
-            overrides(file, "--clients", v, &["data", "partition", "clients"]);
-            *scenario::partition_clients(&mut data.partition) = v;
-        }
-    }
-    if let Some(v) = args.rounds {
-        overrides(file, "--rounds", v, &["rounds"]);
-        config.rounds = v;
-    }
+    set_clients_and_rounds(&mut config, file, args.clients, args.rounds);
     if let Some(v) = args.fraction {
         overrides(file, "--fraction", v, &["fraction"]);
         config.fraction = v;
@@ -517,6 +506,28 @@ fn overrides(file: Option<&ConfigFile>, flag: &str, value: impl std::fmt::Displa
     }
 }
 
+/// `--clients` (the federation's and the split's) and `--rounds` over the file's values, as
+/// `anchorage sim` and `anchorage fleet` both take them.
+fn set_clients_and_rounds(
+    config: &mut SimConfig,
+    file: Option<&ConfigFile>,
+    clients: Option<usize>,
+    rounds: Option<u64>,
+) {
+    if let Some(v) = clients {
+        overrides(file, "--clients", v, &["clients"]);
+        config.clients = v;
+        if let Some(data) = config.data.as_mut() {
+            overrides(file, "--clients", v, &["data", "partition", "clients"]);
+            *scenario::partition_clients(&mut data.partition) = v;
+        }
+    }
+    if let Some(v) = rounds {
+        overrides(file, "--rounds", v, &["rounds"]);
+        config.rounds = v;
+    }
+}
+
 /// Applies the flags over the file's values (a flag wins, for every flag), printing each override,
 /// or refuses a flag that cannot apply, naming the key to change instead.
 fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
@@ -544,18 +555,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         overrides(file, "--rounds-per-task", v, &["rounds_per_task"]);
         config.rounds_per_task = v;
     }
-    if let Some(v) = args.clients {
-        overrides(file, "--clients", v, &["clients"]);
-        config.clients = v;
-        if let Some(data) = config.data.as_mut() {
-            overrides(file, "--clients", v, &["data", "partition", "clients"]);
-            *scenario::partition_clients(&mut data.partition) = v;
-        }
-    }
-    if let Some(v) = args.rounds {
-        overrides(file, "--rounds", v, &["rounds"]);
-        config.rounds = v;
-    }
+    set_clients_and_rounds(config, file, args.clients, args.rounds);
     if let Some(v) = args.seed {
         overrides(file, "--seed", v, &["seed"]);
         config.seed = v;
