@@ -5,6 +5,18 @@ use anchorage_sim::network::{DuplexProfile, LinkProfile};
 use anchorage_sim::virtual_clock::run_virtual;
 use anchorage_sim::{ClientLink, SimConfig, run};
 
+/// The same scenario on the virtual clock (on a blocking thread) and then on the real clock.
+async fn both_clocks(config: SimConfig) -> (anchorage_sim::SimResult, anchorage_sim::SimResult) {
+    let virtual_run = tokio::task::spawn_blocking({
+        let config = config.clone();
+        move || run_virtual(&config)
+    })
+    .await
+    .unwrap()
+    .expect("virtual run");
+    (virtual_run, run(config, None, false).await.expect("real run"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_and_virtual_round_durations_agree() {
     let side = |mbps: f64| LinkProfile {
@@ -24,14 +36,7 @@ async fn real_and_virtual_round_durations_agree() {
         client_links: (0..2).map(|client| ClientLink { client, profile: profile.clone() }).collect(),
         ..SimConfig::default()
     };
-    let virtual_run = tokio::task::spawn_blocking({
-        let config = config.clone();
-        move || run_virtual(&config)
-    })
-    .await
-    .unwrap()
-    .expect("virtual run");
-    let real_run = run(config, None, false).await.expect("real run");
+    let (virtual_run, real_run) = both_clocks(config).await;
     let real: Vec<f64> = real_run.summary.rounds.iter().map(|r| r.seconds).collect();
     let simulated: Vec<f64> = virtual_run.summary.rounds.iter().map(|r| r.seconds).collect();
     println!("per-round seconds: real clock {real:?}, virtual clock {simulated:?}");
@@ -52,14 +57,7 @@ async fn real_and_virtual_round_durations_agree() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_and_virtual_agree_on_a_lossy_link() {
     let config = SimConfig { clients: 4, rounds: 3, seed: 11, link: Some("lte".into()), ..SimConfig::default() };
-    let virtual_run = tokio::task::spawn_blocking({
-        let config = config.clone();
-        move || run_virtual(&config)
-    })
-    .await
-    .unwrap()
-    .expect("virtual run");
-    let real_run = run(config, None, false).await.expect("real run");
+    let (virtual_run, real_run) = both_clocks(config).await;
     let mean = |run: &anchorage_sim::SimResult| -> f64 {
         run.summary.rounds.iter().map(|r| r.seconds).sum::<f64>() / run.summary.rounds.len() as f64
     };
@@ -87,14 +85,7 @@ async fn compute_seconds_per_client_round_agree_across_clocks() {
         local_epochs: 1,
         ..SimConfig::default()
     };
-    let virtual_run = tokio::task::spawn_blocking({
-        let config = config.clone();
-        move || run_virtual(&config)
-    })
-    .await
-    .unwrap()
-    .expect("virtual run");
-    let real_run = run(config, None, false).await.expect("real run");
+    let (virtual_run, real_run) = both_clocks(config).await;
     let per_client_round = |run: &anchorage_sim::SimResult| -> f64 {
         let after_warm_up: Vec<f64> =
             run.ledger.iter().filter(|c| c.round >= 2 && !c.dropped).map(|c| c.compute_seconds).collect();
