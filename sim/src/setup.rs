@@ -141,11 +141,19 @@ impl Setup {
                 .context("building the frozen backbone")?
                 .into();
         // Features once per sample of each pool; clients take rows of them (and of the samples).
-        let train_features =
-            FeatureCache::build(backbone.as_ref(), &train, 256, &plain).with_inputs(Inputs::all(train.clone()));
-        let test_features =
-            FeatureCache::build(backbone.as_ref(), &test, 256, &plain).with_inputs(Inputs::all(test.clone()));
+        let mut train_features = FeatureCache::build(backbone.as_ref(), &train, 256, &plain);
+        let mut test_features = FeatureCache::build(backbone.as_ref(), &test, 256, &plain);
         let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
+        // The raw samples stay beside the features only for FedTA, whose input enhancement runs the
+        // backbone on them (client IE, server SIKF); every other method trains on the features, so
+        // the samples are let go here rather than held for the whole run (issue 20: data held once).
+        if config.method.name == "fedta" {
+            train_features = train_features.with_inputs(Inputs::all(train.clone()));
+            test_features = test_features.with_inputs(Inputs::all(test.clone()));
+        }
+        let (train_len, test_len, num_classes) = (train.len(), test.len(), train.num_classes as usize);
+        let (train_labels, test_labels) = (train.labels.clone(), test.labels.clone());
+        drop((train, test));
         // One copy per distinct row set: clients that share a test set (the embedded default's
         // global test set, a class-incremental task's test-pool samples) share its tensor, so
         // memory per simulated client stays small (burn tensors clone by reference).
@@ -160,7 +168,6 @@ impl Setup {
             shared_rows.borrow_mut().insert(key, cache.clone());
             cache
         };
-        let num_classes = train.num_classes as usize;
         let net = NetSpec {
             input_dim: backbone.feature_dim(),
             hidden: config.model.hidden.clone(),
@@ -235,10 +242,10 @@ impl Setup {
                 let idx = &eval_rows(k, idx)[..];
                 // A^sel: the task's global test rows of the classes this client trains on.
                 let selected = config.selected_accuracy.then(|| {
-                    let own: std::collections::BTreeSet<u32> = t.train.iter().map(|&i| train.labels[i]).collect();
+                    let own: std::collections::BTreeSet<u32> = t.train.iter().map(|&i| train_labels[i]).collect();
                     let (_, in_train, all) = global_rows.iter().find(|(g, _, _)| *g as usize == k)?;
-                    let pool = if *in_train { &train } else { &test };
-                    let idx: Vec<usize> = all.iter().copied().filter(|&i| own.contains(&pool.labels[i])).collect();
+                    let pool = if *in_train { &train_labels } else { &test_labels };
+                    let idx: Vec<usize> = all.iter().copied().filter(|&i| own.contains(&pool[i])).collect();
                     Some(rows(*in_train, &idx))
                 });
                 TaskData {
@@ -317,8 +324,8 @@ impl Setup {
             config.rounds,
             config.method.name,
             source,
-            train.len(),
-            test.len(),
+            train_len,
+            test_len,
             num_classes,
             num_tasks,
             if num_tasks == 1 { "" } else { "s" },
