@@ -211,11 +211,12 @@ fn available_memory() -> Option<u64> {
 }
 
 fn check_memory(config: &ClientConfig) -> Check {
-    let available = available_memory().map(|b| format!("; the system has {} available", mib(b))).unwrap_or_default();
+    let system = available_memory();
+    let available = system.map(|b| format!("; the system has {} available", mib(b))).unwrap_or_default();
     match (config.max_memory_mb, runner::memory_plan(config)) {
         (None, _) => Check::new("memory", Status::Skip, format!("no budget (max_memory_mb unset){available}")),
         (Some(mb), Ok(Some((needs, plan)))) => {
-            let status = match available_memory() {
+            let status = match system {
                 Some(avail) if avail < u64::from(mb) << 20 => Status::Warn,
                 _ => Status::Ok,
             };

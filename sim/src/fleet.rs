@@ -248,27 +248,22 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
     })
 }
 
-/// This process's peak resident memory (bytes) and CPU seconds (user + system), from /proc.
+/// This process's peak resident memory (bytes) and CPU seconds (user + system).
 fn own_usage() -> Option<(u64, f64)> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let peak_kb: u64 =
-        status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces) start at ") ": utime and stime are
-    // the 14th and 15th fields of the line, the 12th and 13th after it.
-    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    Some((peak_kb * 1024, ticks / hz.max(1) as f64))
+    usage(libc::RUSAGE_SELF)
 }
 
 /// The finished worker processes' largest peak resident memory (bytes) and their CPU seconds
-/// (user + system, all of them), from getrusage(RUSAGE_CHILDREN): /proc no longer has them.
+/// (user + system, all of them together).
 fn workers_usage() -> Option<(u64, f64)> {
+    usage(libc::RUSAGE_CHILDREN)
+}
+
+/// getrusage(`who`): the peak resident memory and the CPU seconds it reports.
+fn usage(who: libc::c_int) -> Option<(u64, f64)> {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a whole rusage into the pointer it is given, which is valid.
-    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) } != 0 {
+    if unsafe { libc::getrusage(who, usage.as_mut_ptr()) } != 0 {
         return None;
     }
     // SAFETY: zeroed, then filled in by a successful getrusage.

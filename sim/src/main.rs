@@ -389,28 +389,12 @@ fn provision(project: &Path, out: Option<&Path>) -> anyhow::Result<()> {
 }
 
 fn fleet(args: FleetArgs) -> anyhow::Result<()> {
-    let file = args.scenario.as_deref().map(ConfigFile::read).transpose()?;
-    let mut config = match &file {
-        Some(f) => f.config()?,
-        None => SimConfig::default(),
-    };
+    let (file, mut config) = scenario_or_default(args.scenario.as_deref())?;
     let file = file.as_ref();
-    set_clients_and_rounds(&mut config, file, args.clients, args.rounds);
+    set_shared_flags(&mut config, file, args.clients, args.rounds, args.link.as_ref(), args.data_dir.as_ref());
     if let Some(v) = args.fraction {
         overrides(file, "--fraction", v, &["fraction"]);
         config.fraction = v;
-    }
-    if let Some(v) = args.link {
-        for key in ["link", "link_mix", "client_links"] {
-            overrides(file, "--link", &v, &[key]);
-        }
-        config.link = Some(v);
-        config.link_mix.clear();
-        config.client_links.clear();
-    }
-    if let Some(v) = args.data_dir {
-        overrides(file, "--data-dir", v.display(), &["data_dir"]);
-        config.data_dir = Some(v);
     }
     scenario::check(&config, file)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -506,13 +490,26 @@ fn overrides(file: Option<&ConfigFile>, flag: &str, value: impl std::fmt::Displa
     }
 }
 
-/// `--clients` (the federation's and the split's) and `--rounds` over the file's values, as
-/// `anchorage sim` and `anchorage fleet` both take them.
-fn set_clients_and_rounds(
+/// The scenario file at `path` and its configuration, or none and the embedded default.
+fn scenario_or_default(path: Option<&Path>) -> anyhow::Result<(Option<ConfigFile>, SimConfig)> {
+    let file = path.map(ConfigFile::read).transpose()?;
+    let config = match &file {
+        Some(f) => f.config()?,
+        None => SimConfig::default(),
+    };
+    Ok((file, config))
+}
+
+/// The flags `anchorage sim` and `anchorage fleet` share, over the file's values: `--clients`
+/// (the federation's and the split's), `--rounds`, `--link` (which replaces any link mix or
+/// per-client links) and `--data-dir`.
+fn set_shared_flags(
     config: &mut SimConfig,
     file: Option<&ConfigFile>,
     clients: Option<usize>,
     rounds: Option<u64>,
+    link: Option<&String>,
+    data_dir: Option<&PathBuf>,
 ) {
     if let Some(v) = clients {
         overrides(file, "--clients", v, &["clients"]);
@@ -526,6 +523,18 @@ fn set_clients_and_rounds(
         overrides(file, "--rounds", v, &["rounds"]);
         config.rounds = v;
     }
+    if let Some(v) = link {
+        for key in ["link", "link_mix", "client_links"] {
+            overrides(file, "--link", v, &[key]);
+        }
+        config.link = Some(v.clone());
+        config.link_mix.clear();
+        config.client_links.clear();
+    }
+    if let Some(v) = data_dir {
+        overrides(file, "--data-dir", v.display(), &["data_dir"]);
+        config.data_dir = Some(v.clone());
+    }
 }
 
 /// Applies the flags over the file's values (a flag wins, for every flag), printing each override,
@@ -535,10 +544,6 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
     if let Some(v) = &args.method {
         overrides(file, "--method", v, &["method", "name"]);
         config.method.name = v.clone();
-    }
-    if let Some(v) = &args.data_dir {
-        overrides(file, "--data-dir", v.display(), &["data_dir"]);
-        config.data_dir = Some(v.clone());
     }
     if let Some(v) = args.data_scale {
         let data = config.data.as_mut().with_context(|| {
@@ -555,7 +560,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         overrides(file, "--rounds-per-task", v, &["rounds_per_task"]);
         config.rounds_per_task = v;
     }
-    set_clients_and_rounds(config, file, args.clients, args.rounds);
+    set_shared_flags(config, file, args.clients, args.rounds, args.link.as_ref(), args.data_dir.as_ref());
     if let Some(v) = args.seed {
         overrides(file, "--seed", v, &["seed"]);
         config.seed = v;
@@ -601,14 +606,6 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
     if let Some(v) = &args.encoding {
         overrides(file, "--encoding", v, &["encoding"]);
         config.encoding = v.clone();
-    }
-    if let Some(v) = &args.link {
-        for key in ["link", "link_mix", "client_links"] {
-            overrides(file, "--link", v, &[key]);
-        }
-        config.link = Some(v.clone());
-        config.link_mix.clear();
-        config.client_links.clear();
     }
     if let Some(v) = args.clock {
         overrides(file, "--clock", v, &["clock"]);
@@ -658,11 +655,7 @@ fn check_data_dir(config: &SimConfig, from_flag: bool, file: Option<&ConfigFile>
 }
 
 fn sim(args: SimArgs) -> anyhow::Result<()> {
-    let file = args.config.as_deref().map(ConfigFile::read).transpose()?;
-    let mut config = match &file {
-        Some(f) => f.config()?,
-        None => SimConfig::default(),
-    };
+    let (file, mut config) = scenario_or_default(args.config.as_deref())?;
     apply_flags(&args, &mut config, file.as_ref())?;
     scenario::check(&config, file.as_ref())?;
     check_data_dir(&config, args.data_dir.is_some(), file.as_ref())?;

@@ -144,10 +144,10 @@ impl Setup {
         let mut train_features = FeatureCache::build(backbone.as_ref(), &train, 256, &plain);
         let mut test_features = FeatureCache::build(backbone.as_ref(), &test, 256, &plain);
         let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
-        // The raw samples stay beside the features only for FedTA, whose input enhancement runs the
-        // backbone on them (client IE, server SIKF); every other method trains on the features, so
-        // the samples are let go here rather than held for the whole run (issue 20: data held once).
-        if config.method.name == "fedta" {
+        // The raw samples stay beside the features only for a method that reads them (FedTA's input
+        // enhancement, and its server's SIKF); for the others they are let go here rather than held
+        // for the whole run (issue 20: data held once).
+        if methods::reads_raw_samples(&config.method.name) {
             train_features = train_features.with_inputs(Inputs::all(train.clone()));
             test_features = test_features.with_inputs(Inputs::all(test.clone()));
         }

@@ -197,6 +197,13 @@ pub fn build(context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError
     })
 }
 
+/// Whether the method `name` reads the raw samples behind its features ([`crate::model::FeatureCache::inputs`]):
+/// FedTA, whose input enhancement runs the frozen backbone on them. Every other method trains on
+/// the cached features alone, so a simulator can let the samples go once those are built.
+pub fn reads_raw_samples(name: &str) -> bool {
+    name == "fedta"
+}
+
 /// Names of the methods whose client half this build carries.
 pub const METHODS: &[&str] =
     &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp", "fedta"];
