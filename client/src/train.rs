@@ -13,11 +13,12 @@ use serde::{Deserialize, Serialize};
 use crate::model::{FeatureCache, Trainable};
 
 /// The local optimizer.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum OptimizerKind {
     /// SGD with momentum 0.9.
     Sgd,
+    /// Adam (β = 0.9, 0.999).
     #[default]
     Adam,
 }

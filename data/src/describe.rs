@@ -4,9 +4,11 @@
 use std::fmt;
 use std::path::Path;
 
+use serde::Serialize;
+
 use crate::DataError;
 use crate::partition::{FederatedSplit, imbalance_factor};
-use crate::spec::{DataSpec, build_split, label_pools};
+use crate::spec::{DataSpec, FilesChecked, build_split, check_files, label_pools};
 
 /// One client's task.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +63,9 @@ pub struct Description {
     pub seed: u64,
     pub partition: String,
     pub fingerprint: u64,
+    /// The image files read and decoded as `anchorage sim` loads them ([`check_files`]); `None`
+    /// for generated sets and stand-in labels.
+    pub files: Option<FilesChecked>,
     pub rows: Vec<TaskRow>,
     pub summary: Summary,
 }
@@ -137,9 +142,12 @@ pub fn describe_split(split: &FederatedSplit, train_labels: &[u32], num_classes:
 }
 
 /// Builds the partition of `spec` (files under `data_dir`, or generated / stand-in labels when
-/// `None`) and describes it.
+/// `None`) and describes it. With files, every image is also read and decoded by the loader
+/// `anchorage sim` uses ([`check_files`]), so a truncated or corrupt file is an error here
+/// naming the file, not later in a run.
 pub fn describe(spec: &DataSpec, data_dir: Option<&Path>) -> Result<Description, DataError> {
     let pools = label_pools(spec, data_dir)?;
+    let files = check_files(spec, &pools, data_dir)?;
     let split = build_split(spec, &pools)?;
     let (rows, summary) = describe_split(&split, &pools.train, pools.num_classes);
     let partition = serde_kind(&spec.partition);
@@ -153,6 +161,7 @@ pub fn describe(spec: &DataSpec, data_dir: Option<&Path>) -> Result<Description,
         seed: spec.seed,
         partition,
         fingerprint: split.fingerprint(),
+        files,
         rows,
         summary,
     })
@@ -182,31 +191,58 @@ fn hist_pairs(h: &[u64]) -> String {
     join(h.iter().enumerate().filter(|(_, n)| **n > 0).map(|(c, n)| format!("{c}:{n}")))
 }
 
+/// A row of the CSV: the header is the field names.
+#[derive(Serialize)]
+struct CsvRow {
+    client: usize,
+    task: usize,
+    train: usize,
+    local_test: usize,
+    test: usize,
+    classes_present: usize,
+    imbalance_factor: f64,
+    max_class_share: f64,
+    entropy_bits: f64,
+    classes: String,
+    histogram: String,
+}
+
+/// Four decimals, as the table shows.
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
 impl Description {
-    /// One line per client-task: `client,task,train,local_test,test,classes_present,
-    /// imbalance_factor,max_class_share,entropy_bits,classes,histogram` (classes space-separated,
-    /// histogram as space-separated `class:count` of the non-zero classes).
-    pub fn to_csv(&self) -> String {
-        let mut s = String::from(
-            "client,task,train,local_test,test,classes_present,imbalance_factor,max_class_share,entropy_bits,classes,histogram\n",
-        );
+    /// Writes one row per client-task under the header `client,task,train,local_test,test,
+    /// classes_present,imbalance_factor,max_class_share,entropy_bits,classes,histogram` (ratios to
+    /// four decimals, classes space-separated, histogram as space-separated `class:count` of the
+    /// non-zero classes), quoted as RFC 4180 wants.
+    pub fn write_csv<W: std::io::Write>(&self, out: W) -> Result<(), csv::Error> {
+        let mut w = csv::Writer::from_writer(out);
         for r in &self.rows {
-            s.push_str(&format!(
-                "{},{},{},{},{},{},{:.4},{:.4},{:.4},{},{}\n",
-                r.client,
-                r.task,
-                r.train,
-                r.local_test,
-                r.test,
-                r.classes_present,
-                r.imbalance_factor,
-                r.max_class_share,
-                r.entropy_bits,
-                join(&r.classes),
-                hist_pairs(&r.histogram)
-            ));
+            w.serialize(CsvRow {
+                client: r.client,
+                task: r.task,
+                train: r.train,
+                local_test: r.local_test,
+                test: r.test,
+                classes_present: r.classes_present,
+                imbalance_factor: round4(r.imbalance_factor),
+                max_class_share: round4(r.max_class_share),
+                entropy_bits: round4(r.entropy_bits),
+                classes: join(&r.classes),
+                histogram: hist_pairs(&r.histogram),
+            })?;
         }
-        s
+        w.flush()?;
+        Ok(())
+    }
+
+    /// [`Description::write_csv`] into a string.
+    pub fn to_csv(&self) -> String {
+        let mut out = Vec::new();
+        self.write_csv(&mut out).expect("writing CSV to memory");
+        String::from_utf8(out).expect("the CSV of numbers is UTF-8")
     }
 }
 
@@ -220,6 +256,14 @@ impl fmt::Display for Description {
         )?;
         writeln!(f, "source     {}", self.source)?;
         writeln!(f, "pools      {} train, {} test", self.train_pool, self.test_pool)?;
+        if let Some(c) = &self.files {
+            let shape = c.sample_shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("×");
+            writeln!(
+                f,
+                "files      {} train + {} test images ({shape}) read and decoded; labels match",
+                c.train, c.test
+            )?;
+        }
         writeln!(
             f,
             "partition  {} — {} clients × {} tasks, fingerprint {:016x}",

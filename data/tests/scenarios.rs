@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anchorage_data::{DataError, DataSpec, describe};
 
@@ -60,8 +60,16 @@ fn every_scenario_parses_and_describes() {
         eprintln!("== {} ==\n{d}", path.display());
         assert!(d.summary.clients > 0 && d.summary.train_samples > 0, "{}", path.display());
         let csv = d.to_csv();
-        assert_eq!(csv.lines().count(), d.rows.len() + 1);
-        assert!(csv.lines().skip(1).all(|l| l.split(',').count() == 11), "{}", path.display());
+        let mut reader = csv::Reader::from_reader(csv.as_bytes());
+        assert_eq!(reader.headers().unwrap().len(), 11);
+        let records: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+        assert_eq!(records.len(), d.rows.len(), "{}", path.display());
+        for (record, row) in records.iter().zip(&d.rows) {
+            assert_eq!(record.len(), 11, "{}", path.display());
+            assert_eq!(record[2].parse::<usize>().unwrap(), row.train);
+            let classes: Vec<u32> = record[9].split_whitespace().map(|c| c.parse().unwrap()).collect();
+            assert_eq!(classes, row.classes, "{}", path.display());
+        }
         // The same spec describes to the same partition.
         let again = describe(&spec, None).unwrap();
         assert_eq!(again.fingerprint, describe(&spec, None).unwrap().fingerprint);
@@ -84,7 +92,10 @@ fn scaled_specs_and_bad_specs() {
     )
     .unwrap();
     let d = describe(&spec, None).unwrap();
-    assert_eq!((d.train_pool, d.test_pool), (5000, 1000));
+    // `scale` is the training data's; the test set stays whole unless `test_scale` says otherwise.
+    assert_eq!((d.train_pool, d.test_pool), (5000, 10000));
+    let halved = DataSpec { test_scale: Some(0.5), ..spec.clone() };
+    assert_eq!(describe(&halved, None).unwrap().test_pool, 5000);
     assert_eq!(d.summary.train_samples, 5000);
     assert_eq!(d.summary.tasks, 2);
     assert!(d.source.contains("stand-in"));
@@ -158,8 +169,60 @@ fn load_matches_the_label_pools() {
     let spec: DataSpec =
         toml::from_str("dataset = \"mnist\"\nscale = 0.01\n[partition]\nkind = \"iid\"\nclients = 2\n").unwrap();
     let data = anchorage_data::load(&spec, Some(&dir)).unwrap();
-    // round(1 % of each class): 599 of 60,000 and 100 of 10,000.
-    assert_eq!((data.train.len(), data.test.len()), (599, 100));
+    // round(1 % of each class): 599 of 60,000; the test set whole (10,000) as `test_scale` is unset.
+    assert_eq!((data.train.len(), data.test.len()), (599, 10000));
     assert_eq!(data.train.sample_shape, vec![1, 28, 28]);
     assert_eq!(data.train.labels, anchorage_data::label_pools(&spec, Some(&dir)).unwrap().train);
+}
+
+/// An idx file: big-endian magic, dimensions, then the bytes.
+fn idx(magic: u32, dims: &[u32], body: &[u8]) -> Vec<u8> {
+    let mut v = magic.to_be_bytes().to_vec();
+    dims.iter().for_each(|d| v.extend_from_slice(&d.to_be_bytes()));
+    v.extend_from_slice(body);
+    v
+}
+
+/// A tiny MNIST in `dir/mnist/`: `n` 4×4 images per split, labels cycling over the 10 classes.
+fn write_tiny_mnist(dir: &Path, n: u32) {
+    let d = dir.join("mnist");
+    std::fs::create_dir_all(&d).unwrap();
+    for prefix in ["train", "t10k"] {
+        let pixels: Vec<u8> = (0..n * 16).map(|i| (i % 251) as u8).collect();
+        let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+        let images = idx(anchorage_data::loaders::mnist::IMAGES_MAGIC, &[n, 4, 4], &pixels);
+        std::fs::write(d.join(format!("{prefix}-images-idx3-ubyte")), images).unwrap();
+        let labels = idx(anchorage_data::loaders::mnist::LABELS_MAGIC, &[n], &labels);
+        std::fs::write(d.join(format!("{prefix}-labels-idx1-ubyte")), labels).unwrap();
+    }
+}
+
+#[test]
+fn describe_reads_the_image_files_as_a_run_would() {
+    let base = common::scratch("describe-files");
+    write_tiny_mnist(&base, 40);
+    let spec: DataSpec = toml::from_str("dataset = \"mnist\"\n[partition]\nkind = \"iid\"\nclients = 2\n").unwrap();
+    let d = describe(&spec, Some(&base)).unwrap();
+    assert_eq!(d.files, Some(anchorage_data::FilesChecked { train: 40, test: 40, sample_shape: vec![1, 4, 4] }));
+    assert!(d.to_string().contains("files      40 train + 40 test images (1×4×4) read and decoded"), "{d}");
+    // The labels alone are intact, so only reading the images finds a truncated image file.
+    let images = base.join("mnist/train-images-idx3-ubyte");
+    let bytes = std::fs::read(&images).unwrap();
+    std::fs::write(&images, &bytes[..bytes.len() - 100]).unwrap();
+    assert!(anchorage_data::label_pools(&spec, Some(&base)).is_ok());
+    let e = describe(&spec, Some(&base)).unwrap_err();
+    assert!(matches!(e, DataError::BadLength { ref path, expected: 656, found: 556, .. } if *path == images), "{e}");
+    let shown = e.to_string();
+    assert!(shown.contains(&images.display().to_string()) && shown.contains("556 bytes, expected 656"), "{shown}");
+    // A test split with fewer images than labels.
+    std::fs::write(&images, &bytes).unwrap();
+    let test_images = base.join("mnist/t10k-images-idx3-ubyte");
+    let pixels: Vec<u8> = vec![0; 39 * 16];
+    std::fs::write(&test_images, idx(anchorage_data::loaders::mnist::IMAGES_MAGIC, &[39, 4, 4], &pixels)).unwrap();
+    let e = describe(&spec, Some(&base)).unwrap_err();
+    assert!(matches!(e, DataError::CountMismatch { images: 39, labels: 40, .. }), "{e}");
+    assert!(e.to_string().contains(&test_images.display().to_string()), "{e}");
+    // Without a data directory nothing is read (stand-in labels).
+    assert_eq!(describe(&spec, None).unwrap().files, None);
+    let _ = std::fs::remove_dir_all(&base);
 }

@@ -112,21 +112,17 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> io::
     w.write_all(frame).await
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, rename, and
-/// fsync of the folder. A crash leaves either the old file or the new one, never a torn one.
+/// Writes `bytes` to `path` atomically: a uniquely named temporary file in the same folder
+/// (tempfile), fsync, rename over `path`, and fsync of the folder. A crash leaves either the old
+/// file or the new one, never a torn one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let mut tmp_name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }

@@ -52,33 +52,6 @@ impl CostRecord {
 }
 
 /// The header of the ledger as CSV: the one format the simulator's run folder (`ledger.csv`) and
-/// the server's export share.
+/// the server's export share (both write the rows with the `csv` crate from the serde fields, in
+/// this order).
 pub const CSV_HEADER: &str = "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,joules,straggler,dropped";
-
-impl CostRecord {
-    /// One line of the ledger as CSV (see [`CSV_HEADER`]), without the line break.
-    pub fn csv_row(&self) -> String {
-        alloc::format!(
-            "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{},{}",
-            csv_field(&self.client),
-            self.round,
-            self.payload_down,
-            self.payload_up,
-            self.wire_down,
-            self.wire_up,
-            self.compute_seconds,
-            self.transfer_seconds,
-            self.wait_seconds,
-            self.wall_seconds,
-            self.rtt_seconds,
-            self.joules,
-            self.straggler,
-            self.dropped
-        )
-    }
-}
-
-/// A text as one CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break.
-pub fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) { alloc::format!("\"{}\"", s.replace('"', "\"\"")) } else { String::from(s) }
-}

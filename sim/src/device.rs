@@ -39,7 +39,7 @@ pub struct DeviceProfile {
     pub on_off: Option<OnOff>,
     /// Virtual clock: a CSV file of the intervals when the device is reachable (FedScale-style
     /// availability trace): header `start_seconds,end_seconds`, one interval per line, in any
-    /// order, in simulated seconds from the start of the run (blank and `#` lines are skipped;
+    /// order, in simulated seconds from the start of the run (fields may be quoted; blank and `#` lines are skipped;
     /// relative paths: from the working directory). The trace repeats every `trace_period_seconds`, by default its last end. Every
     /// device of the profile follows the same trace. Excludes `on_off`.
     pub availability_trace: Option<PathBuf>,
@@ -90,24 +90,52 @@ impl Availability {
         Self::parse_trace(&text, &path.display().to_string(), period_seconds)
     }
 
-    /// Parses a trace's text; `source` names it in errors (`source:line: ...`).
+    /// Parses a trace's text (CSV: fields may be quoted and padded with spaces); `source` names
+    /// it in errors (`source:line: ...`).
     pub fn parse_trace(text: &str, source: &str, period_seconds: Option<f64>) -> anyhow::Result<Self> {
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .map(|(i, l)| (i + 1, l.trim()))
-            .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
-        match lines.next() {
-            Some((_, l)) if l.split(',').map(str::trim).eq(TRACE_HEADER.split(',')) => {}
-            Some((n, l)) => anyhow::bail!("{source}:{n}: expected the header `{TRACE_HEADER}`, found `{l}`"),
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .trim(csv::Trim::All)
+            .comment(Some(b'#'))
+            .from_reader(text.as_bytes());
+        // The line a record starts on. The reader's line count leaves out blank and comment
+        // lines, and its byte offset is where it began reading, before those it skipped.
+        let bytes = text.as_bytes();
+        let line = |p: Option<&csv::Position>| {
+            let mut at = p.map_or(0, |p| p.byte() as usize).min(bytes.len());
+            while let Some(end) = bytes[at..].iter().position(|&b| b == b'\n') {
+                let l = &bytes[at..at + end];
+                if !(l.is_empty() || l == b"\r" || l.starts_with(b"#")) {
+                    break;
+                }
+                at += end + 1;
+            }
+            1 + bytes[..at].iter().filter(|&&b| b == b'\n').count()
+        };
+        // Records with their line numbers; blank lines and comments (also indented ones) skipped.
+        let mut records = reader.records().filter_map(|r| match r {
+            Ok(r) if r.iter().all(str::is_empty) || r.get(0).is_some_and(|f| f.starts_with('#')) => None,
+            Ok(r) => Some(Ok((line(r.position()), r))),
+            Err(e) => Some(Err(e)),
+        });
+        let shown = |r: &csv::StringRecord| r.iter().collect::<Vec<_>>().join(",");
+        let line_of = |e: &csv::Error| e.position().map_or(String::new(), |p| format!(":{}", line(Some(p))));
+        let header: Vec<&str> = TRACE_HEADER.split(',').collect();
+        match records.next() {
+            Some(Ok((_, r))) if r.iter().eq(header.iter().copied()) => {}
+            Some(Ok((n, r))) => {
+                anyhow::bail!("{source}:{n}: expected the header `{TRACE_HEADER}`, found `{}`", shown(&r))
+            }
+            Some(Err(e)) => anyhow::bail!("{source}{}: {e}", line_of(&e)),
             None => anyhow::bail!("{source}: empty file, expected the header `{TRACE_HEADER}` and intervals"),
         }
         let mut windows = Vec::new();
         let mut last_end = 0.0f64;
-        for (n, line) in lines {
-            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-            let [start, end] = fields[..] else {
-                anyhow::bail!("{source}:{n}: expected two numbers `{TRACE_HEADER}`, found `{line}`")
+        for record in records {
+            let (n, record) = record.map_err(|e| anyhow::anyhow!("{source}{}: {e}", line_of(&e)))?;
+            let (Some(start), Some(end), None) = (record.get(0), record.get(1), record.get(2)) else {
+                anyhow::bail!("{source}:{n}: expected two numbers `{TRACE_HEADER}`, found `{}`", shown(&record))
             };
             let number = |name: &str, field: &str| -> anyhow::Result<f64> {
                 let v: f64 =
@@ -548,6 +576,23 @@ mod tests {
     }
 
     #[test]
+    fn a_trace_is_csv_with_quotes_comments_and_crlf() {
+        let text = "# written by a spreadsheet\r\n\"start_seconds\",\"end_seconds\"\r\n  # indented\r\n\"10\",\" 20 \"\r\n\r\n30,\"40\"\r\n";
+        assert_eq!(
+            trace(text, Some(50.0)).unwrap(),
+            Availability::Trace(vec![(s(10.0), s(20.0)), (s(30.0), s(40.0))], s(50.0))
+        );
+        // A quoted comma is one field, not two: the line numbers count the comment and blank lines.
+        let e = format!("{:#}", trace("# c\nstart_seconds,end_seconds\n\n\"1,5\",9\n", None).unwrap_err());
+        assert!(e.contains("t.csv:4: start_seconds `1,5` is not a number"), "{e}");
+        let e =
+            format!("{:#}", trace("# c\r\nstart_seconds,end_seconds\r\n\r\n# c\r\n1,2\r\n5,4\r\n", None).unwrap_err());
+        assert!(e.contains("t.csv:6: end_seconds 4 is before start_seconds 5"), "{e}");
+        let e = format!("{:#}", trace("\"start_seconds,end_seconds\"\n1,2\n", None).unwrap_err());
+        assert!(e.contains("t.csv:1: expected the header"), "{e}");
+    }
+
+    #[test]
     fn trace_queries_repeat_with_the_period() {
         let a = trace("start_seconds,end_seconds\n10,20\n30,40\n", Some(50.0)).unwrap();
         assert!(!a.available_at(s(0.0)) && a.available_at(s(10.0)) && !a.available_at(s(20.0)));
@@ -589,7 +634,8 @@ mod tests {
         assert!(err("start,end\n1,2\n", None).contains("t.csv:1: expected the header"));
         assert!(err(&format!("{h}1,2\n3,x\n"), None).contains("t.csv:3: end_seconds `x` is not a number"));
         assert!(err(&format!("{h}1,2,3\n"), None).contains("t.csv:2: expected two numbers"));
-        assert!(err(&format!("{h}\n5,4\n"), None).contains("t.csv:3: end_seconds 4 is before start_seconds 5"));
+        let e = err(&format!("{h}\n5,4\n"), None);
+        assert!(e.contains("t.csv:3: end_seconds 4 is before start_seconds 5"), "{e}");
         assert!(err(&format!("{h}-1,4\n"), None).contains("t.csv:2: start_seconds -1 is negative"));
         assert!(err(&format!("{h}1,inf\n"), None).contains("t.csv:2: end_seconds `inf` is not finite"));
         assert!(err(&format!("{h}1,1e300\n"), None).contains("t.csv:2: 1e300 seconds is too large"));

@@ -33,7 +33,7 @@ use anyhow::Context;
 use crate::device::{Charge, ComputePool};
 use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round, write_run_folder};
 use crate::run::{SimConfig, SimResult, device_options};
-use crate::setup::{Setup, mean_accuracy};
+use crate::setup::Setup;
 
 /// The clients of shard `index` of `of`: contiguous, sizes differing by at most one.
 pub fn shard(clients: usize, index: usize, of: usize) -> anyhow::Result<std::ops::Range<usize>> {
@@ -136,7 +136,7 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         store: Some(store),
     })
     .await?;
-    let initial_accuracy = mean_accuracy(&evaluator.evaluate(&initial, &[], 0)?);
+    let initial_accuracy = crate::run::initial_of(&evaluator.evaluate(&initial, &[], 0)?);
     let scenario = out.join("fleet.toml");
     std::fs::write(&scenario, toml::to_string_pretty(&config)?)
         .with_context(|| format!("writing {}", scenario.display()))?;
@@ -162,7 +162,7 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
     }
     if progress {
         println!("anchorage fleet: {headline}, {workers} worker processes");
-        println!("initial global accuracy {:.2}%", initial_accuracy * 100.0);
+        println!("initial global accuracy {}", crate::record::percent(initial_accuracy));
     }
 
     let mut closed = Vec::new();
@@ -236,7 +236,7 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         local_eval: crate::record::LocalEval::of(&config),
     };
     let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
-    write_run_folder(out, &toml::to_string_pretty(&config)?, &summary, &ledger, &accuracy_rows)?;
+    write_run_folder(out, &crate::scenario::effective_toml(&config)?, &summary, &ledger, &accuracy_rows)?;
     let reports = closed.iter().map(|(r, _)| (**r).clone()).collect();
     Ok(SimResult {
         summary,

@@ -4,19 +4,22 @@
 //! file and no network: procedural synthetic images made in code, Dirichlet label skew over the
 //! clients, FedAvg of a trainable adapter and head on a frozen backbone.
 
+pub mod compare;
 pub mod continual;
 pub mod device;
 pub mod export;
 pub mod fleet;
 pub mod microbench;
 pub mod network;
+pub mod progress;
 pub mod provision;
 mod record;
+pub mod recorder;
 pub mod report;
 mod run;
 pub mod scenario;
 mod setup;
 pub mod virtual_clock;
 
-pub use record::{RoundRow, RunSummary, claim_run_folder, write_run_folder};
-pub use run::{Attack, ClientLink, Clock, KillAt, LinkShare, SimConfig, SimResult, run};
+pub use record::{RoundRow, RunStatus, RunSummary, claim_run_folder, percent, run_folder_name, write_run_folder};
+pub use run::{Attack, ClientLink, Clock, KillAt, LinkShare, SimConfig, SimResult, run, run_recorded};

@@ -1,10 +1,12 @@
 //! `anchorage`: the simulator's command line.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anchorage_data::PartitionSpec;
 use anchorage_sim::device::DeviceProfile;
 use anchorage_sim::network::DuplexProfile;
+use anchorage_sim::recorder::{Console, Recorder, StopFlag};
 use anchorage_sim::scenario::{self, ConfigFile};
 use anchorage_sim::{Clock, SimConfig};
 use anyhow::Context;
@@ -36,6 +38,16 @@ enum Command {
     Report {
         /// A run folder written by `anchorage sim`.
         run: PathBuf,
+    },
+    /// Runs side by side: a table of key metrics (one column per run folder) and their accuracy
+    /// by round overlaid in compare_accuracy.svg / .png.
+    Compare {
+        /// Run folders written by `anchorage sim` (or `anchorage fleet --local`).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Where the chart goes (default: the first run's parent folder).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// A scenario's federation as NumPy files for a peer framework (benches/peers): features,
     /// each client's rows and batch order, the clients of each round, the initial weights.
@@ -185,7 +197,8 @@ enum KindArg {
 #[derive(Subcommand)]
 enum DataCommand {
     /// Per client and task: class histogram, sample counts, imbalance factor and label skew of a
-    /// scenario's `[data]` table. Prints a table and writes the same as CSV.
+    /// scenario's `[data]` table. Prints a table and writes the same as CSV. With a data folder,
+    /// also reads and decodes every image file as `anchorage sim` would load it.
     Describe(DescribeArgs),
 }
 
@@ -197,7 +210,7 @@ struct DescribeArgs {
     /// with the official per-class counts are used, and the output says so.
     #[arg(long, env = "ANCHORAGE_DATA")]
     data_dir: Option<PathBuf>,
-    /// CSV output (default: `<scenario file stem>.describe.csv` in the current folder).
+    /// CSV output (default: `runs/<scenario file stem>.describe.csv` under the current folder).
     #[arg(long)]
     csv: Option<PathBuf>,
 }
@@ -249,9 +262,37 @@ struct SimArgs {
     /// FedEvolve's straggler ratio: the chance a client runs fewer local epochs (1..τ) in a round.
     #[arg(long, value_parser = probability)]
     stragglers: Option<f64>,
-    /// Run folder (default: runs/sim-<seed>-<unix time>).
+    /// The clients' local optimizer.
+    #[arg(long, value_enum)]
+    optimizer: Option<anchorage_client::train::OptimizerKind>,
+    /// The local learning rate.
+    #[arg(long, value_parser = positive)]
+    lr: Option<f64>,
+    /// The local batch size.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    batch_size: Option<u32>,
+    /// Fraction of the connected clients sampled each round.
+    #[arg(long, value_parser = fraction)]
+    fraction: Option<f64>,
+    /// Clients evaluate their local model every this many rounds (the global model: every round).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    eval_every: Option<u64>,
+    /// Fraction of each task's test rows the clients evaluate their local model on (seeded).
+    #[arg(long, value_parser = fraction)]
+    eval_fraction: Option<f64>,
+    /// Fraction of a scenario's test set to use (its `[data] test_scale`; default: all of it,
+    /// whatever --data-scale is).
+    #[arg(long, value_parser = fraction)]
+    test_scale: Option<f64>,
+    /// Run folder (default: runs/sim-<seed>-<UTC date>T<time>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Print only the run folder and the summary line (no progress, no round table).
+    #[arg(long, conflicts_with = "json")]
+    quiet: bool,
+    /// Progress as JSON lines on stdout (`start`, each `round`, `finished`), for scripts.
+    #[arg(long)]
+    json: bool,
 }
 
 /// A number parsed from a flag, or why not.
@@ -304,11 +345,17 @@ fn main() -> anyhow::Result<()> {
         Command::Ca(command) => ca(command),
         Command::Provision { project, out } => provision(&project, out.as_deref()),
         Command::Report { run } => {
-            for file in anchorage_sim::report::write_report(&run)? {
-                println!("{}", file.display());
+            let files = anchorage_sim::report::write_report(&run)?;
+            // A closed stdout (`anchorage report DIR | head -1`) ends the listing, not the program.
+            let mut out = std::io::stdout().lock();
+            for file in files {
+                if writeln!(out, "{}", file.display()).is_err() {
+                    break;
+                }
             }
             Ok(())
         }
+        Command::Compare { runs, out } => anchorage_sim::compare::print(&runs, out.as_deref()),
     }
 }
 
@@ -391,30 +438,30 @@ fn provision(project: &Path, out: Option<&Path>) -> anyhow::Result<()> {
 fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let (file, mut config) = scenario_or_default(args.scenario.as_deref())?;
     let file = file.as_ref();
-    set_shared_flags(&mut config, file, args.clients, args.rounds, args.link.as_ref(), args.data_dir.as_ref());
-    if let Some(v) = args.fraction {
-        overrides(file, "--fraction", v, &["fraction"]);
-        config.fraction = v;
-    }
+    let shared = SharedFlags {
+        clients: args.clients,
+        rounds: args.rounds,
+        fraction: args.fraction,
+        link: args.link.as_ref(),
+        data_dir: args.data_dir.as_ref(),
+    };
+    set_shared_flags(&mut config, file, shared);
     scenario::check(&config, file)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     if let Some(workers) = args.local {
         let out = match args.out {
             Some(out) => out,
             None => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
-                anchorage_sim::claim_run_folder(Path::new("runs"), &format!("fleet-{}-{now}", config.seed))
+                let name = anchorage_sim::run_folder_name("fleet", config.seed, std::time::SystemTime::now());
+                anchorage_sim::claim_run_folder(Path::new("runs"), &name)
                     .context("creating the run folder under runs/")?
             }
         };
         let result = runtime.block_on(anchorage_sim::fleet::run_local(config, workers, &out, true))?;
         println!(
-            "final accuracy {:.2}% (initial {:.2}%); {} rounds in {:.1} s",
+            "final accuracy {:.2}% (initial {}); {} rounds in {:.1} s",
             result.summary.final_accuracy * 100.0,
-            result.summary.initial_accuracy * 100.0,
+            anchorage_sim::percent(result.summary.initial_accuracy),
             result.summary.rounds.len(),
             result.summary.wall_seconds
         );
@@ -471,12 +518,16 @@ fn describe(args: DescribeArgs) -> anyhow::Result<()> {
     let description = anchorage_data::describe(&spec, args.data_dir.as_deref())
         .with_context(|| format!("describing the data of {}", args.scenario.display()))?;
     println!("{description}");
-    let csv = args.csv.unwrap_or_else(|| {
-        let stem =
-            args.scenario.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
-        PathBuf::from(format!("{stem}.describe.csv"))
-    });
-    std::fs::write(&csv, description.to_csv()).with_context(|| format!("writing {}", csv.display()))?;
+    let csv = match args.csv {
+        Some(csv) => csv,
+        None => {
+            let stem = args.scenario.file_stem().map_or_else(|| "scenario".into(), |s| s.to_string_lossy());
+            std::fs::create_dir_all("runs").context("creating runs/ for the CSV")?;
+            Path::new("runs").join(format!("{stem}.describe.csv"))
+        }
+    };
+    let file = std::fs::File::create(&csv).with_context(|| format!("writing {}", csv.display()))?;
+    description.write_csv(file).with_context(|| format!("writing {}", csv.display()))?;
     println!("csv: {}", csv.display());
     Ok(())
 }
@@ -500,17 +551,24 @@ fn scenario_or_default(path: Option<&Path>) -> anyhow::Result<(Option<ConfigFile
     Ok((file, config))
 }
 
-/// The flags `anchorage sim` and `anchorage fleet` share, over the file's values: `--clients`
-/// (the federation's and the split's), `--rounds`, `--link` (which replaces any link mix or
-/// per-client links) and `--data-dir`.
-fn set_shared_flags(
-    config: &mut SimConfig,
-    file: Option<&ConfigFile>,
+/// The flags `anchorage sim` and `anchorage fleet` share.
+struct SharedFlags<'a> {
     clients: Option<usize>,
     rounds: Option<u64>,
-    link: Option<&String>,
-    data_dir: Option<&PathBuf>,
-) {
+    fraction: Option<f64>,
+    link: Option<&'a String>,
+    data_dir: Option<&'a PathBuf>,
+}
+
+/// The shared flags over the file's values: `--clients` (the federation's and the split's),
+/// `--rounds`, `--fraction`, `--link` (which replaces any link mix or per-client links) and
+/// `--data-dir`.
+fn set_shared_flags(config: &mut SimConfig, file: Option<&ConfigFile>, flags: SharedFlags) {
+    let SharedFlags { clients, rounds, fraction, link, data_dir } = flags;
+    if let Some(v) = fraction {
+        overrides(file, "--fraction", v, &["fraction"]);
+        config.fraction = v;
+    }
     if let Some(v) = clients {
         overrides(file, "--clients", v, &["clients"]);
         config.clients = v;
@@ -560,7 +618,14 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         overrides(file, "--rounds-per-task", v, &["rounds_per_task"]);
         config.rounds_per_task = v;
     }
-    set_shared_flags(config, file, args.clients, args.rounds, args.link.as_ref(), args.data_dir.as_ref());
+    let shared = SharedFlags {
+        clients: args.clients,
+        rounds: args.rounds,
+        fraction: args.fraction,
+        link: args.link.as_ref(),
+        data_dir: args.data_dir.as_ref(),
+    };
+    set_shared_flags(config, file, shared);
     if let Some(v) = args.seed {
         overrides(file, "--seed", v, &["seed"]);
         config.seed = v;
@@ -619,21 +684,42 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         overrides(file, "--stragglers", v, &["straggler_ratio"]);
         config.straggler_ratio = v;
     }
+    if let Some(v) = args.optimizer {
+        overrides(file, "--optimizer", format!("{v:?}").to_lowercase(), &["optimizer"]);
+        config.optimizer = v;
+    }
+    if let Some(v) = args.lr {
+        overrides(file, "--lr", v, &["learning_rate"]);
+        config.learning_rate = v as f32;
+    }
+    if let Some(v) = args.batch_size {
+        overrides(file, "--batch-size", v, &["batch_size"]);
+        config.batch_size = v;
+    }
+    if let Some(v) = args.eval_every {
+        overrides(file, "--eval-every", v, &["eval_every"]);
+        config.eval_every = v;
+    }
+    if let Some(v) = args.eval_fraction {
+        overrides(file, "--eval-fraction", v, &["eval_fraction"]);
+        config.eval_fraction = v;
+    }
+    if let Some(v) = args.test_scale {
+        let data = config.data.as_mut().with_context(|| {
+            format!(
+                "--test-scale scales a scenario's [data] test set and {} has none (the embedded data: test_per_class)",
+                from()
+            )
+        })?;
+        overrides(file, "--test-scale", v, &["data", "test_scale"]);
+        data.test_scale = Some(v);
+    }
     Ok(())
 }
 
 /// A data folder that is not there: an error when the run reads files from it, else a warning.
 fn check_data_dir(config: &SimConfig, from_flag: bool, file: Option<&ConfigFile>) -> anyhow::Result<()> {
-    let dataset = config.data.as_ref().map(|d| d.dataset).filter(|d| {
-        use anchorage_data::DatasetKind::{Circle, Synthetic};
-        !matches!(d, Synthetic | Circle)
-    });
-    let backbone = Some(config.model.backbone.as_str()).filter(|b| !matches!(*b, "embedded" | "identity"));
-    let needs = match (dataset, backbone) {
-        (Some(d), _) => Some(format!("the files of the dataset {}", d.name())),
-        (None, Some(b)) => Some(format!("the weights of the backbone {b}")),
-        (None, None) => None,
-    };
+    let needs = scenario::files_needed(config);
     let Some(dir) = &config.data_dir else {
         if let Some(needs) = needs {
             anyhow::bail!("{needs} are read from a data folder: give --data-dir or set ANCHORAGE_DATA");
@@ -662,42 +748,40 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
     let out = match args.out {
         Some(out) => out,
         None => {
-            let now =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            anchorage_sim::claim_run_folder(Path::new("runs"), &format!("sim-{}-{now}", config.seed))
-                .context("creating the run folder under runs/")?
+            let name = anchorage_sim::run_folder_name("sim", config.seed, std::time::SystemTime::now());
+            anchorage_sim::claim_run_folder(Path::new("runs"), &name).context("creating the run folder under runs/")?
         }
     };
-    match config.clock {
+    let console = match (args.quiet, args.json) {
+        (true, _) => Console::Quiet,
+        (_, true) => Console::Json,
+        _ => Console::Human,
+    };
+    anchorage_sim::progress::enable(console == Console::Human);
+    let mut recorder = Recorder::new(console, Some(&out), &config, StopFlag::on_signals()?)?;
+    let result = match config.clock {
         Clock::Real => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(anchorage_sim::run(config, Some(out.clone()), true))?;
-            anchorage_sim::report::write_report(&out)?;
-            println!("report: {}", out.join("report.md").display());
+            runtime.block_on(anchorage_sim::run_recorded(config, &mut recorder))
         }
-        Clock::Virtual => {
-            let result = anchorage_sim::virtual_clock::run_virtual_with_progress(&config, true)?;
-            println!("{}", anchorage_sim::RoundRow::HEADER);
-            for row in &result.summary.rounds {
-                println!("{}", row.table_line());
-            }
-            let simulated: f64 = result.summary.rounds.iter().map(|r| r.seconds).sum();
-            println!(
-                "final accuracy {:.2}% (initial {:.2}%); {simulated:.1} simulated seconds of rounds in {:.1} s",
-                result.summary.final_accuracy * 100.0,
-                result.summary.initial_accuracy * 100.0,
-                result.summary.wall_seconds
-            );
-            anchorage_sim::write_run_folder(
-                &out,
-                &toml::to_string_pretty(&config)?,
-                &result.summary,
-                &result.ledger,
-                &result.accuracy,
-            )?;
-            anchorage_sim::report::write_report(&out)?;
-            println!("run folder: {} (report.md and plots inside)", out.display());
+        Clock::Virtual => anchorage_sim::virtual_clock::run_virtual_recorded(&config, &mut recorder),
+    };
+    let result = match result {
+        Ok(result) => result,
+        Err(e) => {
+            recorder.fail(&e);
+            return Err(e.context(format!("the run failed; its folder {} says so in metrics.json", out.display())));
         }
+    };
+    anchorage_sim::report::write_report(&out)?;
+    recorder.say(&format!("report: {}", out.join("report.md").display()));
+    if let Some(reason) = recorder.stop_requested() {
+        eprintln!(
+            "stopped after round {}; run folder {} (status interrupted)",
+            result.summary.rounds.len(),
+            out.display()
+        );
+        std::process::exit(reason.exit_code());
     }
     Ok(())
 }

@@ -1,6 +1,5 @@
 //! The run record: one row per round, the cost ledger, a summary, and the run folder on disk.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anchorage_shared::ledger::CostRecord;
@@ -34,6 +33,16 @@ pub struct RoundRow {
 /// What the run achieved and what it cost.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunSummary {
+    /// Running while the rounds go, then finished, interrupted (a signal or a closed stdout
+    /// stopped it after the round in flight) or failed. Files from before the field: finished.
+    #[serde(default)]
+    pub status: RunStatus,
+    /// What stopped an interrupted run, or the error of a failed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// The global model's accuracy before the first round; NaN (null in JSON) for a method with no
+    /// global model then.
+    #[serde(with = "nan_as_null")]
     pub initial_accuracy: f64,
     pub final_accuracy: f64,
     pub chance: f64,
@@ -56,6 +65,30 @@ pub struct RunSummary {
     /// continual metrics' local side) were computed.
     #[serde(default)]
     pub local_eval: LocalEval,
+}
+
+/// Where a run is: see [`RunSummary::status`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Running,
+    #[default]
+    Finished,
+    Interrupted,
+    Failed,
+}
+
+/// An f64 that may be NaN ("not measured") as a JSON number or null.
+mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() { s.serialize_f64(*v) } else { s.serialize_none() }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
 }
 
 /// The clients' local evaluation policy of a run: every `every`-th round, on `fraction` of each
@@ -182,6 +215,8 @@ impl RunSummary {
             (!uploads.is_empty()).then(|| uploads.iter().map(|c| f(c)).sum::<f64>() / uploads.len() as f64)
         };
         Self {
+            status: RunStatus::Finished,
+            stop_reason: None,
             initial_accuracy: inputs.initial_accuracy,
             final_accuracy: rows.last().map(|r| r.accuracy).unwrap_or(inputs.initial_accuracy),
             chance: inputs.chance,
@@ -246,6 +281,11 @@ impl RoundRow {
     }
 }
 
+/// An accuracy as a percentage with two decimals, or "–" when not measured (NaN).
+pub fn percent(v: f64) -> String {
+    if v.is_finite() { format!("{:.2}%", v * 100.0) } else { "–".into() }
+}
+
 /// Bytes with a binary unit.
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
@@ -258,7 +298,6 @@ pub fn human_bytes(b: u64) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.2} {}", UNITS[u]) }
 }
 
-/// Writes `config.toml`, `rounds.csv`, `ledger.csv`, `ledger.json` and `metrics.json` into `dir`.
 /// Creates and returns a new folder `parent/name`, or `parent/name-2`, `-3`, … when that exists:
 /// two runs started in the same second with the same seed must not write into one folder.
 pub fn claim_run_folder(parent: &Path, name: &str) -> std::io::Result<PathBuf> {
@@ -274,6 +313,89 @@ pub fn claim_run_folder(parent: &Path, name: &str) -> std::io::Result<PathBuf> {
     Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{name}: 10,000 folders of that name")))
 }
 
+/// A run folder's name: `<kind>-<seed>-<UTC date>T<time>`, e.g. `sim-7-20261125T095201`.
+pub fn run_folder_name(kind: &str, seed: u64, at: std::time::SystemTime) -> String {
+    let secs = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let t = time::OffsetDateTime::from_unix_timestamp(secs as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{kind}-{seed}-{:04}{:02}{:02}T{:02}{:02}{:02}",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
+/// The per-round table of a run folder (one [`RoundRow`] per line).
+pub const ROUNDS_FILE: &str = "rounds.csv";
+pub const ROUNDS_HEADER: [&str; 13] = [
+    "round",
+    "accuracy",
+    "train_loss",
+    "aggregated",
+    "sampled",
+    "late_total",
+    "dropped",
+    "payload_up",
+    "wire_up",
+    "payload_down",
+    "wire_down",
+    "seconds",
+    "outcome",
+];
+/// The cost ledger as CSV (one [`CostRecord`] per line, the server's export format).
+pub const LEDGER_CSV_FILE: &str = "ledger.csv";
+pub const LEDGER_HEADER: [&str; 14] = [
+    "client",
+    "round",
+    "payload_down",
+    "payload_up",
+    "wire_down",
+    "wire_up",
+    "compute_seconds",
+    "transfer_seconds",
+    "wait_seconds",
+    "wall_seconds",
+    "rtt_seconds",
+    "joules",
+    "straggler",
+    "dropped",
+];
+pub const ACCURACY_HEADER_FIELDS: [&str; 5] = ["round", "task", "model", "test_task", "accuracy"];
+
+/// Writes `path` whole or not at all (see [`anchorage_shared::io::write_atomic`]).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    anchorage_shared::io::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// `rows` as CSV under `header` (written even when there are no rows), atomically.
+fn write_csv<T: Serialize>(path: &Path, header: &[&str], rows: impl IntoIterator<Item = T>) -> anyhow::Result<()> {
+    let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+    w.write_record(header)?;
+    for r in rows {
+        w.serialize(r).with_context(|| format!("writing a row of {}", path.display()))?;
+    }
+    write_atomic(path, &w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)
+}
+
+/// The run folder's tables and the JSON ledger, from a run's final record.
+pub fn write_tables(
+    dir: &Path,
+    summary: &RunSummary,
+    ledger: &[CostRecord],
+    accuracy: &[AccuracyRow],
+) -> anyhow::Result<()> {
+    write_csv(&dir.join(crate::report::ACCURACY_FILE), &ACCURACY_HEADER_FIELDS, accuracy)?;
+    write_csv(&dir.join(ROUNDS_FILE), &ROUNDS_HEADER, &summary.rounds)?;
+    write_csv(&dir.join(LEDGER_CSV_FILE), &LEDGER_HEADER, ledger)?;
+    write_atomic(&dir.join("ledger.json"), serde_json::to_string(ledger)?.as_bytes())
+}
+
+/// Writes a whole run folder at once: `config.toml`, `rounds.csv`, `ledger.csv`, `ledger.json`,
+/// `accuracy.csv` and `metrics.json`, each atomically. (`anchorage sim` writes the same files
+/// round by round through its [`crate::recorder::Recorder`].)
 pub fn write_run_folder(
     dir: &Path,
     config_toml: &str,
@@ -282,49 +404,10 @@ pub fn write_run_folder(
     accuracy: &[AccuracyRow],
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::write(dir.join("config.toml"), config_toml)?;
-    let mut acc = std::fs::File::create(dir.join(crate::report::ACCURACY_FILE))?;
-    writeln!(acc, "{}", crate::report::ACCURACY_HEADER)?;
-    for r in accuracy {
-        writeln!(acc, "{},{},{},{},{}", r.round, r.task, csv_field(&r.model), r.test_task, r.accuracy)?;
-    }
-
-    let mut rounds = std::fs::File::create(dir.join("rounds.csv"))?;
-    writeln!(
-        rounds,
-        "round,accuracy,train_loss,aggregated,sampled,late_total,dropped,payload_up,wire_up,payload_down,wire_down,seconds,outcome"
-    )?;
-    for r in &summary.rounds {
-        writeln!(
-            rounds,
-            "{},{:.6},{},{},{},{},{},{},{},{},{},{:.3},{}",
-            r.round,
-            r.accuracy,
-            r.train_loss.map(|l| format!("{l:.6}")).unwrap_or_default(),
-            r.aggregated,
-            r.sampled,
-            r.late_total,
-            r.dropped,
-            r.payload_up,
-            r.wire_up,
-            r.payload_down,
-            r.wire_down,
-            r.seconds,
-            csv_field(&r.outcome)
-        )?;
-    }
-
-    let mut l = std::fs::File::create(dir.join("ledger.csv"))?;
-    writeln!(l, "{}", anchorage_shared::ledger::CSV_HEADER)?;
-    for c in ledger {
-        writeln!(l, "{}", c.csv_row())?;
-    }
-    std::fs::write(dir.join("metrics.json"), serde_json::to_string_pretty(summary)?)?;
-    std::fs::write(dir.join("ledger.json"), serde_json::to_string(ledger)?)?;
-    Ok(())
+    write_atomic(&dir.join("config.toml"), config_toml.as_bytes())?;
+    write_tables(dir, summary, ledger, accuracy)?;
+    write_atomic(&dir.join("metrics.json"), serde_json::to_string_pretty(summary)?.as_bytes())
 }
-
-use anchorage_shared::ledger::csv_field;
 
 #[cfg(test)]
 mod efficiency_tests {
@@ -348,6 +431,52 @@ mod efficiency_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_csv_headers_are_the_serialised_field_names() {
+        let header = |row: &dyn erased::Row| row.header();
+        let row = RoundRow {
+            round: 1,
+            accuracy: 0.5,
+            train_loss: None,
+            aggregated: 1,
+            sampled: 1,
+            late_total: 0,
+            dropped: 0,
+            payload_up: 1,
+            wire_up: 1,
+            payload_down: 1,
+            wire_down: 1,
+            seconds: 0.1,
+            outcome: "aggregated".into(),
+        };
+        assert_eq!(header(&row), ROUNDS_HEADER.join(","));
+        assert_eq!(header(&CostRecord::default()), LEDGER_HEADER.join(","));
+        assert_eq!(LEDGER_HEADER.join(","), anchorage_shared::ledger::CSV_HEADER);
+        let acc = AccuracyRow { round: 1, task: 0, model: "a,\"b\"".into(), test_task: 0, accuracy: 0.5 };
+        assert_eq!(header(&acc), ACCURACY_HEADER_FIELDS.join(","));
+    }
+
+    mod erased {
+        /// The header line the csv crate derives from a row's serde fields.
+        pub trait Row {
+            fn header(&self) -> String;
+        }
+        impl<T: serde::Serialize> Row for T {
+            fn header(&self) -> String {
+                let mut w = csv::Writer::from_writer(Vec::new());
+                w.serialize(self).unwrap();
+                let text = String::from_utf8(w.into_inner().unwrap()).unwrap();
+                text.lines().next().unwrap().to_string()
+            }
+        }
+    }
+
+    #[test]
+    fn folder_names_read_as_utc_date_and_time() {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_600_321);
+        assert_eq!(run_folder_name("sim", 7, at), "sim-7-20261125T095201");
+    }
 
     #[test]
     fn runs_started_together_get_folders_of_their_own() {

@@ -16,13 +16,13 @@ use anchorage_server::transport::{self as server_transport, Limits, ServerEvent,
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::method::MethodConfig;
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::device::{Charge, DeviceProfile, deal_by_share};
 use crate::network::{DuplexProfile, DuplexStats, LinkHandle, ShapedSocket};
-use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round, write_run_folder};
+use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round};
+use crate::recorder::Recorder;
 use crate::setup::{Setup, client_id, mean_accuracy};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
@@ -42,6 +42,8 @@ pub struct SimConfig {
     pub local_epochs: u32,
     pub batch_size: u32,
     pub learning_rate: f32,
+    /// The clients' local optimizer (`sgd`: momentum 0.9; `adam`).
+    pub optimizer: anchorage_client::train::OptimizerKind,
     /// Fraction of connected clients each round waits for.
     pub fraction: f64,
     pub over_selection: f64,
@@ -202,6 +204,7 @@ impl Default for SimConfig {
             local_epochs: 2,
             batch_size: 32,
             learning_rate: 1e-3,
+            optimizer: anchorage_client::train::OptimizerKind::Adam,
             fraction: 1.0,
             over_selection: 0.0,
             min_available: None,
@@ -250,9 +253,14 @@ pub struct SimResult {
     pub accuracy: Vec<crate::report::AccuracyRow>,
 }
 
-/// Runs the federation; prints a table and shows progress when `progress` is set, and writes the
-/// run folder when `out` is given.
-pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> anyhow::Result<SimResult> {
+/// Runs the federation silently, with no run folder (tests, benches).
+pub async fn run(config: SimConfig) -> anyhow::Result<SimResult> {
+    run_recorded(config, &mut Recorder::silent()).await
+}
+
+/// Runs the federation, reporting each round to `recorder` (console and run folder) as it
+/// closes; a stop request ends the run after the round in flight.
+pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow::Result<SimResult> {
     let started = Instant::now();
     let Setup { engine, initial, clients, evaluator, devices, num_classes, headline, server_method, .. } =
         Setup::new(&config, Charge::Sleep)?;
@@ -275,7 +283,9 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
         store: None,
     })
     .await?;
-    let initial_accuracy = mean_accuracy(&evaluator.evaluate(&initial, &[], 0)?);
+    let initial_global = evaluator.evaluate(&initial, &[], 0)?;
+    let initial_accuracy = initial_of(&initial_global);
+    let chance = 1.0 / num_classes as f64;
     let mut accuracy_rows = Vec::new();
 
     // Clients.
@@ -303,25 +313,16 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
     }
     drop(event_tx);
 
-    let bar = if progress { ProgressBar::new(config.rounds) } else { ProgressBar::hidden() };
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} round {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}")?
-            .progress_chars("=> "),
-    );
-    let say = |line: String| {
-        if progress {
-            bar.suspend(|| println!("{line}"));
-        }
-    };
-    say(format!("anchorage sim: {headline}"));
-    say(format!("initial global accuracy {:.2}%", initial_accuracy * 100.0));
-    say(RoundRow::HEADER.to_string());
+    recorder.start(&headline, (!initial_global.is_empty()).then_some(initial_accuracy), chance, config.rounds)?;
 
     let mut ledger: Vec<CostRecord> = Vec::new();
     let mut costs_by_round: HashMap<u64, Vec<CostRecord>> = HashMap::new();
     let mut rows = Vec::new();
     let mut reports = Vec::new();
     let mut killed = vec![false; handles.len()];
+    // A stop request is polled between events; the round in flight still closes.
+    let mut poll_stop = tokio::time::interval(Duration::from_millis(100));
+    let mut stopping = false;
     loop {
         tokio::select! {
             event = server.events.recv() => match event {
@@ -339,24 +340,34 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
                     let costs = costs_by_round.remove(&report.round).unwrap_or_default();
                     let task = task_of(report.round);
                     let (acc, new_rows) = evaluate_round(&evaluator, &report, &checkpoint, task)?;
-                    accuracy_rows.extend(new_rows);
                     let row = RoundRow::from_report(&report, acc, &costs);
-                    say(row.table_line());
-                    bar.inc(1);
-                    bar.set_message(format!("acc {:.1}%", acc * 100.0));
+                    recorder.round(&row, &costs, &new_rows, None)?;
+                    accuracy_rows.extend(new_rows);
                     ledger.extend(costs);
                     rows.push(row);
                     reports.push((*report).clone());
+                    if recorder.stop_requested().is_some() {
+                        stopping = true;
+                        break;
+                    }
                 }
                 Some(ServerEvent::Finished) | None => break,
             },
             Some((i, e)) = client_events.recv() => handle_client_event(i, e, &config, &devices, &mut handles, &mut killed, &mut costs_by_round),
+            _ = poll_stop.tick() => {
+                // Announces the stop once; the loop ends when the round in flight closes.
+                let _ = recorder.stop_requested();
+            }
         }
     }
-    bar.finish_and_clear();
 
-    // Clients received their goodbye; wait for them to leave, then stop the server.
+    // Clients received their goodbye; wait for them to leave, then stop the server. A stopped
+    // run's clients get no goodbye: they are aborted.
     for h in handles {
+        if stopping {
+            h.abort();
+            continue;
+        }
         match tokio::time::timeout(Duration::from_secs(5), h).await {
             Ok(Ok(Ok(_))) | Ok(Err(_)) => {}
             Ok(Ok(Err(e))) => tracing::warn!(error = %format!("{e:#}"), "a client ended with an error"),
@@ -368,36 +379,27 @@ pub async fn run(config: SimConfig, out: Option<PathBuf>, progress: bool) -> any
 
     let inputs = SummaryInputs {
         initial_accuracy,
-        chance: 1.0 / num_classes as f64,
+        chance,
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
         refused: metrics.refusals_total(),
         decode_errors: metrics.decode_errors_total(),
         wall_seconds: started.elapsed().as_secs_f64(),
         local_eval: crate::record::LocalEval::of(&config),
     };
-    let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
-    if progress {
-        println!(
-            "final accuracy {:.2}% (initial {:.2}%, chance {:.0}%); mean upload {} payload, wire/payload {:.4}; {:.1} s",
-            summary.final_accuracy * 100.0,
-            summary.initial_accuracy * 100.0,
-            summary.chance * 100.0,
-            summary.mean_upload_payload.map(|b| crate::record::human_bytes(b as u64)).unwrap_or_else(|| "-".into()),
-            summary.upload_wire_ratio.unwrap_or(f64::NAN),
-            summary.wall_seconds
-        );
-    }
-    if let Some(dir) = &out {
-        write_run_folder(dir, &toml::to_string_pretty(&config)?, &summary, &ledger, &accuracy_rows)?;
-        if progress {
-            println!("run folder: {}", dir.display());
-        }
-    }
+    let mut summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
+    recorder.finish(&mut summary, &ledger, &accuracy_rows, None)?;
     let link_stats = link_handles
         .iter()
         .map(|h| h.as_ref().and_then(|slot| slot.lock().ok().and_then(|s| s.as_ref().map(LinkHandle::stats))))
         .collect();
-    Ok(SimResult { summary, ledger, reports, run_dir: out, link_stats, accuracy: accuracy_rows })
+    let run_dir = recorder.dir().map(|d| d.to_path_buf());
+    Ok(SimResult { summary, ledger, reports, run_dir, link_stats, accuracy: accuracy_rows })
+}
+
+/// The initial accuracy of the global model: the mean over the tasks evaluated, NaN when the
+/// method has no global model before its first round.
+pub(crate) fn initial_of(global: &[(u32, f64)]) -> f64 {
+    if global.is_empty() { f64::NAN } else { mean_accuracy(global) }
 }
 
 /// The link counters of one shaped device, filled in once its socket exists.

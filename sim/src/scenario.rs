@@ -103,6 +103,52 @@ pub fn partition_clients(partition: &mut PartitionSpec) -> &mut usize {
     }
 }
 
+/// The configuration a run used, as TOML, with every value it used (the clock included) and no
+/// key it did not: the embedded data's knobs go when a `[data]` table replaces them, `threads`
+/// on the real clock, the evolving-only keys when the run is not evolving, `data_dir` when the
+/// run reads no file. `anchorage sim <run>/config.toml` runs the same federation again.
+/// (The `[method]` table still carries every method's hyperparameters: typed per-method configs
+/// are issue 18's.)
+pub fn effective_toml(config: &SimConfig) -> anyhow::Result<String> {
+    let mut table = toml::Table::try_from(config).context("the run's configuration as TOML")?;
+    let mut unused: Vec<&str> = Vec::new();
+    if config.data.is_some() {
+        unused.extend(["alpha", "noise", "train_per_class", "test_per_class"]);
+    }
+    if config.clock == crate::Clock::Real {
+        unused.push("threads");
+    } else {
+        unused.push("kill");
+    }
+    if !config.evolving {
+        unused.push("target_domains");
+    }
+    if !reads_files(config) {
+        unused.push("data_dir");
+    }
+    for key in unused {
+        table.remove(key);
+    }
+    Ok(toml::to_string_pretty(&table)?)
+}
+
+/// Whether the run reads files from the data folder (a real dataset or pretrained weights).
+pub fn reads_files(config: &SimConfig) -> bool {
+    files_needed(config).is_some()
+}
+
+/// What the run reads from the data folder, in words (none: nothing).
+pub fn files_needed(config: &SimConfig) -> Option<String> {
+    use anchorage_data::DatasetKind::{Circle, Synthetic};
+    let dataset = config.data.as_ref().map(|d| d.dataset).filter(|d| !matches!(d, Synthetic | Circle));
+    let backbone = Some(config.model.backbone.as_str()).filter(|b| !matches!(*b, "embedded" | "identity"));
+    match (dataset, backbone) {
+        (Some(d), _) => Some(format!("the files of the dataset {}", d.name())),
+        (None, Some(b)) => Some(format!("the weights of the backbone {b}")),
+        (None, None) => None,
+    }
+}
+
 /// Range and name checks of a configuration before anything runs; an error names the key and
 /// the file it came from.
 pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
@@ -123,6 +169,14 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
         "must be within [0, 1]",
     )?;
     ensure(c.fraction > 0.0 && c.fraction <= 1.0, &["fraction"], &c.fraction, "must be in (0, 1]")?;
+    ensure(
+        c.learning_rate.is_finite() && c.learning_rate > 0.0,
+        &["learning_rate"],
+        &c.learning_rate,
+        "must be a number above 0",
+    )?;
+    ensure(c.eval_every >= 1, &["eval_every"], &c.eval_every, "must be at least 1")?;
+    ensure(c.eval_fraction > 0.0 && c.eval_fraction <= 1.0, &["eval_fraction"], &c.eval_fraction, "must be in (0, 1]")?;
     let method = format!("{:?}", c.method.name);
     let known = anchorage_server::methods::METHODS;
     ensure(
@@ -148,6 +202,9 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
         None => ensure(c.alpha > 0.0, &["alpha"], &c.alpha, "must be above 0 (inf: IID)"),
         Some(data) => {
             ensure(data.scale > 0.0 && data.scale <= 1.0, &["data", "scale"], &data.scale, "must be in (0, 1]")?;
+            if let Some(t) = data.test_scale {
+                ensure(t > 0.0 && t <= 1.0, &["data", "test_scale"], &t, "must be in (0, 1]")?;
+            }
             let split = *partition_clients(&mut data.partition.clone());
             let rule = format!(
                 "the federation has {} clients, the data split {split}; make them equal (--clients sets both)",

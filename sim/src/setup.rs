@@ -8,7 +8,6 @@ use std::time::Duration;
 use anchorage_client::methods::fedta::sikf::Sikf;
 use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
 use anchorage_client::model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
-use anchorage_client::train::OptimizerKind;
 use anchorage_data::partition::FederatedSplit;
 use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
 use anchorage_server::engine::EngineConfig;
@@ -124,7 +123,9 @@ impl Setup {
                 let dir = config.data_dir.as_deref();
                 let pools = anchorage_data::label_pools(spec, dir).context("reading the scenario's labels")?;
                 let split = anchorage_data::build_split(spec, &pools).context("partitioning the scenario's data")?;
+                let loading = crate::progress::spinner(format!("loading {}", spec.dataset.name()));
                 let loaded = anchorage_data::load(spec, dir).context("loading the scenario's data")?;
+                loading.finish_and_clear();
                 Prepared { train: loaded.train, test: loaded.test, split, source: loaded.source }
             }
         };
@@ -141,8 +142,14 @@ impl Setup {
                 .context("building the frozen backbone")?
                 .into();
         // Features once per sample of each pool; clients take rows of them (and of the samples).
-        let mut train_features = FeatureCache::build(backbone.as_ref(), &train, 256, &plain);
-        let mut test_features = FeatureCache::build(backbone.as_ref(), &test, 256, &plain);
+        let features = |data: &anchorage_data::Dataset, what: &str| {
+            let bar = crate::progress::bar(data.len() as u64, &format!("{what} features ({})", config.model.backbone));
+            let cache = FeatureCache::build_with_progress(backbone.as_ref(), data, 256, &plain, &|n| bar.inc(n as u64));
+            bar.finish_and_clear();
+            cache
+        };
+        let mut train_features = features(&train, "train");
+        let mut test_features = features(&test, "test");
         let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
         // The raw samples stay beside the features only for a method that reads them (FedTA's input
         // enhancement, and its server's SIKF); for the others they are let go here rather than held
@@ -189,7 +196,7 @@ impl Setup {
             net: net.clone(),
             stream,
             device: train_device.clone(),
-            optimizer: OptimizerKind::Adam,
+            optimizer: config.optimizer,
             encoding,
             seed,
             backbone: Some(input_backbone.clone()),

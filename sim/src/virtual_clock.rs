@@ -21,8 +21,10 @@ use anyhow::Context;
 use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
 use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round};
+use crate::recorder::Recorder;
+use crate::run::initial_of;
 use crate::run::{SimConfig, SimResult};
-use crate::setup::{Setup, client_id, mean_accuracy};
+use crate::setup::{Setup, client_id};
 
 /// Payload bytes a QUIC packet carries, and the bytes of headers, framing and AEAD tag around it
 /// (measured on loopback: about 3% over the payload for a 1 MB upload).
@@ -140,27 +142,18 @@ struct VirtualClient {
     costs: HashMap<u64, (CostRecord, Duration)>,
 }
 
-/// Runs the federation of `config` on the virtual clock.
+/// Runs the federation of `config` on the virtual clock, silently, with no run folder.
 pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
-    run_virtual_with_progress(config, false)
+    run_virtual_recorded(config, &mut Recorder::silent())
 }
 
-/// [`run_virtual`], with a progress bar (rounds, simulated time, ETA) on the terminal.
-pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::Result<SimResult> {
-    let bar = if progress { indicatif::ProgressBar::new(config.rounds) } else { indicatif::ProgressBar::hidden() };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} round {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}",
-        )?
-        .progress_chars("=> "),
-    );
+/// [`run_virtual`], reporting each round to `recorder` (console and run folder) once its acks
+/// are in; a stop request ends the run after the round in flight.
+pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyhow::Result<SimResult> {
     let started = Instant::now();
     let Setup {
         engine: engine_config, initial, clients, devices, evaluator, num_classes, headline, server_method, ..
     } = Setup::new(config, Charge::Report)?;
-    if progress {
-        println!("anchorage sim (virtual clock): {headline}");
-    }
     let schedule = engine_config.clone();
     let method = server_method;
     let mut engine = Engine::new(engine_config, method, initial.clone());
@@ -209,7 +202,17 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
         .collect::<anyhow::Result<_>>()?;
     let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();
 
-    let initial_accuracy = mean_accuracy(&evaluator.evaluate(&initial, &[], 0)?);
+    let initial_global = evaluator.evaluate(&initial, &[], 0)?;
+    let initial_accuracy = initial_of(&initial_global);
+    let chance = 1.0 / num_classes as f64;
+    recorder.start(
+        &format!("{headline}, virtual clock"),
+        (!initial_global.is_empty()).then_some(initial_accuracy),
+        chance,
+        config.rounds,
+    )?;
+    let mut live = LiveRows::default();
+    let mut stopping = false;
     let mut queue = Queue::default();
     let mut now = Duration::ZERO;
     let mut rows = Vec::new();
@@ -288,7 +291,9 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                                 cost.wait_seconds =
                                     (cost.wall_seconds - cost.compute_seconds - cost.transfer_seconds).max(0.0);
                                 cost.joules = devices[to].joules(cost.compute_seconds, cost.transfer_seconds);
+                                live.cost(ledger.len(), &cost);
                                 ledger.push(cost);
+                                live.emit_complete(&ledger, recorder, now)?;
                             }
                         }
                         _ => {}
@@ -372,6 +377,7 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                 // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
                 Action::Ledger(record) => {
                     if record.dropped {
+                        live.cost(ledger.len(), &record);
                         ledger.push(record);
                     }
                 }
@@ -379,19 +385,25 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
                 Action::RoundClosed(report, checkpoint) => {
                     let task = schedule.task_of(report.round);
                     let (accuracy, new_rows) = evaluate_round(&evaluator, &report, &checkpoint, task)?;
+                    let row = RoundRow::from_report(&report, accuracy, &[]);
+                    // A closed round's row waits for its acks (the wire bytes); an earlier one
+                    // still waiting goes out now, with what it has.
+                    live.flush(&ledger, recorder, now)?;
+                    live.closed(row.clone(), new_rows.clone(), report.updates.len(), now);
+                    live.emit_complete(&ledger, recorder, now)?;
                     accuracy_rows.extend(new_rows);
-                    rows.push(RoundRow::from_report(&report, accuracy, &[]));
+                    rows.push(row);
                     reports.push((*report).clone());
-                    bar.inc(1);
-                    bar.set_message(format!("simulated {:.0} s, acc {:.1}%", now.as_secs_f64(), accuracy * 100.0));
+                    stopping = recorder.stop_requested().is_some();
                 }
                 Action::Finished => finished = true,
             }
         }
-        if finished && queue.peek_time().is_none() {
+        if stopping || (finished && queue.peek_time().is_none()) {
             break;
         }
     }
+    live.flush(&ledger, recorder, now)?;
 
     // Acks of a round's last updates arrive after it closed: total the wire bytes at the end.
     for row in rows.iter_mut() {
@@ -400,17 +412,72 @@ pub fn run_virtual_with_progress(config: &SimConfig, progress: bool) -> anyhow::
     }
     let inputs = SummaryInputs {
         initial_accuracy,
-        chance: 1.0 / num_classes as f64,
+        chance,
         late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
         refused: engine.stats().refused,
         decode_errors: 0,
         wall_seconds: started.elapsed().as_secs_f64(),
         local_eval: crate::record::LocalEval::of(&config),
     };
-    let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
-    bar.finish_and_clear();
+    let mut summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
+    let simulated: Duration = summary.rounds.iter().map(|r| Duration::from_secs_f64(r.seconds.max(0.0))).sum();
+    recorder.finish(&mut summary, &ledger, &accuracy_rows, Some(simulated))?;
     tracing::info!(simulated = ?now, wall = summary.wall_seconds, "virtual run finished");
-    Ok(SimResult { summary, ledger, reports, run_dir: None, link_stats: Vec::new(), accuracy: accuracy_rows })
+    let run_dir = recorder.dir().map(|d| d.to_path_buf());
+    Ok(SimResult { summary, ledger, reports, run_dir, link_stats: Vec::new(), accuracy: accuracy_rows })
+}
+
+/// Closed rounds whose rows wait for their acks: a row's wire bytes are the acked updates' and
+/// arrive after the round closes. A row goes to the recorder once every aggregated update's cost
+/// record is in, or when the next round closes, or at the end.
+#[derive(Default)]
+struct LiveRows {
+    waiting: std::collections::VecDeque<Waiting>,
+    /// Per round: indices into the ledger of its cost records.
+    costs: HashMap<u64, Vec<usize>>,
+}
+
+struct Waiting {
+    row: RoundRow,
+    accuracy: Vec<crate::report::AccuracyRow>,
+    acks: usize,
+    closed_at: Duration,
+}
+
+impl LiveRows {
+    fn cost(&mut self, index: usize, record: &CostRecord) {
+        self.costs.entry(record.round).or_default().push(index);
+    }
+
+    fn closed(&mut self, row: RoundRow, accuracy: Vec<crate::report::AccuracyRow>, acks: usize, at: Duration) {
+        self.waiting.push_back(Waiting { row, accuracy, acks, closed_at: at });
+    }
+
+    fn emit_complete(&mut self, ledger: &[CostRecord], recorder: &mut Recorder, _now: Duration) -> anyhow::Result<()> {
+        while let Some(w) = self.waiting.front() {
+            let acked = self.costs.get(&w.row.round).map_or(0, |c| c.iter().filter(|&&i| !ledger[i].dropped).count());
+            if acked < w.acks {
+                break;
+            }
+            self.emit_front(ledger, recorder)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, ledger: &[CostRecord], recorder: &mut Recorder, _now: Duration) -> anyhow::Result<()> {
+        while !self.waiting.is_empty() {
+            self.emit_front(ledger, recorder)?;
+        }
+        Ok(())
+    }
+
+    fn emit_front(&mut self, ledger: &[CostRecord], recorder: &mut Recorder) -> anyhow::Result<()> {
+        let Some(mut w) = self.waiting.pop_front() else { return Ok(()) };
+        let costs: Vec<CostRecord> =
+            self.costs.remove(&w.row.round).unwrap_or_default().into_iter().map(|i| ledger[i].clone()).collect();
+        (w.row.wire_up, w.row.wire_down) = costs.iter().fold((0, 0), |(u, d), c| (u + c.wire_up, d + c.wire_down));
+        recorder.round(&w.row, &costs, &w.accuracy, Some(w.closed_at))
+    }
 }
 
 impl VirtualClient {

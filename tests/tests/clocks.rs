@@ -14,7 +14,7 @@ async fn both_clocks(config: SimConfig) -> (anchorage_sim::SimResult, anchorage_
     .await
     .unwrap()
     .expect("virtual run");
-    (virtual_run, run(config, None, false).await.expect("real run"))
+    (virtual_run, run(config).await.expect("real run"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

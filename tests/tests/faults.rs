@@ -17,7 +17,7 @@ async fn killed_client_round_completes_at_deadline() {
         train_per_class: 150,
         ..SimConfig::default()
     };
-    let result = run(config, None, false).await.expect("simulation runs");
+    let result = run(config).await.expect("simulation runs");
     let r2 = &result.reports[1];
     println!(
         "round 2: {} updates, missing {:?}, open for {:.2} s (deadline {deadline} s)",

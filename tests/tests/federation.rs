@@ -6,7 +6,7 @@ use anchorage_sim::{SimConfig, run};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_clients_three_rounds_learn_over_quic() {
     let config = SimConfig { clients: 4, rounds: 3, seed: 11, ..SimConfig::default() };
-    let result = run(config, None, false).await.expect("simulation runs");
+    let result = run(config).await.expect("simulation runs");
     let s = &result.summary;
     println!(
         "data: embedded synthetic set (no files). accuracy initial {:.3} → final {:.3}, chance {:.2}; wire/payload {:?}",

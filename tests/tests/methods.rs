@@ -64,7 +64,7 @@ test_per_class = 40
 fn run(config: SimConfig) -> SimResult {
     let method = config.method.name.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    runtime.block_on(anchorage_sim::run(config, None, false)).unwrap_or_else(|e| panic!("{method}: {e:#}"))
+    runtime.block_on(anchorage_sim::run(config)).unwrap_or_else(|e| panic!("{method}: {e:#}"))
 }
 
 /// Upload payload bytes of the adapter alone (64 × 512 + 64 f32) and of adapter + head (64 × 4 + 4).

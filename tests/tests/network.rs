@@ -24,7 +24,7 @@ fn uplink(client: usize, up: LinkProfile) -> ClientLink {
 async fn a_one_megabit_uplink_carries_a_megabyte_in_eight_seconds() {
     let link = LinkProfile { bandwidth_bps: 1e6, latency_ms: 10.0, buffer_bytes: 64 * 1024, ..LinkProfile::default() };
     let config = SimConfig { client_links: vec![uplink(0, link)], ..small(1, 1, 21) };
-    let result = run(config, None, false).await.expect("simulation runs");
+    let result = run(config).await.expect("simulation runs");
     let cost = &result.ledger[0];
     let megabits = cost.payload_up as f64 * 8.0 / 1e6;
     let expected = megabits; // seconds at 1 Mbit/s
@@ -43,13 +43,13 @@ async fn a_one_megabit_uplink_carries_a_megabyte_in_eight_seconds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn added_latency_shows_in_the_measured_rtt() {
-    let plain = run(small(1, 1, 22), None, false).await.expect("plain run");
+    let plain = run(small(1, 1, 22)).await.expect("plain run");
     let slow = LinkProfile { latency_ms: 60.0, ..LinkProfile::default() };
     let shaped = SimConfig {
         client_links: vec![ClientLink { client: 0, profile: DuplexProfile { up: slow.clone(), down: slow } }],
         ..small(1, 1, 22)
     };
-    let delayed = run(shaped, None, false).await.expect("shaped run");
+    let delayed = run(shaped).await.expect("shaped run");
     let (rtt0, rtt1) = (plain.ledger[0].rtt_seconds, delayed.ledger[0].rtt_seconds);
     println!("RTT on plain loopback {:.1} ms, with 60 ms each way {:.1} ms", rtt0 * 1e3, rtt1 * 1e3);
     assert!(rtt0 < 0.05, "loopback RTT {rtt0}");
@@ -64,7 +64,7 @@ async fn ten_percent_loss_still_completes_the_rounds() {
         client_links: (0..2).map(|client| ClientLink { client, profile: both.clone() }).collect(),
         ..small(2, 2, 23)
     };
-    let result = run(config, None, false).await.expect("simulation runs");
+    let result = run(config).await.expect("simulation runs");
     for r in &result.summary.rounds {
         assert_eq!((r.outcome.as_str(), r.aggregated), ("aggregated", 2), "round {}", r.round);
     }
@@ -88,7 +88,7 @@ async fn an_outage_longer_than_the_deadline_drops_the_client_which_rejoins_later
         round_deadline_secs: 1.5,
         ..small(2, 8, 24)
     };
-    let result = run(config, None, false).await.expect("simulation runs");
+    let result = run(config).await.expect("simulation runs");
     for r in &result.reports {
         println!(
             "round {}: aggregated {:?}, missing {:?}",

@@ -69,10 +69,27 @@ fn batch_of(data: &Dataset, indices: &[usize], device: &Device) -> Tensor<2> {
 impl FeatureCache {
     /// Runs the backbone over `data` in chunks of `chunk` samples.
     pub fn build<B: Backbone + ?Sized>(backbone: &B, data: &Dataset, chunk: usize, device: &Device) -> Self {
+        Self::build_with_progress(backbone, data, chunk, device, &|_| {})
+    }
+
+    /// [`FeatureCache::build`], calling `done(samples)` after each chunk (a progress bar).
+    pub fn build_with_progress<B: Backbone + ?Sized>(
+        backbone: &B,
+        data: &Dataset,
+        chunk: usize,
+        device: &Device,
+        done: &dyn Fn(usize),
+    ) -> Self {
         let chunk = chunk.max(1);
         let all: Vec<usize> = (0..data.len()).collect();
-        let parts: Vec<Tensor<2>> =
-            all.chunks(chunk).map(|c| backbone.features(batch_of(data, c, device), &data.sample_shape)).collect();
+        let parts: Vec<Tensor<2>> = all
+            .chunks(chunk)
+            .map(|c| {
+                let f = backbone.features(batch_of(data, c, device), &data.sample_shape);
+                done(c.len());
+                f
+            })
+            .collect();
         let features =
             if parts.is_empty() { Tensor::zeros([0, backbone.feature_dim()], device) } else { Tensor::cat(parts, 0) };
         Self::from_parts(features, &data.labels, device)

@@ -65,13 +65,15 @@ impl ServerStore {
     /// number of rows.
     pub fn export_ledger_csv(&self, path: &Path) -> Result<usize, StoreError> {
         let records = self.load_ledger()?;
-        let mut text = format!("{}\n", anchorage_shared::ledger::CSV_HEADER);
+        let io = |error: std::io::Error| StoreError::Io { path: path.into(), error };
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+        // The header even for an empty ledger; the rows are the records' serde fields in order.
+        w.write_record(anchorage_shared::ledger::CSV_HEADER.split(',')).map_err(|e| io(e.into()))?;
         for r in &records {
-            text.push_str(&r.csv_row());
-            text.push('\n');
+            w.serialize(r).map_err(|e| io(e.into()))?;
         }
-        anchorage_shared::io::write_atomic(path, text.as_bytes())
-            .map_err(|source| StoreError::Io { path: path.into(), error: source })?;
+        let bytes = w.into_inner().map_err(|e| io(e.into_error()))?;
+        anchorage_shared::io::write_atomic(path, &bytes).map_err(io)?;
         Ok(records.len())
     }
 }

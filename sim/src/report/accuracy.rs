@@ -6,6 +6,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use anyhow::Context;
+use serde::{Deserialize, Serialize};
 
 /// The file's name in a run folder, and its header.
 pub const FILE: &str = "accuracy.csv";
@@ -18,8 +19,9 @@ pub const SELECTED_PREFIX: &str = "selected:";
 pub const SELECTED_MEAN: &str = "selected mean";
 
 /// One evaluation: `model` (`global` or a client id such as `client-003`) on `test_task`, at
-/// `round`, while `task` was being trained (tasks are 0-based).
-#[derive(Debug, Clone, PartialEq)]
+/// `round`, while `task` was being trained (tasks are 0-based). The fields are the file's
+/// columns, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AccuracyRow {
     pub round: u64,
     pub task: usize,
@@ -47,36 +49,75 @@ pub fn load_accuracy(dir: &Path) -> anyhow::Result<Option<Vec<AccuracyRow>>> {
     parse(&text, &path.display().to_string()).map(Some)
 }
 
-/// Parses the text of an `accuracy.csv`; `source` names it in errors (`source:line: ...`).
+/// Parses the text of an `accuracy.csv` (RFC 4180: a quoted model name may hold commas and
+/// quotes; blank lines are skipped); `source` names it in errors (`source:line: ...`).
 pub fn parse(text: &str, source: &str) -> anyhow::Result<Vec<AccuracyRow>> {
-    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty());
-    match lines.next() {
-        Some((_, l)) if l.split(',').map(str::trim).eq(HEADER.split(',')) => {}
-        Some((n, l)) => anyhow::bail!("{source}:{n}: expected the header `{HEADER}`, found `{l}`"),
+    let mut reader =
+        csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(text.as_bytes());
+    let header = csv::StringRecord::from(HEADER.split(',').collect::<Vec<_>>());
+    let mut records = reader.records();
+    match records.next() {
         None => anyhow::bail!("{source}: empty file, expected the header `{HEADER}`"),
+        Some(first) => {
+            let first = first.map_err(|e| anyhow::anyhow!("{source}:{}: {e}", line_of(&e)))?;
+            if first != header {
+                let line = first.position().map_or(1, csv::Position::line);
+                anyhow::bail!("{source}:{line}: expected the header `{HEADER}`, found `{}`", joined(&first));
+            }
+        }
     }
-    lines
-        .map(|(n, line)| {
-            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-            let [round, task, model, test_task, accuracy] = fields[..] else {
-                anyhow::bail!("{source}:{n}: expected 5 fields `{HEADER}`, found {} in `{line}`", fields.len())
-            };
-            let int = |name: &str, v: &str| -> anyhow::Result<u64> {
-                v.parse().map_err(|_| anyhow::anyhow!("{source}:{n}: {name} `{v}` is not a whole number ≥ 0"))
-            };
-            let value: f64 =
-                accuracy.parse().map_err(|_| anyhow::anyhow!("{source}:{n}: accuracy `{accuracy}` is not a number"))?;
-            anyhow::ensure!((0.0..=1.0).contains(&value), "{source}:{n}: accuracy {accuracy} is outside [0, 1]");
-            anyhow::ensure!(!model.is_empty(), "{source}:{n}: empty model name");
-            Ok(AccuracyRow {
-                round: int("round", round)?,
-                task: int("task", task)? as usize,
-                model: model.to_string(),
-                test_task: int("test_task", test_task)? as usize,
-                accuracy: value,
-            })
+    records
+        .map(|record| {
+            let record = record.map_err(|e| anyhow::anyhow!("{source}:{}: {e}", line_of(&e)))?;
+            let n = record.position().map_or(0, csv::Position::line);
+            anyhow::ensure!(
+                record.len() == header.len(),
+                "{source}:{n}: expected 5 fields `{HEADER}`, found {} in `{}`",
+                record.len(),
+                joined(&record)
+            );
+            let row: AccuracyRow = record.deserialize(Some(&header)).map_err(|e| {
+                // Name the field and its value rather than serde's words.
+                let field = match e.kind() {
+                    csv::ErrorKind::Deserialize { err, .. } => err.field().map(|f| f as usize),
+                    _ => None,
+                };
+                match field.and_then(|f| Some((header.get(f)?, record.get(f)?))) {
+                    Some(("accuracy", v)) => anyhow::anyhow!("{source}:{n}: accuracy `{v}` is not a number"),
+                    Some((name, v)) => anyhow::anyhow!("{source}:{n}: {name} `{v}` is not a whole number ≥ 0"),
+                    None => anyhow::anyhow!("{source}:{n}: {e}"),
+                }
+            })?;
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&row.accuracy),
+                "{source}:{n}: accuracy {} is outside [0, 1]",
+                &record[4]
+            );
+            anyhow::ensure!(!row.model.is_empty(), "{source}:{n}: empty model name");
+            Ok(row)
         })
         .collect()
+}
+
+/// The line a reading error is on (0 when the reader does not say).
+fn line_of(e: &csv::Error) -> u64 {
+    e.position().map_or(0, csv::Position::line)
+}
+
+/// A record as the file shows it, for error messages.
+fn joined(record: &csv::StringRecord) -> String {
+    record.iter().collect::<Vec<_>>().join(",")
+}
+
+/// The first round of each task after the first, `(task, round)` in task order, from the rows'
+/// `task` column (the rounds where the task changes). Empty for a single task.
+pub fn task_starts(rows: &[AccuracyRow]) -> Vec<(usize, u64)> {
+    let mut first: BTreeMap<usize, u64> = BTreeMap::new();
+    for r in rows {
+        let round = first.entry(r.task).or_insert(r.round);
+        *round = (*round).min(r.round);
+    }
+    first.into_iter().filter(|(task, _)| *task > 0).collect()
 }
 
 /// Whether any row evaluates a client's local model.
@@ -179,6 +220,24 @@ mod tests {
         let md = markdown_table(&global);
         assert!(md.contains("| after task | test task 0 | test task 1 |"), "{md}");
         assert!(md.contains("| 0 | 90.0% | – |") && md.contains("| 1 | 70.0% | 85.0% |"), "{md}");
+    }
+
+    #[test]
+    fn a_quoted_model_name_reads_back() {
+        let rows = vec![row(1, 0, r#"a,"b""#, 0, 0.5), row(2, 1, "global", 1, 0.25)];
+        let mut writer = csv::Writer::from_writer(Vec::new());
+        for r in &rows {
+            writer.serialize(r).unwrap();
+        }
+        let text = String::from_utf8(writer.into_inner().unwrap()).unwrap();
+        assert!(text.starts_with(HEADER) && text.contains(r#""a,""b""""#), "{text}");
+        assert_eq!(parse(&text, "a.csv").unwrap(), rows);
+        assert_eq!(task_starts(&rows), vec![(1, 2)]);
+        assert!(task_starts(&rows[..1]).is_empty(), "one task: no change");
+        // A bad row after a quoted name with a line break in it names its own line.
+        let text = format!("{text}3,1,\"x\ny\",1,0.5\n4,1,global,z,0.5\n");
+        let err = format!("{:#}", parse(&text, "a.csv").unwrap_err());
+        assert!(err.contains("a.csv:6: test_task `z` is not a whole number"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Minimal SVG charts (no plotting dependency): line charts, stacked bars, with axes and a legend;
-//! heat maps with a colour scale.
+//! Minimal SVG charts (no plotting dependency): line charts (with task boundaries where asked),
+//! stacked bars, with axes and a legend; heat maps with a colour scale.
 
 use std::fmt::Write;
 
@@ -7,7 +7,7 @@ const W: f64 = 720.0;
 const H: f64 = 400.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 160.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 50.0;
 const BOTTOM: f64 = 50.0;
 const COLOURS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
 
@@ -15,6 +15,17 @@ const COLOURS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+}
+
+/// A labelled vertical line across a line chart at `x`: where a new task starts.
+pub struct Mark {
+    pub x: f64,
+    pub label: String,
+}
+
+/// Marks for task starts `(task, x)`, labelled `task K`.
+pub fn task_marks(starts: impl IntoIterator<Item = (usize, f64)>) -> Vec<Mark> {
+    starts.into_iter().map(|(task, x)| Mark { x, label: format!("task {task}") }).collect()
 }
 
 fn escape(s: &str) -> String {
@@ -153,8 +164,16 @@ fn legend(svg: &mut String, names: &[&str], lines: bool) {
         } else {
             write!(svg, r#"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{colour}"/>"#, x + 4.0, y - 10.0)
         };
-        let _ = write!(svg, r#"<text x="{:.1}" y="{y:.1}">{}</text>"#, W - RIGHT + 32.0, escape(name));
+        let _ = write!(svg, r#"<text x="{:.1}" y="{y:.1}">{}</text>"#, W - RIGHT + 32.0, escape(&fit_legend(name)));
     }
+}
+
+/// A legend name that fits the right margin: a long one keeps its end (where run folder names
+/// differ: seed, time), after an ellipsis.
+fn fit_legend(name: &str) -> String {
+    const MAX: usize = 18;
+    let n = name.chars().count();
+    if n <= MAX { name.to_string() } else { format!("…{}", name.chars().skip(n - (MAX - 1)).collect::<String>()) }
 }
 
 fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
@@ -170,6 +189,19 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
 
 /// A line chart; `y_range` fixes the y axis (e.g. 0–100 for accuracy).
 pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], y_range: Option<(f64, f64)>) -> String {
+    line_chart_marked(title, x_label, y_label, series, y_range, &[])
+}
+
+/// [`line_chart`] with a thin dashed vertical line at each mark inside the x range, labelled
+/// above the plot (labels that would overlap their left neighbour are left out).
+pub fn line_chart_marked(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    y_range: Option<(f64, f64)>,
+    marks: &[Mark],
+) -> String {
     let x = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let y = y_range.unwrap_or_else(|| {
         let (lo, hi) = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
@@ -179,6 +211,28 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], 
     let mut svg = String::new();
     let whole = series.iter().all(|s| s.points.iter().all(|p| p.0.fract() == 0.0));
     open(&mut svg, title, &frame, x_label, y_label, if whole { XTicks::Whole } else { XTicks::Any });
+    // Under the lines: they stay readable where a line runs along a boundary.
+    let mut labelled_to = f64::NEG_INFINITY;
+    for mark in marks.iter().filter(|m| m.x > x.0 && m.x <= x.1) {
+        let px = frame.px(mark.x);
+        let _ = write!(
+            svg,
+            r##"<line class="task-boundary" x1="{px:.1}" y1="{:.1}" x2="{px:.1}" y2="{:.1}" stroke="#666" stroke-width="1" stroke-dasharray="5 4"/>"##,
+            TOP - 4.0,
+            H - BOTTOM
+        );
+        // About 6.5 px a character at 11 px.
+        let half = mark.label.chars().count() as f64 * 3.3;
+        if px - half >= labelled_to + 4.0 {
+            let _ = write!(
+                svg,
+                r##"<text class="task-label" x="{px:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#444">{}</text>"##,
+                TOP - 8.0,
+                escape(&mark.label)
+            );
+            labelled_to = px + half;
+        }
+    }
     for (i, s) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         let path: Vec<String> =
@@ -378,6 +432,47 @@ mod tests {
         let b = stacked_bars("t", "x", "y", &["1".into(), "2".into()], &[("a", vec![1.0, 2.0]), ("b", vec![0.5, 0.0])]);
         assert_eq!(b.matches("<rect x=").count(), 3 + 2, "three non-empty segments and two legend swatches");
         assert!(!b.contains("height=\"-"), "no negative or negative-zero heights");
+    }
+
+    #[test]
+    fn task_boundaries_are_drawn_where_the_task_changes() {
+        use crate::report::{AccuracyRow, task_starts};
+        // Rounds 1–9, three rounds a task (or one task throughout), as accuracy.csv says it.
+        let rows = |tasks: u64| -> Vec<AccuracyRow> {
+            (1..=9u64)
+                .map(|round| {
+                    let task = ((round - 1) / (9 / tasks)) as usize;
+                    AccuracyRow { round, task, model: "global".into(), test_task: task, accuracy: 0.5 }
+                })
+                .collect()
+        };
+        let series = || vec![Series { name: "global".into(), points: (0..=9).map(|r| (r as f64, 50.0)).collect() }];
+        let chart = |tasks: u64| {
+            let marks = task_marks(task_starts(&rows(tasks)).into_iter().map(|(k, r)| (k, r as f64 - 1.0)));
+            line_chart_marked("accuracy", "round", "%", &series(), Some((0.0, 100.0)), &marks)
+        };
+        let three = chart(3);
+        assert_eq!(three.matches(r#"class="task-boundary""#).count(), 2, "{three}");
+        assert!(three.contains(">task 1<") && three.contains(">task 2<") && !three.contains(">task 0<"));
+        assert!(three.contains("stroke-dasharray=\"5 4\""), "dashed");
+        // Task 1 starts with round 4: the line stands at x = 3, where its first round begins.
+        let frame = Frame { x: (0.0, 9.0), y: (0.0, 100.0) };
+        assert!(three.contains(&format!(r#"class="task-boundary" x1="{:.1}""#, frame.px(3.0))), "{three}");
+        let one = chart(1);
+        assert!(!one.contains("task-boundary") && !one.contains(">task "), "{one}");
+        assert_eq!(one, line_chart("accuracy", "round", "%", &series(), Some((0.0, 100.0))));
+        // Crowded boundaries keep their lines and drop the labels that would overlap.
+        let many: Vec<Mark> = task_marks((1..60).map(|k| (k, k as f64 * 0.15)));
+        let crowded = line_chart_marked("a", "r", "%", &series(), None, &many);
+        assert_eq!(crowded.matches(r#"class="task-boundary""#).count(), 59);
+        let labels = crowded.matches(r#"class="task-label""#).count();
+        assert!((5..59).contains(&labels), "{labels} labels");
+    }
+
+    #[test]
+    fn long_legend_names_keep_their_end() {
+        assert_eq!(fit_legend("global"), "global");
+        assert_eq!(fit_legend("sim-4-1700000000-run-b"), "…-1700000000-run-b");
     }
 
     #[test]
