@@ -66,6 +66,7 @@ round_deadline_secs = 3600.0
 [data]
 dataset = "mnist"
 scale = {scale}
+test_scale = {scale}    # the jobs' test sets as published (the test set is whole by default)
 seed = 1
 
 [data.partition]

@@ -120,12 +120,12 @@ impl Trainer {
         let n = cache.len();
         let mut order: Vec<i64> = (0..n as i64).collect();
         rng.shuffle(&mut order);
-        let device = cache.features.device();
+        let device = cache.device();
         let mut loss_sum = 0.0;
         for chunk in order.chunks(self.batch_size) {
             let idx = Tensor::<1, Int>::from_data(TensorData::new(chunk.to_vec(), [chunk.len()]), &device);
             let batch = Batch {
-                x: cache.features.clone().select(0, idx.clone()),
+                x: cache.select(idx.clone()),
                 y: cache.labels.clone().select(0, idx),
                 labels: chunk.iter().map(|&i| cache.labels_host[i as usize]).collect(),
                 rows: chunk.iter().map(|&i| i as usize).collect(),
@@ -182,7 +182,7 @@ pub fn accuracy_of(
     let mut correct = 0usize;
     for start in (0..n).step_by(batch_size.max(1)) {
         let end = (start + batch_size.max(1)).min(n);
-        let x = cache.features.clone().slice(start..end);
+        let x = cache.slice(start..end);
         let pred: Vec<i64> = predict(x).into_data().convert::<i64>().try_to_vec::<i64>().unwrap_or_default();
         correct += pred.iter().zip(&cache.labels_host[start..end]).filter(|(p, l)| **p == **l as i64).count();
     }

@@ -253,7 +253,10 @@ fn no_sample_in_two_clients_and_train_test_never_overlap() {
             }
         }
         let sur: HashSet<usize> = s.surrogate.iter().copied().collect();
-        assert!(s.clients.iter().flat_map(|c| &c.tasks).flat_map(|t| &t.test).all(|i| !sur.contains(i)), "{name}");
+        assert!(
+            s.clients.iter().flat_map(|c| &c.tasks).flat_map(|t| t.test.iter()).all(|i| !sur.contains(i)),
+            "{name}"
+        );
     }
     // The checker catches a duplicate.
     let (_, mut s) = all_splits(3).remove(2);

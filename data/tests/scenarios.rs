@@ -175,26 +175,9 @@ fn load_matches_the_label_pools() {
     assert_eq!(data.train.labels, anchorage_data::label_pools(&spec, Some(&dir)).unwrap().train);
 }
 
-/// An idx file: big-endian magic, dimensions, then the bytes.
-fn idx(magic: u32, dims: &[u32], body: &[u8]) -> Vec<u8> {
-    let mut v = magic.to_be_bytes().to_vec();
-    dims.iter().for_each(|d| v.extend_from_slice(&d.to_be_bytes()));
-    v.extend_from_slice(body);
-    v
-}
-
-/// A tiny MNIST in `dir/mnist/`: `n` 4×4 images per split, labels cycling over the 10 classes.
+/// A tiny MNIST in `dir/mnist/` (the data crate's fixture writer).
 fn write_tiny_mnist(dir: &Path, n: u32) {
-    let d = dir.join("mnist");
-    std::fs::create_dir_all(&d).unwrap();
-    for prefix in ["train", "t10k"] {
-        let pixels: Vec<u8> = (0..n * 16).map(|i| (i % 251) as u8).collect();
-        let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
-        let images = idx(anchorage_data::loaders::mnist::IMAGES_MAGIC, &[n, 4, 4], &pixels);
-        std::fs::write(d.join(format!("{prefix}-images-idx3-ubyte")), images).unwrap();
-        let labels = idx(anchorage_data::loaders::mnist::LABELS_MAGIC, &[n], &labels);
-        std::fs::write(d.join(format!("{prefix}-labels-idx1-ubyte")), labels).unwrap();
-    }
+    anchorage_data::loaders::mnist::write_tiny(dir, n).unwrap();
 }
 
 #[test]
@@ -218,7 +201,11 @@ fn describe_reads_the_image_files_as_a_run_would() {
     std::fs::write(&images, &bytes).unwrap();
     let test_images = base.join("mnist/t10k-images-idx3-ubyte");
     let pixels: Vec<u8> = vec![0; 39 * 16];
-    std::fs::write(&test_images, idx(anchorage_data::loaders::mnist::IMAGES_MAGIC, &[39, 4, 4], &pixels)).unwrap();
+    std::fs::write(
+        &test_images,
+        anchorage_data::loaders::mnist::idx_file(anchorage_data::loaders::mnist::IMAGES_MAGIC, &[39, 4, 4], &pixels),
+    )
+    .unwrap();
     let e = describe(&spec, Some(&base)).unwrap_err();
     assert!(matches!(e, DataError::CountMismatch { images: 39, labels: 40, .. }), "{e}");
     assert!(e.to_string().contains(&test_images.display().to_string()), "{e}");

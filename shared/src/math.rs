@@ -7,21 +7,44 @@ use alloc::vec::Vec;
 /// This is FedAvg's aggregation (McMahan et al., Eq. in Alg. 1) when w_i are sample counts.
 /// Returns `None` for no input, a non-positive total weight, or vectors of different lengths.
 pub fn weighted_mean(parts: &[(&[f32], f64)]) -> Option<Vec<f32>> {
-    let dim = parts.first()?.0.len();
-    if parts.iter().any(|(v, w)| v.len() != dim || !w.is_finite() || *w < 0.0) {
-        return None;
-    }
-    let total: f64 = parts.iter().map(|(_, w)| *w).sum();
-    if total <= 0.0 {
-        return None;
-    }
-    let mut acc = vec![0f64; dim];
+    let mut mean = WeightedMean::new(parts.first()?.0.len());
     for (v, w) in parts {
-        for (a, x) in acc.iter_mut().zip(v.iter()) {
-            *a += *w * (*x as f64);
-        }
+        mean.add(v, *w)?;
     }
-    Some(acc.into_iter().map(|a| (a / total) as f32).collect())
+    mean.finish()
+}
+
+/// [`weighted_mean`] one part at a time (the same sums in the same order, so the same result):
+/// an aggregator adds each update as it decodes it instead of holding them all.
+#[derive(Debug, Clone)]
+pub struct WeightedMean {
+    acc: Vec<f64>,
+    total: f64,
+}
+
+impl WeightedMean {
+    pub fn new(dim: usize) -> Self {
+        Self { acc: vec![0.0; dim], total: 0.0 }
+    }
+
+    /// Adds `v` with weight `w`; `None` (and nothing added) for a length other than the mean's or
+    /// a weight that is negative or not finite.
+    pub fn add(&mut self, v: &[f32], w: f64) -> Option<()> {
+        if v.len() != self.acc.len() || !w.is_finite() || w < 0.0 {
+            return None;
+        }
+        self.total += w;
+        for (a, x) in self.acc.iter_mut().zip(v) {
+            *a += w * (*x as f64);
+        }
+        Some(())
+    }
+
+    /// The mean; `None` when the weights add up to nothing.
+    pub fn finish(self) -> Option<Vec<f32>> {
+        let total = self.total;
+        (total > 0.0).then(|| self.acc.into_iter().map(|a| (a / total) as f32).collect())
+    }
 }
 
 /// Moving average `β·old + (1−β)·new` (GLDP Eq. 9 and Eq. 11; FedProK Eq. 9 for old classes).

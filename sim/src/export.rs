@@ -105,7 +105,7 @@ fn write_npy<T: NpyElement>(path: &Path, shape: &[usize], values: &[T]) -> anyho
 
 /// Row-major f32 values of a cache's features.
 fn feature_values(cache: &FeatureCache) -> anyhow::Result<Vec<f32>> {
-    cache.features.to_data().try_to_vec_as::<f32>().map_err(|e| anyhow::anyhow!("reading features: {e:?}"))
+    cache.features().to_data().try_to_vec_as::<f32>().map_err(|e| anyhow::anyhow!("reading features: {e:?}"))
 }
 
 /// Writes the federation of `config` (a scenario with a `[data]` table, one task, FedAvg or
@@ -149,7 +149,7 @@ pub fn export(config: &SimConfig, dir: &Path) -> anyhow::Result<Exported> {
     let mut test_rows: Vec<usize> = split
         .clients
         .iter()
-        .flat_map(|c| if in_train { c.tasks[0].local_test.clone() } else { c.tasks[0].test.clone() })
+        .flat_map(|c| if in_train { c.tasks[0].local_test.clone() } else { c.tasks[0].test.to_vec() })
         .collect();
     test_rows.sort_unstable();
     test_rows.dedup();

@@ -19,6 +19,7 @@ pub mod report;
 mod run;
 pub mod scenario;
 mod setup;
+pub mod sweep;
 pub mod virtual_clock;
 
 pub use record::{RoundRow, RunStatus, RunSummary, claim_run_folder, percent, run_folder_name, write_run_folder};

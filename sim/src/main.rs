@@ -293,6 +293,13 @@ struct SimArgs {
     /// Progress as JSON lines on stdout (`start`, each `round`, `finished`), for scripts.
     #[arg(long)]
     json: bool,
+    /// Run the configuration N times, with seeds seed, seed+1, …, seed+N−1 (a scenario's [data]
+    /// seed moves with it), each into <out>/seed-<s>/, then sweep.json and sweep.md: mean ± std.
+    #[arg(long, value_parser = seed_count)]
+    seeds: Option<u64>,
+    /// With --seeds: keep the scenario's [data] seed (the same data split in every run).
+    #[arg(long, requires = "seeds")]
+    keep_data_seed: bool,
 }
 
 /// A number parsed from a flag, or why not.
@@ -311,6 +318,11 @@ fn probability(s: &str) -> Result<f64, String> {
 
 fn positive(s: &str) -> Result<f64, String> {
     number(s, |v| v > 0.0, "above 0")
+}
+
+fn seed_count(s: &str) -> Result<u64, String> {
+    let n: u64 = s.parse().map_err(|e| format!("{e}"))?;
+    if n >= 2 { Ok(n) } else { Err("must be at least 2 (one run is `anchorage sim` without --seeds)".into()) }
 }
 
 /// Environment variables the flags read, set but empty, count as unset.
@@ -533,6 +545,14 @@ fn describe(args: DescribeArgs) -> anyhow::Result<()> {
 }
 
 /// Prints `--flag value overrides KEY = old from FILE` when the file sets the key a flag replaces.
+/// A flag's value over its key (`key`) when it was given, printing the override.
+fn set<T: std::fmt::Display>(file: Option<&ConfigFile>, flag: &str, value: Option<T>, key: &[&str], target: &mut T) {
+    if let Some(v) = value {
+        overrides(file, flag, &v, key);
+        *target = v;
+    }
+}
+
 fn overrides(file: Option<&ConfigFile>, flag: &str, value: impl std::fmt::Display, key: &[&str]) {
     if let Some(f) = file
         && let Some(old) = f.get(key)
@@ -565,10 +585,7 @@ struct SharedFlags<'a> {
 /// `--data-dir`.
 fn set_shared_flags(config: &mut SimConfig, file: Option<&ConfigFile>, flags: SharedFlags) {
     let SharedFlags { clients, rounds, fraction, link, data_dir } = flags;
-    if let Some(v) = fraction {
-        overrides(file, "--fraction", v, &["fraction"]);
-        config.fraction = v;
-    }
+    set(file, "--fraction", fraction, &["fraction"], &mut config.fraction);
     if let Some(v) = clients {
         overrides(file, "--clients", v, &["clients"]);
         config.clients = v;
@@ -577,10 +594,7 @@ fn set_shared_flags(config: &mut SimConfig, file: Option<&ConfigFile>, flags: Sh
             *scenario::partition_clients(&mut data.partition) = v;
         }
     }
-    if let Some(v) = rounds {
-        overrides(file, "--rounds", v, &["rounds"]);
-        config.rounds = v;
-    }
+    set(file, "--rounds", rounds, &["rounds"], &mut config.rounds);
     if let Some(v) = link {
         for key in ["link", "link_mix", "client_links"] {
             overrides(file, "--link", v, &[key]);
@@ -614,10 +628,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         overrides(file, "--data-scale", v, &["data", "scale"]);
         data.scale = v;
     }
-    if let Some(v) = args.rounds_per_task {
-        overrides(file, "--rounds-per-task", v, &["rounds_per_task"]);
-        config.rounds_per_task = v;
-    }
+    set(file, "--rounds-per-task", args.rounds_per_task, &["rounds_per_task"], &mut config.rounds_per_task);
     let shared = SharedFlags {
         clients: args.clients,
         rounds: args.rounds,
@@ -626,14 +637,8 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         data_dir: args.data_dir.as_ref(),
     };
     set_shared_flags(config, file, shared);
-    if let Some(v) = args.seed {
-        overrides(file, "--seed", v, &["seed"]);
-        config.seed = v;
-    }
-    if let Some(v) = args.epochs {
-        overrides(file, "--epochs", v, &["local_epochs"]);
-        config.local_epochs = v;
-    }
+    set(file, "--seed", args.seed, &["seed"], &mut config.seed);
+    set(file, "--epochs", args.epochs, &["local_epochs"], &mut config.local_epochs);
     if let Some(v) = args.alpha {
         let key = ["data", "partition", "alpha"];
         match config.data.as_mut().map(|d| &mut d.partition) {
@@ -668,42 +673,21 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
             }
         }
     }
-    if let Some(v) = &args.encoding {
-        overrides(file, "--encoding", v, &["encoding"]);
-        config.encoding = v.clone();
-    }
-    if let Some(v) = args.clock {
-        overrides(file, "--clock", v, &["clock"]);
-        config.clock = v;
-    }
+    set(file, "--encoding", args.encoding.clone(), &["encoding"], &mut config.encoding);
+    set(file, "--clock", args.clock, &["clock"], &mut config.clock);
     if let Some(name) = &args.device {
         overrides(file, "--device", name, &["devices"]);
         config.devices = vec![DeviceProfile::preset(name).with_context(|| format!("unknown device preset `{name}`"))?];
     }
-    if let Some(v) = args.stragglers {
-        overrides(file, "--stragglers", v, &["straggler_ratio"]);
-        config.straggler_ratio = v;
-    }
+    set(file, "--stragglers", args.stragglers, &["straggler_ratio"], &mut config.straggler_ratio);
     if let Some(v) = args.optimizer {
         overrides(file, "--optimizer", format!("{v:?}").to_lowercase(), &["optimizer"]);
         config.optimizer = v;
     }
-    if let Some(v) = args.lr {
-        overrides(file, "--lr", v, &["learning_rate"]);
-        config.learning_rate = v as f32;
-    }
-    if let Some(v) = args.batch_size {
-        overrides(file, "--batch-size", v, &["batch_size"]);
-        config.batch_size = v;
-    }
-    if let Some(v) = args.eval_every {
-        overrides(file, "--eval-every", v, &["eval_every"]);
-        config.eval_every = v;
-    }
-    if let Some(v) = args.eval_fraction {
-        overrides(file, "--eval-fraction", v, &["eval_fraction"]);
-        config.eval_fraction = v;
-    }
+    set(file, "--lr", args.lr.map(|v| v as f32), &["learning_rate"], &mut config.learning_rate);
+    set(file, "--batch-size", args.batch_size, &["batch_size"], &mut config.batch_size);
+    set(file, "--eval-every", args.eval_every, &["eval_every"], &mut config.eval_every);
+    set(file, "--eval-fraction", args.eval_fraction, &["eval_fraction"], &mut config.eval_fraction);
     if let Some(v) = args.test_scale {
         let data = config.data.as_mut().with_context(|| {
             format!(
@@ -745,10 +729,15 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
     apply_flags(&args, &mut config, file.as_ref())?;
     scenario::check(&config, file.as_ref())?;
     check_data_dir(&config, args.data_dir.is_some(), file.as_ref())?;
+    let sweep = args.seeds.map(|runs| anchorage_sim::sweep::Plan { runs, vary_data_seed: !args.keep_data_seed });
+    if let Some(plan) = sweep {
+        plan.check(&config)?;
+    }
     let out = match args.out {
         Some(out) => out,
         None => {
-            let name = anchorage_sim::run_folder_name("sim", config.seed, std::time::SystemTime::now());
+            let kind = if sweep.is_some() { "sweep" } else { "sim" };
+            let name = anchorage_sim::run_folder_name(kind, config.seed, std::time::SystemTime::now());
             anchorage_sim::claim_run_folder(Path::new("runs"), &name).context("creating the run folder under runs/")?
         }
     };
@@ -758,6 +747,14 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
         _ => Console::Human,
     };
     anchorage_sim::progress::enable(console == Console::Human);
+    if let Some(plan) = sweep {
+        let done = anchorage_sim::sweep::run(&config, plan, &out, console, StopFlag::on_signals()?)?;
+        if let Some(reason) = done.stopped {
+            eprintln!("sweep stopped: {}; sweep folder {} (status interrupted)", done.sweep.coverage(), out.display());
+            std::process::exit(reason.exit_code());
+        }
+        return Ok(());
+    }
     let mut recorder = Recorder::new(console, Some(&out), &config, StopFlag::on_signals()?)?;
     let result = match config.clock {
         Clock::Real => {

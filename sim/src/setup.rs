@@ -130,7 +130,6 @@ impl Setup {
             }
         };
         let Prepared { train, test, split, source } = prepared;
-        let (train, test) = (Arc::new(train), Arc::new(test));
         anyhow::ensure!(
             split.num_clients() == config.clients,
             "the data split has {} clients, the federation {}",
@@ -141,26 +140,30 @@ impl Setup {
             zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), &plain)
                 .context("building the frozen backbone")?
                 .into();
-        // Features once per sample of each pool; clients take rows of them (and of the samples).
-        let features = |data: &anchorage_data::Dataset, what: &str| {
-            let bar = crate::progress::bar(data.len() as u64, &format!("{what} features ({})", config.model.backbone));
-            let cache = FeatureCache::build_with_progress(backbone.as_ref(), data, 256, &plain, &|n| bar.inc(n as u64));
-            bar.finish_and_clear();
-            cache
-        };
-        let mut train_features = features(&train, "train");
-        let mut test_features = features(&test, "test");
         let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
-        // The raw samples stay beside the features only for a method that reads them (FedTA's input
-        // enhancement, and its server's SIKF); for the others they are let go here rather than held
-        // for the whole run (issue 20: data held once).
-        if methods::reads_raw_samples(&config.method.name) {
-            train_features = train_features.with_inputs(Inputs::all(train.clone()));
-            test_features = test_features.with_inputs(Inputs::all(test.clone()));
-        }
         let (train_len, test_len, num_classes) = (train.len(), test.len(), train.num_classes as usize);
         let (train_labels, test_labels) = (train.labels.clone(), test.labels.clone());
-        drop((train, test));
+        // The raw samples stay beside the features only for a method that reads them (FedTA's input
+        // enhancement, and its server's SIKF); for the others they are let go once their features
+        // exist, and under the identity backbone the samples' buffer becomes the features (issue
+        // 20: data held once).
+        let keep_inputs = methods::reads_raw_samples(&config.method.name);
+        let features = |data: anchorage_data::Dataset, what: &str| {
+            if config.model.backbone == "identity" && !keep_inputs {
+                return (FeatureCache::of_samples(data, &plain), None);
+            }
+            let bar = crate::progress::bar(data.len() as u64, &format!("{what} features ({})", config.model.backbone));
+            let cache =
+                FeatureCache::build_with_progress(backbone.as_ref(), &data, 256, &plain, &|n| bar.inc(n as u64));
+            bar.finish_and_clear();
+            (cache, keep_inputs.then(|| Arc::new(data)))
+        };
+        let (mut train_features, train_inputs) = features(train, "train");
+        let (mut test_features, test_inputs) = features(test, "test");
+        if let (Some(train), Some(test)) = (train_inputs, test_inputs) {
+            train_features = train_features.with_inputs(Inputs::all(train));
+            test_features = test_features.with_inputs(Inputs::all(test));
+        }
         // One copy per distinct row set: clients that share a test set (the embedded default's
         // global test set, a class-incremental task's test-pool samples) share its tensor, so
         // memory per simulated client stays small (burn tensors clone by reference).
@@ -222,7 +225,7 @@ impl Setup {
                 } else if in_train {
                     idx.extend(&t.local_test);
                 } else {
-                    idx.extend(&t.test);
+                    idx.extend(t.test.iter());
                 }
             }
             idx.sort_unstable();
@@ -398,7 +401,7 @@ fn embedded_data(config: &SimConfig) -> anyhow::Result<Prepared> {
         .context("partitioning the synthetic data")?
     };
     let classes: Vec<u32> = (0..train.num_classes).collect();
-    let all_test: Vec<usize> = (0..test.len()).collect();
+    let all_test: Arc<[usize]> = (0..test.len()).collect();
     let clients = parts
         .iter()
         .enumerate()

@@ -19,25 +19,9 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// An idx file: big-endian magic, dimensions, then the bytes.
-fn idx(magic: u32, dims: &[u32], body: &[u8]) -> Vec<u8> {
-    let mut v = magic.to_be_bytes().to_vec();
-    dims.iter().for_each(|d| v.extend_from_slice(&d.to_be_bytes()));
-    v.extend_from_slice(body);
-    v
-}
-
-/// A tiny MNIST in `dir/mnist/`: `n` 4×4 images per split, labels cycling over the 10 classes.
+/// A tiny MNIST in `dir/mnist/` (the data crate's fixture writer).
 fn write_tiny_mnist(dir: &Path, n: u32) {
-    use anchorage_data::loaders::mnist::{IMAGES_MAGIC, LABELS_MAGIC};
-    let d = dir.join("mnist");
-    std::fs::create_dir_all(&d).unwrap();
-    for prefix in ["train", "t10k"] {
-        let pixels: Vec<u8> = (0..n * 16).map(|i| (i % 251) as u8).collect();
-        let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
-        std::fs::write(d.join(format!("{prefix}-images-idx3-ubyte")), idx(IMAGES_MAGIC, &[n, 4, 4], &pixels)).unwrap();
-        std::fs::write(d.join(format!("{prefix}-labels-idx1-ubyte")), idx(LABELS_MAGIC, &[n], &labels)).unwrap();
-    }
+    anchorage_data::loaders::mnist::write_tiny(dir, n).unwrap();
 }
 
 #[test]

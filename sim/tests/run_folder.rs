@@ -2,36 +2,14 @@
 //! or a closed pipe (`status = "interrupted"`), and its `config.toml` runs the same federation
 //! again with the same metrics. Runs the `anchorage` binary.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-fn anchorage(dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_anchorage"));
-    command.args(args).current_dir(dir).env_remove("ANCHORAGE_DATA").env_remove("ANCHORAGE_LOG");
-    command
-}
-
-/// Waits for `child` (killed and a panic after two minutes).
-fn wait(child: &mut Child) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("anchorage still running after 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn metrics(run: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(run.join("metrics.json")).unwrap();
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("metrics.json does not parse: {e}\n{text}"))
-}
+use common::{anchorage, deterministic, metrics, wait};
 
 /// Data rows of a CSV file (the header excluded).
 fn csv_rows(path: &Path) -> usize {
@@ -106,18 +84,6 @@ fn a_closed_stdout_stops_the_run_without_a_panic() {
     let m = metrics(&dir.path().join("run"));
     assert_eq!(m["stop_reason"], "stdout closed", "{m}");
     interrupted_folder(&dir.path().join("run"));
-}
-
-/// Everything in metrics.json that does not measure the host's time.
-fn deterministic(mut m: serde_json::Value) -> serde_json::Value {
-    let o = m.as_object_mut().unwrap();
-    for key in ["wall_seconds", "efficiency"] {
-        o.remove(key);
-    }
-    for row in o["rounds"].as_array_mut().unwrap() {
-        row.as_object_mut().unwrap().remove("seconds");
-    }
-    m
 }
 
 #[test]

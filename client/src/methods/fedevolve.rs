@@ -93,7 +93,7 @@ fn target_accuracy(
 fn draw(data: &TaskData, size: usize, rng: &mut Rng) -> (Tensor<2>, Vec<u32>) {
     let n = data.train.len();
     let rows: Vec<usize> = (0..size).map(|_| rng.below(n as u64) as usize).collect();
-    let x = data.train.features.clone().select(0, index_tensor(&rows, &data.train.features.device()));
+    let x = data.train.select(index_tensor(&rows, &data.train.device()));
     (x, rows.iter().map(|&r| data.train.labels_host[r]).collect())
 }
 
@@ -182,8 +182,7 @@ impl ClientMethod for FedEvolveClient {
             }
         }
         self.rng = rng;
-        let prototypes =
-            class_means(maps.valid().phi.embed(last.train.features.clone().inner()), &last.train.labels_host);
+        let prototypes = class_means(maps.valid().phi.embed(last.train.features().inner()), &last.train.labels_host);
         let table = PrototypeTable::new(&prototypes, &device);
         let accuracies =
             self.ctx.stream.accuracy_metrics(broadcast, |test| target_accuracy(&maps, table.as_ref(), test, &self.ctx));

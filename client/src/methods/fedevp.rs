@@ -63,7 +63,7 @@ fn evolving_prototypes(net: &Net, domains: &[TaskData]) -> Vec<ClassMean> {
     let net = net.valid();
     let mut evolving: Vec<ClassMean> = Vec::new();
     for (m, d) in domains.iter().enumerate() {
-        for mean in class_means(net.represent(d.train.features.clone().inner()), &d.train.labels_host) {
+        for mean in class_means(net.represent(d.train.features().inner()), &d.train.labels_host) {
             let prev = evolving.iter().position(|e| e.class == mean.class);
             let vector = evolving_prototype(prev.map(|i| evolving[i].vector.as_slice()), &mean.vector, m as u32 + 1);
             match (prev, vector) {

@@ -104,7 +104,7 @@ impl ClientMethod for FedProKClient {
         let global = from_wire(&broadcast.prototypes)?;
         let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
         // The new classes' prototypes under the round's starting f; global ones where the server has them.
-        let start = class_means(net.valid().represent(train.features.clone().inner()), &train.labels_host);
+        let start = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
         let new: Vec<ClassMean> =
             merge_missing(&global, &start).into_iter().filter(|m| current.contains(&m.class)).collect();
         let table = translations(&global, &new, &current);
@@ -133,7 +133,7 @@ impl ClientMethod for FedProKClient {
             });
         }
         self.rng = rng;
-        let fresh = class_means(net.valid().represent(train.features.clone().inner()), &train.labels_host);
+        let fresh = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&net, t, 512));
         let mut metrics = common_metrics(loss, accuracies);
         metrics.push(anchorage_shared::protocol::Metric { name: "pseudo_classes".into(), value: table.len() as f64 });

@@ -183,7 +183,7 @@ impl ClientMethod for GldpClient {
                 .epoch(net, &train, &mut rng, head_only, |m, b| self.loss(m, b, local.as_ref(), global.as_ref()));
         }
         self.rng = rng;
-        let fresh = class_means(net.valid().represent(train.features.clone().inner()), &train.labels_host);
+        let fresh = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
         self.remember(&fresh);
         let predict_with = match self.ctx.method.prediction {
             PrototypeSource::Local => table(&self.local, &device),

@@ -18,9 +18,17 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use super::backbone::Backbone;
 
 /// Features and labels of a dataset under a frozen backbone, kept on the training device.
+///
+/// A cache cut from another ([`FeatureCache::subset`]) holds row indices into the same feature
+/// tensor, not a copy of its rows: a simulation's clients and its evaluator share one pool's
+/// features (issue 20: data held once). [`FeatureCache::features`] materialises the rows when a
+/// caller needs them as one tensor; the training loop selects each batch from the pool directly.
 #[derive(Debug, Clone)]
 pub struct FeatureCache {
-    pub features: Tensor<2>,
+    /// The pool's features `[pool rows, dim]`, shared by reference by every cache cut from it.
+    pool: Tensor<2>,
+    /// This cache's rows of `pool` in order; `None`: all of them.
+    rows: Option<Tensor<1, Int>>,
     pub labels: Tensor<1, Int>,
     pub labels_host: Vec<u32>,
     /// Where the raw samples behind the rows are, for methods that change the backbone's input
@@ -108,10 +116,57 @@ impl FeatureCache {
         Ok(Self::from_parts(features, &data.labels, device))
     }
 
-    fn from_parts(features: Tensor<2>, labels_host: &[u32], device: &Device) -> Self {
+    /// The samples of `data` as their own features (the identity backbone), taking the dataset's
+    /// buffer rather than copying it.
+    pub fn of_samples(data: Dataset, device: &Device) -> Self {
+        let shape = [data.len(), data.sample_len()];
+        let features = Tensor::from_data(TensorData::new(data.features, shape), device);
+        Self::from_parts(features, &data.labels, device)
+    }
+
+    /// A cache over `features` (one row per label), e.g. computed outside a backbone.
+    pub fn from_parts(features: Tensor<2>, labels_host: &[u32], device: &Device) -> Self {
+        Self { pool: features, rows: None, ..Self::labels_only(labels_host, device) }
+    }
+
+    fn labels_only(labels_host: &[u32], device: &Device) -> Self {
         let labels_i: Vec<i64> = labels_host.iter().map(|&l| l as i64).collect();
         let labels = Tensor::<1, Int>::from_data(TensorData::new(labels_i, [labels_host.len()]), device);
-        Self { features, labels, labels_host: labels_host.to_vec(), inputs: None }
+        let pool = Tensor::zeros([0, 0], device);
+        Self { pool, rows: None, labels, labels_host: labels_host.to_vec(), inputs: None }
+    }
+
+    /// The features of this cache's rows, `[len, dim]` (a copy when the cache is a subset).
+    pub fn features(&self) -> Tensor<2> {
+        match &self.rows {
+            None => self.pool.clone(),
+            Some(rows) => self.pool.clone().select(0, rows.clone()),
+        }
+    }
+
+    /// The features of this cache's rows `idx` (positions in this cache), `[idx.len(), dim]`.
+    pub fn select(&self, idx: Tensor<1, Int>) -> Tensor<2> {
+        match &self.rows {
+            None => self.pool.clone().select(0, idx),
+            Some(rows) => self.pool.clone().select(0, rows.clone().select(0, idx)),
+        }
+    }
+
+    /// The features of this cache's rows `range`, `[range.len(), dim]`.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Tensor<2> {
+        match &self.rows {
+            None => self.pool.clone().slice(range),
+            Some(rows) => self.pool.clone().select(0, rows.clone().slice(range)),
+        }
+    }
+
+    /// Width of a feature row.
+    pub fn dim(&self) -> usize {
+        self.pool.dims()[1]
+    }
+
+    pub fn device(&self) -> Device {
+        self.pool.device()
     }
 
     /// This cache with its raw samples: row `i` is `inputs.data.sample(inputs.rows[i])`.
@@ -123,24 +178,29 @@ impl FeatureCache {
     /// A cache of other features for the same samples (e.g. the features of enhanced inputs),
     /// keeping the labels and raw inputs.
     pub fn with_features(&self, features: Tensor<2>) -> Self {
-        Self { features, ..self.clone() }
+        Self { pool: features, rows: None, ..self.clone() }
     }
 
     pub fn len(&self) -> usize {
         self.labels_host.len()
     }
 
-    /// The rows `indices` of this cache (features stay on the device; nothing is recomputed).
+    /// The rows `indices` of this cache: indices into the same feature tensor, which is shared,
+    /// not copied (nothing is recomputed).
     pub fn subset(&self, indices: &[usize]) -> Self {
-        let device = self.features.device();
+        let device = self.device();
         let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
         let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [indices.len()]), &device);
+        let rows = match &self.rows {
+            None => idx,
+            Some(rows) => rows.clone().select(0, idx),
+        };
         let labels: Vec<u32> = indices.iter().map(|&i| self.labels_host[i]).collect();
         let inputs = self.inputs.as_ref().map(|i| Inputs {
             data: i.data.clone(),
             rows: indices.iter().filter_map(|&r| i.rows.get(r).copied()).collect(),
         });
-        Self { inputs, ..Self::from_parts(self.features.clone().select(0, idx), &labels, &device) }
+        Self { pool: self.pool.clone(), rows: Some(rows), inputs, ..Self::labels_only(&labels, &device) }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -151,8 +211,8 @@ impl FeatureCache {
     /// are not kept.
     pub fn concat(parts: &[FeatureCache]) -> Option<Self> {
         let first = parts.first()?;
-        let device = first.features.device();
-        let features = Tensor::cat(parts.iter().map(|p| p.features.clone()).collect(), 0);
+        let device = first.device();
+        let features = Tensor::cat(parts.iter().map(|p| p.features()).collect(), 0);
         let labels: Vec<u32> = parts.iter().flat_map(|p| p.labels_host.iter().copied()).collect();
         Some(Self::from_parts(features, &labels, &device))
     }

@@ -104,3 +104,26 @@ pub fn load(dir: &Path, split: Split) -> Result<ImageSet, DataError> {
         class_names: (0..10).map(|c| c.to_string()).collect(),
     })
 }
+
+/// A tiny MNIST in idx format in `dir/mnist/`: `n` 4×4 images per split (pixel `i` of a split
+/// is `i mod 251`), labels cycling over the ten classes. For tests and examples that need the
+/// real loader on real files without the dataset.
+pub fn write_tiny(dir: &Path, n: u32) -> std::io::Result<()> {
+    let d = dir.join("mnist");
+    std::fs::create_dir_all(&d)?;
+    for prefix in ["train", "t10k"] {
+        let pixels: Vec<u8> = (0..n * 16).map(|i| (i % 251) as u8).collect();
+        let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+        std::fs::write(d.join(format!("{prefix}-images-idx3-ubyte")), idx_file(IMAGES_MAGIC, &[n, 4, 4], &pixels))?;
+        std::fs::write(d.join(format!("{prefix}-labels-idx1-ubyte")), idx_file(LABELS_MAGIC, &[n], &labels))?;
+    }
+    Ok(())
+}
+
+/// An idx file's bytes: big-endian magic, dimensions, then the body.
+pub fn idx_file(magic: u32, dims: &[u32], body: &[u8]) -> Vec<u8> {
+    let mut v = magic.to_be_bytes().to_vec();
+    dims.iter().for_each(|d| v.extend_from_slice(&d.to_be_bytes()));
+    v.extend_from_slice(body);
+    v
+}

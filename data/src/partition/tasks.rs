@@ -37,16 +37,16 @@ pub fn class_incremental(
     for (t, cl) in task_classes.iter().enumerate() {
         cl.iter().for_each(|&k| task_of[k as usize] = t);
     }
+    // One test list per task, shared by every client (`TaskSplit::test`).
+    let task_tests: Vec<std::sync::Arc<[usize]>> =
+        task_classes.iter().map(|cl| test_of(&test_by, cl, &HashSet::new())).collect();
     let clients = parts
         .iter()
         .map(|p| {
             let mut tasks: Vec<TaskSplit> = task_classes
                 .iter()
-                .map(|cl| TaskSplit {
-                    classes: cl.clone(),
-                    test: test_of(&test_by, cl, &HashSet::new()),
-                    ..Default::default()
-                })
+                .zip(&task_tests)
+                .map(|(cl, test)| TaskSplit { classes: cl.clone(), test: test.clone(), ..Default::default() })
                 .collect();
             for &i in p {
                 if let Some(&l) = train_labels.get(i) {
@@ -96,7 +96,7 @@ pub fn domain_incremental(
         for (c, client) in clients.iter_mut().enumerate() {
             let share = &idx[c * n / num_clients..(c + 1) * n / num_clients];
             let (train, local_test) = train_local_split(share, labels, train_fraction, &mut rng);
-            client.tasks.push(TaskSplit { classes: all.clone(), train, local_test, test: Vec::new() });
+            client.tasks.push(TaskSplit { classes: all.clone(), train, local_test, test: Default::default() });
         }
     }
     Ok(FederatedSplit { clients, surrogate: Vec::new() })

@@ -158,7 +158,7 @@ pub fn enhanced_cache(
     chunk: usize,
 ) -> Result<FeatureCache, TrainError> {
     let inputs = cache.inputs.as_ref().ok_or(TrainError::NoInputs)?;
-    let device = cache.features.device();
+    let device = cache.device();
     let ie = ie.valid();
     let n = cache.len();
     if inputs.rows.len() != n {
@@ -168,7 +168,7 @@ pub fn enhanced_cache(
     let rows: Vec<usize> = (0..n).collect();
     for chunk in rows.chunks(chunk.max(1)) {
         let x = inputs.batch(chunk, &device);
-        let q = cache.features.clone().slice(chunk[0]..chunk[0] + chunk.len()).inner();
+        let q = cache.slice(chunk[0]..chunk[0] + chunk.len()).inner();
         parts.push(ie.enhanced(enhancer, x, q, top_n).inner());
     }
     let features =

@@ -116,7 +116,7 @@ impl FedTaClient {
 
     /// The caches' plain features must be this backbone's.
     fn check_width(&self, cache: &FeatureCache) -> Result<(), TrainError> {
-        let got = cache.features.dims()[1];
+        let got = cache.dim();
         if got != self.shape.query_dim {
             return Err(ModelError::Shape {
                 name: "features".into(),
@@ -164,7 +164,7 @@ impl FedTaClient {
             c.batch_size as usize,
             m.weight_decay,
         );
-        let plain = train.features.device();
+        let plain = train.device();
         let (enhancer, top_n) = (self.enhancer.clone(), self.shape.top_n);
         let mask = task_mask(m.train_mask, classes, &train.labels_host, self.ctx.net.num_classes, &device);
         let mut model = IeModel { ie, head };
@@ -198,7 +198,7 @@ impl FedTaClient {
         let w = self.stage_two_weights();
         let mut tail = self.tail.take().unwrap_or_else(|| self.new_tail());
         if let Some(anchors) = tail.anchors.take() {
-            let fresh: Vec<ClassMean> = class_means(enhanced.features.clone().inner(), &enhanced.labels_host)
+            let fresh: Vec<ClassMean> = class_means(enhanced.features().inner(), &enhanced.labels_host)
                 .into_iter()
                 .filter(|m| self.seated.insert(m.class))
                 .collect();
@@ -294,13 +294,13 @@ impl ClientMethod for FedTaClient {
         let (ie, stage1_loss) = self.stage_one(ie, &train, &classes, broadcast, &mut rng)?;
         let ie = ie.valid();
         let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), &train, self.shape.top_n, CHUNK)?;
-        let global = PrototypeTable::new(&global_means, &enhanced.features.device());
+        let global = PrototypeTable::new(&global_means, &enhanced.device());
         let (tail, loss) = self.stage_two(&enhanced, &classes, global.as_ref(), broadcast, &mut rng);
         self.rng = rng;
 
         // Eq. 7: the local prototypes of F_TA.
         let valid_tail = tail.valid();
-        let plain_features = enhanced.features.clone().inner();
+        let plain_features = enhanced.features().inner();
         let anchored = valid_tail.anchored_by_class(plain_features.clone(), &enhanced.labels_host).0;
         let fresh = class_means(anchored, &enhanced.labels_host);
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| self.local_accuracy(&ie, &valid_tail, t));
@@ -409,7 +409,7 @@ impl ClientMethod for FedTaClient {
         let tail = self.global_tail(broadcast)?.map(|t| t.valid());
         let means = from_wire(&broadcast.prototypes)?;
         let means = if tail.is_some() { means } else { feature_part(&means, self.shape.query_dim) };
-        let plain = test.features.device();
+        let plain = test.device();
         let Some(table) = PrototypeTable::new(&means, &plain) else { return Ok(None) };
         if test.is_empty() {
             return Ok(None);

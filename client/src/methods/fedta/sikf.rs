@@ -84,22 +84,22 @@ impl Sikf {
 
     /// Each teacher's enhanced features of the whole surrogate set.
     fn targets(&self, teachers: &[&[ParamBlock]]) -> Result<Vec<Tensor<2>>, TrainError> {
-        let plain = self.surrogate.features.device();
+        let plain = self.surrogate.device();
         teachers
             .iter()
             .map(|t| {
                 let ie = self.pool(t, &plain)?;
-                Ok(enhanced_cache(&ie, self.enhancer.as_ref(), &self.surrogate, self.shape.top_n, 256)?.features)
+                Ok(enhanced_cache(&ie, self.enhancer.as_ref(), &self.surrogate, self.shape.top_n, 256)?.features())
             })
             .collect()
     }
 
     /// Eq. 8's objective for `student` over the whole surrogate set (no gradient).
     pub fn loss(&self, student: &[ParamBlock], teachers: &[&[ParamBlock]]) -> Result<f64, TrainError> {
-        let plain = self.surrogate.features.device();
+        let plain = self.surrogate.device();
         let targets = self.targets(teachers)?;
         let ie = self.pool(student, &plain)?;
-        let mine = enhanced_cache(&ie, self.enhancer.as_ref(), &self.surrogate, self.shape.top_n, 256)?.features;
+        let mine = enhanced_cache(&ie, self.enhancer.as_ref(), &self.surrogate, self.shape.top_n, 256)?.features();
         Ok(mean_mse(mine, &targets).into_scalar::<f32>() as f64)
     }
 
@@ -120,7 +120,7 @@ impl Sikf {
         let mut trainer = Trainer::new(OptimizerKind::Adam, learning_rate, self.batch_size);
         let mut rng = Rng::derive(self.seed, 0x51CF);
         let mut losses = Vec::with_capacity(epochs as usize);
-        let plain = self.surrogate.features.device();
+        let plain = self.surrogate.device();
         for _ in 0..epochs {
             let (next, loss) = trainer.epoch(ie, &self.surrogate, &mut rng, sets_only, |m, b| {
                 let x = inputs.batch(&b.rows, &plain);
