@@ -164,10 +164,10 @@ mod tests {
         for (t, want) in share.stream.tasks.iter().zip(&split.clients[1].tasks) {
             assert_eq!(t.classes, want.classes);
             let labels: Vec<u32> = want.train.iter().map(|&i| all.train.labels[i]).collect();
-            assert_eq!(t.train.labels_host, labels, "the training rows, in the split's order");
+            assert_eq!(&t.train.labels_host[..], &labels[..], "the training rows, in the split's order");
             let (rows, in_train) = want.local_test_rows();
             let pool = if in_train { &all.train } else { &all.test };
-            assert_eq!(t.test.labels_host, rows.iter().map(|&i| pool.labels[i]).collect::<Vec<_>>());
+            assert_eq!(t.test.labels_host.to_vec(), rows.iter().map(|&i| pool.labels[i]).collect::<Vec<_>>());
             let inputs = t.train.inputs.as_ref().expect("raw samples beside the features");
             assert_eq!(inputs.data.sample(inputs.rows[0]), all.train.sample(want.train[0]), "the same pixels");
         }

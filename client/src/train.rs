@@ -7,7 +7,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
-use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Int, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{FeatureCache, Trainable};
@@ -120,15 +120,14 @@ impl Trainer {
         let n = cache.len();
         let mut order: Vec<i64> = (0..n as i64).collect();
         rng.shuffle(&mut order);
-        let device = cache.device();
         let mut loss_sum = 0.0;
         for chunk in order.chunks(self.batch_size) {
-            let idx = Tensor::<1, Int>::from_data(TensorData::new(chunk.to_vec(), [chunk.len()]), &device);
+            let rows: Vec<usize> = chunk.iter().map(|&i| i as usize).collect();
             let batch = Batch {
-                x: cache.select(idx.clone()),
-                y: cache.labels.clone().select(0, idx),
-                labels: chunk.iter().map(|&i| cache.labels_host[i as usize]).collect(),
-                rows: chunk.iter().map(|&i| i as usize).collect(),
+                x: cache.select(&rows),
+                y: cache.labels_of(&rows),
+                labels: rows.iter().map(|&i| cache.labels_host[i]).collect(),
+                rows,
             };
             let l = loss(&model, &batch);
             let value;

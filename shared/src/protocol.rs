@@ -5,6 +5,7 @@
 //! outside postcard so that an unknown kind from a newer peer is recognised as such.
 //! New messages get new kind numbers; existing numbers and fields never change meaning.
 
+use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
@@ -165,7 +166,9 @@ pub struct Goodbye {
 /// Every message of protocol v1. Append-only: new variants get new kind numbers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
-    Hello(Hello),
+    /// Boxed: its inline strings make it ten times the size of the other variants, and every
+    /// queued message (a session's outbox, 100,000 simulated clients) would be that large.
+    Hello(Box<Hello>),
     Welcome(Welcome),
     Broadcast(Broadcast),
     Update(Update),
@@ -225,7 +228,7 @@ impl Message {
         let name = kind_name(kind).ok_or(DecodeError::UnknownKind(kind))?;
         let bad = |e: postcard::Error| DecodeError::Body { kind: name, detail: alloc::format!("{e}") };
         let msg = match kind {
-            1 => Message::Hello(postcard::from_bytes(body).map_err(bad)?),
+            1 => Message::Hello(Box::new(postcard::from_bytes(body).map_err(bad)?)),
             2 => Message::Welcome(postcard::from_bytes(body).map_err(bad)?),
             KIND_BROADCAST => Message::Broadcast(postcard::from_bytes(body).map_err(bad)?),
             KIND_UPDATE => Message::Update(postcard::from_bytes(body).map_err(bad)?),

@@ -29,12 +29,12 @@ fn every_message() -> Vec<Message> {
     let config = RoundConfig { local_epochs: 2, batch_size: 16, learning_rate: 1e-3, deadline_ms: 30_000 };
     let prototypes = vec![Prototype::encode(3, 17, &[0.25, -0.5, 1.0], Encoding::F32)];
     vec![
-        Message::Hello(Hello {
+        Message::Hello(Box::new(Hello {
             client_id: "jetson-07".into(),
             capabilities: capabilities(),
             num_samples: 1234,
             last_round: Some(4),
-        }),
+        })),
         Message::Welcome(Welcome {
             server_id: "anchorage".into(),
             method: "fedavg".into(),
@@ -231,12 +231,12 @@ fn bad_tensors_are_refused_at_decode() {
         compute_seconds: -1.0,
     });
     assert!(matches!(decode_frame(&encode(&time), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
-    let hello = Message::Hello(Hello {
+    let hello = Message::Hello(Box::new(Hello {
         client_id: String::new(),
         capabilities: capabilities(),
         num_samples: 0,
         last_round: None,
-    });
+    }));
     assert!(matches!(decode_frame(&encode(&hello), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
     // A cost report with a negative or non-finite figure.
     let cost = Message::Cost(CostRecord { transfer_seconds: f64::NAN, ..CostRecord::default() });

@@ -122,7 +122,8 @@ impl Path {
 
 struct VirtualClient {
     session: Session,
-    capabilities: Capabilities,
+    /// What a new session of this device says in its hello (one value for the whole fleet).
+    capabilities: std::sync::Arc<Capabilities>,
     device: DeviceProfile,
     /// When the device is reachable (on its own timeline, `phase` ahead of the simulated clock).
     availability: Availability,
@@ -173,19 +174,20 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
         };
         availabilities.push(a);
     }
+    let mut methods = heapless::Vec::new();
+    let name = clients.first().map_or("", |m| m.name());
+    let _ = methods.push(heapless::String::try_from(name).unwrap_or_default());
+    let capabilities = std::sync::Arc::new(Capabilities { backend: "virtual".into(), memory_mb: 1024, methods });
     let mut clients: Vec<VirtualClient> = clients
         .into_iter()
         .enumerate()
         .map(|(i, method)| {
             let profile = links[i].clone().unwrap_or_default();
-            let mut methods = heapless::Vec::new();
-            let _ = methods.push(heapless::String::try_from(method.name()).unwrap_or_default());
-            let capabilities = Capabilities { backend: "virtual".into(), memory_mb: 1024, methods };
-            let session = Session::new(client_id(i), capabilities.clone(), method.num_samples(), None);
+            let session = Session::new(client_id(i), (*capabilities).clone(), method.num_samples(), None);
             let seed = config.seed.wrapping_add(5000 + i as u64);
-            Ok(VirtualClient {
+            VirtualClient {
+                capabilities: capabilities.clone(),
                 session,
-                capabilities,
                 device: devices[i].clone(),
                 availability: availabilities[i].clone(),
                 phase: Duration::ZERO,
@@ -197,9 +199,9 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
                 up: Path::new(profile.up, seed),
                 down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
                 costs: HashMap::new(),
-            })
+            }
         })
-        .collect::<anyhow::Result<_>>()?;
+        .collect();
     let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();
 
     let initial_global = evaluator.evaluate(&initial, &[], 0)?;
@@ -313,7 +315,7 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
                             let pending = c.session.pending().cloned();
                             c.session = Session::new(
                                 client_id(client),
-                                c.capabilities.clone(),
+                                (*c.capabilities).clone(),
                                 c.method.as_ref().map_or(0, |m| m.num_samples()),
                                 pending,
                             );

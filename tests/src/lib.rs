@@ -38,7 +38,7 @@ pub async fn raw_connect_as(
 
 /// A well-formed hello for `client_id` running FedAvg.
 pub fn hello(client_id: &str) -> Message {
-    Message::Hello(Hello {
+    Message::Hello(Box::new(Hello {
         client_id: client_id.into(),
         capabilities: Capabilities {
             backend: "test".into(),
@@ -47,7 +47,7 @@ pub fn hello(client_id: &str) -> Message {
         },
         num_samples: 10,
         last_round: None,
-    })
+    }))
 }
 
 /// Writes `bytes` on a fresh control stream and returns the first message the server answers

@@ -93,7 +93,7 @@ fn target_accuracy(
 fn draw(data: &TaskData, size: usize, rng: &mut Rng) -> (Tensor<2>, Vec<u32>) {
     let n = data.train.len();
     let rows: Vec<usize> = (0..size).map(|_| rng.below(n as u64) as usize).collect();
-    let x = data.train.select(index_tensor(&rows, &data.train.device()));
+    let x = data.train.select(&rows);
     (x, rows.iter().map(|&r| data.train.labels_host[r]).collect())
 }
 

@@ -27,10 +27,12 @@ use super::backbone::Backbone;
 pub struct FeatureCache {
     /// The pool's features `[pool rows, dim]`, shared by reference by every cache cut from it.
     pool: Tensor<2>,
-    /// This cache's rows of `pool` in order; `None`: all of them.
-    rows: Option<Tensor<1, Int>>,
-    pub labels: Tensor<1, Int>,
-    pub labels_host: Vec<u32>,
+    /// This cache's rows of `pool` in order; `None`: all of them. Host indices: a simulation
+    /// holds one cache per client and task, and a device tensor each (256 bytes inline, plus its
+    /// allocation) was most of a client's memory at 100,000 clients.
+    rows: Option<Arc<[usize]>>,
+    /// The label of each row (shared by clones: 100,000 clients of one test set hold one list).
+    pub labels_host: Arc<[u32]>,
     /// Where the raw samples behind the rows are, for methods that change the backbone's input
     /// (FedTA's input enhancement); `None` when only the features were kept.
     pub inputs: Option<Inputs>,
@@ -125,38 +127,44 @@ impl FeatureCache {
     }
 
     /// A cache over `features` (one row per label), e.g. computed outside a backbone.
-    pub fn from_parts(features: Tensor<2>, labels_host: &[u32], device: &Device) -> Self {
-        Self { pool: features, rows: None, ..Self::labels_only(labels_host, device) }
+    pub fn from_parts(features: Tensor<2>, labels_host: &[u32], _device: &Device) -> Self {
+        Self { pool: features, rows: None, labels_host: labels_host.into(), inputs: None }
     }
 
-    fn labels_only(labels_host: &[u32], device: &Device) -> Self {
-        let labels_i: Vec<i64> = labels_host.iter().map(|&l| l as i64).collect();
-        let labels = Tensor::<1, Int>::from_data(TensorData::new(labels_i, [labels_host.len()]), device);
-        let pool = Tensor::zeros([0, 0], device);
-        Self { pool, rows: None, labels, labels_host: labels_host.to_vec(), inputs: None }
+    /// The labels of this cache's rows `positions`, as a device tensor (a batch's targets).
+    pub fn labels_of(&self, positions: &[usize]) -> Tensor<1, Int> {
+        let labels: Vec<i64> = positions.iter().map(|&i| self.labels_host[i] as i64).collect();
+        Tensor::from_data(TensorData::new(labels, [positions.len()]), &self.device())
+    }
+
+    /// The pool rows of this cache's rows `positions`.
+    fn pool_rows(&self, positions: impl Iterator<Item = usize>) -> Tensor<1, Int> {
+        let idx: Vec<i64> = match &self.rows {
+            None => positions.map(|i| i as i64).collect(),
+            Some(rows) => positions.map(|i| rows[i] as i64).collect(),
+        };
+        let n = idx.len();
+        Tensor::from_data(TensorData::new(idx, [n]), &self.device())
     }
 
     /// The features of this cache's rows, `[len, dim]` (a copy when the cache is a subset).
     pub fn features(&self) -> Tensor<2> {
         match &self.rows {
             None => self.pool.clone(),
-            Some(rows) => self.pool.clone().select(0, rows.clone()),
+            Some(_) => self.pool.clone().select(0, self.pool_rows(0..self.len())),
         }
     }
 
-    /// The features of this cache's rows `idx` (positions in this cache), `[idx.len(), dim]`.
-    pub fn select(&self, idx: Tensor<1, Int>) -> Tensor<2> {
-        match &self.rows {
-            None => self.pool.clone().select(0, idx),
-            Some(rows) => self.pool.clone().select(0, rows.clone().select(0, idx)),
-        }
+    /// The features of this cache's rows `positions`, `[positions.len(), dim]`.
+    pub fn select(&self, positions: &[usize]) -> Tensor<2> {
+        self.pool.clone().select(0, self.pool_rows(positions.iter().copied()))
     }
 
     /// The features of this cache's rows `range`, `[range.len(), dim]`.
     pub fn slice(&self, range: std::ops::Range<usize>) -> Tensor<2> {
         match &self.rows {
             None => self.pool.clone().slice(range),
-            Some(rows) => self.pool.clone().select(0, rows.clone().slice(range)),
+            Some(_) => self.pool.clone().select(0, self.pool_rows(range)),
         }
     }
 
@@ -188,19 +196,20 @@ impl FeatureCache {
     /// The rows `indices` of this cache: indices into the same feature tensor, which is shared,
     /// not copied (nothing is recomputed).
     pub fn subset(&self, indices: &[usize]) -> Self {
-        let device = self.device();
-        let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
-        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [indices.len()]), &device);
-        let rows = match &self.rows {
-            None => idx,
-            Some(rows) => rows.clone().select(0, idx),
+        let rows: Arc<[usize]> = match &self.rows {
+            None => indices.into(),
+            Some(rows) => indices.iter().map(|&i| rows[i]).collect(),
         };
-        let labels: Vec<u32> = indices.iter().map(|&i| self.labels_host[i]).collect();
         let inputs = self.inputs.as_ref().map(|i| Inputs {
             data: i.data.clone(),
             rows: indices.iter().filter_map(|&r| i.rows.get(r).copied()).collect(),
         });
-        Self { pool: self.pool.clone(), rows: Some(rows), inputs, ..Self::labels_only(&labels, &device) }
+        Self {
+            pool: self.pool.clone(),
+            rows: Some(rows),
+            labels_host: indices.iter().map(|&i| self.labels_host[i]).collect(),
+            inputs,
+        }
     }
 
     pub fn is_empty(&self) -> bool {

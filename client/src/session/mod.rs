@@ -123,12 +123,12 @@ impl Session {
         if !matches!(self.state, SessionState::Training { .. }) {
             self.state = SessionState::Joining;
         }
-        self.actions.push_back(SessionAction::Send(Message::Hello(Hello {
+        self.actions.push_back(SessionAction::Send(Message::Hello(Box::new(Hello {
             client_id: self.client_id.clone(),
             capabilities: self.capabilities.clone(),
             num_samples: self.num_samples,
             last_round: self.last_trained,
-        })));
+        }))));
     }
 
     /// The connection is gone. The pending update is kept for the next connection; training in

@@ -281,7 +281,7 @@ impl Engine {
     /// A decoded message from a client. `client` is the identity the transport established.
     pub fn handle_message(&mut self, now: Duration, client: &str, msg: Message) {
         match msg {
-            Message::Hello(hello) => self.on_hello(now, client, hello),
+            Message::Hello(hello) => self.on_hello(now, client, *hello),
             Message::Update(update) => self.on_update(now, client, update),
             Message::Heartbeat(_) => {}
             Message::Goodbye(_) => self.handle_disconnect(now, client),

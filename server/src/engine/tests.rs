@@ -27,12 +27,12 @@ fn block(values: &[f32]) -> ParamBlock {
 fn hello(id: &str) -> Message {
     let mut methods = heapless::Vec::new();
     methods.push(heapless::String::try_from("fedavg").unwrap()).unwrap();
-    Message::Hello(Hello {
+    Message::Hello(Box::new(Hello {
         client_id: id.into(),
         capabilities: Capabilities { backend: "flex".into(), memory_mb: 256, methods },
         num_samples: 10,
         last_round: None,
-    })
+    }))
 }
 
 fn update(round: u64, values: &[f32], n: u64) -> Message {
