@@ -179,11 +179,7 @@ fn head_epochs<M: anchorage_client::model::FeatureNet>(backbone: &Frozen<M>, nam
     // With the cache: build once, then epochs on cached features.
     let t = Instant::now();
     let cache = FeatureCache::build(backbone, &data, 250, device);
-    let cache = FeatureCache {
-        features: cache.features.to_device(&train_device),
-        labels: cache.labels.to_device(&train_device),
-        ..cache
-    };
+    let cache = cache.with_features(cache.features().to_device(&train_device));
     let build = t.elapsed();
     let model = Trainable::new(&spec.net(), &train_device);
     let mut rng = Rng::new(1);

@@ -34,7 +34,7 @@ mod agreement {
     use anchorage_shared::rng::Rng;
     use anchorage_shared::tensor::Encoding;
     use burn::module::Module;
-    use burn::tensor::{Device, Int, Tensor, TensorData};
+    use burn::tensor::{Device, Tensor, TensorData};
 
     const FORWARD_TOL: f64 = 1e-3;
     const SGD_TOL: f64 = 1e-3;
@@ -161,15 +161,7 @@ mod agreement {
     fn step(device: &Device, optimizer: OptimizerKind) -> (Vec<f32>, f64) {
         let train = device.clone().autodiff();
         let labels: Vec<u32> = (0..N as u32).map(|i| i % 10).collect();
-        let cache = FeatureCache {
-            features: features(&train),
-            labels: Tensor::<1, Int>::from_data(
-                TensorData::new(labels.iter().map(|&l| l as i64).collect::<Vec<_>>(), [N]),
-                &train,
-            ),
-            labels_host: labels,
-            inputs: None,
-        };
+        let cache = FeatureCache::from_parts(features(&train), &labels, &train);
         let net = Trainable::new(&spec().net(), &train);
         let before = params(&net);
         let (net, report) = fit(net, &cache, 1, N, 0.05, optimizer, &mut Rng::new(9), &train);

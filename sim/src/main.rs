@@ -76,6 +76,8 @@ enum Command {
 
 #[derive(Args)]
 struct FleetArgs {
+    #[command(flatten)]
+    shared: SharedArgs,
     /// The scenario (as for `anchorage sim`); default: the embedded default.
     #[arg(long)]
     scenario: Option<PathBuf>,
@@ -97,20 +99,7 @@ struct FleetArgs {
     /// Start a server here and this many worker processes; write one run folder.
     #[arg(long, conflicts_with_all = ["index", "server"], value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     local: Option<usize>,
-    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    clients: Option<usize>,
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    rounds: Option<u64>,
-    /// Fraction of the connected devices sampled per round.
-    #[arg(long, value_parser = fraction)]
-    fraction: Option<f64>,
-    /// Every device's link preset.
-    #[arg(long, value_parser = PossibleValuesParser::new(DuplexProfile::PRESETS.iter().copied()))]
-    link: Option<String>,
-    /// Folder of the real datasets and weights (`../shared/data`).
-    #[arg(long, env = "ANCHORAGE_DATA")]
-    data_dir: Option<PathBuf>,
-    /// Run folder of a local fleet (default: runs/fleet-<seed>-<unix time>).
+    /// Run folder of a local fleet (default: runs/fleet-<seed>-<UTC date>T<time>).
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -219,24 +208,17 @@ struct DescribeArgs {
 struct SimArgs {
     /// A scenario file (`scenarios/*.toml`) or a TOML file of `SimConfig` fields; flags override it.
     config: Option<PathBuf>,
+    #[command(flatten)]
+    shared: SharedArgs,
     /// The method.
     #[arg(long, value_parser = PossibleValuesParser::new(anchorage_server::methods::METHODS.iter().copied()))]
     method: Option<String>,
-    /// Folder of the real datasets and weights (`../shared/data`).
-    #[arg(long, env = "ANCHORAGE_DATA")]
-    data_dir: Option<PathBuf>,
     /// Fraction of the scenario's data to use (its `[data] scale`), for a quick CPU run.
     #[arg(long, value_parser = fraction)]
     data_scale: Option<f64>,
     /// Rounds per task of the stream (0: a single task).
     #[arg(long)]
     rounds_per_task: Option<u64>,
-    /// Clients in the federation (a scenario's `[data.partition] clients` too).
-    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    clients: Option<usize>,
-    /// Rounds in all.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    rounds: Option<u64>,
     /// The federation's seed (a scenario's `[data] seed` stays).
     #[arg(long)]
     seed: Option<u64>,
@@ -249,9 +231,6 @@ struct SimArgs {
     /// Upload encoding.
     #[arg(long, value_parser = ["f32", "f16", "bf16", "int8"])]
     encoding: Option<String>,
-    /// Every client's link: a preset shaping real QUIC.
-    #[arg(long, value_parser = PossibleValuesParser::new(DuplexProfile::PRESETS.iter().copied()))]
-    link: Option<String>,
     /// `real`: QUIC on loopback in real time; `virtual`: the discrete-event clock (no sockets,
     /// simulated time charged by the link and device models). Default: real.
     #[arg(long, value_enum)]
@@ -271,9 +250,6 @@ struct SimArgs {
     /// The local batch size.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: Option<u32>,
-    /// Fraction of the connected clients sampled each round.
-    #[arg(long, value_parser = fraction)]
-    fraction: Option<f64>,
     /// Clients evaluate their local model every this many rounds (the global model: every round).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     eval_every: Option<u64>,
@@ -450,14 +426,7 @@ fn provision(project: &Path, out: Option<&Path>) -> anyhow::Result<()> {
 fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let (file, mut config) = scenario_or_default(args.scenario.as_deref())?;
     let file = file.as_ref();
-    let shared = SharedFlags {
-        clients: args.clients,
-        rounds: args.rounds,
-        fraction: args.fraction,
-        link: args.link.as_ref(),
-        data_dir: args.data_dir.as_ref(),
-    };
-    set_shared_flags(&mut config, file, shared);
+    set_shared_flags(&mut config, file, &args.shared);
     scenario::check(&config, file)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     if let Some(workers) = args.local {
@@ -572,19 +541,31 @@ fn scenario_or_default(path: Option<&Path>) -> anyhow::Result<(Option<ConfigFile
 }
 
 /// The flags `anchorage sim` and `anchorage fleet` share.
-struct SharedFlags<'a> {
+#[derive(Args)]
+struct SharedArgs {
+    /// Clients in the federation (a scenario's `[data.partition] clients` too).
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     clients: Option<usize>,
+    /// Rounds in all.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: Option<u64>,
+    /// Fraction of the connected clients sampled each round.
+    #[arg(long, value_parser = fraction)]
     fraction: Option<f64>,
-    link: Option<&'a String>,
-    data_dir: Option<&'a PathBuf>,
+    /// Every client's link: a preset shaping real QUIC (or the virtual clock's link model).
+    #[arg(long, value_parser = PossibleValuesParser::new(DuplexProfile::PRESETS.iter().copied()))]
+    link: Option<String>,
+    /// Folder of the real datasets and weights (`../shared/data`).
+    #[arg(long, env = "ANCHORAGE_DATA")]
+    data_dir: Option<PathBuf>,
 }
 
 /// The shared flags over the file's values: `--clients` (the federation's and the split's),
 /// `--rounds`, `--fraction`, `--link` (which replaces any link mix or per-client links) and
 /// `--data-dir`.
-fn set_shared_flags(config: &mut SimConfig, file: Option<&ConfigFile>, flags: SharedFlags) {
-    let SharedFlags { clients, rounds, fraction, link, data_dir } = flags;
+fn set_shared_flags(config: &mut SimConfig, file: Option<&ConfigFile>, flags: &SharedArgs) {
+    let SharedArgs { clients, rounds, fraction, link, data_dir } = flags;
+    let (clients, rounds, fraction) = (*clients, *rounds, *fraction);
     set(file, "--fraction", fraction, &["fraction"], &mut config.fraction);
     if let Some(v) = clients {
         overrides(file, "--clients", v, &["clients"]);
@@ -629,14 +610,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         data.scale = v;
     }
     set(file, "--rounds-per-task", args.rounds_per_task, &["rounds_per_task"], &mut config.rounds_per_task);
-    let shared = SharedFlags {
-        clients: args.clients,
-        rounds: args.rounds,
-        fraction: args.fraction,
-        link: args.link.as_ref(),
-        data_dir: args.data_dir.as_ref(),
-    };
-    set_shared_flags(config, file, shared);
+    set_shared_flags(config, file, &args.shared);
     set(file, "--seed", args.seed, &["seed"], &mut config.seed);
     set(file, "--epochs", args.epochs, &["local_epochs"], &mut config.local_epochs);
     if let Some(v) = args.alpha {
@@ -728,7 +702,7 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
     let (file, mut config) = scenario_or_default(args.config.as_deref())?;
     apply_flags(&args, &mut config, file.as_ref())?;
     scenario::check(&config, file.as_ref())?;
-    check_data_dir(&config, args.data_dir.is_some(), file.as_ref())?;
+    check_data_dir(&config, args.shared.data_dir.is_some(), file.as_ref())?;
     let sweep = args.seeds.map(|runs| anchorage_sim::sweep::Plan { runs, vary_data_seed: !args.keep_data_seed });
     if let Some(plan) = sweep {
         plan.check(&config)?;

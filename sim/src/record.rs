@@ -146,6 +146,44 @@ pub struct SummaryInputs {
     pub local_eval: LocalEval,
 }
 
+#[cfg(test)]
+impl SummaryInputs {
+    /// Inputs of a test summary: 10% initial accuracy and chance, nothing refused, 1 s.
+    pub(crate) fn example() -> Self {
+        Self {
+            initial_accuracy: 0.1,
+            chance: 0.1,
+            late_updates: 0,
+            refused: 0,
+            decode_errors: 0,
+            wall_seconds: 1.0,
+            local_eval: Default::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl RoundRow {
+    /// A test round: 3 updates of 3 aggregated, no bytes.
+    pub(crate) fn example(round: u64, accuracy: f64, seconds: f64) -> Self {
+        Self {
+            round,
+            accuracy,
+            train_loss: None,
+            aggregated: 3,
+            sampled: 3,
+            late_total: 0,
+            dropped: 0,
+            payload_up: 0,
+            wire_up: 0,
+            payload_down: 0,
+            wire_down: 0,
+            seconds,
+            outcome: "aggregated".into(),
+        }
+    }
+}
+
 /// The accuracy records of a closed round: the global model per test task, and each client's
 /// local model per test task from its update's `acc.task.K` / `acc.target` metrics.
 pub fn accuracy_records(report: &anchorage_server::RoundReport, task: u32, global: &[(u32, f64)]) -> Vec<AccuracyRow> {
@@ -435,22 +473,7 @@ mod tests {
     #[test]
     fn the_csv_headers_are_the_serialised_field_names() {
         let header = |row: &dyn erased::Row| row.header();
-        let row = RoundRow {
-            round: 1,
-            accuracy: 0.5,
-            train_loss: None,
-            aggregated: 1,
-            sampled: 1,
-            late_total: 0,
-            dropped: 0,
-            payload_up: 1,
-            wire_up: 1,
-            payload_down: 1,
-            wire_down: 1,
-            seconds: 0.1,
-            outcome: "aggregated".into(),
-        };
-        assert_eq!(header(&row), ROUNDS_HEADER.join(","));
+        assert_eq!(header(&RoundRow::example(1, 0.5, 0.1)), ROUNDS_HEADER.join(","));
         assert_eq!(header(&CostRecord::default()), LEDGER_HEADER.join(","));
         assert_eq!(LEDGER_HEADER.join(","), anchorage_shared::ledger::CSV_HEADER);
         let acc = AccuracyRow { round: 1, task: 0, model: "a,\"b\"".into(), test_task: 0, accuracy: 0.5 };

@@ -460,34 +460,9 @@ mod tests {
     /// A run folder of `rounds` rounds with no ledger, `config.toml` as given and `accuracy.csv`
     /// from `csv` when given; the summary's continual metrics come from the same rows.
     fn folder(dir: &Path, config: &str, rounds: u64, csv: Option<&str>) {
-        let inputs = SummaryInputs {
-            initial_accuracy: 0.1,
-            chance: 0.1,
-            late_updates: 0,
-            refused: 0,
-            decode_errors: 0,
-            wall_seconds: 1.0,
-            local_eval: Default::default(),
-        };
         let rows = csv.map(|csv| accuracy::parse(csv, "test").unwrap()).unwrap_or_default();
-        let round_rows = (1..=rounds)
-            .map(|round| RoundRow {
-                round,
-                accuracy: 0.3 + 0.05 * round as f64,
-                train_loss: None,
-                aggregated: 3,
-                sampled: 3,
-                late_total: 0,
-                dropped: 0,
-                payload_up: 0,
-                wire_up: 0,
-                payload_down: 0,
-                wire_down: 0,
-                seconds: 1.5,
-                outcome: "aggregated".into(),
-            })
-            .collect();
-        let mut summary = RunSummary::new(inputs, round_rows, &[], &rows);
+        let round_rows = (1..=rounds).map(|round| RoundRow::example(round, 0.3 + 0.05 * round as f64, 1.5)).collect();
+        let mut summary = RunSummary::new(SummaryInputs::example(), round_rows, &[], &rows);
         summary.status = crate::RunStatus::Interrupted;
         summary.stop_reason = Some("SIGINT".into());
         std::fs::write(dir.join("metrics.json"), serde_json::to_string(&summary).unwrap()).unwrap();

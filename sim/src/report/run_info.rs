@@ -101,33 +101,8 @@ mod tests {
     use crate::record::SummaryInputs;
 
     fn summary(rounds: u64) -> RunSummary {
-        let inputs = SummaryInputs {
-            initial_accuracy: 0.1,
-            chance: 0.1,
-            late_updates: 0,
-            refused: 0,
-            decode_errors: 0,
-            wall_seconds: 1.0,
-            local_eval: Default::default(),
-        };
-        let rows = (1..=rounds)
-            .map(|round| crate::RoundRow {
-                round,
-                accuracy: 0.5,
-                train_loss: None,
-                aggregated: 3,
-                sampled: 3,
-                late_total: 0,
-                dropped: 0,
-                payload_up: 0,
-                wire_up: 0,
-                payload_down: 0,
-                wire_down: 0,
-                seconds: 1.0,
-                outcome: "aggregated".into(),
-            })
-            .collect();
-        RunSummary::new(inputs, rows, &[], &[])
+        let rows = (1..=rounds).map(|round| crate::RoundRow::example(round, 0.5, 1.0)).collect();
+        RunSummary::new(SummaryInputs::example(), rows, &[], &[])
     }
 
     #[test]
