@@ -23,4 +23,4 @@ pub mod sweep;
 pub mod virtual_clock;
 
 pub use record::{RoundRow, RunStatus, RunSummary, claim_run_folder, percent, run_folder_name, write_run_folder};
-pub use run::{Attack, ClientLink, Clock, KillAt, LinkShare, SimConfig, SimResult, run, run_recorded};
+pub use run::{Attack, ClientLink, Clock, KillAt, LinkShare, SimConfig, SimResult, run, run_on_clock, run_recorded};

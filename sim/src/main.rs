@@ -730,14 +730,7 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut recorder = Recorder::new(console, Some(&out), &config, StopFlag::on_signals()?)?;
-    let result = match config.clock {
-        Clock::Real => {
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(anchorage_sim::run_recorded(config, &mut recorder))
-        }
-        Clock::Virtual => anchorage_sim::virtual_clock::run_virtual_recorded(&config, &mut recorder),
-    };
-    let result = match result {
+    let result = match anchorage_sim::run_on_clock(config, &mut recorder) {
         Ok(result) => result,
         Err(e) => {
             recorder.fail(&e);

@@ -383,24 +383,9 @@ pub const ROUNDS_HEADER: [&str; 13] = [
     "seconds",
     "outcome",
 ];
-/// The cost ledger as CSV (one [`CostRecord`] per line, the server's export format).
+/// The cost ledger as CSV (one [`CostRecord`] per line under
+/// [`anchorage_shared::ledger::CSV_HEADER`], the server's export format).
 pub const LEDGER_CSV_FILE: &str = "ledger.csv";
-pub const LEDGER_HEADER: [&str; 14] = [
-    "client",
-    "round",
-    "payload_down",
-    "payload_up",
-    "wire_down",
-    "wire_up",
-    "compute_seconds",
-    "transfer_seconds",
-    "wait_seconds",
-    "wall_seconds",
-    "rtt_seconds",
-    "joules",
-    "straggler",
-    "dropped",
-];
 pub const ACCURACY_HEADER_FIELDS: [&str; 5] = ["round", "task", "model", "test_task", "accuracy"];
 
 /// Writes `path` whole or not at all (see [`anchorage_shared::io::write_atomic`]).
@@ -427,7 +412,8 @@ pub fn write_tables(
 ) -> anyhow::Result<()> {
     write_csv(&dir.join(crate::report::ACCURACY_FILE), &ACCURACY_HEADER_FIELDS, accuracy)?;
     write_csv(&dir.join(ROUNDS_FILE), &ROUNDS_HEADER, &summary.rounds)?;
-    write_csv(&dir.join(LEDGER_CSV_FILE), &LEDGER_HEADER, ledger)?;
+    let header: Vec<&str> = anchorage_shared::ledger::CSV_HEADER.split(',').collect();
+    write_csv(&dir.join(LEDGER_CSV_FILE), &header, ledger)?;
     write_atomic(&dir.join("ledger.json"), serde_json::to_string(ledger)?.as_bytes())
 }
 
@@ -474,8 +460,7 @@ mod tests {
     fn the_csv_headers_are_the_serialised_field_names() {
         let header = |row: &dyn erased::Row| row.header();
         assert_eq!(header(&RoundRow::example(1, 0.5, 0.1)), ROUNDS_HEADER.join(","));
-        assert_eq!(header(&CostRecord::default()), LEDGER_HEADER.join(","));
-        assert_eq!(LEDGER_HEADER.join(","), anchorage_shared::ledger::CSV_HEADER);
+        assert_eq!(header(&CostRecord::default()), anchorage_shared::ledger::CSV_HEADER);
         let acc = AccuracyRow { round: 1, task: 0, model: "a,\"b\"".into(), test_task: 0, accuracy: 0.5 };
         assert_eq!(header(&acc), ACCURACY_HEADER_FIELDS.join(","));
     }

@@ -56,7 +56,8 @@ impl StopReason {
         }
     }
 
-    fn describe(self) -> &'static str {
+    /// In words, as `metrics.json`'s `stop_reason` and the console say it.
+    pub fn describe(self) -> &'static str {
         match self {
             StopReason::Interrupt => "interrupted (SIGINT)",
             StopReason::Terminate => "terminated (SIGTERM)",
@@ -87,6 +88,18 @@ impl StopFlag {
 
     pub fn request(&self, reason: StopReason) {
         let _ = self.0.compare_exchange(0, reason as usize + 1, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Prints one line to stdout; a closed stdout asks the run to stop (and later lines are
+    /// dropped) instead of panicking as `println!` would.
+    pub fn println(&self, line: &str) {
+        if self.requested() == Some(StopReason::ClosedStdout) {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            self.request(StopReason::ClosedStdout);
+        }
     }
 
     pub fn requested(&self) -> Option<StopReason> {
@@ -335,16 +348,7 @@ impl Recorder {
     /// Prints one line to stdout; a closed stdout asks the run to stop and silences the console
     /// (the folder is still written).
     fn print(&self, line: &str) {
-        if self.stop.requested() == Some(StopReason::ClosedStdout) {
-            return;
-        }
-        let written = self.bar.suspend(|| {
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "{line}").and_then(|_| out.flush())
-        });
-        if written.is_err() {
-            self.stop.request(StopReason::ClosedStdout);
-        }
+        self.bar.suspend(|| self.stop.println(line));
     }
 
     fn summary_so_far(&self) -> RunSummary {
@@ -398,7 +402,7 @@ impl RunFolder {
         };
         // Headers now, so a folder stopped before its first round still has readable tables.
         folder.rounds.write_record(crate::record::ROUNDS_HEADER)?;
-        folder.ledger.write_record(crate::record::LEDGER_HEADER)?;
+        folder.ledger.write_record(anchorage_shared::ledger::CSV_HEADER.split(','))?;
         folder.accuracy.write_record(crate::record::ACCURACY_HEADER_FIELDS)?;
         for w in [&mut folder.rounds, &mut folder.ledger, &mut folder.accuracy] {
             w.flush()?;

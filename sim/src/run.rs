@@ -396,6 +396,17 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
     Ok(SimResult { summary, ledger, reports, run_dir, link_stats, accuracy: accuracy_rows })
 }
 
+/// Runs the federation on the clock its configuration names (what `anchorage sim` does).
+pub fn run_on_clock(config: SimConfig, recorder: &mut Recorder) -> anyhow::Result<SimResult> {
+    match config.clock {
+        Clock::Real => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(run_recorded(config, recorder))
+        }
+        Clock::Virtual => crate::virtual_clock::run_virtual_recorded(&config, recorder),
+    }
+}
+
 /// The initial accuracy of the global model: the mean over the tasks evaluated, NaN when the
 /// method has no global model before its first round.
 pub(crate) fn initial_of(global: &[(u32, f64)]) -> f64 {

@@ -17,7 +17,6 @@
 //! summary then covers the seeds that finished, and says so.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -25,7 +24,7 @@ use serde::Serialize;
 
 use crate::record::{RunStatus, RunSummary, human_bytes, write_atomic};
 use crate::recorder::{Console, Recorder, StopFlag, StopReason};
-use crate::run::{Clock, SimConfig, SimResult};
+use crate::run::{Clock, SimConfig};
 
 /// The sweep's JSON summary in the sweep folder.
 pub const SWEEP_JSON: &str = "sweep.json";
@@ -340,47 +339,11 @@ fn capitalise(s: &str) -> String {
     c.next().map_or_else(String::new, |f| f.to_uppercase().chain(c).collect())
 }
 
-fn reason_text(reason: StopReason) -> &'static str {
-    match reason {
-        StopReason::Interrupt => "interrupted (SIGINT)",
-        StopReason::Terminate => "terminated (SIGTERM)",
-        StopReason::ClosedStdout => "stdout closed",
-    }
-}
-
 /// What a sweep did: its summary, and why it stopped early (the exit status a stopped run has).
 pub struct Outcome {
     pub sweep: Sweep,
     pub dir: PathBuf,
     pub stopped: Option<StopReason>,
-}
-
-/// The sweep's lines on stdout; a closed stdout asks the sweep to stop, as a run's console does.
-struct Out<'a> {
-    stop: &'a StopFlag,
-}
-
-impl Out<'_> {
-    fn line(&self, text: &str) {
-        if self.stop.requested() == Some(StopReason::ClosedStdout) {
-            return;
-        }
-        let mut out = std::io::stdout().lock();
-        if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
-            self.stop.request(StopReason::ClosedStdout);
-        }
-    }
-}
-
-/// One run on its configuration's clock, through the same path as `anchorage sim`.
-fn run_one(config: &SimConfig, recorder: &mut Recorder) -> anyhow::Result<SimResult> {
-    match config.clock {
-        Clock::Real => {
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(crate::run::run_recorded(config.clone(), recorder))
-        }
-        Clock::Virtual => crate::virtual_clock::run_virtual_recorded(config, recorder),
-    }
 }
 
 /// Runs the sweep into `dir` (`seed-<s>/` per run, then `sweep.json` and `sweep.md`), printing as
@@ -391,7 +354,6 @@ fn run_one(config: &SimConfig, recorder: &mut Recorder) -> anyhow::Result<SimRes
 pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: StopFlag) -> anyhow::Result<Outcome> {
     plan.check(base)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating the sweep folder {}", dir.display()))?;
-    let out = Out { stop: &stop };
     let seeds: Vec<u64> = (0..plan.runs).map(|i| base.seed.wrapping_add(i)).collect();
     let data_seed = match (&base.data, plan.vary_data_seed) {
         (None, _) => "embedded",
@@ -404,7 +366,7 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
             "fixed" => ", the data split's seed kept",
             _ => "",
         };
-        out.line(&format!(
+        stop.println(&format!(
             "sweep folder: {} ({} runs, seeds {}{data})",
             dir.display(),
             plan.runs,
@@ -434,7 +396,7 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
             status: RunStatus::Failed,
             rounds: 0,
         };
-        let result = match run_one(&config, &mut recorder) {
+        let result = match crate::run::run_on_clock(config.clone(), &mut recorder) {
             Ok(result) => result,
             Err(e) => {
                 recorder.fail(&e);
@@ -463,7 +425,7 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
         };
         match console {
             Console::Silent => {}
-            Console::Human | Console::Quiet => out.line(&format!(
+            Console::Human | Console::Quiet => stop.println(&format!(
                 "seed {} ({} of {}): {status} after {} rounds, final accuracy {}, {:.1} s; {}",
                 config.seed,
                 i + 1,
@@ -497,7 +459,7 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
                     wall_seconds: summary.wall_seconds,
                     run_folder: run_dir.display().to_string(),
                 };
-                out.line(&serde_json::to_string(&line)?);
+                stop.println(&serde_json::to_string(&line)?);
             }
         }
         runs.push(entry);
@@ -506,7 +468,7 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
     let stopped = stop.requested();
     let stop_reason = match (&failure, stopped) {
         (Some(e), _) => Some(format!("the run of seed {} failed: {e:#}", runs.last().map_or(0, |r| r.seed))),
-        (None, Some(reason)) => Some(reason_text(reason).to_string()),
+        (None, Some(reason)) => Some(reason.describe().to_string()),
         (None, None) => None,
     };
     let sweep = Sweep {
@@ -528,11 +490,11 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
     match console {
         Console::Silent => {}
         Console::Human | Console::Quiet => {
-            out.line(&format!("\nsweep: {}", sweep.coverage()));
+            stop.println(&format!("\nsweep: {}", sweep.coverage()));
             if !sweep.finished_seeds.is_empty() {
-                out.line(sweep.table().trim_end());
+                stop.println(sweep.table().trim_end());
             }
-            out.line(&format!(
+            stop.println(&format!(
                 "sweep summary: {} and {}",
                 dir.join(SWEEP_MD).display(),
                 dir.join(SWEEP_JSON).display()
@@ -547,7 +509,7 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
                 sweep: &'a Sweep,
             }
             let line = SweepLine { event: "sweep", sweep_folder: dir.display().to_string(), sweep: &sweep };
-            out.line(&serde_json::to_string(&line)?);
+            stop.println(&serde_json::to_string(&line)?);
         }
     }
     if let Some(e) = failure {

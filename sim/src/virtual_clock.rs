@@ -295,7 +295,7 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
                                 cost.joules = devices[to].joules(cost.compute_seconds, cost.transfer_seconds);
                                 live.cost(ledger.len(), &cost);
                                 ledger.push(cost);
-                                live.emit_complete(&ledger, recorder, now)?;
+                                live.emit_complete(&ledger, recorder)?;
                             }
                         }
                         _ => {}
@@ -390,9 +390,9 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
                     let row = RoundRow::from_report(&report, accuracy, &[]);
                     // A closed round's row waits for its acks (the wire bytes); an earlier one
                     // still waiting goes out now, with what it has.
-                    live.flush(&ledger, recorder, now)?;
+                    live.flush(&ledger, recorder)?;
                     live.closed(row.clone(), new_rows.clone(), report.updates.len(), now);
-                    live.emit_complete(&ledger, recorder, now)?;
+                    live.emit_complete(&ledger, recorder)?;
                     accuracy_rows.extend(new_rows);
                     rows.push(row);
                     reports.push((*report).clone());
@@ -405,7 +405,7 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
             break;
         }
     }
-    live.flush(&ledger, recorder, now)?;
+    live.flush(&ledger, recorder)?;
 
     // Acks of a round's last updates arrive after it closed: total the wire bytes at the end.
     for row in rows.iter_mut() {
@@ -455,7 +455,7 @@ impl LiveRows {
         self.waiting.push_back(Waiting { row, accuracy, acks, closed_at: at });
     }
 
-    fn emit_complete(&mut self, ledger: &[CostRecord], recorder: &mut Recorder, _now: Duration) -> anyhow::Result<()> {
+    fn emit_complete(&mut self, ledger: &[CostRecord], recorder: &mut Recorder) -> anyhow::Result<()> {
         while let Some(w) = self.waiting.front() {
             let acked = self.costs.get(&w.row.round).map_or(0, |c| c.iter().filter(|&&i| !ledger[i].dropped).count());
             if acked < w.acks {
@@ -466,7 +466,7 @@ impl LiveRows {
         Ok(())
     }
 
-    fn flush(&mut self, ledger: &[CostRecord], recorder: &mut Recorder, _now: Duration) -> anyhow::Result<()> {
+    fn flush(&mut self, ledger: &[CostRecord], recorder: &mut Recorder) -> anyhow::Result<()> {
         while !self.waiting.is_empty() {
             self.emit_front(ledger, recorder)?;
         }
