@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::train::OptimizerKind;
+use anchorage_model::train::OptimizerKind;
 
 /// Where the client's training data comes from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,7 +140,7 @@ pub struct ClientConfig {
     pub client_id: String,
     /// Durable state: the unacknowledged update survives restarts here.
     pub state_dir: PathBuf,
-    /// `cpu` (flex), `ndarray`, `wgpu`, `vulkan`, `cuda:N` or `auto` (see [`crate::device`]).
+    /// `cpu` (flex), `ndarray`, `wgpu`, `vulkan`, `cuda:N` or `auto` (see [`anchorage_model::device`]).
     #[serde(default = "default_device")]
     pub device: String,
     /// Memory announced to the server (capabilities).

@@ -26,7 +26,8 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
 use crate::config::ClientConfig;
-use crate::{device, runner, transport};
+use crate::{runner, transport};
+use anchorage_model::device;
 
 /// The metrics port a server listens on by default (`[metrics] bind` in server.toml).
 pub const DEFAULT_METRICS_PORT: u16 = 9464;

@@ -25,8 +25,8 @@ fn parse_kib(status: &str, key: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-use crate::model::ModelSpec;
-use crate::train::OptimizerKind;
+use anchorage_model::ModelSpec;
+use anchorage_model::train::OptimizerKind;
 
 const MIB: u64 = 1 << 20;
 

@@ -11,11 +11,12 @@ use anyhow::Context;
 use crate::config::{ClientConfig, DataSource};
 use crate::memory::{self, MemoryNeeds, MemoryPlan};
 use crate::methods::{self, BatchCap, ClientMethod, MethodContext};
-use crate::model::ModelSpec;
 use crate::store::ClientStore;
-use crate::train::OptimizerKind;
 use crate::transport::{self, Backoff, ClientCert, ClientOptions};
-use crate::{device, encoding, share};
+use crate::{encoding, share};
+use anchorage_model::ModelSpec;
+use anchorage_model::device;
+use anchorage_model::train::OptimizerKind;
 use burn::tensor::Device;
 
 /// Runs the device of `config` until the server says goodbye or `stop` turns `true`; returns

@@ -14,7 +14,7 @@ use burn::tensor::Device;
 
 use crate::config::{ClientConfig, DataSource};
 use crate::methods::{MethodContext, Reveal, TaskStream};
-use crate::model::{Backbone, FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
+use anchorage_model::{Backbone, FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 
 /// This device's tasks, ready to train on.
 pub struct Share {

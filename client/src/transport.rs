@@ -675,7 +675,7 @@ mod tests {
 
     use super::*;
     use crate::methods::TrainError;
-    use crate::model::FeatureCache;
+    use anchorage_model::FeatureCache;
 
     /// A method that never trains; it refuses any device state when `refuse_state`.
     struct Idle {

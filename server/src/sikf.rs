@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use anchorage_client::methods::fedta::sikf::Sikf;
-use anchorage_client::model::{FeatureCache, InputBackbone, Inputs, zoo};
 use anchorage_data::DataSpec;
+use anchorage_model::prompts::fusion::Sikf;
+use anchorage_model::{FeatureCache, InputBackbone, Inputs, zoo};
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
@@ -49,7 +49,7 @@ pub fn distiller(section: &SikfSection, method: &MethodConfig) -> anyhow::Result
     let loaded = anchorage_data::load(&spec, dir).context("[sikf.data]: loading the data")?;
     let surrogate = Arc::new(loaded.test.subset(&split.surrogate));
     let plain = Device::flex();
-    let backbone: Arc<dyn anchorage_client::model::Backbone + Send + Sync> =
+    let backbone: Arc<dyn anchorage_model::Backbone + Send + Sync> =
         zoo::load(&section.backbone, surrogate.sample_len(), dir, &plain).context("[sikf]: the backbone")?.into();
     let features =
         FeatureCache::build(backbone.as_ref(), &surrogate, 256, &plain).with_inputs(Inputs::all(surrogate.clone()));

@@ -463,7 +463,7 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
     fn global_accuracy(
         &self,
         broadcast: &Broadcast,
-        test: &anchorage_client::model::FeatureCache,
+        test: &anchorage_model::FeatureCache,
     ) -> Result<Option<f64>, TrainError> {
         self.inner.global_accuracy(broadcast, test)
     }

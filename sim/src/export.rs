@@ -30,7 +30,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anchorage_client::model::{FeatureCache, zoo};
+use anchorage_model::{FeatureCache, zoo};
 use anchorage_shared::rng::Rng;
 use anyhow::Context;
 use burn::tensor::Device;

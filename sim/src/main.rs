@@ -243,7 +243,7 @@ struct SimArgs {
     stragglers: Option<f64>,
     /// The clients' local optimizer.
     #[arg(long, value_enum)]
-    optimizer: Option<anchorage_client::train::OptimizerKind>,
+    optimizer: Option<anchorage_model::train::OptimizerKind>,
     /// The local learning rate.
     #[arg(long, value_parser = positive)]
     lr: Option<f64>,

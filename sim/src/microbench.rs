@@ -15,8 +15,8 @@
 
 use std::time::{Duration, Instant};
 
-use anchorage_client::model::{Net, NetSpec};
-use anchorage_client::train::{OptimizerKind, Trainer, whole};
+use anchorage_model::train::{OptimizerKind, Trainer, whole};
+use anchorage_model::{Net, NetSpec};
 use anchorage_server::aggregate::AggregationRule;
 use anchorage_server::methods::average_blocks;
 use anchorage_shared::protocol::Update;

@@ -43,7 +43,7 @@ pub struct SimConfig {
     pub batch_size: u32,
     pub learning_rate: f32,
     /// The clients' local optimizer (`sgd`: momentum 0.9; `adam`).
-    pub optimizer: anchorage_client::train::OptimizerKind,
+    pub optimizer: anchorage_model::train::OptimizerKind,
     /// Fraction of connected clients each round waits for.
     pub fraction: f64,
     pub over_selection: f64,
@@ -204,7 +204,7 @@ impl Default for SimConfig {
             local_epochs: 2,
             batch_size: 32,
             learning_rate: 1e-3,
-            optimizer: anchorage_client::train::OptimizerKind::Adam,
+            optimizer: anchorage_model::train::OptimizerKind::Adam,
             fraction: 1.0,
             over_selection: 0.0,
             min_available: None,

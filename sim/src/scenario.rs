@@ -246,7 +246,7 @@ mod tests {
         assert!(m.tail_anchors && m.sikf && m.bgps);
         assert_eq!((c.clients, c.rounds, c.rounds_per_task, c.batch_size), (5, 25, 5, 16));
         assert_eq!(c.learning_rate, 0.001);
-        assert!(anchorage_client::model::zoo::BACKBONES.contains(&c.model.backbone.as_str()));
+        assert!(anchorage_model::zoo::BACKBONES.contains(&c.model.backbone.as_str()));
         let Some(anchorage_data::PartitionSpec::Fedta(p)) = c.data.as_ref().map(|d| &d.partition) else {
             panic!("the FedTA split")
         };

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anchorage_client::methods::fedta::sikf::Sikf;
 use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
-use anchorage_client::model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 use anchorage_data::partition::FederatedSplit;
 use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
+use anchorage_model::prompts::fusion::Sikf;
+use anchorage_model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::{self as server_methods, ServerMethod};
 use anchorage_shared::protocol::{Broadcast, RoundConfig};
@@ -136,7 +136,7 @@ impl Setup {
             split.num_clients(),
             config.clients
         );
-        let backbone: anchorage_client::methods::fedta::prompts::SharedBackbone =
+        let backbone: anchorage_model::prompts::SharedBackbone =
             zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), &plain)
                 .context("building the frozen backbone")?
                 .into();

@@ -111,7 +111,7 @@ pub fn fedavg_client(index: u64) -> anchorage_client::methods::FedAvgClient {
         &train,
         &test,
         burn::tensor::Device::flex().autodiff(),
-        anchorage_client::train::OptimizerKind::Adam,
+        anchorage_model::train::OptimizerKind::Adam,
         anchorage_shared::tensor::Encoding::F32,
         index,
     );

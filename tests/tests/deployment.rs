@@ -22,7 +22,7 @@ use burn::tensor::Device;
 
 /// The real distiller, counted (the test has no other window into the server's method).
 struct Counted {
-    inner: anchorage_client::methods::fedta::sikf::Sikf,
+    inner: anchorage_model::prompts::fusion::Sikf,
     calls: Arc<AtomicUsize>,
 }
 

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anchorage_client::methods::{ClientMethod, MethodContext};
-use anchorage_client::model::{BlockLayout, ModelSpec, Trainable};
 use anchorage_client::store::ClientStore;
-use anchorage_client::train::OptimizerKind;
 use anchorage_client::transport::{self as client, ClientOptions};
+use anchorage_model::train::OptimizerKind;
+use anchorage_model::{BlockLayout, ModelSpec, Trainable};
 use anchorage_server::RoundReport;
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
@@ -293,12 +293,12 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
 /// brightness depends on the class.
 fn fedta_client(method: &MethodConfig) -> anchorage_client::methods::FedTaClient {
     use anchorage_client::methods::TaskStream;
-    use anchorage_client::model::FrozenBackbone;
-    use anchorage_client::model::backbone::InputBackbone;
     use anchorage_data::Dataset;
+    use anchorage_model::FrozenBackbone;
+    use anchorage_model::backbone::InputBackbone;
     let plain = Device::flex();
     let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
-    let backbone: std::sync::Arc<dyn anchorage_client::model::backbone::Backbone + Send + Sync> =
+    let backbone: std::sync::Arc<dyn anchorage_model::backbone::Backbone + Send + Sync> =
         std::sync::Arc::new(FrozenBackbone::new(&spec, &plain));
     let images = |n: usize, seed: u64| {
         let mut rng = anchorage_shared::rng::Rng::new(seed);
@@ -312,7 +312,7 @@ fn fedta_client(method: &MethodConfig) -> anchorage_client::methods::FedTaClient
     let stream = TaskStream::build(backbone.as_ref(), &[(vec![0, 1, 2], images(24, 1), images(12, 2))], &plain);
     let context = MethodContext {
         method: method.clone(),
-        net: anchorage_client::model::NetSpec { input_dim: 24, hidden: vec![], num_classes: 3, seed: 5 },
+        net: anchorage_model::NetSpec { input_dim: 24, hidden: vec![], num_classes: 3, seed: 5 },
         stream,
         device: plain.autodiff(),
         optimizer: OptimizerKind::Adam,

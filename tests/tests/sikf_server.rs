@@ -2,9 +2,9 @@
 //! MobileNetV2 0.35 from `$ANCHORAGE_DATA/weights` and the surrogate set of the FedTA split of
 //! Tiny-ImageNet-100 from `$ANCHORAGE_DATA`. Skipped loudly without `ANCHORAGE_DATA`.
 
-use anchorage_client::methods::fedta::ie::{IeShape, InputEnhancement};
-use anchorage_client::methods::fedta::prompts::enhancer_for;
-use anchorage_client::model::{InputBackbone, zoo};
+use anchorage_model::prompts::enhancer_for;
+use anchorage_model::prompts::pool::{IeShape, InputEnhancement};
+use anchorage_model::{InputBackbone, zoo};
 use anchorage_server::config::ServerConfig;
 use anchorage_server::methods::InputDistiller;
 use anchorage_shared::tensor::Encoding;

@@ -16,8 +16,8 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::Tensor;
 
 use super::{ClientMethod, MethodContext, Reveal, TrainError, common_metrics};
-use crate::model::{BlockLayout, FeatureCache, Net, is_head_block};
-use crate::train::{Trainer, accuracy, body_only, head_only, whole};
+use anchorage_model::train::{Trainer, accuracy, body_only, head_only, whole};
+use anchorage_model::{BlockLayout, FeatureCache, Net, is_head_block};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {

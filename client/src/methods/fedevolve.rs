@@ -23,12 +23,13 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::protos::{PrototypeTable, batch_class_means, class_means, from_wire, index_tensor, to_wire};
+use super::protos::{PrototypeTable, batch_class_means, class_means, from_wire, to_wire};
 use super::{ClientMethod, MethodContext, TaskData, TrainError, common_metrics};
-use crate::model::blocks::{body_blocks, load_body_block};
-use crate::model::net::{layer_shapes, seeded_layers};
-use crate::model::{Body, FeatureCache, ModelError};
-use crate::train::{Trainer, accuracy_of, whole};
+use anchorage_model::blocks::{body_blocks, load_body_block};
+use anchorage_model::net::{layer_shapes, seeded_layers};
+use anchorage_model::ops::index_tensor;
+use anchorage_model::train::{Trainer, accuracy_of, whole};
+use anchorage_model::{Body, FeatureCache, ModelError};
 
 /// φ and ψ.
 #[derive(Module, Debug)]
@@ -217,8 +218,8 @@ mod tests {
 
     use super::*;
     use crate::methods::stream::{Reveal, TaskStream};
-    use crate::model::{Identity, NetSpec};
-    use crate::train::OptimizerKind;
+    use anchorage_model::train::OptimizerKind;
+    use anchorage_model::{Identity, NetSpec};
 
     fn split(d: &Dataset) -> (Dataset, Dataset) {
         let cut = d.len() * 4 / 5;

@@ -23,10 +23,11 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::{Gradients, Tensor};
 
-use super::protos::{PrototypeTable, class_means, from_wire, index_tensor, merge_missing, to_wire};
+use super::protos::{PrototypeTable, class_means, from_wire, merge_missing, to_wire};
 use super::{ClientMethod, MethodContext, TaskData, TrainError, common_metrics};
-use crate::model::{BlockLayout, FeatureCache, Net};
-use crate::train::{Trainer, accuracy, whole};
+use anchorage_model::ops::index_tensor;
+use anchorage_model::train::{Trainer, accuracy, whole};
+use anchorage_model::{BlockLayout, FeatureCache, Net};
 
 /// FedEvp's client half. See the module docs.
 pub struct FedEvpClient {
@@ -108,7 +109,7 @@ impl ClientMethod for FedEvpClient {
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
         let mut rng = self.rng.clone();
         let mut loss = f64::NAN;
-        let objective = |m: &Net, b: &crate::train::Batch| {
+        let objective = |m: &Net, b: &anchorage_model::train::Batch| {
             let z = m.represent(b.x.clone());
             let l = ce.forward(m.head.forward(z.clone()), b.y.clone());
             let Some(table) = anchors.as_ref().filter(|_| weight > 0.0) else { return l };

@@ -20,10 +20,11 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::protos::{class_means, from_wire, index_tensor, merge_missing, to_wire};
+use super::protos::{class_means, from_wire, merge_missing, to_wire};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
-use crate::model::{BlockLayout, FeatureCache, Net};
-use crate::train::{Batch, Trainer, accuracy, whole};
+use anchorage_model::ops::index_tensor;
+use anchorage_model::train::{Batch, Trainer, accuracy, whole};
+use anchorage_model::{BlockLayout, FeatureCache, Net};
 
 /// FedProK's client half. See the module docs.
 pub struct FedProKClient {

@@ -31,12 +31,11 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Tensor};
 
-use super::protos::{
-    PrototypeTable, batch_class_means, class_means, from_wire, index_tensor, squared_distances, to_wire,
-};
+use super::protos::{PrototypeTable, batch_class_means, class_means, from_wire, to_wire};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
-use crate::model::{BlockLayout, FeatureCache, Net, is_head_block};
-use crate::train::{Batch, Trainer, accuracy_of, body_only, head_only};
+use anchorage_model::ops::{index_tensor, squared_distances};
+use anchorage_model::train::{Batch, Trainer, accuracy_of, body_only, head_only};
+use anchorage_model::{BlockLayout, FeatureCache, Net, is_head_block};
 
 /// GLDP's client half. See the module docs.
 pub struct GldpClient {

@@ -26,14 +26,14 @@ pub use stream::{Reveal, TaskData, TaskStream};
 
 use anchorage_data::Dataset;
 
-use crate::model::{FeatureCache, FrozenBackbone, InputBackbone, ModelSpec, NetSpec};
-use crate::train::OptimizerKind;
+use anchorage_model::train::OptimizerKind;
+use anchorage_model::{FeatureCache, FrozenBackbone, InputBackbone, ModelSpec, NetSpec};
 
 /// Local training failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
+    Model(#[from] anchorage_model::ModelError),
     #[error("no local training data")]
     NoData,
     #[error("bad prototypes in the broadcast: {0}")]
@@ -140,9 +140,9 @@ impl MethodContext {
 
 impl MethodContext {
     /// The seeded net with the broadcast's (shared) blocks loaded: the global model.
-    pub fn global_net(&self, broadcast: &Broadcast) -> Result<crate::model::Net, TrainError> {
-        use crate::model::BlockLayout;
-        Ok(crate::model::Net::new(&self.net, &self.device).load_blocks(&broadcast.blocks, &self.device)?)
+    pub fn global_net(&self, broadcast: &Broadcast) -> Result<anchorage_model::Net, TrainError> {
+        use anchorage_model::BlockLayout;
+        Ok(anchorage_model::Net::new(&self.net, &self.device).load_blocks(&broadcast.blocks, &self.device)?)
     }
 }
 
@@ -197,7 +197,7 @@ pub fn build(context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError
     })
 }
 
-/// Whether the method `name` reads the raw samples behind its features ([`crate::model::FeatureCache::inputs`]):
+/// Whether the method `name` reads the raw samples behind its features ([`anchorage_model::FeatureCache::inputs`]):
 /// FedTA, whose input enhancement runs the frozen backbone on them. Every other method trains on
 /// the cached features alone, so a simulator can let the samples go once those are built.
 pub fn reads_raw_samples(name: &str) -> bool {

@@ -1,6 +1,7 @@
 //! Prototypes on the client: class means of a representation (FedProK Eq. 5, GLDP Eq. 6,
 //! FedEvolve Eq. 3), the wire form, and nearest-prototype prediction (GLDP Eq. 13).
 
+use anchorage_model::ops::{cosine_similarities, squared_distances};
 use anchorage_shared::method::Distance;
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::prototype_rules::ClassMean;
@@ -121,20 +122,6 @@ impl PrototypeTable {
     }
 }
 
-/// ‖a_i − b_j‖² `[n, c]` for `a` `[n, d]`, `b` `[c, d]`.
-pub fn squared_distances(a: Tensor<2>, b: Tensor<2>) -> Tensor<2> {
-    let aa = a.clone().powi_scalar(2).sum_dim(1);
-    let bb = b.clone().powi_scalar(2).sum_dim(1).transpose();
-    (aa + bb - a.matmul(b.transpose()).mul_scalar(2.0)).clamp_min(0.0)
-}
-
-/// cos(a_i, b_j) `[n, c]`.
-pub fn cosine_similarities(a: Tensor<2>, b: Tensor<2>) -> Tensor<2> {
-    let na = a.clone().powi_scalar(2).sum_dim(1).sqrt().clamp_min(1e-8);
-    let nb = b.clone().powi_scalar(2).sum_dim(1).sqrt().clamp_min(1e-8);
-    (a / na).matmul((b / nb).transpose())
-}
-
 /// Differentiable per-class means of a batch `z` `[n, d]`: the classes present (sorted) and
 /// their means `[k, d]` (GLDP Eq. 6 on a batch).
 pub fn batch_class_means(z: Tensor<2>, labels: &[u32]) -> (Vec<u32>, Tensor<2>) {
@@ -154,11 +141,6 @@ pub fn batch_class_means(z: Tensor<2>, labels: &[u32]) -> (Vec<u32>, Tensor<2>) 
     let device = z.device();
     let w = Tensor::<2>::from_data(TensorData::new(weights, [classes.len(), n]), &device);
     (classes, w.matmul(z))
-}
-
-/// Index tensor `[n]` from host indices.
-pub fn index_tensor(indices: &[usize], device: &Device) -> Tensor<1, Int> {
-    Tensor::from_data(TensorData::new(indices.iter().map(|&i| i as i64).collect::<Vec<_>>(), [indices.len()]), device)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use anchorage_data::Dataset;
 use anchorage_shared::protocol::{Broadcast, Metric};
 use burn::tensor::Device;
 
-use crate::model::{Backbone, FeatureCache, Inputs};
+use anchorage_model::{Backbone, FeatureCache, Inputs};
 
 /// One task of a client's stream.
 #[derive(Debug, Clone)]

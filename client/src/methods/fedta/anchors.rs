@@ -34,12 +34,13 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 
-use super::ie::seeded_linear;
-use super::keys::{Selection, key_pull};
-use crate::methods::protos::{PrototypeTable, index_tensor};
-use crate::model::ModelError;
-use crate::model::autodiff::cat_lifted;
-use crate::model::blocks::{load_tensor, tensor_block};
+use crate::methods::protos::PrototypeTable;
+use anchorage_model::ModelError;
+use anchorage_model::autodiff::cat_lifted;
+use anchorage_model::blocks::{load_tensor, tensor_block};
+use anchorage_model::ops::index_tensor;
+use anchorage_model::prompts::keys::{Selection, key_pull};
+use anchorage_model::prompts::pool::seeded_linear;
 
 /// The anchor pool: keys `[A, D]` (matched against f) and values `[A, V]` (appended to f).
 #[derive(Module, Debug)]
@@ -233,7 +234,7 @@ impl TailModel {
     ) -> Tensor<1> {
         let (z, selection) = self.anchored_by_class(f.clone(), labels);
         let ce = CrossEntropyLossConfig::new().init(&z.device());
-        let mut loss = ce.forward(super::masked(self.head.forward(z.clone()), mask), y);
+        let mut loss = ce.forward(anchorage_model::ops::masked(self.head.forward(z.clone()), mask), y);
         if w.lambda2 > 0.0 {
             if let Some(nce) = global.and_then(|g| info_nce(z, labels, g, w.temperature)) {
                 loss = loss + nce.mul_scalar(w.lambda2);

@@ -27,10 +27,6 @@
 //! compares the whole F_TA (feature and global anchor) with the global prototypes.
 
 pub mod anchors;
-pub mod ie;
-pub mod keys;
-pub mod prompts;
-pub mod sikf;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,13 +41,13 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use self::anchors::{StageTwo, TailModel, is_tail_block};
-use self::ie::{IeModel, IeShape, InputEnhancement, enhanced_cache};
-use self::prompts::{Enhancer, enhancer_for};
 use super::protos::{PrototypeTable, class_means, from_wire, to_wire};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
-use crate::model::blocks::{load_tensor, tensor_block};
-use crate::model::{FeatureCache, ModelError};
-use crate::train::{Trainer, accuracy_of, whole};
+use anchorage_model::blocks::{load_tensor, tensor_block};
+use anchorage_model::prompts::pool::{IeModel, IeShape, InputEnhancement, enhanced_cache};
+use anchorage_model::prompts::{Enhancer, enhancer_for};
+use anchorage_model::train::{Trainer, accuracy_of, whole};
+use anchorage_model::{FeatureCache, ModelError};
 
 /// Samples per backbone call when features of enhanced inputs are cached.
 const CHUNK: usize = 128;
@@ -241,14 +237,6 @@ pub fn task_mask(on: bool, task: &[u32], labels: &[u32], classes: usize, device:
         }
     }
     Some(Tensor::from_data(TensorData::new(mask, [1, classes]), device))
-}
-
-/// `logits` with the train mask added (unchanged without one).
-pub fn masked(logits: Tensor<2>, mask: Option<&Tensor<2>>) -> Tensor<2> {
-    match mask {
-        Some(m) => logits + m.clone(),
-        None => logits,
-    }
 }
 
 /// Device-state block names of the IE head and of the classes whose anchor key is seated (the

@@ -9,10 +9,10 @@ use burn::tensor::Device;
 
 use super::*;
 use crate::methods::stream::TaskStream;
-use crate::model::backbone::{InputBackbone, weights_fingerprint};
-use crate::model::input::InputTransform;
-use crate::model::{Frozen, FrozenBackbone, MobileNetV2Config, ModelSpec, NetSpec};
-use crate::train::OptimizerKind;
+use anchorage_model::backbone::{InputBackbone, weights_fingerprint};
+use anchorage_model::input::InputTransform;
+use anchorage_model::train::OptimizerKind;
+use anchorage_model::{Frozen, FrozenBackbone, MobileNetV2Config, ModelSpec, NetSpec};
 
 fn images(n: usize, shape: [usize; 3], classes: u32, seed: u64) -> Dataset {
     let mut rng = Rng::new(seed);
@@ -52,7 +52,7 @@ fn context(backbone: SharedBackboneArc, shape: [usize; 3], classes: u32, method:
     }
 }
 
-type SharedBackboneArc = prompts::SharedBackbone;
+type SharedBackboneArc = anchorage_model::prompts::SharedBackbone;
 
 fn broadcast(client: &FedTaClient, round: u64) -> Broadcast {
     Broadcast {
@@ -99,7 +99,11 @@ fn a_round_uploads_the_ie_and_prototypes_of_the_anchored_features() {
     let b = broadcast(&client, 1);
     let update = client.train(&b).unwrap();
     let names: Vec<&str> = update.blocks.iter().map(|b| b.name.as_str()).collect();
-    assert_eq!(names, vec![ie::KEYS, ie::SETS], "only the IE travels");
+    assert_eq!(
+        names,
+        vec![anchorage_model::prompts::pool::KEYS, anchorage_model::prompts::pool::SETS],
+        "only the IE travels"
+    );
     assert_eq!(update.prototypes.len(), 3);
     let width = update.prototypes[0].values().unwrap().len();
     assert_eq!(width, 24 + 4, "prototypes of F_TA = [feature, anchor value]");

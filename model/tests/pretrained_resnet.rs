@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anchorage_client::model::input::image_batch;
-use anchorage_client::model::{ResNetCifar, ResNetCifarConfig, WeightError};
 use anchorage_data::ImageSet;
 use anchorage_data::loaders::cifar::{self, CifarKind};
 use anchorage_data::loaders::image_folder::{self, ImageFolderOptions};
+use anchorage_model::input::image_batch;
+use anchorage_model::{ResNetCifar, ResNetCifarConfig, WeightError};
 use burn::tensor::Device;
 
 const BATCH: usize = 250;

@@ -1,3 +1,6 @@
+//! anchorage-model: the models both sides share (the client trains them, the server's FedTA
+//! fusion and the simulator run them). No device runtime, no transport.
+//!
 //! Models: a frozen backbone and trainable named blocks.
 //!
 //! The edge default: the backbone never trains, so its features are computed once per sample
@@ -15,11 +18,16 @@ pub(crate) mod mlp;
 pub mod mnist_cnn;
 pub mod mobilenet_v2;
 pub mod net;
+pub mod ops;
+pub mod prompts;
 pub mod resnet18;
 pub mod resnet_cifar;
 pub mod vit;
 pub mod weights;
 pub mod zoo;
+
+pub mod device;
+pub mod train;
 
 pub use backbone::{Backbone, FeatureNet, Frozen, Identity, InputBackbone};
 pub use blocks::{BlockLayout, ModelError, is_head_block};

@@ -10,7 +10,7 @@ use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Gradients, Int, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{FeatureCache, Trainable};
+use crate::{FeatureCache, Trainable};
 
 /// The local optimizer.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default, clap::ValueEnum)]

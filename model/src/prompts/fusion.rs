@@ -14,12 +14,11 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Gradients, Tensor};
 
-use super::ie::{IeShape, InputEnhancement, enhanced_cache};
-use super::prompts::Enhancer;
-use crate::methods::TrainError;
-use crate::methods::protos::index_tensor;
-use crate::model::FeatureCache;
+use super::Enhancer;
+use super::pool::{IeShape, InputEnhancement, enhanced_cache};
+use crate::ops::index_tensor;
 use crate::train::{OptimizerKind, Trainer};
+use crate::{FeatureCache, ModelError};
 
 /// Only the sets of an IE pool (its keys stay).
 fn sets_only(grads: &mut Gradients, ie: &InputEnhancement) -> GradientsParams {
@@ -47,9 +46,9 @@ impl Sikf {
         batch_size: usize,
         device: Device,
         seed: u64,
-    ) -> Result<Self, TrainError> {
+    ) -> Result<Self, ModelError> {
         if surrogate.inputs.is_none() || surrogate.is_empty() {
-            return Err(TrainError::NoInputs);
+            return Err(ModelError::NoInputs);
         }
         Ok(Self { enhancer, surrogate, shape, batch_size: batch_size.max(1), device, seed })
     }
@@ -58,13 +57,13 @@ impl Sikf {
     /// [`FedTaClient`](super::FedTaClient) builds from `method` on `backbone`.
     pub fn for_method(
         method: &anchorage_shared::method::MethodConfig,
-        backbone: &crate::model::InputBackbone,
+        backbone: &crate::InputBackbone,
         surrogate: FeatureCache,
         batch_size: usize,
         device: Device,
         seed: u64,
-    ) -> Result<Self, TrainError> {
-        let enhancer = super::prompts::enhancer_for(method, backbone);
+    ) -> Result<Self, ModelError> {
+        let enhancer = super::enhancer_for(method, backbone);
         let shape = IeShape::for_method(method, enhancer.as_ref());
         Self::new(enhancer, surrogate, shape, batch_size, device, seed)
     }
@@ -78,12 +77,12 @@ impl Sikf {
         self.surrogate.is_empty()
     }
 
-    fn pool(&self, blocks: &[ParamBlock], device: &Device) -> Result<InputEnhancement, TrainError> {
+    fn pool(&self, blocks: &[ParamBlock], device: &Device) -> Result<InputEnhancement, ModelError> {
         Ok(InputEnhancement::new(&self.shape, 0.0, 0, device).load_blocks(blocks, device)?)
     }
 
     /// Each teacher's enhanced features of the whole surrogate set.
-    fn targets(&self, teachers: &[&[ParamBlock]]) -> Result<Vec<Tensor<2>>, TrainError> {
+    fn targets(&self, teachers: &[&[ParamBlock]]) -> Result<Vec<Tensor<2>>, ModelError> {
         let plain = self.surrogate.device();
         teachers
             .iter()
@@ -95,7 +94,7 @@ impl Sikf {
     }
 
     /// Eq. 8's objective for `student` over the whole surrogate set (no gradient).
-    pub fn loss(&self, student: &[ParamBlock], teachers: &[&[ParamBlock]]) -> Result<f64, TrainError> {
+    pub fn loss(&self, student: &[ParamBlock], teachers: &[&[ParamBlock]]) -> Result<f64, ModelError> {
         let plain = self.surrogate.device();
         let targets = self.targets(teachers)?;
         let ie = self.pool(student, &plain)?;
@@ -110,12 +109,12 @@ impl Sikf {
         teachers: &[&[ParamBlock]],
         epochs: u32,
         learning_rate: f64,
-    ) -> Result<(Vec<ParamBlock>, Vec<f64>), TrainError> {
+    ) -> Result<(Vec<ParamBlock>, Vec<f64>), ModelError> {
         if teachers.is_empty() {
             return Ok((student.to_vec(), Vec::new()));
         }
         let targets = self.targets(teachers)?;
-        let inputs = self.surrogate.inputs.as_ref().ok_or(TrainError::NoInputs)?;
+        let inputs = self.surrogate.inputs.as_ref().ok_or(ModelError::NoInputs)?;
         let mut ie = self.pool(student, &self.device)?;
         let mut trainer = Trainer::new(OptimizerKind::Adam, learning_rate, self.batch_size);
         let mut rng = Rng::derive(self.seed, 0x51CF);
@@ -153,8 +152,8 @@ fn mean_mse(mine: Tensor<2>, theirs: &[Tensor<2>]) -> Tensor<1> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::methods::fedta::prompts::PixelPrompts;
-    use crate::model::{FrozenBackbone, Inputs, ModelSpec};
+    use crate::prompts::PixelPrompts;
+    use crate::{FrozenBackbone, Inputs, ModelSpec};
     use anchorage_data::Dataset;
 
     #[test]

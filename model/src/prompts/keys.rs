@@ -5,7 +5,7 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use crate::methods::protos::cosine_similarities;
+use crate::ops::cosine_similarities;
 
 /// Per row of a row-major `[rows, cols]` similarity matrix, the `n` columns of largest value,
 /// best first (ties: the lower column). `n` is capped at `cols`; non-finite values rank last.

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anchorage_client::model::zoo::{self, ZooError};
-use anchorage_client::model::{ResNet18, ResNet18Config, WeightError};
+use anchorage_model::zoo::{self, ZooError};
+use anchorage_model::{ResNet18, ResNet18Config, WeightError};
 use anchorage_shared::rng::Rng;
 use burn::tensor::{Device, Tensor, TensorData};
 

@@ -13,15 +13,19 @@
 //! a gradient, and BatchNorm layers keep their running statistics (the backbone is frozen, not
 //! merely gradient-free).
 
+pub mod fusion;
+pub mod keys;
+pub mod pool;
+
 use std::sync::Arc;
 
 use anchorage_shared::method::MethodConfig;
 use burn::tensor::Tensor;
 
-use crate::model::autodiff::cat_lifted;
-use crate::model::backbone::weights_fingerprint;
-use crate::model::input::{Fnv, InputTransform};
-use crate::model::{Backbone, InputBackbone, Vit};
+use crate::autodiff::cat_lifted;
+use crate::backbone::weights_fingerprint;
+use crate::input::{Fnv, InputTransform};
+use crate::{Backbone, InputBackbone, Vit};
 
 /// A frozen backbone that features can be read from with its input enhanced.
 pub trait Enhancer: Send + Sync {
@@ -196,7 +200,7 @@ impl Enhancer for TokenPrompts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Identity, VitConfig};
+    use crate::{Identity, VitConfig};
     use burn::tensor::{Device, TensorData};
 
     #[test]

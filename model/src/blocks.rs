@@ -18,6 +18,10 @@ pub enum ModelError {
     Tensor(#[from] TensorError),
     #[error("reading tensor data: {0}")]
     Data(String),
+    #[error(
+        "this model changes the backbone's input: it needs the frozen backbone and the raw samples beside the features"
+    )]
+    NoInputs,
 }
 
 /// Whether `name` is a block of the body (`adapter.*`) or the head (`head.*`).
@@ -33,17 +37,15 @@ pub trait BlockLayout: Sized {
     fn load_blocks(self, blocks: &[ParamBlock], device: &Device) -> Result<Self, ModelError>;
 }
 
-pub(crate) fn tensor_block<const D: usize>(
-    name: &str,
-    t: &Tensor<D>,
-    encoding: Encoding,
-) -> Result<ParamBlock, ModelError> {
+/// `t` as the named block `name`.
+pub fn tensor_block<const D: usize>(name: &str, t: &Tensor<D>, encoding: Encoding) -> Result<ParamBlock, ModelError> {
     let shape: Vec<u32> = t.dims().iter().map(|&d| d as u32).collect();
     let values: Vec<f32> = t.to_data().try_to_vec_as::<f32>().map_err(|e| ModelError::Data(format!("{e:?}")))?;
     Ok(ParamBlock::encode(name, &shape, &values, encoding))
 }
 
-pub(crate) fn load_tensor<const D: usize>(
+/// Loads `block` into `param`; the shapes must match.
+pub fn load_tensor<const D: usize>(
     param: &mut Param<Tensor<D>>,
     block: &ParamBlock,
     device: &Device,

@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anchorage_client::model::input::image_batch;
-use anchorage_client::model::{MobileNetV2, MobileNetV2Config};
 use anchorage_data::ImageSet;
 use anchorage_data::loaders::Split;
 use anchorage_data::loaders::image_folder;
 use anchorage_data::loaders::tiny_imagenet;
+use anchorage_model::input::image_batch;
+use anchorage_model::{MobileNetV2, MobileNetV2Config};
 use burn::tensor::{Device, Tensor, TensorData};
 
 const WEIGHTS: &str = "weights/mobilenetv2_035_224_imagenet_backbone.safetensors";
@@ -139,6 +139,6 @@ fn wrong_width_lists_shape_mismatches() {
     let Some(dir) = data_dir() else { return };
     let device = Device::flex();
     let err = MobileNetV2::load(MobileNetV2Config { alpha: 0.5 }, &dir.join(WEIGHTS), &device).unwrap_err();
-    let anchorage_client::model::WeightError::Mismatch { shapes, .. } = &err else { panic!("{err}") };
+    let anchorage_model::WeightError::Mismatch { shapes, .. } = &err else { panic!("{err}") };
     assert!(shapes.iter().any(|s| s.contains("conv1.weight") || s.contains("blocks.")), "{err}");
 }

@@ -1,20 +1,20 @@
 //! Backbone throughput on the flex CPU backend (ResNet-20/56/18, MobileNetV2 0.35), head-training epochs with and without the
 //! feature cache, and the peak memory of a client holding MobileNetV2. Plain std timing.
 //!
-//! `ANCHORAGE_DATA=../shared/data cargo bench -p anchorage-client --bench backbones --profile dev`
+//! `ANCHORAGE_DATA=../shared/data cargo bench -p anchorage-model --bench backbones --profile dev`
 //! (pretrained weights and real images when `ANCHORAGE_DATA` is set; random weights and
 //! synthetic images otherwise — the timings are the same).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anchorage_client::model::input::image_batch;
-use anchorage_client::model::{
+use anchorage_data::{Dataset, ImageSet};
+use anchorage_model::input::image_batch;
+use anchorage_model::train::{OptimizerKind, fit};
+use anchorage_model::{
     Backbone, FeatureCache, Frozen, MobileNetV2, MobileNetV2Config, ModelSpec, ResNet18, ResNet18Config, ResNetCifar,
     ResNetCifarConfig, Trainable, zoo,
 };
-use anchorage_client::train::{OptimizerKind, fit};
-use anchorage_data::{Dataset, ImageSet};
 use anchorage_shared::rng::Rng;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams};
@@ -141,7 +141,7 @@ fn main() {
 
 /// One epoch of head training (adapter + linear head, Adam, batch 50) on 1,000 images: through
 /// the frozen backbone every step, or on features cached once.
-fn head_epochs<M: anchorage_client::model::FeatureNet>(backbone: &Frozen<M>, name: &str, device: &Device) {
+fn head_epochs<M: anchorage_model::FeatureNet>(backbone: &Frozen<M>, name: &str, device: &Device) {
     let side = if name.contains("32×32") { 32 } else { 64 };
     let n = 1000;
     let batch = 50;

@@ -13,13 +13,12 @@ use burn::nn::Linear;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use super::Enhancer;
 use super::keys::{Selection, key_pull};
-use super::prompts::Enhancer;
-use crate::methods::TrainError;
-use crate::methods::protos::index_tensor;
-use crate::model::blocks::{load_tensor, tensor_block};
-use crate::model::mlp::{init_linear, linear_from};
-use crate::model::{FeatureCache, ModelError};
+use crate::blocks::{load_tensor, tensor_block};
+use crate::mlp::{init_linear, linear_from};
+use crate::ops::index_tensor;
+use crate::{FeatureCache, ModelError};
 
 /// Block names of the IE pool.
 pub use anchorage_shared::method::fedta_blocks::{IE_KEYS as KEYS, IE_SETS as SETS};
@@ -115,7 +114,7 @@ pub struct IeModel {
 }
 
 /// A seeded linear layer `fan_in → fan_out`.
-pub(crate) fn seeded_linear(fan_in: usize, fan_out: usize, seed: u64, stream: u64, device: &Device) -> Linear {
+pub fn seeded_linear(fan_in: usize, fan_out: usize, seed: u64, stream: u64, device: &Device) -> Linear {
     let mut rng = Rng::derive(seed, stream);
     let (w, b) = init_linear(&mut rng, fan_in, fan_out);
     linear_from(w, b, fan_in, fan_out, device)
@@ -142,7 +141,7 @@ impl IeModel {
         let selection = self.ie.select(queries.clone(), top_n);
         let features = enhancer.features(x, Some(self.ie.chosen(&selection)));
         let ce = CrossEntropyLossConfig::new().init(&features.device());
-        let loss = ce.forward(super::masked(self.head.forward(features), mask), y);
+        let loss = ce.forward(crate::ops::masked(self.head.forward(features), mask), y);
         if lambda1 > 0.0 { loss + key_pull(queries, self.ie.keys.val(), &selection).mul_scalar(lambda1) } else { loss }
     }
 }
@@ -156,13 +155,13 @@ pub fn enhanced_cache(
     cache: &FeatureCache,
     top_n: usize,
     chunk: usize,
-) -> Result<FeatureCache, TrainError> {
-    let inputs = cache.inputs.as_ref().ok_or(TrainError::NoInputs)?;
+) -> Result<FeatureCache, ModelError> {
+    let inputs = cache.inputs.as_ref().ok_or(ModelError::NoInputs)?;
     let device = cache.device();
     let ie = ie.valid();
     let n = cache.len();
     if inputs.rows.len() != n {
-        return Err(TrainError::NoInputs);
+        return Err(ModelError::NoInputs);
     }
     let mut parts = Vec::new();
     let rows: Vec<usize> = (0..n).collect();

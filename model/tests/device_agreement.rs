@@ -1,11 +1,11 @@
 //! flex and wgpu compute the same thing: forward passes of ResNet-20, MobileNetV2 0.35 and the
-//! trainable [`Net`](anchorage_client::model::Net), and one SGD and one Adam step of the Net.
+//! trainable [`Net`](anchorage_model::Net), and one SGD and one Adam step of the Net.
 //!
 //! Measure: relative max difference, max |flex − wgpu| / max |flex|. Tolerances: 1e-3 for
 //! forward passes and the SGD step, 1e-2 for the Adam step (its first update divides by √v̂,
 //! which amplifies rounding differences in small gradients).
 //!
-//! `CUBECL_WGPU_DEFAULT_DEVICE=Cpu cargo test -p anchorage-client --features wgpu --test device_agreement`
+//! `CUBECL_WGPU_DEFAULT_DEVICE=Cpu cargo test -p anchorage-model --features wgpu --test device_agreement`
 //! (Mesa lavapipe, `apt-get install mesa-vulkan-drivers`). Pretrained weights from
 //! `$ANCHORAGE_DATA/weights` when set, seeded random weights otherwise.
 
@@ -17,7 +17,7 @@ fn skipped_without_wgpu() {
     let _ = writeln!(
         std::io::stderr(),
         "*** SKIPPED: built without the wgpu feature (run: CUBECL_WGPU_DEFAULT_DEVICE=Cpu cargo test -p \
-         anchorage-client --features wgpu --test device_agreement) ***"
+         anchorage-model --features wgpu --test device_agreement) ***"
     );
 }
 
@@ -27,10 +27,10 @@ mod agreement {
     use std::path::PathBuf;
 
     use anchorage_client::device;
-    use anchorage_client::model::{
+    use anchorage_model::train::{OptimizerKind, fit};
+    use anchorage_model::{
         BlockLayout, FeatureCache, MobileNetV2, MobileNetV2Config, ModelSpec, ResNetCifar, ResNetCifarConfig, Trainable,
     };
-    use anchorage_client::train::{OptimizerKind, fit};
     use anchorage_shared::rng::Rng;
     use anchorage_shared::tensor::Encoding;
     use burn::module::Module;

@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anchorage_client::model::WeightError;
-use anchorage_client::model::vit::{Vit, VitConfig};
+use anchorage_model::WeightError;
+use anchorage_model::vit::{Vit, VitConfig};
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::tensor::{Device, Distribution, Tensor};

@@ -2,10 +2,10 @@
 //! bounded by a memory budget (with an optional disk spill), invalidated when the weights or the
 //! input transform change. No data files needed.
 
-use anchorage_client::model::{
+use anchorage_data::Dataset;
+use anchorage_model::{
     Backbone, FeatureCache, FeatureStore, Frozen, FrozenBackbone, InputTransform, ModelSpec, ResNetCifarConfig,
 };
-use anchorage_data::Dataset;
 use burn::tensor::{Device, Tensor};
 
 fn images(n: usize) -> Dataset {
@@ -123,7 +123,7 @@ fn a_subset_is_rows_of_the_same_features_and_reads_like_a_copy() {
     assert_eq!(picked.into_data().try_to_vec::<f32>().unwrap(), [sample(3), sample(9)].concat());
     assert_eq!(a.slice(0..2).into_data().try_to_vec::<f32>().unwrap(), [sample(7), sample(3)].concat());
     // The identity backbone's built cache and the samples' own buffer agree.
-    let identity = anchorage_client::model::zoo::load("identity", data.sample_len(), None, &device).unwrap();
+    let identity = anchorage_model::zoo::load("identity", data.sample_len(), None, &device).unwrap();
     let built = FeatureCache::build(identity.as_ref(), &data, 5, &device);
     assert_eq!(max_diff(built.features(), whole.features()), 0.0);
 }
