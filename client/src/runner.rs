@@ -59,16 +59,8 @@ pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn Cli
                 }
                 None => (train, test),
             };
-            let context = MethodContext::embedded(
-                config.method.clone(),
-                &train,
-                &test,
-                dev.clone().autodiff(),
-                config.optimizer,
-                enc,
-                0,
-            );
-            let mut method = methods::build(context)?;
+            let context = MethodContext::embedded(&train, &test, dev.clone().autodiff(), config.optimizer, enc, 0);
+            let mut method = methods::build(&config.method, context)?;
             if let Some(p) = plan {
                 method = Box::new(BatchCap { inner: method, max: u32::try_from(p.batch_size).unwrap_or(u32::MAX) });
             }
@@ -78,7 +70,7 @@ pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn Cli
             if config.max_memory_mb.is_some() {
                 tracing::warn!("max_memory_mb plans the embedded model only; it is not applied to a scenario share");
             }
-            methods::build(share::scenario_context(config, dev)?)?
+            methods::build(&config.method, share::scenario_context(config, dev)?)?
         }
     })
 }

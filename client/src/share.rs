@@ -125,7 +125,6 @@ pub fn scenario_context(config: &ClientConfig, device: &Device) -> anyhow::Resul
         "local data (this device's share of the scenario split)"
     );
     Ok(MethodContext {
-        method: config.method.clone(),
         net: NetSpec {
             input_dim: share.backbone.net.feature_dim(),
             hidden: hidden.clone(),

@@ -116,10 +116,11 @@ pub enum MethodSection {
 
 impl MethodSection {
     /// The method's hyperparameters (a bare name: that method's defaults).
-    pub fn config(&self) -> MethodConfig {
+    pub fn config(&self) -> anyhow::Result<MethodConfig> {
         match self {
-            Self::Name(name) => MethodConfig::named(name),
-            Self::Table(config) => config.clone(),
+            Self::Name(name) => MethodConfig::named(name)
+                .ok_or_else(|| anyhow::anyhow!("unknown method `{name}` (known: {})", anchorage_shared::method::Names)),
+            Self::Table(config) => Ok(config.clone()),
         }
     }
 }
@@ -176,17 +177,11 @@ impl ServerConfig {
             config.metrics_bind.is_none() || config.metrics.bind.is_none(),
             "server.toml gives both metrics_bind and [metrics] bind: keep one"
         );
-        let method = config.method.config();
+        let method = config.method.config()?;
         anyhow::ensure!(
-            config.sikf.is_none() || method.name == "fedta",
+            config.sikf.is_none() || matches!(method, MethodConfig::FedTa(_)),
             "[sikf] is FedTA's distillation; this server runs `{}`",
-            method.name
-        );
-        anyhow::ensure!(
-            crate::methods::build(&method).is_some(),
-            "unknown method `{}` (known: {})",
-            method.name,
-            crate::methods::METHODS.join(", ")
+            method.name()
         );
         Ok(config)
     }
@@ -209,12 +204,19 @@ mod tests {
     #[test]
     fn the_method_is_a_name_or_a_table_of_hyperparameters() {
         let named = ServerConfig::parse(&format!("method = \"fedta\"\n{BASE}")).unwrap();
-        assert_eq!(named.method.config(), MethodConfig::named("fedta"));
+        assert_eq!(named.method.config().unwrap(), MethodConfig::named("fedta").unwrap());
         let table =
             ServerConfig::parse(&format!("{BASE}[method]\nname = \"fedta\"\nbgps = false\nlock_threshold = 0.3\n"))
                 .unwrap();
-        let m = table.method.config();
-        assert_eq!((m.name.as_str(), m.bgps, m.lock_threshold, m.sikf), ("fedta", false, 0.3, true));
+        let MethodConfig::FedTa(m) = table.method.config().unwrap() else { panic!("not fedta") };
+        assert_eq!((m.bgps, m.lock_threshold, m.sikf), (false, 0.3, true));
+        let err = format!(
+            "{:#}",
+            ServerConfig::parse(&format!("{BASE}[method]\nname = \"gldp\"\nie_pool = 4\n")).unwrap_err()
+        );
+        assert!(err.contains("method `gldp`") && err.contains("ie_pool"), "{err}");
+        let err = format!("{:#}", ServerConfig::parse(&format!("method = \"fedavgx\"\n{BASE}")).unwrap_err());
+        assert!(err.contains("unknown method `fedavgx`"), "{err}");
     }
 
     #[test]

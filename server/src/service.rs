@@ -54,12 +54,12 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let store = ServerStore::open_with(&config.state_dir, config.store.clone())
         .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
     let (identity, trust) = identity_and_trust(&config)?;
-    let method_config = config.method.config();
+    let method_config = config.method.config()?;
     let mut parts = methods::Parts::default();
-    if let Some(section) = &config.sikf {
-        parts.distiller = Some(sikf_distiller(section, &method_config)?);
+    if let (Some(section), anchorage_shared::method::MethodConfig::FedTa(fedta)) = (&config.sikf, &method_config) {
+        parts.distiller = Some(sikf_distiller(section, fedta)?);
     }
-    let method = methods::build_with(&method_config, parts).context("unknown method")?;
+    let method = methods::build_with(&method_config, parts);
     let mut server = transport::start(ServerOptions {
         bind: config.bind,
         identity,
@@ -74,7 +74,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         store: Some(store),
     })
     .await?;
-    tracing::info!(addr = %server.local_addr, method = %method_config.name, "listening");
+    tracing::info!(addr = %server.local_addr, method = %method_config.name(), "listening");
     server.metrics.set_device_series(config.metrics.device_series);
     exporter.attach(server.metrics.clone());
     exporter.set_ready();
@@ -141,7 +141,7 @@ fn identity_and_trust(config: &ServerConfig) -> anyhow::Result<(tls::Identity, t
 #[cfg(feature = "sikf")]
 fn sikf_distiller(
     section: &crate::config::SikfSection,
-    method: &anchorage_shared::method::MethodConfig,
+    method: &anchorage_shared::method::FedTaConfig,
 ) -> anyhow::Result<Box<dyn methods::InputDistiller>> {
     Ok(Box::new(crate::sikf::distiller(section, method)?))
 }
@@ -151,7 +151,7 @@ fn sikf_distiller(
 #[cfg(not(feature = "sikf"))]
 fn sikf_distiller(
     _: &crate::config::SikfSection,
-    _: &anchorage_shared::method::MethodConfig,
+    _: &anchorage_shared::method::FedTaConfig,
 ) -> anyhow::Result<Box<dyn methods::InputDistiller>> {
     anyhow::bail!(
         "server.toml has a [sikf] section, but this anchorage-server was built without SIKF: \

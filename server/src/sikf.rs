@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anchorage_data::DataSpec;
 use anchorage_model::prompts::fusion::Sikf;
 use anchorage_model::{FeatureCache, InputBackbone, Inputs, zoo};
-use anchorage_shared::method::MethodConfig;
+use anchorage_shared::method::FedTaConfig;
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
 use burn::tensor::Device;
@@ -37,7 +37,7 @@ impl InputDistiller for Sikf {
 /// The distiller `section` describes, for the FedTA of `method`: loads the backbone's weights and
 /// the data from `section.data_dir`, takes the split's surrogate set and computes its plain
 /// features once.
-pub fn distiller(section: &SikfSection, method: &MethodConfig) -> anyhow::Result<Sikf> {
+pub fn distiller(section: &SikfSection, method: &FedTaConfig) -> anyhow::Result<Sikf> {
     let spec: DataSpec = toml::Value::Table(section.data.clone()).try_into().context("[sikf.data]")?;
     let dir = Some(section.data_dir.as_path());
     let pools = anchorage_data::label_pools(&spec, dir).context("[sikf.data]: reading the labels")?;

@@ -8,7 +8,7 @@
 //! - [`tensor`]: named parameter blocks and their wire encodings (f32, f16, bf16, int8 + scale).
 //! - [`prototype`]: class prototypes as they travel.
 //! - [`prototype_rules`]: the papers' prototype rules (fusion, evolving prototype, translation, BGPS).
-//! - [`method`]: every method's hyperparameters, read by both halves.
+//! - [`method`]: every method's typed config and the one registry both halves and the simulator read.
 //! - [`math`]: weighted means and cosine similarity, the one copy used everywhere.
 //! - [`ledger`]: the cost record of one client in one round.
 //! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.

@@ -31,6 +31,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anchorage_model::{FeatureCache, zoo};
+use anchorage_shared::method::MethodConfig;
 use anchorage_shared::rng::Rng;
 use anyhow::Context;
 use burn::tensor::Device;
@@ -113,9 +114,9 @@ fn feature_values(cache: &FeatureCache) -> anyhow::Result<Vec<f32>> {
 pub fn export(config: &SimConfig, dir: &Path) -> anyhow::Result<Exported> {
     let spec = config.data.as_ref().context("export needs a scenario with a [data] table")?;
     anyhow::ensure!(
-        matches!(config.method.name.as_str(), "fedavg" | "fedprox"),
+        matches!(config.method, MethodConfig::FedAvg(_) | MethodConfig::FedProx(_)),
         "export repeats FedAvg's batch order; the method is `{}`",
-        config.method.name
+        config.method.name()
     );
     anyhow::ensure!(!config.evolving, "export covers class-incremental streams, not evolving shifts");
     std::fs::create_dir_all(dir.join("init")).with_context(|| format!("creating {}", dir.display()))?;

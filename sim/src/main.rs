@@ -211,7 +211,7 @@ struct SimArgs {
     #[command(flatten)]
     shared: SharedArgs,
     /// The method.
-    #[arg(long, value_parser = PossibleValuesParser::new(anchorage_server::methods::METHODS.iter().copied()))]
+    #[arg(long, value_parser = PossibleValuesParser::new(anchorage_shared::method::names()))]
     method: Option<String>,
     /// Fraction of the scenario's data to use (its `[data] scale`), for a quick CPU run.
     #[arg(long, value_parser = fraction)]
@@ -596,7 +596,11 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
     let from = || file.map_or("the embedded default".to_string(), |f| f.path.display().to_string());
     if let Some(v) = &args.method {
         overrides(file, "--method", v, &["method", "name"]);
-        config.method.name = v.clone();
+        let (method, dropped) = scenario::switch_method(&config.method, v)?;
+        for key in dropped {
+            println!("--method {v}: {key} (a key of {}) does not apply to {v}", config.method.name());
+        }
+        config.method = method;
     }
     if let Some(v) = args.data_scale {
         let data = config.data.as_mut().with_context(|| {

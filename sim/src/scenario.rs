@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anchorage_data::{DataSpec, PartitionSpec};
+use anchorage_shared::method::MethodConfig;
 use anyhow::Context;
 
 use crate::SimConfig;
@@ -177,14 +178,6 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
     )?;
     ensure(c.eval_every >= 1, &["eval_every"], &c.eval_every, "must be at least 1")?;
     ensure(c.eval_fraction > 0.0 && c.eval_fraction <= 1.0, &["eval_fraction"], &c.eval_fraction, "must be in (0, 1]")?;
-    let method = format!("{:?}", c.method.name);
-    let known = anchorage_server::methods::METHODS;
-    ensure(
-        known.contains(&c.method.name.as_str()),
-        &["method", "name"],
-        &method,
-        &format!("known: {}", known.join(", ")),
-    )?;
     let encoding = format!("{:?}", c.encoding);
     ensure(
         anchorage_client::encoding::parse(&c.encoding).is_ok(),
@@ -215,6 +208,31 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
     }
 }
 
+/// `current` switched to the method `name` (`--method`): the keys the two methods share keep
+/// their values, the new method's other keys take its defaults. Returns the config and the keys
+/// of `current` that `name` does not have (dropped, `key = value`).
+pub fn switch_method(current: &MethodConfig, name: &str) -> anyhow::Result<(MethodConfig, Vec<String>)> {
+    let defaults = MethodConfig::named(name)
+        .with_context(|| format!("unknown method `{name}` (known: {})", anchorage_shared::method::Names))?;
+    let toml::Value::Table(old) = toml::Value::try_from(current)? else { anyhow::bail!("a method is a table") };
+    let mut kept = toml::Table::new();
+    kept.insert("name".into(), name.into());
+    let mut dropped = Vec::new();
+    for (key, value) in old.into_iter().filter(|(k, _)| k != "name") {
+        // The new method has the key when a table of its name and that key alone is accepted.
+        let mut probe = toml::Table::new();
+        probe.insert("name".into(), name.into());
+        probe.insert(key.clone(), value.clone());
+        if toml::Value::Table(probe).try_into::<MethodConfig>().is_ok() {
+            kept.insert(key, value);
+        } else {
+            dropped.push(format!("{key} = {value}"));
+        }
+    }
+    let switched = if kept.len() == 1 { defaults } else { toml::Value::Table(kept).try_into()? };
+    Ok((switched, dropped))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,8 +257,7 @@ mod tests {
     fn the_fedta_scenario_is_one_sim_config() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/fedta_tiny_imagenet.toml");
         let c = sim_config(&path).unwrap_or_else(|e| panic!("{e:#}"));
-        let m = &c.method;
-        assert_eq!(m.name, "fedta");
+        let MethodConfig::FedTa(m) = &c.method else { panic!("{:?}", c.method) };
         assert_eq!((m.temperature, m.lock_threshold, m.weight_decay), (0.2, 0.25, 0.001));
         assert_eq!((m.ie_pool, m.ie_length, m.anchors), (10, 10, 100));
         assert!(m.tail_anchors && m.sikf && m.bgps);
@@ -251,6 +268,28 @@ mod tests {
             panic!("the FedTA split")
         };
         assert_eq!((p.clients, p.tasks, p.classes_per_task, p.surrogate_per_class), (5, 5, 8, 20));
+    }
+
+    #[test]
+    fn switching_the_method_keeps_the_keys_both_have() {
+        let gldp: MethodConfig = toml::from_str("name = \"gldp\"\nbeta = 0.9\nlambda = 0.3").unwrap();
+        let (fedprok, dropped) = switch_method(&gldp, "fedprok").unwrap();
+        let MethodConfig::FedProK(p) = &fedprok else { panic!("{fedprok:?}") };
+        assert_eq!((p.beta, p.replay_ratio), (0.9, 1.0), "beta kept, replay_ratio the default");
+        assert!(dropped.iter().any(|d| d == "lambda = 0.3"), "{dropped:?}");
+        let (fedavg, _) = switch_method(&gldp, "fedavg").unwrap();
+        assert_eq!(fedavg, MethodConfig::default());
+        let error = format!("{:#}", switch_method(&gldp, "fedavgx").unwrap_err());
+        assert!(error.contains("unknown method `fedavgx`"), "{error}");
+    }
+
+    #[test]
+    fn a_gldp_table_with_a_fedta_key_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, "[method]\nname = \"gldp\"\nie_pool = 4\n").unwrap();
+        let error = format!("{:#}", sim_config(&path).unwrap_err());
+        assert!(error.contains("method `gldp`") && error.contains("unknown field `ie_pool`"), "{error}");
     }
 
     #[test]

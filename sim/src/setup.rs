@@ -12,6 +12,7 @@ use anchorage_model::prompts::fusion::Sikf;
 use anchorage_model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::{self as server_methods, ServerMethod};
+use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Broadcast, RoundConfig};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::ParamBlock;
@@ -147,7 +148,7 @@ impl Setup {
         // enhancement, and its server's SIKF); for the others they are let go once their features
         // exist, and under the identity backbone the samples' buffer becomes the features (issue
         // 20: data held once).
-        let keep_inputs = methods::reads_raw_samples(&config.method.name);
+        let keep_inputs = config.method.info().reads_raw_samples;
         let features = |data: anchorage_data::Dataset, what: &str| {
             if config.model.backbone == "identity" && !keep_inputs {
                 return (FeatureCache::of_samples(data, &plain), None);
@@ -195,7 +196,6 @@ impl Setup {
         // Evolving: the last `held_out` domains together form the target.
         let first_target = num_tasks - held_out.min(num_tasks);
         let context = |stream: TaskStream, seed: u64| MethodContext {
-            method: config.method.clone(),
             net: net.clone(),
             stream,
             device: train_device.clone(),
@@ -294,7 +294,7 @@ impl Setup {
             global_rows.iter().map(|(k, in_train, idx)| (*k, rows(*in_train, idx))).collect();
 
         let evaluator = Evaluator {
-            method: methods::build(context(TaskStream::default(), config.seed))?,
+            method: methods::build(&config.method, context(TaskStream::default(), config.seed))?,
             tests,
             target_only: evolving,
         };
@@ -304,7 +304,7 @@ impl Setup {
         let mut clients = Vec::with_capacity(client_range.len());
         for (i, stream) in client_range.clone().zip(streams) {
             let seed = config.seed.wrapping_add(i as u64);
-            let method = methods::build(context(stream, seed))?;
+            let method = methods::build(&config.method, context(stream, seed))?;
             let mut device = SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed);
             if let Some(attack) = config.attack.as_ref().filter(|a| a.clients.contains(&i)) {
                 device.attack(attack.scale);
@@ -335,7 +335,7 @@ impl Setup {
             "{} clients, {} rounds, {}, {} ({} train / {} test, {} classes, {} task{}), backbone {}, seed {}",
             config.clients,
             config.rounds,
-            config.method.name,
+            config.method.name(),
             source,
             train_len,
             test_len,
@@ -359,10 +359,13 @@ fn server_method(
     device: &Device,
 ) -> anyhow::Result<Box<dyn ServerMethod>> {
     let mut parts = server_methods::Parts::default();
-    if config.method.name == "fedta" && config.method.sikf && !split.surrogate.is_empty() {
+    if let MethodConfig::FedTa(fedta) = &config.method
+        && fedta.sikf
+        && !split.surrogate.is_empty()
+    {
         let surrogate = test_features.subset(&split.surrogate);
         let sikf = Sikf::for_method(
-            &config.method,
+            fedta,
             backbone,
             surrogate,
             config.batch_size as usize,
@@ -372,8 +375,7 @@ fn server_method(
         .context("building FedTA's SIKF distiller")?;
         parts.distiller = Some(Box::new(sikf));
     }
-    server_methods::build_with(&config.method, parts)
-        .with_context(|| format!("unknown method `{}`", config.method.name))
+    Ok(server_methods::build_with(&config.method, parts))
 }
 
 /// The embedded default: procedural images, a Dirichlet label skew (α = inf: IID), one task, a

@@ -478,7 +478,7 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
         complete: finished.len() as u64 == plan.runs,
         stop_reason,
         data_seed,
-        method: base.method.name.clone(),
+        method: base.method.name().to_string(),
         clock: base.clock,
         clients: base.clients,
         rounds: base.rounds,

@@ -107,7 +107,6 @@ pub fn fedavg_client(index: u64) -> anchorage_client::methods::FedAvgClient {
         ..Default::default()
     });
     let context = MethodContext::embedded(
-        anchorage_shared::method::MethodConfig::named("fedavg"),
         &train,
         &test,
         burn::tensor::Device::flex().autodiff(),
@@ -115,5 +114,5 @@ pub fn fedavg_client(index: u64) -> anchorage_client::methods::FedAvgClient {
         anchorage_shared::tensor::Encoding::F32,
         index,
     );
-    FedAvgClient::new(context).expect("fedavg is a baseline")
+    FedAvgClient::new(context, &anchorage_shared::method::MethodConfig::default()).expect("fedavg is a baseline")
 }

@@ -56,7 +56,9 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
         fedta_data_table("sikf.data"),
     );
     let config = ServerConfig::parse(&server_toml).unwrap();
-    let method = config.method.config();
+    let anchorage_shared::method::MethodConfig::FedTa(method) = config.method.config().unwrap() else {
+        panic!("fedta")
+    };
     let calls = Arc::new(AtomicUsize::new(0));
     let sikf = anchorage_server::sikf::distiller(config.sikf.as_ref().unwrap(), &method).unwrap();
     // The devices first: their method's own model is the server's initial model (its layout is
@@ -74,7 +76,8 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
         assert_eq!(context.stream.tasks.len(), 5, "five tasks on each device");
         assert!(context.stream.tasks.iter().all(|t| t.classes.len() == 8), "eight classes a task");
         assert_eq!(context.net.input_dim, 1280, "MobileNetV2 0.35 features");
-        devices.push((config, methods::build(context).unwrap()));
+        let method = methods::build(&config.method, context).unwrap();
+        devices.push((config, method));
     }
     let initial = devices[0].1.initial_blocks().unwrap();
     let identity = tls::self_signed(&["localhost"]).unwrap();

@@ -62,7 +62,7 @@ test_per_class = 40
 }
 
 fn run(config: SimConfig) -> SimResult {
-    let method = config.method.name.clone();
+    let method = config.method.name();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(anchorage_sim::run(config)).unwrap_or_else(|e| panic!("{method}: {e:#}"))
 }
@@ -76,8 +76,7 @@ fn check(method: &str, prototypes: bool, upload: u64) {
 }
 
 fn check_config(config: SimConfig, prototypes: bool, upload: u64) {
-    let method = config.method.name.clone();
-    let method = method.as_str();
+    let method = config.method.name();
     let selected = config.selected_accuracy;
     let result = run(config);
     let s = &result.summary;
@@ -228,6 +227,7 @@ const FEDTA_TAIL_BYTES: u64 = (100 * 512 + 100 * 64 + (512 + 64) * 4 + 4 + 100) 
 #[test]
 fn fedta_with_a_shared_tail_uploads_it_beside_the_ie() {
     let mut config = config_with("fedta", FEDTA);
-    config.method.share_tail = true;
+    let anchorage_shared::method::MethodConfig::FedTa(fedta) = &mut config.method else { panic!("fedta") };
+    fedta.share_tail = true;
     check_config(config, true, FEDTA_IE_BYTES + FEDTA_TAIL_BYTES);
 }

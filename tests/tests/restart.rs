@@ -17,7 +17,7 @@ use anchorage_server::methods::FedAvg;
 use anchorage_server::store::ServerStore;
 use anchorage_server::tls::{self, Identity};
 use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHandle, ServerOptions};
-use anchorage_shared::method::MethodConfig;
+use anchorage_shared::method::FedTaConfig;
 use anchorage_shared::protocol::{Metric, RoundConfig, Update};
 use anchorage_shared::tensor::Encoding;
 use anchorage_tests::fedavg_client;
@@ -212,18 +212,12 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
     let tmp = tempfile::tempdir().unwrap();
     use anchorage_server::methods::FedTaServer;
     let identity = tls::self_signed(&["localhost"]).unwrap();
-    let method = MethodConfig {
-        ie_pool: 3,
-        ie_length: 2,
-        ie_top_n: 2,
-        anchors: 4,
-        anchor_dim: 4,
-        ..MethodConfig::named("fedta")
-    };
+    let method =
+        FedTaConfig { ie_pool: 3, ie_length: 2, ie_top_n: 2, anchors: 4, anchor_dim: 4, ..FedTaConfig::default() };
     let initial = fedta_client(&method).initial_blocks().unwrap();
     async fn session(
         identity: &Identity,
-        method: &MethodConfig,
+        method: &FedTaConfig,
         initial: &[anchorage_shared::tensor::ParamBlock],
         name: &str,
         store: &ClientStore,
@@ -277,7 +271,7 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
     assert!(tail(&restored) != tail(&first), "and it trained");
 
     // A state of another model (anchor width 5) is refused, set aside and replaced.
-    let other = MethodConfig { anchor_dim: 5, ..method.clone() };
+    let other = FedTaConfig { anchor_dim: 5, ..method.clone() };
     session(&identity, &other, &fedta_client(&other).initial_blocks().unwrap(), "fedta-s3", &kept, 1, &tmp).await;
     let replaced = state_of(&kept);
     let width = replaced.iter().find(|b| b.name == "tail.values").unwrap().tensor.shape.clone();
@@ -291,7 +285,7 @@ async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
 
 /// A FedTA client on the embedded backbone (24 features) and 3 classes of 8×8 images whose
 /// brightness depends on the class.
-fn fedta_client(method: &MethodConfig) -> anchorage_client::methods::FedTaClient {
+fn fedta_client(method: &FedTaConfig) -> anchorage_client::methods::FedTaClient {
     use anchorage_client::methods::TaskStream;
     use anchorage_data::Dataset;
     use anchorage_model::FrozenBackbone;
@@ -311,7 +305,6 @@ fn fedta_client(method: &MethodConfig) -> anchorage_client::methods::FedTaClient
     };
     let stream = TaskStream::build(backbone.as_ref(), &[(vec![0, 1, 2], images(24, 1), images(12, 2))], &plain);
     let context = MethodContext {
-        method: method.clone(),
         net: anchorage_model::NetSpec { input_dim: 24, hidden: vec![], num_classes: 3, seed: 5 },
         stream,
         device: plain.autodiff(),
@@ -320,5 +313,5 @@ fn fedta_client(method: &MethodConfig) -> anchorage_client::methods::FedTaClient
         seed: 3,
         backbone: Some(InputBackbone { net: backbone, sample_shape: vec![3, 8, 8] }),
     };
-    anchorage_client::methods::FedTaClient::new(context).unwrap()
+    anchorage_client::methods::FedTaClient::new(context, method.clone()).unwrap()
 }

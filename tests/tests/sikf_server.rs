@@ -22,7 +22,9 @@ fn the_server_distils_on_the_surrogate_set_its_config_names() {
          [sikf]\nbackbone = \"mobilenet_v2\"\ndata_dir = {dir:?}\nbatch_size = 16\n{data}"
     );
     let config = ServerConfig::parse(&text).unwrap();
-    let method = config.method.config();
+    let anchorage_shared::method::MethodConfig::FedTa(method) = config.method.config().unwrap() else {
+        panic!("fedta")
+    };
     let mut sikf = anchorage_server::sikf::distiller(config.sikf.as_ref().unwrap(), &method).unwrap();
     eprintln!("surrogate set: {} images", sikf.len());
     assert!(sikf.len() >= 50, "about one test image per class of 100: {}", sikf.len());

@@ -8,6 +8,7 @@
 
 use std::time::Instant;
 
+use anchorage_shared::method::{MethodConfig, MethodInfo, Personal, Prediction, Shared};
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
@@ -23,14 +24,15 @@ use anchorage_model::{BlockLayout, FeatureCache, Net, is_head_block};
 enum Kind {
     FedAvg,
     FedProx { mu: f32 },
-    FedRep,
+    FedRep { personal_epochs: u32 },
     Local,
 }
 
-/// FedAvg, FedProx, FedRep or Local-only (by the context's method name).
+/// FedAvg, FedProx, FedRep or Local-only. What it uploads and keeps follows its registry entry
+/// ([`MethodInfo::shared`], [`MethodInfo::personal`]).
 pub struct Baseline {
     kind: Kind,
-    name: &'static str,
+    info: &'static MethodInfo,
     ctx: MethodContext,
     /// The net kept on the device: FedRep's (head), Local-only's (all of it).
     own: Option<Net>,
@@ -55,15 +57,25 @@ fn squared_drift(net: &Net, global: &Net) -> Tensor<1> {
 }
 
 impl Baseline {
-    pub fn new(ctx: MethodContext) -> Result<Self, TrainError> {
-        let (kind, name) = match ctx.method.name.as_str() {
-            "fedavg" => (Kind::FedAvg, "fedavg"),
-            "fedprox" => (Kind::FedProx { mu: ctx.method.mu }, "fedprox"),
-            "fedrep" => (Kind::FedRep, "fedrep"),
-            "local" => (Kind::Local, "local"),
-            other => return Err(TrainError::UnknownMethod(other.into())),
+    pub fn new(ctx: MethodContext, config: &MethodConfig) -> Result<Self, TrainError> {
+        let kind = match config {
+            MethodConfig::FedAvg(_) => Kind::FedAvg,
+            MethodConfig::FedProx(c) => Kind::FedProx { mu: c.mu },
+            MethodConfig::FedRep(c) => Kind::FedRep { personal_epochs: c.personal_epochs },
+            MethodConfig::Local(_) => Kind::Local,
+            other => return Err(TrainError::UnknownMethod(other.name().into())),
         };
-        Ok(Self { kind, name, rng: Rng::derive(ctx.seed, 0xBA5E), ctx, own: None, task: 0 })
+        Ok(Self { kind, info: config.info(), rng: Rng::derive(ctx.seed, 0xBA5E), ctx, own: None, task: 0 })
+    }
+
+    /// The blocks of the net's `blocks` the method shares ([`MethodInfo::shared`]).
+    fn shared_blocks(&self, mut blocks: Vec<ParamBlock>) -> Vec<ParamBlock> {
+        match self.info.shared {
+            Shared::Body => blocks.retain(|b| !is_head_block(&b.name)),
+            Shared::Nothing => blocks.clear(),
+            _ => {}
+        }
+        blocks
     }
 
     /// The net a round starts from: the broadcast's blocks over the parts kept on the device.
@@ -79,7 +91,7 @@ impl Baseline {
 
 impl ClientMethod for Baseline {
     fn name(&self) -> &'static str {
-        self.name
+        self.info.name
     }
 
     fn num_samples(&self) -> u64 {
@@ -107,14 +119,14 @@ impl ClientMethod for Baseline {
         let mut model = self.start(broadcast)?;
         let global = model.clone().no_grad();
         let mut loss = f64::NAN;
-        if self.kind == Kind::FedRep {
-            for _ in 0..self.ctx.method.personal_epochs {
+        if let Kind::FedRep { personal_epochs } = self.kind {
+            for _ in 0..personal_epochs {
                 (model, loss) = trainer.epoch(model, &train, &mut self.rng, head_only, |m, b| {
                     ce.forward(m.forward(b.x.clone()), b.y.clone())
                 });
             }
         }
-        let part = if self.kind == Kind::FedRep { body_only } else { whole };
+        let part = if matches!(self.kind, Kind::FedRep { .. }) { body_only } else { whole };
         for _ in 0..c.local_epochs {
             (model, loss) = trainer.epoch(model, &train, &mut self.rng, part, |m, b| {
                 let l = ce.forward(m.forward(b.x.clone()), b.y.clone());
@@ -125,13 +137,8 @@ impl ClientMethod for Baseline {
             });
         }
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&model, t, 512));
-        let mut blocks = model.to_blocks(self.ctx.encoding)?;
-        match self.kind {
-            Kind::FedRep => blocks.retain(|b| !is_head_block(&b.name)),
-            Kind::Local => blocks.clear(),
-            _ => {}
-        }
-        if matches!(self.kind, Kind::FedRep | Kind::Local) {
+        let blocks = self.shared_blocks(model.to_blocks(self.ctx.encoding)?);
+        if self.info.personal != Personal::Nothing {
             self.own = Some(model);
         }
         Ok(Update {
@@ -145,17 +152,11 @@ impl ClientMethod for Baseline {
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
-        let mut blocks = Net::new(&self.ctx.net, &self.ctx.device).to_blocks(Encoding::F32)?;
-        match self.kind {
-            Kind::FedRep => blocks.retain(|b| !is_head_block(&b.name)),
-            Kind::Local => blocks.clear(),
-            _ => {}
-        }
-        Ok(blocks)
+        Ok(self.shared_blocks(Net::new(&self.ctx.net, &self.ctx.device).to_blocks(Encoding::F32)?))
     }
 
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
-        if matches!(self.kind, Kind::FedRep | Kind::Local) || broadcast.blocks.is_empty() {
+        if self.info.predicts_with == Prediction::None || broadcast.blocks.is_empty() {
             return Ok(None);
         }
         let model = self.ctx.global_net(broadcast)?;

@@ -68,13 +68,14 @@ impl Maps {
 /// FedEvolve's client half. See the module docs.
 pub struct FedEvolveClient {
     ctx: MethodContext,
+    config: anchorage_shared::method::FedEvolveConfig,
     task: u32,
     rng: Rng,
 }
 
 impl FedEvolveClient {
-    pub fn new(ctx: MethodContext) -> Self {
-        Self { rng: Rng::derive(ctx.seed, 0xE701), ctx, task: 0 }
+    pub fn new(ctx: MethodContext, config: anchorage_shared::method::FedEvolveConfig) -> Self {
+        Self { rng: Rng::derive(ctx.seed, 0xE701), ctx, config, task: 0 }
     }
 }
 
@@ -83,11 +84,11 @@ fn target_accuracy(
     maps: &Maps,
     prototypes: Option<&PrototypeTable>,
     test: &FeatureCache,
-    ctx: &MethodContext,
+    distance: anchorage_shared::method::Distance,
 ) -> Option<f64> {
     let table = prototypes?;
     let maps = maps.valid();
-    accuracy_of(test, 1024, |x| table.predict(maps.psi.embed(x.inner()), ctx.method.distance))
+    accuracy_of(test, 1024, |x| table.predict(maps.psi.embed(x.inner()), distance))
 }
 
 /// A random batch of `size` rows of `data`: features and host labels.
@@ -153,7 +154,7 @@ impl ClientMethod for FedEvolveClient {
         let device = self.ctx.device.clone();
         let mut maps = Maps::new(&self.ctx, &device).load_blocks(&broadcast.blocks, &device)?;
         let c = &broadcast.config;
-        let (t, distance) = (self.ctx.method.temperature, self.ctx.method.distance);
+        let (t, distance) = (self.config.temperature, self.config.distance);
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
         let mut rng = self.rng.clone();
         let batch = c.batch_size.max(1) as usize;
@@ -185,8 +186,10 @@ impl ClientMethod for FedEvolveClient {
         self.rng = rng;
         let prototypes = class_means(maps.valid().phi.embed(last.train.features().inner()), &last.train.labels_host);
         let table = PrototypeTable::new(&prototypes, &device);
-        let accuracies =
-            self.ctx.stream.accuracy_metrics(broadcast, |test| target_accuracy(&maps, table.as_ref(), test, &self.ctx));
+        let accuracies = self
+            .ctx
+            .stream
+            .accuracy_metrics(broadcast, |test| target_accuracy(&maps, table.as_ref(), test, self.config.distance));
         Ok(Update {
             round: broadcast.round,
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),
@@ -205,7 +208,7 @@ impl ClientMethod for FedEvolveClient {
         let device = &self.ctx.device;
         let maps = Maps::new(&self.ctx, device).load_blocks(&broadcast.blocks, device)?;
         let table = PrototypeTable::new(&from_wire(&broadcast.prototypes)?, device);
-        Ok(target_accuracy(&maps, table.as_ref(), test, &self.ctx))
+        Ok(target_accuracy(&maps, table.as_ref(), test, self.config.distance))
     }
 }
 
@@ -213,7 +216,7 @@ impl ClientMethod for FedEvolveClient {
 mod tests {
     use anchorage_data::Dataset;
     use anchorage_data::circle::{CircleConfig, generate};
-    use anchorage_shared::method::MethodConfig;
+    use anchorage_shared::method::FedEvolveConfig;
     use anchorage_shared::protocol::RoundConfig;
 
     use super::*;
@@ -254,7 +257,6 @@ mod tests {
         stream.reveal = Reveal::All;
         stream.target = Some(FeatureCache::build(&Identity { dim: 2 }, &target, 512, &plain));
         let ctx = MethodContext {
-            method: MethodConfig { temperature, ..MethodConfig::named("fedevolve") },
             net: NetSpec { input_dim: 2, hidden: vec![64, 64], num_classes: 2, seed: 5 },
             stream,
             device: plain.autodiff(),
@@ -263,7 +265,7 @@ mod tests {
             seed: 3,
             backbone: None,
         };
-        let mut client = FedEvolveClient::new(ctx);
+        let mut client = FedEvolveClient::new(ctx, FedEvolveConfig { temperature, ..FedEvolveConfig::default() });
         let mut blocks = client.initial_blocks().unwrap();
         let (mut losses, mut accuracies) = (vec![], vec![]);
         for round in 0..rounds {

@@ -32,6 +32,7 @@ use anchorage_model::{BlockLayout, FeatureCache, Net};
 /// FedEvp's client half. See the module docs.
 pub struct FedEvpClient {
     ctx: MethodContext,
+    config: anchorage_shared::method::FedEvpConfig,
     task: u32,
     rng: Rng,
 }
@@ -79,8 +80,8 @@ fn evolving_prototypes(net: &Net, domains: &[TaskData]) -> Vec<ClassMean> {
 }
 
 impl FedEvpClient {
-    pub fn new(ctx: MethodContext) -> Self {
-        Self { rng: Rng::derive(ctx.seed, 0xE7B), ctx, task: 0 }
+    pub fn new(ctx: MethodContext, config: anchorage_shared::method::FedEvpConfig) -> Self {
+        Self { rng: Rng::derive(ctx.seed, 0xE7B), ctx, config, task: 0 }
     }
 }
 
@@ -104,7 +105,7 @@ impl ClientMethod for FedEvpClient {
         let own = evolving_prototypes(&net, &domains);
         let anchors = PrototypeTable::new(&merge_missing(&from_wire(&broadcast.prototypes)?, &own), &device);
         let c = &broadcast.config;
-        let weight = self.ctx.method.proto_weight;
+        let weight = self.config.proto_weight;
         let ce = CrossEntropyLossConfig::new().init(&device);
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
         let mut rng = self.rng.clone();
@@ -136,7 +137,7 @@ impl ClientMethod for FedEvpClient {
         // Personalization: w and the last layer of φ, on a copy that stays on the device.
         let mut personal = net;
         let mut tuner = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
-        for _ in 0..self.ctx.method.personal_epochs {
+        for _ in 0..self.config.personal_epochs {
             (personal, _) = tuner.epoch(personal, &last.train, &mut rng, personal_parts, |m, b| {
                 ce.forward(m.forward(b.x.clone()), b.y.clone())
             });

@@ -29,6 +29,7 @@ use anchorage_model::{BlockLayout, FeatureCache, Net};
 /// FedProK's client half. See the module docs.
 pub struct FedProKClient {
     ctx: MethodContext,
+    config: anchorage_shared::method::FedProKConfig,
     task: u32,
     rng: Rng,
 }
@@ -60,8 +61,8 @@ fn translations(global: &[ClassMean], new: &[ClassMean], current: &[u32]) -> Vec
 }
 
 impl FedProKClient {
-    pub fn new(ctx: MethodContext) -> Self {
-        Self { rng: Rng::derive(ctx.seed, 0xF9A0), ctx, task: 0 }
+    pub fn new(ctx: MethodContext, config: anchorage_shared::method::FedProKConfig) -> Self {
+        Self { rng: Rng::derive(ctx.seed, 0xF9A0), ctx, config, task: 0 }
     }
 }
 
@@ -110,7 +111,7 @@ impl ClientMethod for FedProKClient {
             merge_missing(&global, &start).into_iter().filter(|m| current.contains(&m.class)).collect();
         let table = translations(&global, &new, &current);
         let c = &broadcast.config;
-        let limit = (self.ctx.method.replay_ratio.max(0.0) * c.batch_size as f32).ceil() as usize;
+        let limit = (self.config.replay_ratio.max(0.0) * c.batch_size as f32).ceil() as usize;
         let dim = self.ctx.net.representation_dim();
         let ce = CrossEntropyLossConfig::new().init(&device);
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);

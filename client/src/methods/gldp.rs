@@ -40,6 +40,7 @@ use anchorage_model::{BlockLayout, FeatureCache, Net, is_head_block};
 /// GLDP's client half. See the module docs.
 pub struct GldpClient {
     ctx: MethodContext,
+    config: anchorage_shared::method::GldpConfig,
     /// The personal layer ν, kept on the device (the head of this net; its body is refreshed from µ).
     own: Option<Net>,
     /// Local prototypes C_i^n (Eq. 6, Eq. 9).
@@ -87,8 +88,8 @@ fn global_prototype_loss(z: Tensor<2>, labels: &[u32], global: &PrototypeTable) 
 }
 
 impl GldpClient {
-    pub fn new(ctx: MethodContext) -> Self {
-        Self { rng: Rng::derive(ctx.seed, 0x61D9), ctx, own: None, local: Vec::new(), task: 0 }
+    pub fn new(ctx: MethodContext, config: anchorage_shared::method::GldpConfig) -> Self {
+        Self { rng: Rng::derive(ctx.seed, 0x61D9), ctx, config, own: None, local: Vec::new(), task: 0 }
     }
 
     /// Eq. 12 for one batch.
@@ -102,10 +103,10 @@ impl GldpClient {
         let ce = CrossEntropyLossConfig::new().init(&batch.x.device());
         let z = net.represent(batch.x.clone());
         let mut loss = ce.forward(net.head.forward(z.clone()), batch.y.clone());
-        let lambda = self.ctx.method.lambda;
+        let lambda = self.config.lambda;
         if lambda > 0.0 {
             if let Some(l) =
-                local.and_then(|p| local_relation_loss(z.clone(), &batch.labels, p, self.ctx.method.temperature))
+                local.and_then(|p| local_relation_loss(z.clone(), &batch.labels, p, self.config.temperature))
             {
                 loss = loss + l.mul_scalar(lambda);
             }
@@ -120,7 +121,7 @@ impl GldpClient {
 
     /// Eq. 9: blends this round's class means into the local prototypes.
     fn remember(&mut self, fresh: &[ClassMean]) {
-        let beta = self.ctx.method.beta;
+        let beta = self.config.beta;
         for f in fresh {
             match self.local.iter_mut().find(|l| l.class == f.class) {
                 Some(l) => {
@@ -173,7 +174,7 @@ impl ClientMethod for GldpClient {
         let mut rng = self.rng.clone();
         let mut loss = f64::NAN;
         // µ for t epochs, then ν for s epochs (Eq. 12 throughout).
-        for _ in 0..self.ctx.method.shared_epochs {
+        for _ in 0..self.config.shared_epochs {
             (net, loss) = trainer
                 .epoch(net, &train, &mut rng, body_only, |m, b| self.loss(m, b, local.as_ref(), global.as_ref()));
         }
@@ -184,7 +185,7 @@ impl ClientMethod for GldpClient {
         self.rng = rng;
         let fresh = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
         self.remember(&fresh);
-        let predict_with = match self.ctx.method.prediction {
+        let predict_with = match self.config.prediction {
             PrototypeSource::Local => table(&self.local, &device),
             PrototypeSource::Global => {
                 table(&crate::methods::protos::merge_missing(&global_means, &self.local), &device)

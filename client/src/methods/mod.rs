@@ -1,6 +1,6 @@
 //! Client halves of the methods: consume a broadcast and the local task stream, produce an
-//! update. They know nothing of transport. A new method is a file here, a file in the server's
-//! `methods/`, and one registry line on each side.
+//! update. They know nothing of transport. Which half a config gets is [`build`]'s match on
+//! [`MethodConfig`] (CONTRIBUTING.md, "Add a method").
 
 mod baselines;
 mod fedevolve;
@@ -38,15 +38,11 @@ pub enum TrainError {
     NoData,
     #[error("bad prototypes in the broadcast: {0}")]
     Prototypes(#[from] anchorage_shared::tensor::TensorError),
-    #[error("unknown method `{0}` (known: {known})", known = METHODS.join(", "))]
+    #[error("unknown method `{0}` (known: {known})", known = anchorage_shared::method::Names)]
     UnknownMethod(String),
     /// The device went down during training (a simulated crash): nothing is uploaded.
     #[error("the device crashed in round {0}")]
     Crashed(u64),
-    #[error(
-        "this method changes the backbone's input: it needs the frozen backbone and the raw samples beside the features"
-    )]
-    NoInputs,
 }
 
 /// The client half of a federated method (Flower's `Client::fit`, plus the evaluation of the
@@ -104,7 +100,6 @@ impl<M: ClientMethod + ?Sized> ClientMethod for Box<M> {
 /// What every client half is built from.
 #[derive(Debug, Clone)]
 pub struct MethodContext {
-    pub method: MethodConfig,
     /// The trainable net on the frozen features.
     pub net: NetSpec,
     pub stream: TaskStream,
@@ -122,7 +117,6 @@ impl MethodContext {
     /// The embedded default: the random-feature backbone of [`ModelSpec::embedded_default`] and
     /// one task holding the client's `train` and local `test` data.
     pub fn embedded(
-        method: MethodConfig,
         train: &Dataset,
         test: &Dataset,
         device: Device,
@@ -134,7 +128,7 @@ impl MethodContext {
         let backbone = std::sync::Arc::new(FrozenBackbone::new(&spec, &device.clone().inner()));
         let stream = TaskStream::single(backbone.as_ref(), train, test, &device);
         let backbone = Some(InputBackbone { net: backbone, sample_shape: train.sample_shape.clone() });
-        Self { method, net: spec.net(), stream, device, optimizer, encoding, seed, backbone }
+        Self { net: spec.net(), stream, device, optimizer, encoding, seed, backbone }
     }
 }
 
@@ -184,29 +178,19 @@ impl<M: ClientMethod> ClientMethod for BatchCap<M> {
     }
 }
 
-/// The method registry: the client half `context.method` names.
-pub fn build(context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError> {
-    Ok(match context.method.name.as_str() {
-        "fedavg" | "fedprox" | "fedrep" | "local" => Box::new(Baseline::new(context)?),
-        "gldp" => Box::new(GldpClient::new(context)),
-        "fedprok" => Box::new(FedProKClient::new(context)),
-        "fedevolve" => Box::new(FedEvolveClient::new(context)),
-        "fedevp" => Box::new(FedEvpClient::new(context)),
-        "fedta" => Box::new(FedTaClient::new(context)?),
-        other => return Err(TrainError::UnknownMethod(other.into())),
+/// The client half of `method`, on `context`.
+pub fn build(method: &MethodConfig, context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError> {
+    Ok(match method {
+        MethodConfig::FedAvg(_) | MethodConfig::FedProx(_) | MethodConfig::FedRep(_) | MethodConfig::Local(_) => {
+            Box::new(Baseline::new(context, method)?)
+        }
+        MethodConfig::Gldp(c) => Box::new(GldpClient::new(context, c.clone())),
+        MethodConfig::FedProK(c) => Box::new(FedProKClient::new(context, c.clone())),
+        MethodConfig::FedEvolve(c) => Box::new(FedEvolveClient::new(context, c.clone())),
+        MethodConfig::FedEvp(c) => Box::new(FedEvpClient::new(context, c.clone())),
+        MethodConfig::FedTa(c) => Box::new(FedTaClient::new(context, c.clone())?),
     })
 }
-
-/// Whether the method `name` reads the raw samples behind its features ([`anchorage_model::FeatureCache::inputs`]):
-/// FedTA, whose input enhancement runs the frozen backbone on them. Every other method trains on
-/// the cached features alone, so a simulator can let the samples go once those are built.
-pub fn reads_raw_samples(name: &str) -> bool {
-    name == "fedta"
-}
-
-/// Names of the methods whose client half this build carries.
-pub const METHODS: &[&str] =
-    &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp", "fedta"];
 
 /// Metrics every update carries besides the method's own: the train loss, the local model's
 /// accuracies and the process's peak memory. Non-finite values are dropped.

@@ -56,7 +56,7 @@ impl Sikf {
     /// The distiller FedTA's clients match: the same enhancement and pool as
     /// [`FedTaClient`](super::FedTaClient) builds from `method` on `backbone`.
     pub fn for_method(
-        method: &anchorage_shared::method::MethodConfig,
+        method: &anchorage_shared::method::FedTaConfig,
         backbone: &crate::InputBackbone,
         surrogate: FeatureCache,
         batch_size: usize,

@@ -19,7 +19,7 @@ pub mod pool;
 
 use std::sync::Arc;
 
-use anchorage_shared::method::MethodConfig;
+use anchorage_shared::method::FedTaConfig;
 use burn::tensor::Tensor;
 
 use crate::autodiff::cat_lifted;
@@ -47,7 +47,7 @@ pub type SharedBackbone = Arc<dyn Backbone + Send + Sync>;
 
 /// The enhancement FedTA builds on a backbone given as samples → features: pixel prompts of
 /// `ie_length` pixels (a ViT built in code takes [`TokenPrompts`] instead).
-pub fn enhancer_for(method: &MethodConfig, backbone: &InputBackbone) -> Arc<dyn Enhancer> {
+pub fn enhancer_for(method: &FedTaConfig, backbone: &InputBackbone) -> Arc<dyn Enhancer> {
     Arc::new(PixelPrompts::new(backbone.net.clone(), &backbone.sample_shape, method.ie_length as usize))
 }
 

@@ -44,7 +44,7 @@ pub struct IeShape {
 
 impl IeShape {
     /// The pool a method config asks for on `enhancer` (N is capped at M).
-    pub fn for_method(method: &anchorage_shared::method::MethodConfig, enhancer: &dyn Enhancer) -> Self {
+    pub fn for_method(method: &anchorage_shared::method::FedTaConfig, enhancer: &dyn Enhancer) -> Self {
         let pool = (method.ie_pool as usize).max(1);
         Self {
             pool,

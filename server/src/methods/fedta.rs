@@ -18,7 +18,7 @@
 
 use std::collections::BTreeSet;
 
-use anchorage_shared::method::MethodConfig;
+use anchorage_shared::method::FedTaConfig;
 use anchorage_shared::method::fedta_blocks::{IE_PREFIX, TAIL_KEYS, TAIL_TRAINED, TAIL_VALUES};
 use anchorage_shared::protocol::Update;
 use anchorage_shared::prototype::Prototype;
@@ -72,7 +72,7 @@ pub enum IeAggregation {
 
 /// FedTA's server half. See the module docs.
 pub struct FedTaServer {
-    config: MethodConfig,
+    config: FedTaConfig,
     distiller: Option<Box<dyn InputDistiller>>,
     state: State,
     /// Whether the missing-distiller fallback has been logged.
@@ -84,7 +84,7 @@ pub struct FedTaServer {
 impl FedTaServer {
     /// The server half; `distiller` is `None` where no surrogate set or backbone is at hand
     /// (the IE is then averaged, and the first round says so in the log).
-    pub fn new(config: MethodConfig, distiller: Option<Box<dyn InputDistiller>>) -> Self {
+    pub fn new(config: FedTaConfig, distiller: Option<Box<dyn InputDistiller>>) -> Self {
         Self { config, distiller, state: State::default(), warned: false, last: None }
     }
 
@@ -361,7 +361,7 @@ mod tests {
     #[test]
     fn a_shared_tail_is_averaged_and_kept_out_of_the_distiller() {
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut m = FedTaServer::new(MethodConfig::named("fedta"), Some(Box::new(Recorder(seen.clone()))));
+        let mut m = FedTaServer::new(FedTaConfig::default(), Some(Box::new(Recorder(seen.clone()))));
         let with_tail = |ie: &[f32], head: &[f32]| {
             let mut u = update(ie, &[]);
             u.blocks.push(ParamBlock::encode("tail.head.weight", &[head.len() as u32], head, Encoding::F32));
@@ -382,7 +382,7 @@ mod tests {
 
     #[test]
     fn each_anchor_is_averaged_over_the_clients_that_trained_it() {
-        let mut m = FedTaServer::new(MethodConfig::named("fedta"), None);
+        let mut m = FedTaServer::new(FedTaConfig::default(), None);
         // Two anchors of width 2. Client a trained anchor 0 (3 samples), b anchors 0 (1) and 1 (2),
         // c trained neither and sends the global values back untouched.
         let tail = |values: &[f32], trained: &[f32], head: f32| {
@@ -414,7 +414,7 @@ mod tests {
 
     #[test]
     fn without_a_distiller_the_ie_is_averaged() {
-        let mut m = FedTaServer::new(MethodConfig::named("fedta"), None);
+        let mut m = FedTaServer::new(FedTaConfig::default(), None);
         let (a, b) = (update(&[0.0, 2.0], &[]), update(&[2.0, 0.0], &[]));
         let out = m.aggregate(&round(1, false), &[], &[("a", &a), ("b", &b)]).unwrap();
         assert_eq!(out[0].decode().unwrap(), vec![1.0, 1.0]);
@@ -424,7 +424,7 @@ mod tests {
     #[test]
     fn sikf_distils_into_one_client_and_is_skipped_on_the_last_round_of_a_task() {
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut m = FedTaServer::new(MethodConfig::named("fedta"), Some(Box::new(Recorder(seen.clone()))));
+        let mut m = FedTaServer::new(FedTaConfig::default(), Some(Box::new(Recorder(seen.clone()))));
         let ups = [update(&[1.0], &[]), update(&[2.0], &[]), update(&[3.0], &[])];
         let out = m.aggregate(&round(3, false), &[], &[("c", &ups[2]), ("a", &ups[0]), ("b", &ups[1])]).unwrap();
         let (student, teachers) = seen.lock().unwrap()[0].clone();
@@ -434,7 +434,7 @@ mod tests {
         assert!(matches!(m.last, Some(IeAggregation::Distilled { .. })));
         // The draw does not depend on arrival order.
         let seen2 = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut m2 = FedTaServer::new(MethodConfig::named("fedta"), Some(Box::new(Recorder(seen2.clone()))));
+        let mut m2 = FedTaServer::new(FedTaConfig::default(), Some(Box::new(Recorder(seen2.clone()))));
         m2.aggregate(&round(3, false), &[], &[("a", &ups[0]), ("b", &ups[1]), ("c", &ups[2])]).unwrap();
         assert_eq!(seen2.lock().unwrap()[0].0, student);
         // Last round of a task: no distillation, the mean.
@@ -446,7 +446,7 @@ mod tests {
 
     #[test]
     fn bgps_picks_locks_and_survives_a_restart() {
-        let mut m = FedTaServer::new(MethodConfig { lock_threshold: 0.25, ..MethodConfig::named("fedta") }, None);
+        let mut m = FedTaServer::new(FedTaConfig { lock_threshold: 0.25, ..FedTaConfig::default() }, None);
         // The hand-made set of the shared BGPS test, uploaded by two clients.
         let a = update(&[0.0], &[(0, &[1.0, 0.9]), (1, &[0.9, 1.0])]);
         let b = update(&[0.0], &[(0, &[1.0, -1.0]), (2, &[-1.0, -1.0])]);
@@ -463,7 +463,7 @@ mod tests {
         let now = protos(&m);
         assert_eq!(now[1], (1, vec![0.9, 1.0]));
         assert_eq!(now[2], (2, vec![-1.0, -1.0]));
-        let mut restarted = FedTaServer::new(MethodConfig::named("fedta"), None);
+        let mut restarted = FedTaServer::new(FedTaConfig::default(), None);
         restarted.load_state(&m.save_state()).unwrap();
         assert_eq!(protos(&restarted), now);
         assert_eq!(restarted.locked(), m.locked());
@@ -472,7 +472,7 @@ mod tests {
 
     #[test]
     fn without_bgps_the_uploads_are_averaged_and_a_nan_is_refused() {
-        let mut m = FedTaServer::new(MethodConfig { bgps: false, ..MethodConfig::named("fedta") }, None);
+        let mut m = FedTaServer::new(FedTaConfig { bgps: false, ..FedTaConfig::default() }, None);
         let a = update(&[0.0], &[(0, &[0.0, 2.0])]);
         let b = update(&[0.0], &[(0, &[2.0, 0.0]), (1, &[1.0, 1.0])]);
         m.aggregate(&round(1, false), &[], &[("a", &a), ("b", &b)]).unwrap();

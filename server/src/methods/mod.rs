@@ -1,6 +1,6 @@
 //! Server halves of the methods. A method consumes the round's updates and produces the next
-//! global state; it knows nothing of transport. A new method is a file here, a file in the
-//! client's `methods/`, and one line in [`by_name`].
+//! global state; it knows nothing of transport. Which half a config gets is [`build_with`]'s
+//! match on [`MethodConfig`] (CONTRIBUTING.md, "Add a method").
 
 mod fedavg;
 mod fedta;
@@ -87,14 +87,14 @@ pub struct RoundInfo {
     pub rule: AggregationRule,
 }
 
-/// The method registry: a server half by name, with default hyperparameters.
+/// The server half of the method `name` with its default hyperparameters (`None`: no such method).
 pub fn by_name(name: &str) -> Option<Box<dyn ServerMethod>> {
-    build(&MethodConfig::named(name))
+    MethodConfig::named(name).map(|config| build(&config))
 }
 
-/// The method registry: the server half a method config names. FedTA gets no distiller here
-/// (its IE is averaged); see [`build_with`].
-pub fn build(config: &MethodConfig) -> Option<Box<dyn ServerMethod>> {
+/// The server half of `config`. FedTA gets no distiller here (its IE is averaged); see
+/// [`build_with`].
+pub fn build(config: &MethodConfig) -> Box<dyn ServerMethod> {
     build_with(config, Parts::default())
 }
 
@@ -106,22 +106,17 @@ pub struct Parts {
     pub distiller: Option<Box<dyn InputDistiller>>,
 }
 
-/// The method registry, with the parts the caller built (see [`Parts`]).
-pub fn build_with(config: &MethodConfig, parts: Parts) -> Option<Box<dyn ServerMethod>> {
-    Some(match config.name.as_str() {
-        "fedavg" => Box::new(FedAvg::named("fedavg")),
-        "fedprox" => Box::new(FedAvg::named("fedprox")),
-        "fedrep" => Box::new(FedAvg::named("fedrep")),
-        "local" => Box::new(LocalOnly),
-        "gldp" => Box::new(PrototypeMethod::new("gldp", PrototypeRule::Fuse { beta: config.beta })),
-        "fedprok" => Box::new(PrototypeMethod::new("fedprok", PrototypeRule::Fuse { beta: config.beta })),
-        "fedevolve" => Box::new(PrototypeMethod::new("fedevolve", PrototypeRule::Latest)),
-        "fedevp" => Box::new(PrototypeMethod::new("fedevp", PrototypeRule::Latest)),
-        "fedta" => Box::new(FedTaServer::new(config.clone(), parts.distiller)),
-        _ => return None,
-    })
+/// The server half of `config`, with the parts the caller built (see [`Parts`]).
+pub fn build_with(config: &MethodConfig, parts: Parts) -> Box<dyn ServerMethod> {
+    let name = config.name();
+    match config {
+        MethodConfig::FedAvg(_) | MethodConfig::FedProx(_) | MethodConfig::FedRep(_) => Box::new(FedAvg::named(name)),
+        MethodConfig::Local(_) => Box::new(LocalOnly),
+        MethodConfig::Gldp(c) => Box::new(PrototypeMethod::new(name, PrototypeRule::Fuse { beta: c.beta })),
+        MethodConfig::FedProK(c) => Box::new(PrototypeMethod::new(name, PrototypeRule::Fuse { beta: c.beta })),
+        MethodConfig::FedEvolve(_) | MethodConfig::FedEvp(_) => {
+            Box::new(PrototypeMethod::new(name, PrototypeRule::Latest))
+        }
+        MethodConfig::FedTa(c) => Box::new(FedTaServer::new(c.clone(), parts.distiller)),
+    }
 }
-
-/// Names of every registered method.
-pub const METHODS: &[&str] =
-    &["fedavg", "fedprox", "fedrep", "local", "gldp", "fedprok", "fedevolve", "fedevp", "fedta"];

@@ -38,7 +38,7 @@ impl RunInfo {
                 .and_then(toml::Value::as_str)
                 .map(str::to_string)
                 // `[method]` left out: SimConfig's default.
-                .or_else(|| Some(anchorage_shared::method::MethodConfig::default().name));
+                .or_else(|| Some(anchorage_shared::method::MethodConfig::default().name().to_string()));
             info.clients = int("clients");
             info.rounds = int("rounds");
             info.rounds_per_task = int("rounds_per_task").unwrap_or(0);

@@ -31,7 +31,7 @@ pub mod anchors;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anchorage_shared::method::Distance;
+use anchorage_shared::method::{Distance, FedTaConfig};
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
 use anchorage_shared::prototype_rules::ClassMean;
 use anchorage_shared::rng::Rng;
@@ -55,6 +55,7 @@ const CHUNK: usize = 128;
 /// FedTA's client half. See the module docs.
 pub struct FedTaClient {
     ctx: MethodContext,
+    config: FedTaConfig,
     enhancer: Arc<dyn Enhancer>,
     shape: IeShape,
     /// The IE head of stage 1 (kept on the device).
@@ -70,18 +71,19 @@ pub struct FedTaClient {
 impl FedTaClient {
     /// Pixel prompts on the context's frozen backbone (which must be given, with the raw
     /// samples attached to the task stream's caches).
-    pub fn new(ctx: MethodContext) -> Result<Self, TrainError> {
-        let backbone = ctx.backbone.as_ref().ok_or(TrainError::NoInputs)?;
-        let enhancer = enhancer_for(&ctx.method, backbone);
-        Ok(Self::with_enhancer(ctx, enhancer))
+    pub fn new(ctx: MethodContext, config: FedTaConfig) -> Result<Self, TrainError> {
+        let backbone = ctx.backbone.as_ref().ok_or(TrainError::Model(anchorage_model::ModelError::NoInputs))?;
+        let enhancer = enhancer_for(&config, backbone);
+        Ok(Self::with_enhancer(ctx, config, enhancer))
     }
 
     /// FedTA on any form of input enhancement (e.g. [`prompts::TokenPrompts`] on a ViT).
-    pub fn with_enhancer(ctx: MethodContext, enhancer: Arc<dyn Enhancer>) -> Self {
-        let shape = IeShape::for_method(&ctx.method, enhancer.as_ref());
+    pub fn with_enhancer(ctx: MethodContext, config: FedTaConfig, enhancer: Arc<dyn Enhancer>) -> Self {
+        let shape = IeShape::for_method(&config, enhancer.as_ref());
         Self {
             rng: Rng::derive(ctx.seed, 0xFE07A),
             ctx,
+            config,
             enhancer,
             shape,
             ie_head: None,
@@ -104,7 +106,7 @@ impl FedTaClient {
 
     /// The broadcast's tail (`share_tail`), `None` when it carries none.
     fn global_tail(&self, broadcast: &Broadcast) -> Result<Option<TailModel>, TrainError> {
-        if !self.ctx.method.share_tail || !broadcast.blocks.iter().any(|b| is_tail_block(&b.name)) {
+        if !self.config.share_tail || !broadcast.blocks.iter().any(|b| is_tail_block(&b.name)) {
             return Ok(None);
         }
         Ok(Some(self.new_tail().load_blocks(&broadcast.blocks, &self.ctx.device)?))
@@ -125,12 +127,12 @@ impl FedTaClient {
     }
 
     fn stage_two_weights(&self) -> StageTwo {
-        let m = &self.ctx.method;
+        let m = &self.config;
         StageTwo { lambda2: m.lambda2, lambda3: m.lambda3, temperature: m.temperature }
     }
 
     fn new_tail(&self) -> TailModel {
-        let m = &self.ctx.method;
+        let m = &self.config;
         let anchors = m.tail_anchors.then_some(((m.anchors as usize).max(1), (m.anchor_dim as usize).max(1)));
         TailModel::new(self.shape.query_dim, self.ctx.net.num_classes, anchors, self.ctx.net.seed, &self.ctx.device)
     }
@@ -144,11 +146,11 @@ impl FedTaClient {
         broadcast: &Broadcast,
         rng: &mut Rng,
     ) -> Result<(InputEnhancement, f64), TrainError> {
-        let m = self.ctx.method.clone();
+        let m = self.config.clone();
         if m.ie_epochs == 0 {
             return Ok((ie, f64::NAN));
         }
-        let inputs = train.inputs.as_ref().ok_or(TrainError::NoInputs)?;
+        let inputs = train.inputs.as_ref().ok_or(TrainError::Model(anchorage_model::ModelError::NoInputs))?;
         let device = self.ctx.device.clone();
         let head = self.ie_head.take().unwrap_or_else(|| {
             IeModel::new_head(self.shape.query_dim, self.ctx.net.num_classes, self.ctx.net.seed, &device)
@@ -189,7 +191,7 @@ impl FedTaClient {
             self.ctx.optimizer,
             c.learning_rate as f64,
             c.batch_size as usize,
-            self.ctx.method.weight_decay,
+            self.config.weight_decay,
         );
         let w = self.stage_two_weights();
         let mut tail = self.tail.take().unwrap_or_else(|| self.new_tail());
@@ -201,7 +203,7 @@ impl FedTaClient {
             tail.anchors = Some(anchors.seat_keys(&fresh));
         }
         let mask = task_mask(
-            self.ctx.method.train_mask,
+            self.config.train_mask,
             classes,
             &enhanced.labels_host,
             self.ctx.net.num_classes,
@@ -293,7 +295,7 @@ impl ClientMethod for FedTaClient {
         let fresh = class_means(anchored, &enhanced.labels_host);
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| self.local_accuracy(&ie, &valid_tail, t));
         let mut blocks = ie.to_blocks(self.ctx.encoding)?;
-        if self.ctx.method.share_tail {
+        if self.config.share_tail {
             blocks.extend(valid_tail.to_blocks(self.ctx.encoding)?);
             blocks.extend(valid_tail.trained_block(&enhanced.labels_host));
         }
@@ -328,7 +330,7 @@ impl ClientMethod for FedTaClient {
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
         let mut blocks = self.initial_ie(&self.ctx.device.clone().inner()).to_blocks(Encoding::F32)?;
-        if self.ctx.method.share_tail {
+        if self.config.share_tail {
             let tail = self.new_tail().valid();
             blocks.extend(tail.to_blocks(Encoding::F32)?);
             blocks.extend(tail.trained_block(&[]));

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use anchorage_data::Dataset;
-use anchorage_shared::method::MethodConfig;
+use anchorage_shared::method::FedTaConfig;
 use anchorage_shared::protocol::{Broadcast, RoundConfig};
 use anchorage_shared::rng::Rng;
 use burn::module::Module;
@@ -23,25 +23,24 @@ fn images(n: usize, shape: [usize; 3], classes: u32, seed: u64) -> Dataset {
     Dataset::new(shape.to_vec(), classes, pixels.collect(), labels).unwrap()
 }
 
-fn method() -> MethodConfig {
-    MethodConfig {
+fn method() -> FedTaConfig {
+    FedTaConfig {
         ie_pool: 3,
         ie_length: 2,
         ie_top_n: 2,
         anchors: 4,
         anchor_dim: 4,
         temperature: 0.2,
-        ..MethodConfig::named("fedta")
+        ..FedTaConfig::default()
     }
 }
 
-fn context(backbone: SharedBackboneArc, shape: [usize; 3], classes: u32, method: MethodConfig) -> MethodContext {
+fn context(backbone: SharedBackboneArc, shape: [usize; 3], classes: u32) -> MethodContext {
     let plain = Device::flex();
     let (train, test) = (images(24, shape, classes, 1), images(12, shape, classes, 2));
     let all: Vec<u32> = (0..classes).collect();
     let stream = TaskStream::build(backbone.as_ref(), &[(all, train, test)], &plain);
     MethodContext {
-        method,
         net: NetSpec { input_dim: backbone.feature_dim(), hidden: vec![], num_classes: classes as usize, seed: 5 },
         stream,
         device: plain.autodiff(),
@@ -71,7 +70,7 @@ fn stage_two_never_changes_the_ie_or_the_backbone() {
     let net = Arc::new(Frozen::new(MobileNetV2Config { alpha: 0.35 }.init(&plain), InputTransform::SymmetricUnit));
     let backbone_hash = || weights_fingerprint(&net.net);
     let h0 = backbone_hash();
-    let mut client = FedTaClient::new(context(net.clone(), [3, 32, 32], 2, method())).unwrap();
+    let mut client = FedTaClient::new(context(net.clone(), [3, 32, 32], 2), method()).unwrap();
     let b = broadcast(&client, 1);
     let train = client.ctx.stream.tasks[0].train.clone();
     let ie0 = client.global_ie(&b, &client.ctx.device.clone()).unwrap();
@@ -95,7 +94,7 @@ fn a_round_uploads_the_ie_and_prototypes_of_the_anchored_features() {
     let plain = Device::flex();
     let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
     let backbone: SharedBackboneArc = Arc::new(FrozenBackbone::new(&spec, &plain));
-    let mut client = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3, method())).unwrap();
+    let mut client = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3), method()).unwrap();
     let b = broadcast(&client, 1);
     let update = client.train(&b).unwrap();
     let names: Vec<&str> = update.blocks.iter().map(|b| b.name.as_str()).collect();
@@ -128,7 +127,7 @@ fn a_round_uploads_the_ie_and_prototypes_of_the_anchored_features() {
     assert_eq!(client.global_accuracy(&b, &test).unwrap(), None, "no prototypes, no global prediction");
     // A shared tail travels as `tail.*` blocks beside the IE, and the global model uses it.
     let mut shared =
-        FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3, MethodConfig { share_tail: true, ..method() }))
+        FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3), FedTaConfig { share_tail: true, ..method() })
             .unwrap();
     let b = broadcast(&shared, 1);
     let names: Vec<String> = b.blocks.iter().map(|b| b.name.clone()).collect();
@@ -154,7 +153,7 @@ fn a_round_uploads_the_ie_and_prototypes_of_the_anchored_features() {
     assert!(shared.global_accuracy(&bad, &test).is_err());
     // Without tail anchors the prototypes are the features alone.
     let mut plain_ta =
-        FedTaClient::new(context(backbone, [3, 8, 8], 3, MethodConfig { tail_anchors: false, ..method() })).unwrap();
+        FedTaClient::new(context(backbone, [3, 8, 8], 3), FedTaConfig { tail_anchors: false, ..method() }).unwrap();
     let u = plain_ta.train(&broadcast(&plain_ta, 1)).unwrap();
     assert_eq!(u.prototypes[0].values().unwrap().len(), 24);
 }
@@ -164,7 +163,7 @@ fn the_device_state_survives_a_restart() {
     let plain = Device::flex();
     let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
     let backbone: SharedBackboneArc = Arc::new(FrozenBackbone::new(&spec, &plain));
-    let mut client = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3, method())).unwrap();
+    let mut client = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3), method()).unwrap();
     let b = broadcast(&client, 1);
     client.train(&b).unwrap();
     let state = client.device_state().unwrap();
@@ -176,7 +175,7 @@ fn the_device_state_survives_a_restart() {
     assert_eq!(state.last().unwrap().decode().unwrap(), vec![0.0, 1.0, 2.0], "the three classes' keys are seated");
     // A fresh client (the device after a restart) restored from it holds the same state and
     // trains the next round exactly as the one that never stopped.
-    let mut restarted = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3, method())).unwrap();
+    let mut restarted = FedTaClient::new(context(backbone.clone(), [3, 8, 8], 3), method()).unwrap();
     assert_ne!(restarted.device_state().unwrap(), state);
     restarted.restore_device_state(&state).unwrap();
     assert_eq!(restarted.device_state().unwrap(), state);
@@ -187,7 +186,7 @@ fn the_device_state_survives_a_restart() {
     assert_eq!(a.prototypes, r.prototypes, "same tail, same prototypes");
     // A state of another model is refused and changes nothing.
     let mut other =
-        FedTaClient::new(context(backbone, [3, 8, 8], 3, MethodConfig { anchor_dim: 5, ..method() })).unwrap();
+        FedTaClient::new(context(backbone, [3, 8, 8], 3), FedTaConfig { anchor_dim: 5, ..method() }).unwrap();
     let before = other.device_state().unwrap();
     assert!(other.restore_device_state(&state).is_err());
     let mut bad = state.clone();
@@ -201,14 +200,14 @@ fn a_context_without_a_backbone_or_inputs_is_an_error() {
     let plain = Device::flex();
     let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
     let backbone: SharedBackboneArc = Arc::new(FrozenBackbone::new(&spec, &plain));
-    let mut ctx = context(backbone, [3, 8, 8], 3, method());
+    let mut ctx = context(backbone, [3, 8, 8], 3);
     let no_backbone = MethodContext { backbone: None, ..ctx.clone() };
-    assert!(matches!(FedTaClient::new(no_backbone), Err(TrainError::NoInputs)));
+    assert!(matches!(FedTaClient::new(no_backbone, method()), Err(TrainError::Model(ModelError::NoInputs))));
     for t in &mut ctx.stream.tasks {
         t.train.inputs = None;
     }
-    let mut client = FedTaClient::new(ctx).unwrap();
-    assert!(matches!(client.train(&broadcast(&client, 1)), Err(TrainError::NoInputs)));
+    let mut client = FedTaClient::new(ctx, method()).unwrap();
+    assert!(matches!(client.train(&broadcast(&client, 1)), Err(TrainError::Model(ModelError::NoInputs))));
     // A broadcast IE of the wrong shape is an error, not a panic.
     let mut bad = broadcast(&client, 1);
     bad.blocks[1] = ParamBlock::encode("ie.sets", &[1, 1], &[0.0], Encoding::F32);

@@ -1,0 +1,207 @@
+//! Each method's hyperparameters, one struct per method, with the papers' defaults. A `[method]`
+//! table names its method (`name = "gldp"`) and may set only that method's keys
+//! ([`super::MethodConfig`]).
+
+use serde::{Deserialize, Serialize};
+
+/// Distance used by FedEvolve's alignment (Eq. 4) and prototype prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Distance {
+    #[default]
+    Euclidean,
+    Cosine,
+}
+
+/// Which prototypes GLDP predicts with (Eq. 13): the client's own (GLDP-LP) or the global ones (GLDP-GP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrototypeSource {
+    Local,
+    #[default]
+    Global,
+}
+
+/// FedAvg (McMahan et al. 2017): no hyperparameters beyond the round's.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedAvgConfig {}
+
+/// Local training only: no hyperparameters beyond the round's.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocalConfig {}
+
+/// FedProx (Li et al. 2020): FedAvg with the proximal term µ/2 · ‖w − w_global‖².
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedProxConfig {
+    /// The proximal coefficient µ.
+    pub mu: f32,
+}
+
+impl Default for FedProxConfig {
+    fn default() -> Self {
+        Self { mu: 0.01 }
+    }
+}
+
+/// FedRep (Collins et al. 2021): a personal head trained first, then the shared body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedRepConfig {
+    /// Epochs of the personal head before the body's `local_epochs`.
+    pub personal_epochs: u32,
+}
+
+impl Default for FedRepConfig {
+    fn default() -> Self {
+        Self { personal_epochs: 1 }
+    }
+}
+
+/// GLDP / STHFL (Guo et al.): shared representation µ, personal layer ν, local and global prototypes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GldpConfig {
+    /// Moving average of the global prototypes β (Eq. 9 and 11).
+    pub beta: f32,
+    /// Weight λ of L_LP against (1−λ) of L_GP (Eq. 12).
+    pub lambda: f32,
+    /// Temperature of the softmax over prototype distances (Eq. 7).
+    pub temperature: f32,
+    /// t, local epochs of the shared representation µ; the personal layer ν gets
+    /// `local_epochs − t` (s).
+    pub shared_epochs: u32,
+    /// The prediction prototypes (Eq. 13).
+    pub prediction: PrototypeSource,
+}
+
+impl Default for GldpConfig {
+    fn default() -> Self {
+        Self { beta: 0.5, lambda: 0.5, temperature: 1.0, shared_epochs: 1, prediction: PrototypeSource::Global }
+    }
+}
+
+/// FedProK (Gao et al.): prototypes fused on the server, pseudo-features of old classes replayed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedProKConfig {
+    /// Prototype fusion blend β for old classes (Eq. 9).
+    pub beta: f32,
+    /// Pseudo-features replayed per old class and batch, as a multiple of the batch's real ones.
+    pub replay_ratio: f32,
+}
+
+impl Default for FedProKConfig {
+    fn default() -> Self {
+        Self { beta: 0.5, replay_ratio: 1.0 }
+    }
+}
+
+/// FedEvolve (evolving shifts): representation and prototype alignment across domains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedEvolveConfig {
+    /// Temperature of the softmax over distances (Eq. 4).
+    pub temperature: f32,
+    /// The alignment's and prediction's distance.
+    pub distance: Distance,
+}
+
+impl Default for FedEvolveConfig {
+    fn default() -> Self {
+        Self { temperature: 1.0, distance: Distance::Euclidean }
+    }
+}
+
+/// FedEvp: evolving prototypes with a personalized head.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedEvpConfig {
+    /// Weight of the prototype loss beside cross-entropy (Eq. 7).
+    pub proto_weight: f32,
+    /// Personalization epochs of the head.
+    pub personal_epochs: u32,
+}
+
+impl Default for FedEvpConfig {
+    fn default() -> Self {
+        Self { proto_weight: 1.0, personal_epochs: 1 }
+    }
+}
+
+/// FedTA (Yu et al.): input enhancement, tail anchors, SIKF and BGPS.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedTaConfig {
+    /// Weight of the key pull of the input-enhancement pool in stage 1 (Eq. 3).
+    pub lambda1: f32,
+    /// Weight of the InfoNCE loss against the global prototypes in stage 2 (Eq. 5).
+    pub lambda2: f32,
+    /// Weight of the tail-anchor key pull in stage 2 (Eq. 6).
+    pub lambda3: f32,
+    /// τ of the InfoNCE (Eq. 5).
+    pub temperature: f32,
+    /// M, enhancement sets in the input-enhancement pool.
+    pub ie_pool: u32,
+    /// Length of one enhancement set (prompt tokens for a ViT; border width in pixels for pixel
+    /// prompts on a convolutional backbone).
+    pub ie_length: u32,
+    /// N, enhancement sets applied per input (the top N by key similarity).
+    pub ie_top_n: u32,
+    /// Local epochs of stage 1 (the input enhancement, through the frozen backbone); stage 2
+    /// (anchors and head, on cached features) runs the round's `local_epochs`.
+    pub ie_epochs: u32,
+    /// Tail anchors in the key/value pool (Eq. 4).
+    pub anchors: u32,
+    /// Width of an anchor value (appended to the frozen feature).
+    pub anchor_dim: u32,
+    /// Best Global Prototype Selection locks a class whose chosen score falls below this (Eq. 10).
+    pub lock_threshold: f32,
+    /// Epochs E of Selective Input Knowledge Fusion on the server's surrogate set (Eq. 8).
+    pub sikf_epochs: u32,
+    /// Adam learning rate of Selective Input Knowledge Fusion.
+    pub sikf_learning_rate: f32,
+    /// L2 weight decay of the local Adam optimizer.
+    pub weight_decay: f32,
+    /// Ablation switch: tail anchors (off: the head reads the frozen feature alone).
+    pub tail_anchors: bool,
+    /// Ablation switch: Selective Input Knowledge Fusion (off: the server averages IE).
+    pub sikf: bool,
+    /// Ablation switch: Best Global Prototype Selection (off: count-weighted mean of the uploads).
+    pub bgps: bool,
+    /// Also upload the tail anchors and the head, averaged by the server, so the global model
+    /// predicts with global anchors (off, the paper's default: they stay on the device).
+    pub share_tail: bool,
+    /// The cross-entropy of both stages runs over the current task's classes only (the "train
+    /// mask" of the prompt-based learners FedTA builds on, L2P and DualPrompt), so training a new
+    /// task does not push down the head's logits of the old classes.
+    pub train_mask: bool,
+}
+
+impl Default for FedTaConfig {
+    fn default() -> Self {
+        Self {
+            lambda1: 0.1,
+            lambda2: 0.1,
+            lambda3: 0.1,
+            temperature: 1.0,
+            ie_pool: 10,
+            ie_length: 10,
+            ie_top_n: 5,
+            ie_epochs: 1,
+            anchors: 100,
+            anchor_dim: 64,
+            lock_threshold: 0.25,
+            sikf_epochs: 2,
+            sikf_learning_rate: 1e-3,
+            weight_decay: 0.0,
+            tail_anchors: true,
+            sikf: true,
+            bgps: true,
+            share_tail: false,
+            train_mask: true,
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The methods: each one's typed config ([`configs`]) and the one registry ([`REGISTRY`]) that
+//! the client halves, the server halves and the simulator all read.
+//!
+//! A `[method]` table (of a scenario file, `server.toml` or `client.toml`) names its method and
+//! sets that method's keys only: `name = "gldp"` deserialises into
+//! [`MethodConfig::Gldp`], and a key GLDP does not have is an error naming the key and the method.
+//! Adding a method: CONTRIBUTING.md, "Add a method".
+
+pub mod configs;
+
+use core::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+pub use configs::*;
+
+/// One method and its hyperparameters, tagged by `name`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "name")]
+pub enum MethodConfig {
+    #[serde(rename = "fedavg", deserialize_with = "checked")]
+    FedAvg(FedAvgConfig),
+    #[serde(rename = "fedprox", deserialize_with = "checked")]
+    FedProx(FedProxConfig),
+    #[serde(rename = "fedrep", deserialize_with = "checked")]
+    FedRep(FedRepConfig),
+    #[serde(rename = "local", deserialize_with = "checked")]
+    Local(LocalConfig),
+    #[serde(rename = "gldp", deserialize_with = "checked")]
+    Gldp(GldpConfig),
+    #[serde(rename = "fedprok", deserialize_with = "checked")]
+    FedProK(FedProKConfig),
+    #[serde(rename = "fedevolve", deserialize_with = "checked")]
+    FedEvolve(FedEvolveConfig),
+    #[serde(rename = "fedevp", deserialize_with = "checked")]
+    FedEvp(FedEvpConfig),
+    #[serde(rename = "fedta", deserialize_with = "checked")]
+    FedTa(FedTaConfig),
+}
+
+/// A method's config with serde's error prefixed by the method, so that `ie_pool` in a GLDP
+/// table reads "method `gldp`: unknown field `ie_pool`, expected one of ...".
+fn checked<'de, D: Deserializer<'de>, T: Deserialize<'de> + MethodParams>(d: D) -> Result<T, D::Error> {
+    T::deserialize(d).map_err(|e| serde::de::Error::custom(format_args!("method `{}`: {e}", T::NAME)))
+}
+
+/// Ties a config struct to its registry name (for error messages).
+pub trait MethodParams {
+    const NAME: &'static str;
+}
+
+macro_rules! params {
+    ($($ty:ty => $name:literal),* $(,)?) => {
+        $(impl MethodParams for $ty { const NAME: &'static str = $name; })*
+    };
+}
+
+params!(
+    FedAvgConfig => "fedavg",
+    FedProxConfig => "fedprox",
+    FedRepConfig => "fedrep",
+    LocalConfig => "local",
+    GldpConfig => "gldp",
+    FedProKConfig => "fedprok",
+    FedEvolveConfig => "fedevolve",
+    FedEvpConfig => "fedevp",
+    FedTaConfig => "fedta",
+);
+
+/// What a method shares with the server each round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shared {
+    /// Every block of the trainable net (adapter and head).
+    Net,
+    /// The adapter (the representation), not the head.
+    Body,
+    /// Class prototypes only (no parameter blocks).
+    Prototypes,
+    /// The adapter and class prototypes.
+    BodyAndPrototypes,
+    /// The input-enhancement pool (`ie.*`) and class prototypes.
+    PromptsAndPrototypes,
+    /// Nothing: every client trains alone.
+    Nothing,
+}
+
+/// What a method keeps on the device and never uploads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Personal {
+    Nothing,
+    /// The classifier head.
+    Head,
+    /// The whole trainable net.
+    Net,
+    /// The tail anchors and the head (unless `share_tail`).
+    TailAndHead,
+}
+
+/// How the method's global model predicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prediction {
+    /// The global net's head.
+    Head,
+    /// The nearest global prototype in the representation.
+    NearestPrototype,
+    /// No global predictor: only the clients' own models are evaluated.
+    None,
+}
+
+/// One registry entry: what both halves and the simulator know of a method.
+#[derive(Debug, Clone, Copy)]
+pub struct MethodInfo {
+    pub name: &'static str,
+    /// Its paper, for reports.
+    pub paper: &'static str,
+    pub shared: Shared,
+    pub personal: Personal,
+    pub predicts_with: Prediction,
+    /// Whether its client half reads the raw samples behind the cached features (FedTA's input
+    /// enhancement runs the frozen backbone on them); a simulator may drop them otherwise.
+    pub reads_raw_samples: bool,
+    /// The method with its defaults.
+    pub defaults: fn() -> MethodConfig,
+}
+
+/// The registry: every method, in the order reports list them.
+pub const REGISTRY: &[MethodInfo] = &[
+    MethodInfo {
+        name: "fedavg",
+        paper: "McMahan et al. 2017",
+        shared: Shared::Net,
+        personal: Personal::Nothing,
+        predicts_with: Prediction::Head,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::FedAvg(FedAvgConfig::default()),
+    },
+    MethodInfo {
+        name: "fedprox",
+        paper: "Li et al. 2020",
+        shared: Shared::Net,
+        personal: Personal::Nothing,
+        predicts_with: Prediction::Head,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::FedProx(FedProxConfig::default()),
+    },
+    MethodInfo {
+        name: "fedrep",
+        paper: "Collins et al. 2021",
+        shared: Shared::Body,
+        personal: Personal::Head,
+        predicts_with: Prediction::None,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::FedRep(FedRepConfig::default()),
+    },
+    MethodInfo {
+        name: "local",
+        paper: "local training only",
+        shared: Shared::Nothing,
+        personal: Personal::Net,
+        predicts_with: Prediction::None,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::Local(LocalConfig::default()),
+    },
+    MethodInfo {
+        name: "gldp",
+        paper: "GLDP / STHFL (Guo et al.)",
+        shared: Shared::BodyAndPrototypes,
+        personal: Personal::Head,
+        predicts_with: Prediction::NearestPrototype,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::Gldp(GldpConfig::default()),
+    },
+    MethodInfo {
+        name: "fedprok",
+        paper: "FedProK (Gao et al.)",
+        shared: Shared::BodyAndPrototypes,
+        personal: Personal::Nothing,
+        predicts_with: Prediction::Head,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::FedProK(FedProKConfig::default()),
+    },
+    MethodInfo {
+        name: "fedevolve",
+        paper: "FedEvolve (evolving shifts)",
+        shared: Shared::BodyAndPrototypes,
+        personal: Personal::Nothing,
+        predicts_with: Prediction::NearestPrototype,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::FedEvolve(FedEvolveConfig::default()),
+    },
+    MethodInfo {
+        name: "fedevp",
+        paper: "FedEvp (evolving shifts)",
+        shared: Shared::BodyAndPrototypes,
+        personal: Personal::Head,
+        predicts_with: Prediction::Head,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::FedEvp(FedEvpConfig::default()),
+    },
+    MethodInfo {
+        name: "fedta",
+        paper: "FedTA (Yu et al.)",
+        shared: Shared::PromptsAndPrototypes,
+        personal: Personal::TailAndHead,
+        predicts_with: Prediction::NearestPrototype,
+        reads_raw_samples: true,
+        defaults: || MethodConfig::FedTa(FedTaConfig::default()),
+    },
+];
+
+/// The registry entry of `name`.
+pub fn info(name: &str) -> Option<&'static MethodInfo> {
+    REGISTRY.iter().find(|m| m.name == name)
+}
+
+/// Every registered method's name, in registry order.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    REGISTRY.iter().map(|m| m.name)
+}
+
+/// The registered names joined by ", " (for error messages and help texts).
+pub struct Names;
+
+impl fmt::Display for Names {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, name) in names().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(name)?;
+        }
+        Ok(())
+    }
+}
+
+impl Default for MethodConfig {
+    fn default() -> Self {
+        Self::FedAvg(FedAvgConfig::default())
+    }
+}
+
+impl MethodConfig {
+    /// The defaults of the method `name` (`None`: no such method).
+    pub fn named(name: &str) -> Option<Self> {
+        info(name).map(|m| (m.defaults)())
+    }
+
+    /// The method's registry name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::FedAvg(_) => FedAvgConfig::NAME,
+            Self::FedProx(_) => FedProxConfig::NAME,
+            Self::FedRep(_) => FedRepConfig::NAME,
+            Self::Local(_) => LocalConfig::NAME,
+            Self::Gldp(_) => GldpConfig::NAME,
+            Self::FedProK(_) => FedProKConfig::NAME,
+            Self::FedEvolve(_) => FedEvolveConfig::NAME,
+            Self::FedEvp(_) => FedEvpConfig::NAME,
+            Self::FedTa(_) => FedTaConfig::NAME,
+        }
+    }
+
+    /// The method's registry entry.
+    pub fn info(&self) -> &'static MethodInfo {
+        info(self.name()).expect("every config variant is registered (checked by a test)")
+    }
+}
+
+/// FedTA's block names on the wire, for both halves.
+pub mod fedta_blocks {
+    /// The input-enhancement pool: keys `[M, D]` and sets `[M, set_len]`.
+    pub const IE_PREFIX: &str = "ie.";
+    pub const IE_KEYS: &str = "ie.keys";
+    pub const IE_SETS: &str = "ie.sets";
+    /// A shared tail (`share_tail`): anchor keys `[A, D]` and values `[A, V]`, and the head.
+    pub const TAIL_PREFIX: &str = "tail.";
+    pub const TAIL_KEYS: &str = "tail.keys";
+    pub const TAIL_VALUES: &str = "tail.values";
+    pub const TAIL_HEAD_WEIGHT: &str = "tail.head.weight";
+    pub const TAIL_HEAD_BIAS: &str = "tail.head.bias";
+    /// Beside a shared tail: how many of the client's samples took each anchor in the round `[A]`
+    /// (the server averages each anchor over the clients that trained it, and drops this block).
+    pub const TAIL_TRAINED: &str = "tail.trained";
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::string::ToString;
+
+    use super::*;
+
+    fn parse(text: &str) -> Result<MethodConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    #[test]
+    fn every_method_is_registered_once_and_round_trips() {
+        for (i, m) in REGISTRY.iter().enumerate() {
+            assert!(REGISTRY[..i].iter().all(|o| o.name != m.name), "{} registered twice", m.name);
+            let config = (m.defaults)();
+            assert_eq!(config.name(), m.name);
+            assert_eq!(config.info().name, m.name);
+            let text = toml::to_string(&config).unwrap();
+            assert!(text.starts_with(&alloc::format!("name = \"{}\"", m.name)), "{text}");
+            assert_eq!(parse(&text).unwrap(), config);
+        }
+        assert_eq!(MethodConfig::named("nope"), None);
+    }
+
+    #[test]
+    fn a_table_sets_its_methods_keys_only() {
+        let gldp = parse("name = \"gldp\"\nbeta = 0.9\nprediction = \"local\"").unwrap();
+        let MethodConfig::Gldp(c) = &gldp else { panic!("{gldp:?}") };
+        assert_eq!((c.beta, c.lambda, c.prediction), (0.9, 0.5, PrototypeSource::Local));
+
+        let error = parse("name = \"gldp\"\nie_pool = 4").unwrap_err().to_string();
+        assert!(error.contains("method `gldp`") && error.contains("unknown field `ie_pool`"), "{error}");
+        let error = parse("name = \"fedavgx\"").unwrap_err().to_string();
+        assert!(error.contains("unknown variant `fedavgx`") && error.contains("fedta"), "{error}");
+        let error = parse("name = \"fedprox\"\nmu = \"high\"").unwrap_err().to_string();
+        assert!(error.contains("method `fedprox`"), "{error}");
+    }
+}
