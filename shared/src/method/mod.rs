@@ -74,10 +74,10 @@ pub enum Shared {
     Net,
     /// The adapter (the representation), not the head.
     Body,
-    /// Class prototypes only (no parameter blocks).
-    Prototypes,
     /// The adapter and class prototypes.
     BodyAndPrototypes,
+    /// Every block of the trainable net and class prototypes.
+    NetAndPrototypes,
     /// The input-enhancement pool (`ie.*`) and class prototypes.
     PromptsAndPrototypes,
     /// Nothing: every client trains alone.
@@ -173,7 +173,7 @@ pub const REGISTRY: &[MethodInfo] = &[
     MethodInfo {
         name: "fedprok",
         paper: "FedProK (Gao et al.)",
-        shared: Shared::BodyAndPrototypes,
+        shared: Shared::NetAndPrototypes,
         personal: Personal::Nothing,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
@@ -182,7 +182,7 @@ pub const REGISTRY: &[MethodInfo] = &[
     MethodInfo {
         name: "fedevolve",
         paper: "FedEvolve (evolving shifts)",
-        shared: Shared::BodyAndPrototypes,
+        shared: Shared::NetAndPrototypes,
         personal: Personal::Nothing,
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: false,
@@ -191,7 +191,7 @@ pub const REGISTRY: &[MethodInfo] = &[
     MethodInfo {
         name: "fedevp",
         paper: "FedEvp (evolving shifts)",
-        shared: Shared::BodyAndPrototypes,
+        shared: Shared::NetAndPrototypes,
         personal: Personal::Head,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
