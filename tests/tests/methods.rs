@@ -44,7 +44,6 @@ learning_rate = 0.003
 seed = 11
 [method]
 name = "{method}"
-temperature = 1.0
 [model]
 backbone = "embedded"
 hidden = [64]
