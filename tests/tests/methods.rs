@@ -113,6 +113,11 @@ fn fedavg() {
 }
 
 #[test]
+fn fedavgm() {
+    check("fedavgm", false, ADAPTER_BYTES + HEAD_BYTES);
+}
+
+#[test]
 fn fedprox() {
     check("fedprox", false, ADAPTER_BYTES + HEAD_BYTES);
 }

@@ -59,7 +59,8 @@ fn squared_drift(net: &Net, global: &Net) -> Tensor<1> {
 impl Baseline {
     pub fn new(ctx: MethodContext, config: &MethodConfig) -> Result<Self, TrainError> {
         let kind = match config {
-            MethodConfig::FedAvg(_) => Kind::FedAvg,
+            // FedAvgM's difference is on the server (momentum): its clients train as FedAvg's.
+            MethodConfig::FedAvg(_) | MethodConfig::FedAvgM(_) => Kind::FedAvg,
             MethodConfig::FedProx(c) => Kind::FedProx { mu: c.mu },
             MethodConfig::FedRep(c) => Kind::FedRep { personal_epochs: c.personal_epochs },
             MethodConfig::Local(_) => Kind::Local,

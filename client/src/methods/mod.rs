@@ -181,9 +181,11 @@ impl<M: ClientMethod> ClientMethod for BatchCap<M> {
 /// The client half of `method`, on `context`.
 pub fn build(method: &MethodConfig, context: MethodContext) -> Result<Box<dyn ClientMethod>, TrainError> {
     Ok(match method {
-        MethodConfig::FedAvg(_) | MethodConfig::FedProx(_) | MethodConfig::FedRep(_) | MethodConfig::Local(_) => {
-            Box::new(Baseline::new(context, method)?)
-        }
+        MethodConfig::FedAvg(_)
+        | MethodConfig::FedAvgM(_)
+        | MethodConfig::FedProx(_)
+        | MethodConfig::FedRep(_)
+        | MethodConfig::Local(_) => Box::new(Baseline::new(context, method)?),
         MethodConfig::Gldp(c) => Box::new(GldpClient::new(context, c.clone())),
         MethodConfig::FedProK(c) => Box::new(FedProKClient::new(context, c.clone())),
         MethodConfig::FedEvolve(c) => Box::new(FedEvolveClient::new(context, c.clone())),

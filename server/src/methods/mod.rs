@@ -3,6 +3,7 @@
 //! match on [`MethodConfig`] (CONTRIBUTING.md, "Add a method").
 
 mod fedavg;
+mod fedavgm;
 mod fedta;
 mod prototypes;
 
@@ -11,6 +12,7 @@ use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::ParamBlock;
 
 pub use fedavg::{FedAvg, LocalOnly, average_blocks};
+pub use fedavgm::FedAvgM;
 pub use fedta::{Distilled, FedTaServer, IeAggregation, InputDistiller};
 pub use prototypes::{PrototypeMethod, PrototypeRule, uploaded_prototypes};
 
@@ -111,6 +113,7 @@ pub fn build_with(config: &MethodConfig, parts: Parts) -> Box<dyn ServerMethod> 
     let name = config.name();
     match config {
         MethodConfig::FedAvg(_) | MethodConfig::FedProx(_) | MethodConfig::FedRep(_) => Box::new(FedAvg::named(name)),
+        MethodConfig::FedAvgM(c) => Box::new(FedAvgM::new(c.clone())),
         MethodConfig::Local(_) => Box::new(LocalOnly),
         MethodConfig::Gldp(c) => Box::new(PrototypeMethod::new(name, PrototypeRule::Fuse { beta: c.beta })),
         MethodConfig::FedProK(c) => Box::new(PrototypeMethod::new(name, PrototypeRule::Fuse { beta: c.beta })),

@@ -27,6 +27,22 @@ pub enum PrototypeSource {
 #[serde(default, deny_unknown_fields)]
 pub struct FedAvgConfig {}
 
+/// FedAvgM (Hsu et al. 2019): FedAvg's mean applied as a pseudo-gradient with server momentum.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedAvgMConfig {
+    /// η, the server's step along the velocity (1 with no momentum is FedAvg).
+    pub server_learning_rate: f32,
+    /// β, the velocity's momentum.
+    pub server_momentum: f32,
+}
+
+impl Default for FedAvgMConfig {
+    fn default() -> Self {
+        Self { server_learning_rate: 1.0, server_momentum: 0.9 }
+    }
+}
+
 /// Local training only: no hyperparameters beyond the round's.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -20,6 +20,8 @@ pub use configs::*;
 pub enum MethodConfig {
     #[serde(rename = "fedavg", deserialize_with = "checked")]
     FedAvg(FedAvgConfig),
+    #[serde(rename = "fedavgm", deserialize_with = "checked")]
+    FedAvgM(FedAvgMConfig),
     #[serde(rename = "fedprox", deserialize_with = "checked")]
     FedProx(FedProxConfig),
     #[serde(rename = "fedrep", deserialize_with = "checked")]
@@ -57,6 +59,7 @@ macro_rules! params {
 
 params!(
     FedAvgConfig => "fedavg",
+    FedAvgMConfig => "fedavgm",
     FedProxConfig => "fedprox",
     FedRepConfig => "fedrep",
     LocalConfig => "local",
@@ -133,6 +136,15 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         defaults: || MethodConfig::FedAvg(FedAvgConfig::default()),
+    },
+    MethodInfo {
+        name: "fedavgm",
+        paper: "Hsu et al. 2019",
+        shared: Shared::Net,
+        personal: Personal::Nothing,
+        predicts_with: Prediction::Head,
+        reads_raw_samples: false,
+        defaults: || MethodConfig::FedAvgM(FedAvgMConfig::default()),
     },
     MethodInfo {
         name: "fedprox",
@@ -249,6 +261,7 @@ impl MethodConfig {
     pub fn name(&self) -> &'static str {
         match self {
             Self::FedAvg(_) => FedAvgConfig::NAME,
+            Self::FedAvgM(_) => FedAvgMConfig::NAME,
             Self::FedProx(_) => FedProxConfig::NAME,
             Self::FedRep(_) => FedRepConfig::NAME,
             Self::Local(_) => LocalConfig::NAME,
