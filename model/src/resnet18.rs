@@ -9,13 +9,14 @@
 use std::path::Path;
 
 use burn::module::Module;
-use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
+use burn::nn::conv::Conv2d;
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use burn_store::PyTorchToBurnAdapter;
 
 use super::input::InputTransform;
+use super::resnet_parts::{basic_layers, conv, global_average_pool, residual_path};
 use super::weights::{Import, WeightError, load_safetensors};
 
 /// Classes and width of a ResNet-18.
@@ -57,16 +58,6 @@ impl ResNet18Config {
     }
 }
 
-/// A bias-free convolution: 3×3 padded by 1, 1×1 unpadded.
-fn conv(c_in: usize, c_out: usize, k: usize, stride: usize, device: &Device) -> Conv2d {
-    let padding = if k == 3 { PaddingConfig2d::Explicit(1, 1, 1, 1) } else { PaddingConfig2d::Valid };
-    Conv2dConfig::new([c_in, c_out], [k, k])
-        .with_stride([stride, stride])
-        .with_padding(padding)
-        .with_bias(false)
-        .init(device)
-}
-
 /// The projection shortcut: 1×1 convolution (file `shortcut.0`) and BatchNorm (`shortcut.1`).
 #[derive(Module, Debug)]
 pub struct Projection {
@@ -91,18 +82,12 @@ impl BasicBlock {
             conv: conv(c_in, c_out, 1, stride, device),
             bn: BatchNormConfig::new(c_out).init(device),
         });
-        Self {
-            conv1: conv(c_in, c_out, 3, stride, device),
-            bn1: BatchNormConfig::new(c_out).init(device),
-            conv2: conv(c_out, c_out, 3, 1, device),
-            bn2: BatchNormConfig::new(c_out).init(device),
-            shortcut,
-        }
+        let (conv1, bn1, conv2, bn2) = basic_layers(c_in, c_out, stride, device);
+        Self { conv1, bn1, conv2, bn2, shortcut }
     }
 
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(self.bn1.forward(self.conv1.forward(x.clone())));
-        let out = self.bn2.forward(self.conv2.forward(out));
+        let out = residual_path(&self.conv1, &self.bn1, &self.conv2, &self.bn2, x.clone());
         let shortcut = match &self.shortcut {
             Some(p) => p.bn.forward(p.conv.forward(x)),
             None => x,
@@ -149,8 +134,7 @@ impl ResNet18 {
         for block in self.layer1.iter().chain(&self.layer2).chain(&self.layer3).chain(&self.layer4) {
             x = block.forward(x);
         }
-        let [n, c, _, _] = x.dims();
-        x.mean_dims(&[2, 3]).reshape([n, c])
+        global_average_pool(x)
     }
 
     /// Logits `[n, classes]` of normalised images.

@@ -6,14 +6,15 @@
 use std::path::Path;
 
 use burn::module::Module;
-use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
+use burn::nn::conv::Conv2d;
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::ops::PadMode;
 use burn::tensor::{Device, Slice, Tensor};
 use burn_store::PyTorchToBurnAdapter;
 
 use super::input::InputTransform;
+use super::resnet_parts::{basic_layers, conv, global_average_pool, residual_path};
 use super::weights::{Import, WeightError, load_safetensors};
 
 /// Depth and classes of a CIFAR ResNet (depth = 6n + 2).
@@ -48,7 +49,7 @@ impl ResNetCifarConfig {
                 .collect()
         };
         ResNetCifar {
-            conv1: conv3x3(3, 16, 1, device),
+            conv1: conv(3, 16, 3, 1, device),
             bn1: BatchNormConfig::new(16).init(device),
             layer1: stage(16, 16, 1),
             layer2: stage(16, 32, 2),
@@ -56,14 +57,6 @@ impl ResNetCifarConfig {
             linear: LinearConfig::new(64, self.num_classes).init(device),
         }
     }
-}
-
-fn conv3x3(c_in: usize, c_out: usize, stride: usize, device: &Device) -> Conv2d {
-    Conv2dConfig::new([c_in, c_out], [3, 3])
-        .with_stride([stride, stride])
-        .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
-        .with_bias(false)
-        .init(device)
 }
 
 /// Two 3×3 convolutions with BatchNorm and an option-A shortcut.
@@ -80,19 +73,12 @@ pub struct BasicBlock {
 
 impl BasicBlock {
     fn new(c_in: usize, c_out: usize, stride: usize, device: &Device) -> Self {
-        Self {
-            conv1: conv3x3(c_in, c_out, stride, device),
-            bn1: BatchNormConfig::new(c_out).init(device),
-            conv2: conv3x3(c_out, c_out, 1, device),
-            bn2: BatchNormConfig::new(c_out).init(device),
-            pad_channels: (c_out - c_in) / 2,
-            stride,
-        }
+        let (conv1, bn1, conv2, bn2) = basic_layers(c_in, c_out, stride, device);
+        Self { conv1, bn1, conv2, bn2, pad_channels: (c_out - c_in) / 2, stride }
     }
 
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(self.bn1.forward(self.conv1.forward(x.clone())));
-        let out = self.bn2.forward(self.conv2.forward(out));
+        let out = residual_path(&self.conv1, &self.bn1, &self.conv2, &self.bn2, x.clone());
         let shortcut = if self.stride == 1 && self.pad_channels == 0 {
             x
         } else {
@@ -144,8 +130,7 @@ impl ResNetCifar {
         for block in self.layer1.iter().chain(&self.layer2).chain(&self.layer3) {
             x = block.forward(x);
         }
-        let [n, c, _, _] = x.dims();
-        x.mean_dims(&[2, 3]).reshape([n, c])
+        global_average_pool(x)
     }
 
     /// Logits `[n, classes]` of normalised images.

@@ -142,14 +142,13 @@ impl ClientMethod for FedEvolveClient {
     }
 
     fn num_samples(&self) -> u64 {
-        self.ctx.stream.seen(self.task).iter().map(|t| t.train.len() as u64).sum()
+        self.ctx.stream.seen_samples(self.task)
     }
 
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         self.task = broadcast.task;
-        let domains: Vec<TaskData> =
-            self.ctx.stream.seen(broadcast.task).iter().filter(|t| !t.train.is_empty()).cloned().collect();
-        let last = domains.last().ok_or(TrainError::NoData)?.clone();
+        let domains = self.ctx.stream.seen_training(broadcast.task)?;
+        let last = domains[domains.len() - 1].clone();
         let started = Instant::now();
         let device = self.ctx.device.clone();
         let mut maps = Maps::new(&self.ctx, &device).load_blocks(&broadcast.blocks, &device)?;

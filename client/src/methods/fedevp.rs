@@ -17,7 +17,7 @@ use std::time::Instant;
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::prototype_rules::{ClassMean, evolving_prototype};
 use anchorage_shared::rng::Rng;
-use anchorage_shared::tensor::{Encoding, ParamBlock};
+use anchorage_shared::tensor::ParamBlock;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
@@ -91,14 +91,13 @@ impl ClientMethod for FedEvpClient {
     }
 
     fn num_samples(&self) -> u64 {
-        self.ctx.stream.seen(self.task).iter().map(|t| t.train.len() as u64).sum()
+        self.ctx.stream.seen_samples(self.task)
     }
 
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         self.task = broadcast.task;
-        let domains: Vec<TaskData> =
-            self.ctx.stream.seen(broadcast.task).iter().filter(|t| !t.train.is_empty()).cloned().collect();
-        let last = domains.last().ok_or(TrainError::NoData)?.clone();
+        let domains = self.ctx.stream.seen_training(broadcast.task)?;
+        let last = domains[domains.len() - 1].clone();
         let started = Instant::now();
         let device = self.ctx.device.clone();
         let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
@@ -155,11 +154,10 @@ impl ClientMethod for FedEvpClient {
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
-        Ok(Net::new(&self.ctx.net, &self.ctx.device).to_blocks(Encoding::F32)?)
+        self.ctx.initial_net_blocks()
     }
 
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
-        let net = self.ctx.global_net(broadcast)?;
-        Ok(accuracy(&net, test, 1024))
+        self.ctx.global_net_accuracy(broadcast, test)
     }
 }

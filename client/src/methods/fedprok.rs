@@ -15,7 +15,7 @@ use std::time::Instant;
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::prototype_rules::{ClassMean, nearest_by_cosine};
 use anchorage_shared::rng::Rng;
-use anchorage_shared::tensor::{Encoding, ParamBlock};
+use anchorage_shared::tensor::ParamBlock;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -99,7 +99,7 @@ impl ClientMethod for FedProKClient {
 
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         self.task = broadcast.task;
-        let data = self.ctx.stream.current(broadcast.task).filter(|t| !t.train.is_empty()).ok_or(TrainError::NoData)?;
+        let data = self.ctx.stream.training(broadcast.task)?;
         let (train, current) = (data.train.clone(), data.classes.clone());
         let started = Instant::now();
         let device = self.ctx.device.clone();
@@ -150,12 +150,11 @@ impl ClientMethod for FedProKClient {
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
-        Ok(Net::new(&self.ctx.net, &self.ctx.device).to_blocks(Encoding::F32)?)
+        self.ctx.initial_net_blocks()
     }
 
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
-        let net = self.ctx.global_net(broadcast)?;
-        Ok(accuracy(&net, test, 1024))
+        self.ctx.global_net_accuracy(broadcast, test)
     }
 }
 

@@ -160,7 +160,7 @@ impl ClientMethod for GldpClient {
 
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         self.task = broadcast.task;
-        let data = self.ctx.stream.current(broadcast.task).filter(|t| !t.train.is_empty()).ok_or(TrainError::NoData)?;
+        let data = self.ctx.stream.training(broadcast.task)?;
         let train = data.train.clone();
         let started = Instant::now();
         let device = self.ctx.device.clone();

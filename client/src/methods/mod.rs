@@ -133,6 +133,17 @@ impl MethodContext {
 }
 
 impl MethodContext {
+    /// Every block of the seeded net: the initial model of a method that shares the whole net.
+    pub fn initial_net_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
+        use anchorage_model::BlockLayout;
+        Ok(anchorage_model::Net::new(&self.net, &self.device).to_blocks(Encoding::F32)?)
+    }
+
+    /// Accuracy of the global net's head on `test` (the methods that predict with it).
+    pub fn global_net_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        Ok(anchorage_model::train::accuracy(&self.global_net(broadcast)?, test, 1024))
+    }
+
     /// The seeded net with the broadcast's (shared) blocks loaded: the global model.
     pub fn global_net(&self, broadcast: &Broadcast) -> Result<anchorage_model::Net, TrainError> {
         use anchorage_model::BlockLayout;

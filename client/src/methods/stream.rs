@@ -91,6 +91,23 @@ impl TaskStream {
         }
     }
 
+    /// The task a round of task `task` trains on, when it holds training samples.
+    pub fn training(&self, task: u32) -> Result<&TaskData, super::TrainError> {
+        self.current(task).filter(|t| !t.train.is_empty()).ok_or(super::TrainError::NoData)
+    }
+
+    /// Every seen task that holds training samples (FedEvolve's and FedEvp's source domains),
+    /// never empty.
+    pub fn seen_training(&self, task: u32) -> Result<Vec<TaskData>, super::TrainError> {
+        let seen: Vec<TaskData> = self.seen(task).iter().filter(|t| !t.train.is_empty()).cloned().collect();
+        if seen.is_empty() { Err(super::TrainError::NoData) } else { Ok(seen) }
+    }
+
+    /// Training samples of every seen task.
+    pub fn seen_samples(&self, task: u32) -> u64 {
+        self.seen(task).iter().map(|t| t.train.len() as u64).sum()
+    }
+
     /// Training samples of the current task.
     pub fn current_samples(&self, task: u32) -> u64 {
         self.current(task).map_or(0, |t| t.train.len() as u64)

@@ -16,7 +16,9 @@ use std::collections::HashSet;
 use anchorage_shared::rng::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::split::{ClientSplit, FederatedSplit, TaskSplit, by_class, chunks, class_permutation, deal, test_of};
+use super::split::{
+    ClientSplit, FederatedSplit, TaskSplit, by_class, chunks, class_incremental_tasks, class_permutation, deal, test_of,
+};
 use crate::DataError;
 
 /// Synchronous FCIL.
@@ -116,17 +118,7 @@ pub fn fedprok_async(
     for (i, own) in owned.iter().enumerate() {
         let mut order: Vec<u32> = own.iter().map(|(k, _)| *k).collect();
         Rng::derive(seed, 0xA5_0000 + i as u64).shuffle(&mut order);
-        let tasks = chunks(&order, cfg.tasks.min(order.len().max(1)))
-            .into_iter()
-            .map(|classes| {
-                let mut train: Vec<usize> =
-                    own.iter().filter(|(k, _)| classes.contains(k)).flat_map(|(_, v)| v.iter().copied()).collect();
-                train.sort_unstable();
-                let test = test_of(&test_by, &classes, &HashSet::new());
-                TaskSplit { classes, train, local_test: Vec::new(), test }
-            })
-            .collect();
-        clients.push(ClientSplit { tasks });
+        clients.push(class_incremental_tasks(own, &order, cfg.tasks.min(order.len().max(1)), &test_by));
     }
     Ok(FederatedSplit { clients, surrogate: Vec::new() })
 }

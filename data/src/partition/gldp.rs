@@ -14,13 +14,11 @@
 //!
 //! Test sets: every stage gets the test-pool samples of its classes.
 
-use std::collections::HashSet;
-
 use anchorage_shared::rng::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::long_tail::long_tail;
-use super::split::{ClientSplit, FederatedSplit, TaskSplit, apportion, by_class, chunks, test_of};
+use super::split::{FederatedSplit, apportion, by_class, class_incremental_tasks};
 use crate::DataError;
 
 /// `[N, S, M]` and the long tail.
@@ -117,17 +115,7 @@ pub fn gldp(
         }
         let mut order: Vec<u32> = cl.clone();
         Rng::derive(seed, 0x61D9_0000 + i as u64).shuffle(&mut order);
-        let tasks = chunks(&order, m)
-            .into_iter()
-            .map(|classes| {
-                let mut train: Vec<usize> =
-                    mine.iter().filter(|(k, _)| classes.contains(k)).flat_map(|(_, v)| v.iter().copied()).collect();
-                train.sort_unstable();
-                let test = test_of(&test_by, &classes, &HashSet::new());
-                TaskSplit { classes, train, local_test: Vec::new(), test }
-            })
-            .collect();
-        clients.push(ClientSplit { tasks });
+        clients.push(class_incremental_tasks(&mine, &order, m, &test_by));
     }
     Ok(FederatedSplit { clients, surrogate: Vec::new() })
 }

@@ -237,6 +237,28 @@ pub(crate) fn train_local_split(
     (train, test)
 }
 
+/// A client's class-incremental tasks (GLDP's stages, FedProK's tasks): its `owned` classes with
+/// their training indices, in `order`, cut into `tasks` chunks; each task trains on its classes'
+/// indices (sorted) and is tested on their whole test pool.
+pub(crate) fn class_incremental_tasks(
+    owned: &[(u32, Vec<usize>)],
+    order: &[u32],
+    tasks: usize,
+    test_by_class: &[Vec<usize>],
+) -> ClientSplit {
+    let tasks = chunks(order, tasks)
+        .into_iter()
+        .map(|classes| {
+            let mut train: Vec<usize> =
+                owned.iter().filter(|(k, _)| classes.contains(k)).flat_map(|(_, v)| v.iter().copied()).collect();
+            train.sort_unstable();
+            let test = test_of(test_by_class, &classes, &HashSet::new());
+            TaskSplit { classes, train, local_test: Vec::new(), test }
+        })
+        .collect();
+    ClientSplit { tasks }
+}
+
 /// Cuts `classes` into `n` consecutive chunks of near-equal size (earlier chunks get the remainder).
 pub(crate) fn chunks(classes: &[u32], n: usize) -> Vec<Vec<u32>> {
     let (q, r) = (classes.len() / n.max(1), classes.len() % n.max(1));
