@@ -137,13 +137,8 @@ enum CaCommand {
         /// A DNS name (or IP address) the server is reached by; repeat for more.
         #[arg(long = "name")]
         names: Vec<String>,
-        #[arg(long, default_value_t = anchorage_sim::provision::DEFAULT_DAYS)]
-        days: u32,
-        /// The site folder (default: ./<id>).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        #[arg(long, default_value = "ca")]
-        dir: PathBuf,
+        #[command(flatten)]
+        site: SiteArgs,
     },
     /// Revokes every certificate of an id and rewrites the CA's revoked.crl.
     Revoke {
@@ -167,14 +162,21 @@ enum CaCommand {
         /// A server's DNS names (default: those of the certificate now in --out).
         #[arg(long = "name")]
         names: Vec<String>,
-        #[arg(long, default_value_t = anchorage_sim::provision::DEFAULT_DAYS)]
-        days: u32,
-        /// The site folder (default: ./<id>).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        #[arg(long, default_value = "ca")]
-        dir: PathBuf,
+        #[command(flatten)]
+        site: SiteArgs,
     },
+}
+
+/// Where a certificate goes and for how long (`anchorage ca issue` and `renew`).
+#[derive(Args)]
+struct SiteArgs {
+    #[arg(long, default_value_t = anchorage_sim::provision::DEFAULT_DAYS)]
+    days: u32,
+    /// The site folder (default: ./<id>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long, default_value = "ca")]
+    dir: PathBuf,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -360,7 +362,7 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
                 dir.display()
             );
         }
-        CaCommand::Issue { kind, id, names, days, out, dir } => {
+        CaCommand::Issue { kind, id, names, site: SiteArgs { days, out, dir } } => {
             let mut ca = ProjectCa::open(&dir)?;
             let kind = match kind {
                 KindArg::Server => Kind::Server,
@@ -388,7 +390,7 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
             );
         }
         CaCommand::List { dir } => print!("{}", provision::list_table(ProjectCa::open(&dir)?.issued())),
-        CaCommand::Renew { id, names, days, out, dir } => {
+        CaCommand::Renew { id, names, site: SiteArgs { days, out, dir } } => {
             let mut ca = ProjectCa::open(&dir)?;
             let out = site(out, &id);
             let issued = provision::renew(&mut ca, &id, &names, days, &out)?;
