@@ -13,6 +13,7 @@ pub mod backbone;
 pub mod blocks;
 pub mod cache;
 pub mod input;
+mod linear;
 pub(crate) mod mlp;
 pub mod mobilenet_v2;
 pub mod net;

@@ -11,7 +11,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::mlp::{init_linear, linear_from};
+use super::linear::{init_linear, linear_from};
 
 /// Sizes and seed of a [`Net`]. Every client and the server derive identical initial weights from it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

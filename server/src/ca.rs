@@ -12,7 +12,6 @@
 //! with the operator), `issued.json` (what was issued and revoked), `revoked.crl`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::Context;
 use rcgen::{
@@ -21,10 +20,9 @@ use rcgen::{
     SerialNumber,
 };
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use rustls::server::danger::ClientCertVerifier;
 use serde::{Deserialize, Serialize};
 
-use crate::tls::{Identity, provider, write_private};
+use crate::tls::{Identity, write_private};
 
 pub const CA_CERT: &str = "ca.der";
 pub const CA_KEY: &str = "ca.key";
@@ -310,22 +308,6 @@ pub fn revoked_serials(crl: &[u8]) -> anyhow::Result<std::collections::BTreeSet<
     Ok(crl.iter_revoked_certificates().map(|r| serial_hex(r.raw_serial())).collect())
 }
 
-/// Mutual TLS: accepts only client certificates chained to `ca`, in their validity period, and
-/// not on `crl`.
-pub fn client_verifier(
-    ca: &CertificateDer<'static>,
-    crl: Option<CertificateRevocationListDer<'static>>,
-) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).context("the project CA certificate")?;
-    let builder = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
-    let builder = match crl {
-        Some(crl) => builder.with_crls([crl]),
-        None => builder,
-    };
-    builder.build().context("building the client certificate verifier")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,6 +339,6 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join(CA_KEY)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "the CA key is private");
-        client_verifier(ca.cert(), Some(CertificateRevocationListDer::from(crl))).unwrap();
+        crate::tls::client_verifier(ca.cert(), Some(CertificateRevocationListDer::from(crl))).unwrap();
     }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::danger::ClientCertVerifier;
 
 /// ALPN protocol id of Anchorage v1.
@@ -59,7 +59,7 @@ impl Trust {
     ) -> anyhow::Result<rustls::ServerConfig> {
         match self {
             Self::InsecureDev => server_crypto(identity, None),
-            Self::ProjectCa { ca, .. } => server_crypto(identity, Some(crate::ca::client_verifier(ca, crl)?)),
+            Self::ProjectCa { ca, .. } => server_crypto(identity, Some(client_verifier(ca, crl)?)),
         }
     }
 }
@@ -163,6 +163,22 @@ fn warn_if_readable_by_others(path: &Path) {
     {
         tracing::warn!(key = %path.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "a private key is readable by other users; chmod 600 it");
     }
+}
+
+/// Mutual TLS: accepts only client certificates chained to `ca`, in their validity period, and
+/// not on `crl`.
+pub fn client_verifier(
+    ca: &CertificateDer<'static>,
+    crl: Option<CertificateRevocationListDer<'static>>,
+) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).context("the project CA certificate")?;
+    let builder = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+    let builder = match crl {
+        Some(crl) => builder.with_crls([crl]),
+        None => builder,
+    };
+    builder.build().context("building the client certificate verifier")
 }
 
 /// Server-side rustls config. `client_verifier` is `None` for server-only authentication.

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::{AccuracyRow, CLIENTS_MEAN, SELECTED_MEAN, accuracy_matrix, final_average};
+use crate::accuracy::{AccuracyRow, CLIENTS_MEAN, SELECTED_MEAN, accuracy_matrix, final_average};
 
 /// A task accuracy matrix: rows "after task t", columns "test task k".
 pub type Matrix = Vec<Vec<Option<f64>>>;

@@ -37,8 +37,8 @@ use anyhow::Context;
 use burn::tensor::Device;
 use serde_json::json;
 
+use crate::config::SimConfig;
 use crate::device::Charge;
-use crate::run::SimConfig;
 use crate::setup::{Setup, client_id};
 
 /// What [`export`] wrote.

@@ -30,9 +30,10 @@ use anchorage_server::transport::{self as server_transport, Limits, ServerEvent,
 use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 
+use crate::config::SimConfig;
 use crate::device::{Charge, ComputePool};
-use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round, write_run_folder};
-use crate::run::{SimConfig, SimResult, device_options};
+use crate::record::{RoundRow, RunSummary, SimResult, SummaryInputs, initial_of, write_run_folder};
+use crate::run::device_options;
 use crate::setup::Setup;
 
 /// The clients of shard `index` of `of`: contiguous, sizes differing by at most one.
@@ -136,7 +137,7 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         store: Some(store),
     })
     .await?;
-    let initial_accuracy = crate::run::initial_of(&evaluator.evaluate(&initial, &[], 0)?);
+    let initial_accuracy = initial_of(&evaluator.evaluate(&initial, &[], 0)?);
     let scenario = out.join("fleet.toml");
     std::fs::write(&scenario, toml::to_string_pretty(&config)?)
         .with_context(|| format!("writing {}", scenario.display()))?;
@@ -177,7 +178,7 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         match event {
             Some(ServerEvent::RoundClosed { report, checkpoint }) => {
                 let task = schedule.task_of(report.round);
-                let (acc, rows) = evaluate_round(&evaluator, &report, &checkpoint, task)?;
+                let (acc, rows) = evaluator.evaluate_round(&report, &checkpoint, task)?;
                 accuracy_rows.extend(rows);
                 if progress {
                     println!(

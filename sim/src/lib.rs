@@ -4,7 +4,9 @@
 //! file and no network: procedural synthetic images made in code, Dirichlet label skew over the
 //! clients, FedAvg of a trainable adapter and head on a frozen backbone.
 
+pub mod accuracy;
 pub mod compare;
+pub mod config;
 pub mod continual;
 pub mod device;
 pub mod export;
@@ -22,5 +24,7 @@ mod setup;
 pub mod sweep;
 pub mod virtual_clock;
 
+pub use config::{Attack, ClientLink, Clock, KillAt, LinkShare, SimConfig};
+pub use record::SimResult;
 pub use record::{RoundRow, RunStatus, RunSummary, claim_run_folder, percent, run_folder_name, write_run_folder};
-pub use run::{Attack, ClientLink, Clock, KillAt, LinkShare, SimConfig, SimResult, run, run_on_clock, run_recorded};
+pub use run::{run, run_on_clock, run_recorded};

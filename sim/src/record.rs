@@ -6,8 +6,8 @@ use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use crate::accuracy::{AccuracyRow, SELECTED_PREFIX};
 use crate::continual::ContinualMetrics;
-use crate::report::{AccuracyRow, SELECTED_PREFIX};
 
 /// One round as the results table shows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -108,7 +108,7 @@ impl Default for LocalEval {
 }
 
 impl LocalEval {
-    pub fn of(config: &crate::run::SimConfig) -> Self {
+    pub fn of(config: &crate::config::SimConfig) -> Self {
         let fraction = config.eval_fraction.clamp(0.0, 1.0);
         Self { every: config.eval_every.max(1), fraction, sampled: fraction < 1.0 }
     }
@@ -144,6 +144,31 @@ pub struct SummaryInputs {
     pub decode_errors: u64,
     pub wall_seconds: f64,
     pub local_eval: LocalEval,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct SimResult {
+    pub summary: RunSummary,
+    pub ledger: Vec<CostRecord>,
+    /// Round reports from the server, in order.
+    pub reports: Vec<anchorage_server::RoundReport>,
+    pub run_dir: Option<PathBuf>,
+    /// Per client, the counters of its modelled link (`None`: unshaped).
+    pub link_stats: Vec<Option<crate::network::DuplexStats>>,
+    /// The accuracy records (global and local models per test task, per round).
+    pub accuracy: Vec<AccuracyRow>,
+}
+
+/// The initial accuracy of the global model: the mean over the tasks evaluated, NaN when the
+/// method has no global model before its first round.
+pub fn initial_of(global: &[(u32, f64)]) -> f64 {
+    if global.is_empty() { f64::NAN } else { mean_accuracy(global) }
+}
+
+/// The mean of per-task accuracies (the average accuracy of the seen tasks); 0 for none.
+pub fn mean_accuracy(accuracies: &[(u32, f64)]) -> f64 {
+    if accuracies.is_empty() { 0.0 } else { accuracies.iter().map(|(_, a)| a).sum::<f64>() / accuracies.len() as f64 }
 }
 
 #[cfg(test)]
@@ -221,24 +246,11 @@ pub fn accuracy_records(report: &anchorage_server::RoundReport, task: u32, globa
     out
 }
 
-/// Evaluates the global model a round closed with (on the test data of the tasks seen by `task`)
-/// and returns the round's headline accuracy and its accuracy records.
-pub fn evaluate_round(
-    evaluator: &crate::setup::Evaluator,
-    report: &anchorage_server::RoundReport,
-    checkpoint: &anchorage_server::engine::Checkpoint,
-    task: u32,
-) -> anyhow::Result<(f64, Vec<AccuracyRow>)> {
-    let global = evaluator.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
-    let rows = accuracy_records(report, task, &global);
-    Ok((round_accuracy(&global, &rows), rows))
-}
-
 /// The round's headline accuracy: the global model's mean over the seen tasks, or the clients'
 /// local models' mean where the method has no global predictor (Local-only, FedRep).
 pub fn round_accuracy(global: &[(u32, f64)], rows: &[AccuracyRow]) -> f64 {
     if !global.is_empty() {
-        return crate::setup::mean_accuracy(global);
+        return mean_accuracy(global);
     }
     let local: Vec<f64> = rows.iter().filter(|r| r.is_client()).map(|r| r.accuracy).collect();
     if local.is_empty() { 0.0 } else { local.iter().sum::<f64>() / local.len() as f64 }
@@ -410,7 +422,7 @@ pub fn write_tables(
     ledger: &[CostRecord],
     accuracy: &[AccuracyRow],
 ) -> anyhow::Result<()> {
-    write_csv(&dir.join(crate::report::ACCURACY_FILE), &ACCURACY_HEADER_FIELDS, accuracy)?;
+    write_csv(&dir.join(crate::accuracy::FILE), &ACCURACY_HEADER_FIELDS, accuracy)?;
     write_csv(&dir.join(ROUNDS_FILE), &ROUNDS_HEADER, &summary.rounds)?;
     let header: Vec<&str> = anchorage_shared::ledger::CSV_HEADER.split(',').collect();
     write_csv(&dir.join(LEDGER_CSV_FILE), &header, ledger)?;

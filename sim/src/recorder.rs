@@ -21,9 +21,9 @@ use anyhow::Context;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
+use crate::accuracy::AccuracyRow;
+use crate::config::SimConfig;
 use crate::record::{RoundRow, RunStatus, RunSummary, SummaryInputs, human_bytes};
-use crate::report::AccuracyRow;
-use crate::run::SimConfig;
 
 /// How the run talks to its terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -398,7 +398,7 @@ impl RunFolder {
             dir: dir.to_path_buf(),
             rounds: open(crate::record::ROUNDS_FILE)?,
             ledger: open(crate::record::LEDGER_CSV_FILE)?,
-            accuracy: open(crate::report::ACCURACY_FILE)?,
+            accuracy: open(crate::accuracy::FILE)?,
         };
         // Headers now, so a folder stopped before its first round still has readable tables.
         folder.rounds.write_record(crate::record::ROUNDS_HEADER)?;

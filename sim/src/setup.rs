@@ -19,8 +19,10 @@ use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
 use burn::tensor::Device;
 
+use crate::accuracy::AccuracyRow;
+use crate::config::SimConfig;
 use crate::device::{self, Charge, DeviceProfile, SimulatedDevice};
-use crate::run::SimConfig;
+use crate::record::{accuracy_records, round_accuracy};
 
 /// The federation a run simulates.
 pub struct Setup {
@@ -50,6 +52,19 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
+    /// Evaluates the global model a round closed with (on the test data of the tasks seen by
+    /// `task`) and returns the round's headline accuracy and its accuracy records.
+    pub fn evaluate_round(
+        &self,
+        report: &anchorage_server::RoundReport,
+        checkpoint: &anchorage_server::engine::Checkpoint,
+        task: u32,
+    ) -> anyhow::Result<(f64, Vec<AccuracyRow>)> {
+        let global = self.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
+        let rows = accuracy_records(report, task, &global);
+        Ok((round_accuracy(&global, &rows), rows))
+    }
+
     /// Global accuracy on the test data of every task seen by a round of `task` (or on the
     /// target), as `(test task, accuracy)`; methods without a global predictor give none.
     pub fn evaluate(
@@ -75,11 +90,6 @@ impl Evaluator {
         }
         Ok(out)
     }
-}
-
-/// The mean of per-task accuracies (the average accuracy of the seen tasks); 0 for none.
-pub fn mean_accuracy(accuracies: &[(u32, f64)]) -> f64 {
-    if accuracies.is_empty() { 0.0 } else { accuracies.iter().map(|(_, a)| a).sum::<f64>() / accuracies.len() as f64 }
 }
 
 /// Client ids as both clocks name them.

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::config::{Clock, SimConfig};
 use crate::record::{RunStatus, RunSummary, human_bytes, write_atomic};
 use crate::recorder::{Console, Recorder, StopFlag, StopReason};
-use crate::run::{Clock, SimConfig};
 
 /// The sweep's JSON summary in the sweep folder.
 pub const SWEEP_JSON: &str = "sweep.json";

@@ -18,12 +18,11 @@ use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::payload_bytes;
 use anyhow::Context;
 
+use crate::config::SimConfig;
 use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
-use crate::record::{RoundRow, RunSummary, SummaryInputs, evaluate_round};
+use crate::record::{RoundRow, RunSummary, SimResult, SummaryInputs, initial_of};
 use crate::recorder::Recorder;
-use crate::run::initial_of;
-use crate::run::{SimConfig, SimResult};
 use crate::setup::{Setup, client_id};
 
 /// Payload bytes a QUIC packet carries, and the bytes of headers, framing and AEAD tag around it
@@ -386,7 +385,7 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
                 Action::Persist(_) => {}
                 Action::RoundClosed(report, checkpoint) => {
                     let task = schedule.task_of(report.round);
-                    let (accuracy, new_rows) = evaluate_round(&evaluator, &report, &checkpoint, task)?;
+                    let (accuracy, new_rows) = evaluator.evaluate_round(&report, &checkpoint, task)?;
                     let row = RoundRow::from_report(&report, accuracy, &[]);
                     // A closed round's row waits for its acks (the wire bytes); an earlier one
                     // still waiting goes out now, with what it has.
@@ -441,7 +440,7 @@ struct LiveRows {
 
 struct Waiting {
     row: RoundRow,
-    accuracy: Vec<crate::report::AccuracyRow>,
+    accuracy: Vec<crate::accuracy::AccuracyRow>,
     acks: usize,
     closed_at: Duration,
 }
@@ -451,7 +450,7 @@ impl LiveRows {
         self.costs.entry(record.round).or_default().push(index);
     }
 
-    fn closed(&mut self, row: RoundRow, accuracy: Vec<crate::report::AccuracyRow>, acks: usize, at: Duration) {
+    fn closed(&mut self, row: RoundRow, accuracy: Vec<crate::accuracy::AccuracyRow>, acks: usize, at: Duration) {
         self.waiting.push_back(Waiting { row, accuracy, acks, closed_at: at });
     }
 

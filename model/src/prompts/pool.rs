@@ -16,7 +16,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use super::Enhancer;
 use super::keys::{Selection, key_pull};
 use crate::blocks::{load_tensor, tensor_block};
-use crate::mlp::{init_linear, linear_from};
+use crate::linear::{init_linear, linear_from};
 use crate::ops::index_tensor;
 use crate::{FeatureCache, ModelError};
 

@@ -2,12 +2,11 @@
 //! `metrics.json` and `ledger.json` (written by both clocks), and the task accuracy matrix from
 //! `accuracy.csv` when a continual run wrote one. Charts are SVG and PNG.
 
-mod accuracy;
 pub(crate) mod png;
 mod run_info;
 pub(crate) mod svg;
 
-pub use accuracy::{
+pub use crate::accuracy::{
     AccuracyRow, CLIENTS_MEAN, FILE as ACCURACY_FILE, HEADER as ACCURACY_HEADER, SELECTED_MEAN, SELECTED_PREFIX,
     accuracy_matrix, final_average, load_accuracy, task_starts,
 };
@@ -19,6 +18,7 @@ use std::path::{Path, PathBuf};
 use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 
+use crate::accuracy;
 use crate::record::{RoundRow, RunSummary, SummaryInputs, human_bytes};
 use svg::{Series, heat_map, line_chart, line_chart_marked, stacked_bars, task_marks};
 
