@@ -310,234 +310,336 @@ pub async fn run(
     method: Box<dyn ClientMethod>,
     events: Option<mpsc::UnboundedSender<ClientEvent>>,
 ) -> anyhow::Result<String> {
-    let emit = |e: ClientEvent| {
-        if let Some(tx) = &events {
+    let (trained_tx, mut trained) = mpsc::unbounded_channel();
+    let (uploaded_tx, mut uploaded) = mpsc::unbounded_channel();
+    let mut stop = options.stop.clone();
+    let mut client = Client::new(options, method, events, trained_tx, uploaded_tx)?;
+    loop {
+        let Some((conn, control, control_recv)) = client.connect(&mut stop).await? else {
+            return Ok(client.stopped_unconnected());
+        };
+        let reason = match client.serve(conn, control, control_recv, &mut stop, &mut trained, &mut uploaded).await? {
+            Ended::Exit(reason) => return Ok(reason),
+            Ended::Lost(reason) => reason,
+        };
+        client.session.disconnected();
+        tracing::info!(client = %client.options.client_id, %reason, "disconnected");
+        client.emit(ClientEvent::Disconnected { reason });
+        // The connection was up, so the count starts again: the first retry comes after the
+        // initial delay.
+        let delay = client.options.backoff.delay(client.failures.failed(), &mut client.rng);
+        if sleep_or_stop(delay, &mut stop).await {
+            return Ok(client.stopped_unconnected());
+        }
+    }
+}
+
+/// A trained round's result, from the training thread.
+type Trained = (u64, Result<Update, String>);
+/// An upload's round, wire bytes, seconds and round-trip time, from its task.
+type Uploaded = (u64, u64, f64, f64);
+
+/// How a connection ended: lost (reconnect) or the client's exit with its reason.
+enum Ended {
+    Lost(String),
+    Exit(String),
+}
+
+/// One client's life across its connections: the session, the method, the costs of the rounds
+/// in flight, and where trainings and uploads report back.
+struct Client {
+    options: ClientOptions,
+    session: Session,
+    method: Arc<Mutex<Box<dyn ClientMethod>>>,
+    endpoint: quinn::Endpoint,
+    rng: Rng,
+    trained: mpsc::UnboundedSender<Trained>,
+    uploaded: mpsc::UnboundedSender<Uploaded>,
+    costs: HashMap<u64, RoundCost>,
+    failures: Failures,
+    events: Option<mpsc::UnboundedSender<ClientEvent>>,
+}
+
+impl Client {
+    /// The session from the store's unacknowledged update and the method's saved device state.
+    fn new(
+        options: ClientOptions,
+        mut method: Box<dyn ClientMethod>,
+        events: Option<mpsc::UnboundedSender<ClientEvent>>,
+        trained: mpsc::UnboundedSender<Trained>,
+        uploaded: mpsc::UnboundedSender<Uploaded>,
+    ) -> anyhow::Result<Self> {
+        let capabilities = Capabilities {
+            backend: options.backend.clone(),
+            memory_mb: options.memory_mb,
+            methods: [method.name()].iter().filter_map(|m| heapless::String::try_from(*m).ok()).collect(),
+        };
+        // A corrupt file is set aside by the store and reads as none: not resent, no crash loop.
+        let pending = match &options.store {
+            Some(store) => store.load_pending().context("loading the unacknowledged update")?,
+            None => None,
+        };
+        if let Some(store) = &options.store {
+            restore_device_state(store, method.as_mut(), &options.client_id)?;
+        }
+        let session = Session::new(options.client_id.clone(), capabilities, method.num_samples(), pending);
+        Ok(Self {
+            endpoint: endpoint(&options)?,
+            rng: Rng::derive(options.seed, 0xBAC0FF),
+            options,
+            session,
+            method: Arc::new(Mutex::new(method)),
+            trained,
+            uploaded,
+            costs: HashMap::new(),
+            failures: Failures::default(),
+            events,
+        })
+    }
+
+    fn emit(&self, e: ClientEvent) {
+        if let Some(tx) = &self.events {
             let _ = tx.send(e);
         }
-    };
-    let capabilities = Capabilities {
-        backend: options.backend.clone(),
-        memory_mb: options.memory_mb,
-        methods: [method.name()].iter().filter_map(|m| heapless::String::try_from(*m).ok()).collect(),
-    };
-    // A corrupt file is set aside by the store and reads as none: not resent, no crash loop.
-    let pending = match &options.store {
-        Some(store) => store.load_pending().context("loading the unacknowledged update")?,
-        None => None,
-    };
-    let mut method = method;
-    if let Some(store) = &options.store {
-        restore_device_state(store, method.as_mut(), &options.client_id)?;
     }
-    let mut session = Session::new(options.client_id.clone(), capabilities, method.num_samples(), pending);
-    let method = Arc::new(Mutex::new(method));
-    let endpoint = endpoint(&options)?;
-    let mut rng = Rng::derive(options.seed, 0xBAC0FF);
-    let (trained_tx, mut trained_rx) = mpsc::unbounded_channel::<(u64, Result<Update, String>)>();
-    let (uploaded_tx, mut uploaded_rx) = mpsc::unbounded_channel::<(u64, u64, f64, f64)>();
-    let mut costs: HashMap<u64, RoundCost> = HashMap::new();
-    let mut failures = Failures::default();
-    let mut stop = options.stop.clone();
-    // Leaving on the stop signal with no connection to say goodbye on.
-    let stopped_unconnected = || {
-        endpoint.close(quinn::VarInt::from_u32(0), b"stopping");
-        tracing::info!(client = %options.client_id, "stopped while not connected");
-        emit(ClientEvent::Finished { reason: "stopped".into() });
-        "stopped".to_string()
-    };
 
-    loop {
-        // The stop signal is watched while connecting and backing off too: a client whose
-        // server is unreachable must still leave at once on SIGTERM. A server that is down does
-        // not answer at all: without the connect timeout the attempt would wait out the whole
-        // idle timeout.
-        let connecting = endpoint.connect(options.server, &options.server_name)?;
-        let attempt = async {
-            let conn = connecting.await.map_err(|e| {
-                if tls_failure(&e) {
-                    tls_error(&options, &e);
+    /// Leaving on the stop signal with no connection to say goodbye on.
+    fn stopped_unconnected(&self) -> String {
+        self.endpoint.close(quinn::VarInt::from_u32(0), b"stopping");
+        tracing::info!(client = %self.options.client_id, "stopped while not connected");
+        self.emit(ClientEvent::Finished { reason: "stopped".into() });
+        "stopped".to_string()
+    }
+
+    /// A connection and its control stream, after as many attempts (with backoff) as it takes;
+    /// `None` on the stop signal.
+    async fn connect(
+        &mut self,
+        stop: &mut Option<tokio::sync::watch::Receiver<bool>>,
+    ) -> anyhow::Result<Option<(quinn::Connection, quinn::SendStream, quinn::RecvStream)>> {
+        loop {
+            // The stop signal is watched while connecting and backing off too: a client whose
+            // server is unreachable must still leave at once on SIGTERM. A server that is down
+            // does not answer at all: without the connect timeout the attempt would wait out the
+            // whole idle timeout.
+            let options = &self.options;
+            let connecting = self.endpoint.connect(options.server, &options.server_name)?;
+            let attempt = async {
+                let conn = connecting.await.map_err(|e| {
+                    if tls_failure(&e) {
+                        tls_error(options, &e);
+                    }
+                    e.to_string()
+                })?;
+                // Fails only if the connection is already gone: a failed attempt, not a fatal error.
+                let streams = conn.open_bi().await.map_err(|e| format!("opening the control stream: {e}"))?;
+                Ok::<_, String>((conn, streams))
+            };
+            let connected = tokio::select! {
+                c = tokio::time::timeout(options.connect_timeout, attempt) => c
+                    .unwrap_or_else(|_| Err(format!("no answer within {:?}", options.connect_timeout))),
+                _ = stopped(stop) => return Ok(None),
+            };
+            match connected {
+                Ok((conn, (control, control_recv))) => {
+                    self.failures.connected();
+                    self.emit(ClientEvent::Connected);
+                    return Ok(Some((conn, control, control_recv)));
                 }
-                e.to_string()
-            })?;
-            // Fails only if the connection is already gone: a failed attempt, not a fatal error.
-            let streams = conn.open_bi().await.map_err(|e| format!("opening the control stream: {e}"))?;
-            Ok::<_, String>((conn, streams))
-        };
-        let connected = tokio::select! {
-            c = tokio::time::timeout(options.connect_timeout, attempt) => c
-                .unwrap_or_else(|_| Err(format!("no answer within {:?}", options.connect_timeout))),
-            _ = stopped(&mut stop) => return Ok(stopped_unconnected()),
-        };
-        let (conn, (mut control, control_recv)) = match connected {
-            Ok(c) => c,
-            Err(e) => {
-                let failures = failures.failed();
-                if options.backoff.max_attempts.is_some_and(|m| failures >= m) {
-                    anyhow::bail!("could not reach {} after {failures} attempts: {e}", options.server);
+                Err(e) => {
+                    let failures = self.failures.failed();
+                    if self.options.backoff.max_attempts.is_some_and(|m| failures >= m) {
+                        anyhow::bail!("could not reach {} after {failures} attempts: {e}", self.options.server);
+                    }
+                    let delay = self.options.backoff.delay(failures, &mut self.rng);
+                    tracing::info!(client = %self.options.client_id, error = %e, ?delay, "connect failed; retrying");
+                    if sleep_or_stop(delay, stop).await {
+                        return Ok(None);
+                    }
                 }
-                let delay = options.backoff.delay(failures, &mut rng);
-                tracing::info!(client = %options.client_id, error = %e, ?delay, "connect failed; retrying");
-                if sleep_or_stop(delay, &mut stop).await {
-                    return Ok(stopped_unconnected());
-                }
-                continue;
             }
-        };
-        failures.connected();
-        emit(ClientEvent::Connected);
-        let (in_tx, mut in_rx) = mpsc::unbounded_channel();
+        }
+    }
+
+    /// One connection: the session's actions out, the server's messages, trainings and uploads
+    /// in, heartbeats, until the connection ends.
+    async fn serve(
+        &mut self,
+        conn: quinn::Connection,
+        mut control: quinn::SendStream,
+        control_recv: quinn::RecvStream,
+        stop: &mut Option<tokio::sync::watch::Receiver<bool>>,
+        trained: &mut mpsc::UnboundedReceiver<Trained>,
+        uploaded: &mut mpsc::UnboundedReceiver<Uploaded>,
+    ) -> anyhow::Result<Ended> {
+        let max_frame = self.options.max_frame_bytes;
+        let (in_tx, mut inbound) = mpsc::unbounded_channel();
         // Tasks of this connection die with it (and with this future, if it is aborted).
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(read_control(control_recv, in_tx.clone(), options.max_frame_bytes));
-        tasks.spawn(accept_broadcasts(conn.clone(), in_tx, options.max_frame_bytes));
-        session.connected();
-        let mut heartbeat = tokio::time::interval(options.keep_alive);
+        tasks.spawn(read_control(control_recv, in_tx.clone(), max_frame));
+        tasks.spawn(accept_broadcasts(conn.clone(), in_tx, max_frame));
+        self.session.connected();
+        let mut heartbeat = tokio::time::interval(self.options.keep_alive);
         let mut seq = 0u64;
-
-        let reason = 'conn: loop {
-            while let Some(action) = session.poll_action() {
-                match action {
-                    SessionAction::Send(msg) => {
-                        let frame = encode_frame(&msg, options.max_frame_bytes)?;
-                        if let Err(e) = write_frame(&mut control, &frame).await {
-                            break 'conn format!("control stream: {e}");
-                        }
-                    }
-                    SessionAction::Train(b) => {
-                        let round = b.round;
-                        let cost = costs.entry(round).or_default();
-                        cost.record.payload_down = (payload_bytes(&b.blocks)
-                            + b.prototypes.iter().map(|p| p.vector.data.len()).sum::<usize>())
-                            as u64;
-                        let (method, tx, store) = (method.clone(), trained_tx.clone(), options.store.clone());
-                        tokio::task::spawn_blocking(move || {
-                            let result = match method.lock() {
-                                Ok(mut m) => {
-                                    let result = m.train(&b).map_err(|e| e.to_string());
-                                    if let (Ok(_), Some(store)) = (&result, &store) {
-                                        save_device_state(store, &**m, round);
-                                    }
-                                    result
-                                }
-                                Err(_) => Err("a previous training run panicked".to_string()),
-                            };
-                            let _ = tx.send((round, result));
-                        });
-                    }
-                    SessionAction::Upload(update) => {
-                        let cost = costs.entry(update.round).or_default();
-                        cost.record.payload_up = payload_bytes(&update.blocks) as u64;
-                        tasks.spawn(upload(conn.clone(), update, options.max_frame_bytes, uploaded_tx.clone()));
-                    }
-                    SessionAction::Persist(update) => {
-                        if let Some(store) = &options.store {
-                            store.save_pending(update.as_ref()).context("persisting the update")?;
-                        }
-                    }
-                    SessionAction::SetAsidePending { round, reason } => {
-                        // Not fatal: the session no longer resends it either way; a file left in
-                        // place is resent (and refused again) only after a restart.
-                        if let Some(store) = &options.store
-                            && let Err(e) = store.set_aside_pending(&format!("round {round} refused: {reason}"))
-                        {
-                            tracing::warn!(client = %options.client_id, round, error = %e, "could not set the refused update aside");
-                        }
-                    }
-                    SessionAction::Finished { reason } => {
-                        if let Ok(frame) =
-                            encode_frame(&Message::Goodbye(Goodbye { reason: "done".into() }), options.max_frame_bytes)
-                        {
-                            let _ = write_frame(&mut control, &frame).await;
-                            let _ = control.finish();
-                        }
-                        conn.close(quinn::VarInt::from_u32(0), b"done");
-                        emit(ClientEvent::Finished { reason: reason.clone() });
-                        tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await.ok();
-                        return Ok(reason);
-                    }
+        let ended = 'conn: loop {
+            while let Some(action) = self.session.poll_action() {
+                if let Some(ended) = self.act(action, &conn, &mut control, &mut tasks).await? {
+                    break 'conn ended;
                 }
             }
             tokio::select! {
-                inbound = in_rx.recv() => match inbound {
-                    Some(Inbound::Message { msg, wire_bytes }) => {
-                        match &msg {
-                            Message::Broadcast(b) => {
-                                emit(ClientEvent::RoundStarted { round: b.round });
-                                let cost = costs.entry(b.round).or_default();
-                                cost.broadcast_at = Some(Instant::now());
-                                cost.record.wire_down = wire_bytes;
-                            }
-                            Message::Ack(ack) => {
-                                emit(ClientEvent::Acked { round: ack.round, aggregated: ack.aggregated });
-                                if let Some(cost) = costs.get_mut(&ack.round) {
-                                    cost.acked = Some(ack.aggregated);
-                                    if let Some((record, aggregated)) = cost.complete(&options.client_id, ack.round) {
-                                        costs.remove(&ack.round);
-                                        emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
-                                        report_cost(&mut control, record, options.max_frame_bytes).await;
-                                    }
-                                }
-                            }
-                            _ => {}
-                        }
-                        if let Err(e) = session.handle_message(msg) {
-                            tracing::warn!(client = %options.client_id, error = %e, "ignored a message");
-                        }
-                    }
-                    Some(Inbound::Closed(reason)) => break 'conn reason,
-                    None => break 'conn "connection readers ended".into(),
+                message = inbound.recv() => match message {
+                    Some(Inbound::Message { msg, wire_bytes }) => self.on_message(msg, wire_bytes, &mut control).await,
+                    Some(Inbound::Closed(reason)) => break 'conn Ended::Lost(reason),
+                    None => break 'conn Ended::Lost("connection readers ended".into()),
                 },
-                Some((round, result)) = trained_rx.recv() => match result {
+                Some((round, result)) = trained.recv() => match result {
                     Ok(update) => {
-                        costs.entry(round).or_default().record.compute_seconds = update.compute_seconds;
-                        session.trained(update);
+                        self.costs.entry(round).or_default().record.compute_seconds = update.compute_seconds;
+                        self.session.trained(update);
                     }
-                    Err(e) => session.training_failed(round, &e),
+                    Err(e) => self.session.training_failed(round, &e),
                 },
-                Some((round, wire_up, seconds, rtt)) = uploaded_rx.recv() => {
-                    let cost = costs.entry(round).or_default();
-                    cost.record.rtt_seconds = rtt;
-                    cost.record.wire_up = wire_up;
-                    cost.record.transfer_seconds = seconds;
-                    cost.uploaded = true;
-                    if let Some((record, aggregated)) = cost.complete(&options.client_id, round) {
-                        costs.remove(&round);
-                        emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
-                        report_cost(&mut control, record, options.max_frame_bytes).await;
-                    }
-                }
+                Some(up) = uploaded.recv() => self.on_uploaded(up, &mut control).await,
                 _ = heartbeat.tick() => {
                     seq += 1;
-                    let frame = encode_frame(&Message::Heartbeat(Heartbeat { seq }), options.max_frame_bytes)?;
+                    let frame = encode_frame(&Message::Heartbeat(Heartbeat { seq }), max_frame)?;
                     if let Err(e) = write_frame(&mut control, &frame).await {
-                        break 'conn format!("control stream: {e}");
+                        break 'conn Ended::Lost(format!("control stream: {e}"));
                     }
                 }
                 reason = conn.closed() => {
                     if tls_failure(&reason) {
-                        tls_error(&options, &reason);
+                        tls_error(&self.options, &reason);
                     }
-                    break 'conn reason.to_string()
+                    break 'conn Ended::Lost(reason.to_string())
                 }
-                _ = stopped(&mut stop) => {
-                    let frame = encode_frame(&Message::Goodbye(Goodbye { reason: "client stopping".into() }), options.max_frame_bytes)?;
+                _ = stopped(stop) => {
+                    let frame = encode_frame(&Message::Goodbye(Goodbye { reason: "client stopping".into() }), max_frame)?;
                     let _ = write_frame(&mut control, &frame).await;
                     let _ = control.finish();
                     conn.close(quinn::VarInt::from_u32(0), b"stopping");
-                    tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await.ok();
-                    emit(ClientEvent::Finished { reason: "stopped".into() });
-                    return Ok("stopped".into());
+                    tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await.ok();
+                    self.emit(ClientEvent::Finished { reason: "stopped".into() });
+                    break 'conn Ended::Exit("stopped".into());
                 }
             }
         };
         tasks.abort_all();
-        session.disconnected();
-        tracing::info!(client = %options.client_id, %reason, "disconnected");
-        emit(ClientEvent::Disconnected { reason });
-        // The connection was up, so the count starts again: the first retry comes after the
-        // initial delay.
-        if sleep_or_stop(options.backoff.delay(failures.failed(), &mut rng), &mut stop).await {
-            return Ok(stopped_unconnected());
+        Ok(ended)
+    }
+
+    /// One session action; `Some` when it ends the connection (a failed write) or the client.
+    async fn act(
+        &mut self,
+        action: SessionAction,
+        conn: &quinn::Connection,
+        control: &mut quinn::SendStream,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) -> anyhow::Result<Option<Ended>> {
+        let max_frame = self.options.max_frame_bytes;
+        match action {
+            SessionAction::Send(msg) => {
+                let frame = encode_frame(&msg, max_frame)?;
+                if let Err(e) = write_frame(control, &frame).await {
+                    return Ok(Some(Ended::Lost(format!("control stream: {e}"))));
+                }
+            }
+            SessionAction::Train(b) => {
+                let round = b.round;
+                let cost = self.costs.entry(round).or_default();
+                cost.record.payload_down =
+                    (payload_bytes(&b.blocks) + b.prototypes.iter().map(|p| p.vector.data.len()).sum::<usize>()) as u64;
+                let (method, tx, store) = (self.method.clone(), self.trained.clone(), self.options.store.clone());
+                tokio::task::spawn_blocking(move || {
+                    let result = match method.lock() {
+                        Ok(mut m) => {
+                            let result = m.train(&b).map_err(|e| e.to_string());
+                            if let (Ok(_), Some(store)) = (&result, &store) {
+                                save_device_state(store, &**m, round);
+                            }
+                            result
+                        }
+                        Err(_) => Err("a previous training run panicked".to_string()),
+                    };
+                    let _ = tx.send((round, result));
+                });
+            }
+            SessionAction::Upload(update) => {
+                let cost = self.costs.entry(update.round).or_default();
+                cost.record.payload_up = payload_bytes(&update.blocks) as u64;
+                tasks.spawn(upload(conn.clone(), update, max_frame, self.uploaded.clone()));
+            }
+            SessionAction::Persist(update) => {
+                if let Some(store) = &self.options.store {
+                    store.save_pending(update.as_ref()).context("persisting the update")?;
+                }
+            }
+            SessionAction::SetAsidePending { round, reason } => {
+                // Not fatal: the session no longer resends it either way; a file left in place is
+                // resent (and refused again) only after a restart.
+                if let Some(store) = &self.options.store
+                    && let Err(e) = store.set_aside_pending(&format!("round {round} refused: {reason}"))
+                {
+                    tracing::warn!(client = %self.options.client_id, round, error = %e, "could not set the refused update aside");
+                }
+            }
+            SessionAction::Finished { reason } => {
+                if let Ok(frame) = encode_frame(&Message::Goodbye(Goodbye { reason: "done".into() }), max_frame) {
+                    let _ = write_frame(control, &frame).await;
+                    let _ = control.finish();
+                }
+                conn.close(quinn::VarInt::from_u32(0), b"done");
+                self.emit(ClientEvent::Finished { reason: reason.clone() });
+                tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await.ok();
+                return Ok(Some(Ended::Exit(reason)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A message from the server: a broadcast opens its round's cost record, an ack may close
+    /// it (reported to the server); then the session handles it.
+    async fn on_message(&mut self, msg: Message, wire_bytes: u64, control: &mut quinn::SendStream) {
+        match &msg {
+            Message::Broadcast(b) => {
+                self.emit(ClientEvent::RoundStarted { round: b.round });
+                let cost = self.costs.entry(b.round).or_default();
+                cost.broadcast_at = Some(Instant::now());
+                cost.record.wire_down = wire_bytes;
+            }
+            Message::Ack(ack) => {
+                self.emit(ClientEvent::Acked { round: ack.round, aggregated: ack.aggregated });
+                if let Some(cost) = self.costs.get_mut(&ack.round) {
+                    cost.acked = Some(ack.aggregated);
+                    self.report_if_complete(ack.round, control).await;
+                }
+            }
+            _ => {}
+        }
+        if let Err(e) = self.session.handle_message(msg) {
+            tracing::warn!(client = %self.options.client_id, error = %e, "ignored a message");
+        }
+    }
+
+    /// An upload finished: its wire bytes and times go into its round's cost record.
+    async fn on_uploaded(&mut self, (round, wire_up, seconds, rtt): Uploaded, control: &mut quinn::SendStream) {
+        let cost = self.costs.entry(round).or_default();
+        cost.record.rtt_seconds = rtt;
+        cost.record.wire_up = wire_up;
+        cost.record.transfer_seconds = seconds;
+        cost.uploaded = true;
+        self.report_if_complete(round, control).await;
+    }
+
+    /// Once a round's cost record is complete (uploaded and acknowledged), it is reported to the
+    /// server and to the events.
+    async fn report_if_complete(&mut self, round: u64, control: &mut quinn::SendStream) {
+        let Some(cost) = self.costs.get_mut(&round) else { return };
+        if let Some((record, aggregated)) = cost.complete(&self.options.client_id, round) {
+            self.costs.remove(&round);
+            self.emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
+            report_cost(control, record, self.options.max_frame_bytes).await;
         }
     }
 }

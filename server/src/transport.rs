@@ -379,7 +379,7 @@ async fn commit(store: &ServerStore, persist: Persist, metrics: &ServerMetrics) 
 }
 
 async fn run_engine(
-    mut engine: Engine,
+    engine: Engine,
     mut inputs: mpsc::UnboundedReceiver<Input>,
     events: mpsc::UnboundedSender<ServerEvent>,
     mut shutdown: watch::Receiver<bool>,
@@ -387,144 +387,36 @@ async fn run_engine(
     metrics: Arc<ServerMetrics>,
     max_frame: usize,
 ) -> anyhow::Result<()> {
-    let start = Instant::now();
-    let mut conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)> = HashMap::new();
-    let mut fingerprints: HashMap<ClientId, String> = HashMap::new();
-    let mut trim_due = false;
+    let mut shell = EngineShell {
+        engine,
+        events,
+        store,
+        metrics,
+        max_frame,
+        start: Instant::now(),
+        conns: HashMap::new(),
+        fingerprints: HashMap::new(),
+        departed: Vec::new(),
+        unacked: std::collections::HashSet::new(),
+        opened_since_close: false,
+        trim_due: false,
+    };
     let mut trim_tick = tokio::time::interval(Duration::from_secs(2));
-    // Departures' last-seen times, written on the tick in one transaction: a thousand devices
-    // leaving at once would otherwise queue a thousand blocking threads on the store's mutex
-    // (each thread's stack and arena held memory after they left).
-    let mut departed: Vec<(ClientId, i64)> = Vec::new();
-    // Accepted updates whose ack has not gone out yet: an ack for anything else re-acknowledges
-    // a duplicate. Buffered mode opens no rounds: the sampled gauge follows its versions.
-    let mut unacked: std::collections::HashSet<(ClientId, u64)> = std::collections::HashSet::new();
-    let mut opened_since_close = false;
     loop {
         // Carry out what the engine asked for first: recovery may already have closed a round.
-        while let Some(action) = engine.poll_action() {
-            match action {
-                Action::Send { to, msg } => {
-                    match &msg {
-                        Message::Refusal(r) => metrics.refused(refusal_reason(r.reason)),
-                        Message::Ack(ack) if !ack.aggregated => metrics.update(outcome::LATE),
-                        Message::Ack(ack) => {
-                            if !unacked.remove(&(to.clone(), ack.round)) {
-                                metrics.update(outcome::DUPLICATE);
-                            }
-                        }
-                        _ => {}
-                    }
-                    send(&conns, &to, &msg, max_frame, Outbound::Control, &metrics);
-                }
-                Action::Broadcast { to, msg } => match encode_frame(&msg, max_frame) {
-                    Ok(frame) => {
-                        let frame = Arc::new(frame);
-                        let mut sent = 0;
-                        for client in to {
-                            if let Some((_, out)) = conns.get(&client) {
-                                sent += 1;
-                                let _ = out.send(Outbound::Uni(frame.clone()));
-                            }
-                        }
-                        metrics.frames_out(frame.len(), sent);
-                    }
-                    Err(e) => tracing::error!(error = %e, "broadcast does not fit in a frame; raise max_frame_bytes"),
-                },
-                Action::Close { client, refusal } => {
-                    metrics.refused(refusal_reason(refusal.reason));
-                    tracing::warn!(%client, reason = ?refusal.reason, detail = %refusal.detail, "closing client");
-                    if let Some((_, out)) = conns.remove(&client) {
-                        let _ = out.send(Outbound::Close(refusal));
-                    }
-                }
-                Action::Persist(mut persist) => {
-                    if let Persist::Seen { client, fingerprint } = &mut persist {
-                        *fingerprint = fingerprints.get(client).cloned();
-                    }
-                    let counted = match &persist {
-                        Persist::Accepted(a) => Some((a.client.clone(), a.update.round)),
-                        Persist::Opened(opened) => {
-                            metrics.set_sampled(opened.sampled.len());
-                            opened_since_close = true;
-                            None
-                        }
-                        _ => None,
-                    };
-                    if let Some(store) = &store {
-                        commit(store, persist, &metrics).await?;
-                    }
-                    if let Some(key) = counted {
-                        metrics.update(outcome::ACCEPTED);
-                        unacked.insert(key);
-                    }
-                }
-                Action::Ledger(record) => match &store {
-                    Some(store) => {
-                        let store = store.clone();
-                        match tokio::task::spawn_blocking(move || store.append_ledger(&[record])).await {
-                            // Only records new to the ledger count: a resent report is not counted twice.
-                            Ok(Ok(new)) => new.iter().for_each(|r| metrics.record_cost(r)),
-                            Ok(Err(e)) => {
-                                metrics.store_error();
-                                tracing::error!(error = %e, "could not append to the cost ledger");
-                            }
-                            Err(e) => tracing::error!(error = %e, "ledger task failed"),
-                        }
-                    }
-                    None => metrics.record_cost(&record),
-                },
-                Action::RoundClosed(report, checkpoint) => {
-                    metrics.round_closed(&report);
-                    if !std::mem::take(&mut opened_since_close) {
-                        metrics.set_sampled(report.sampled);
-                    }
-                    let _ = events.send(ServerEvent::RoundClosed { report, checkpoint });
-                }
-                Action::Finished => {
-                    let _ = events.send(ServerEvent::Finished);
-                }
-            }
+        while let Some(action) = shell.engine.poll_action() {
+            shell.act(action).await?;
         }
-        let deadline = engine.poll_timeout().map(|t| start + t);
+        let deadline = shell.engine.poll_timeout().map(|t| shell.start + t);
         tokio::select! {
             input = inputs.recv() => {
                 let Some(input) = input else { break };
-                let now = start.elapsed();
-                match input {
-                    Input::Hello { conn, client, fingerprint, msg, out } => {
-                        if let Some(f) = fingerprint {
-                            fingerprints.insert(client.clone(), f);
-                        }
-                        if let Some((old, old_out)) = conns.insert(client.clone(), (conn, out)) {
-                            tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
-                            let _ = old_out.send(Outbound::Close(Refusal { reason: RefusalReason::Duplicate, detail: "replaced by a newer connection".into() }));
-                        }
-                        metrics.set_connected(conns.len());
-                        metrics.seen(&client, unix_now());
-                        engine.handle_message(now, &client, msg);
-                    }
-                    Input::Message { client, msg } => {
-                        metrics.seen(&client, unix_now());
-                        engine.handle_message(now, &client, msg)
-                    }
-                    Input::Closed { conn, client } => {
-                        if conns.get(&client).is_some_and(|(c, _)| *c == conn) {
-                            conns.remove(&client);
-                            metrics.set_connected(conns.len());
-                            let at = unix_now();
-                            metrics.seen(&client, at);
-                            departed.push((client.clone(), at));
-                            engine.handle_disconnect(now, &client);
-                        }
-                        trim_due = true;
-                    }
-                }
+                shell.on_input(input);
             }
-            _ = sleep_until(deadline) => engine.handle_timeout(start.elapsed()),
+            _ = sleep_until(deadline) => shell.engine.handle_timeout(shell.start.elapsed()),
             _ = trim_tick.tick() => {
-                let _ = touch_clients(&store, std::mem::take(&mut departed));
-                if std::mem::take(&mut trim_due) {
+                let _ = touch_clients(&shell.store, std::mem::take(&mut shell.departed));
+                if std::mem::take(&mut shell.trim_due) {
                     tokio::task::spawn_blocking(trim_heap);
                 }
             }
@@ -533,11 +425,176 @@ async fn run_engine(
     }
     // The clients still connected were heard from until now.
     let at = unix_now();
-    departed.extend(conns.into_keys().map(|c| (c, at)));
-    if let Some(done) = touch_clients(&store, departed) {
+    let mut departed = shell.departed;
+    departed.extend(shell.conns.into_keys().map(|c| (c, at)));
+    if let Some(done) = touch_clients(&shell.store, departed) {
         let _ = done.await;
     }
     Ok(())
+}
+
+/// The engine's task: the sans-IO engine and what its shell keeps around it (connections, the
+/// store, the metrics, acks owed).
+struct EngineShell {
+    engine: Engine,
+    events: mpsc::UnboundedSender<ServerEvent>,
+    store: Option<ServerStore>,
+    metrics: Arc<ServerMetrics>,
+    max_frame: usize,
+    /// The engine's clock starts here.
+    start: Instant,
+    conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)>,
+    fingerprints: HashMap<ClientId, String>,
+    /// Departures' last-seen times, written on the tick in one transaction: a thousand devices
+    /// leaving at once would otherwise queue a thousand blocking threads on the store's mutex
+    /// (each thread's stack and arena held memory after they left).
+    departed: Vec<(ClientId, i64)>,
+    /// Accepted updates whose ack has not gone out yet: an ack for anything else re-acknowledges
+    /// a duplicate.
+    unacked: std::collections::HashSet<(ClientId, u64)>,
+    /// Buffered mode opens no rounds: the sampled gauge follows its versions.
+    opened_since_close: bool,
+    /// A connection closed since the last heap trim.
+    trim_due: bool,
+}
+
+impl EngineShell {
+    /// Carries out one of the engine's actions (a state change is committed before its ack goes out).
+    async fn act(&mut self, action: Action) -> anyhow::Result<()> {
+        let metrics = &self.metrics;
+        match action {
+            Action::Send { to, msg } => {
+                match &msg {
+                    Message::Refusal(r) => metrics.refused(refusal_reason(r.reason)),
+                    Message::Ack(ack) if !ack.aggregated => metrics.update(outcome::LATE),
+                    Message::Ack(ack) => {
+                        if !self.unacked.remove(&(to.clone(), ack.round)) {
+                            metrics.update(outcome::DUPLICATE);
+                        }
+                    }
+                    _ => {}
+                }
+                send(&self.conns, &to, &msg, self.max_frame, Outbound::Control, metrics);
+            }
+            Action::Broadcast { to, msg } => match encode_frame(&msg, self.max_frame) {
+                Ok(frame) => {
+                    let frame = Arc::new(frame);
+                    let mut sent = 0;
+                    for client in to {
+                        if let Some((_, out)) = self.conns.get(&client) {
+                            sent += 1;
+                            let _ = out.send(Outbound::Uni(frame.clone()));
+                        }
+                    }
+                    metrics.frames_out(frame.len(), sent);
+                }
+                Err(e) => tracing::error!(error = %e, "broadcast does not fit in a frame; raise max_frame_bytes"),
+            },
+            Action::Close { client, refusal } => {
+                metrics.refused(refusal_reason(refusal.reason));
+                tracing::warn!(%client, reason = ?refusal.reason, detail = %refusal.detail, "closing client");
+                if let Some((_, out)) = self.conns.remove(&client) {
+                    let _ = out.send(Outbound::Close(refusal));
+                }
+            }
+            Action::Persist(persist) => self.persist(persist).await?,
+            Action::Ledger(record) => append_ledger(self.store.clone(), metrics, record).await,
+            Action::RoundClosed(report, checkpoint) => {
+                metrics.round_closed(&report);
+                if !std::mem::take(&mut self.opened_since_close) {
+                    metrics.set_sampled(report.sampled);
+                }
+                let _ = self.events.send(ServerEvent::RoundClosed { report, checkpoint });
+            }
+            Action::Finished => {
+                let _ = self.events.send(ServerEvent::Finished);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits a state change to the store (the ack that depends on it goes out after).
+    async fn persist(&mut self, mut persist: Persist) -> anyhow::Result<()> {
+        if let Persist::Seen { client, fingerprint } = &mut persist {
+            *fingerprint = self.fingerprints.get(client).cloned();
+        }
+        let counted = match &persist {
+            Persist::Accepted(a) => Some((a.client.clone(), a.update.round)),
+            Persist::Opened(opened) => {
+                self.metrics.set_sampled(opened.sampled.len());
+                self.opened_since_close = true;
+                None
+            }
+            _ => None,
+        };
+        if let Some(store) = &self.store {
+            commit(store, persist, &self.metrics).await?;
+        }
+        if let Some(key) = counted {
+            self.metrics.update(outcome::ACCEPTED);
+            self.unacked.insert(key);
+        }
+        Ok(())
+    }
+
+    /// What a connection task reports: a hello (a newer connection replaces an older one), a
+    /// message, a closed connection.
+    fn on_input(&mut self, input: Input) {
+        let now = self.start.elapsed();
+        match input {
+            Input::Hello { conn, client, fingerprint, msg, out } => {
+                if let Some(f) = fingerprint {
+                    self.fingerprints.insert(client.clone(), f);
+                }
+                if let Some((old, old_out)) = self.conns.insert(client.clone(), (conn, out)) {
+                    tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
+                    let _ = old_out.send(Outbound::Close(Refusal {
+                        reason: RefusalReason::Duplicate,
+                        detail: "replaced by a newer connection".into(),
+                    }));
+                }
+                self.metrics.set_connected(self.conns.len());
+                self.metrics.seen(&client, unix_now());
+                self.engine.handle_message(now, &client, msg);
+            }
+            Input::Message { client, msg } => {
+                self.metrics.seen(&client, unix_now());
+                self.engine.handle_message(now, &client, msg)
+            }
+            Input::Closed { conn, client } => {
+                if self.conns.get(&client).is_some_and(|(c, _)| *c == conn) {
+                    self.conns.remove(&client);
+                    self.metrics.set_connected(self.conns.len());
+                    let at = unix_now();
+                    self.metrics.seen(&client, at);
+                    self.departed.push((client.clone(), at));
+                    self.engine.handle_disconnect(now, &client);
+                }
+                self.trim_due = true;
+            }
+        }
+    }
+}
+
+/// Appends a cost record to the ledger; only records new to it count in the metrics (a resent
+/// report is not counted twice).
+async fn append_ledger(
+    store: Option<ServerStore>,
+    metrics: &ServerMetrics,
+    record: anchorage_shared::ledger::CostRecord,
+) {
+    let Some(store) = store else {
+        metrics.record_cost(&record);
+        return;
+    };
+    match tokio::task::spawn_blocking(move || store.append_ledger(&[record])).await {
+        Ok(Ok(new)) => new.iter().for_each(|r| metrics.record_cost(r)),
+        Ok(Err(e)) => {
+            metrics.store_error();
+            tracing::error!(error = %e, "could not append to the cost ledger");
+        }
+        Err(e) => tracing::error!(error = %e, "ledger task failed"),
+    }
 }
 
 /// Records in the client registry when clients were last heard from (on a blocking thread; a

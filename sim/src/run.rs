@@ -31,7 +31,6 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
     let Setup { engine, initial, clients, evaluator, devices, num_classes, headline, server_method, .. } =
         Setup::new(&config, Charge::Sleep)?;
     let schedule = engine.clone();
-    let task_of = |round: u64| schedule.task_of(round);
 
     // Server and clients on loopback with certificates from a project CA that lives only in this
     // process: mutual TLS, as in the field, with no set-up.
@@ -52,40 +51,11 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
     let initial_global = evaluator.evaluate(&initial, &[], 0)?;
     let initial_accuracy = initial_of(&initial_global);
     let chance = 1.0 / num_classes as f64;
-    let mut accuracy_rows = Vec::new();
-
-    // Clients.
-    let (event_tx, mut client_events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
-    let mut handles = Vec::new();
-    let mut link_handles: Vec<Option<LinkSlot>> = Vec::new();
-    let links = config.links()?;
-    // One training at a time (see ComputePool): compute seconds in the ledger measure work, not contention.
-    let pool = Arc::new(crate::device::ComputePool::new(1));
-    for (i, mut method) in clients.into_iter().enumerate() {
-        method.in_pool(pool.clone());
-        if let Some(k) = config.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {
-            method.crash_in(k);
-        }
-        let (options, link) = device_options(&config, i, server.local_addr, &cert, &mut ca, links[i].clone())?;
-        link_handles.push(link);
-        let (tx, forward) = (event_tx.clone(), mpsc::unbounded_channel::<ClientEvent>());
-        let (ctx, mut crx) = forward;
-        tokio::spawn(async move {
-            while let Some(e) = crx.recv().await {
-                let _ = tx.send((i, e));
-            }
-        });
-        handles.push(tokio::spawn(client_transport::run(options, Box::new(method), Some(ctx))));
-    }
-    drop(event_tx);
-
+    let fleet = Fleet::spawn(&config, clients, server.local_addr, &cert, &mut ca)?;
+    let Fleet { mut handles, link_handles, mut events } = fleet;
     recorder.start(&headline, (!initial_global.is_empty()).then_some(initial_accuracy), chance, config.rounds)?;
 
-    let mut ledger: Vec<CostRecord> = Vec::new();
-    let mut costs_by_round: HashMap<u64, Vec<CostRecord>> = HashMap::new();
-    let mut rows = Vec::new();
-    let mut reports = Vec::new();
-    let mut killed = vec![false; handles.len()];
+    let mut record = RealRecord { killed: vec![false; handles.len()], ..RealRecord::default() };
     // A stop request is polled between events; the round in flight still closes.
     let mut poll_stop = tokio::time::interval(Duration::from_millis(100));
     let mut stopping = false;
@@ -93,25 +63,10 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
         tokio::select! {
             event = server.events.recv() => match event {
                 Some(ServerEvent::RoundClosed { report, checkpoint }) => {
-                    // The acks of this round are on their way; give the clients a moment to file their costs.
-                    let waiting: Vec<&str> = report.updates.iter().map(|u| u.client.as_str()).collect();
-                    let deadline = Instant::now() + Duration::from_secs(3);
-                    while costs_by_round.get(&report.round).map_or(0, |v| v.len()) < waiting.len() && Instant::now() < deadline {
-                        match tokio::time::timeout(Duration::from_millis(50), client_events.recv()).await {
-                            Ok(Some((i, e))) => handle_client_event(i, e, &config, &devices, &mut handles, &mut killed, &mut costs_by_round),
-                            Ok(None) => break,
-                            Err(_) => {}
-                        }
-                    }
-                    let costs = costs_by_round.remove(&report.round).unwrap_or_default();
-                    let task = task_of(report.round);
+                    let task = schedule.task_of(report.round);
+                    let costs = record.collect_costs(&report, &mut events, &config, &devices, &mut handles).await;
                     let (acc, new_rows) = evaluator.evaluate_round(&report, &checkpoint, task)?;
-                    let row = RoundRow::from_report(&report, acc, &costs);
-                    recorder.round(&row, &costs, &new_rows, None)?;
-                    accuracy_rows.extend(new_rows);
-                    ledger.extend(costs);
-                    rows.push(row);
-                    reports.push((*report).clone());
+                    record.round_closed(&report, acc, new_rows, costs, recorder)?;
                     if recorder.stop_requested().is_some() {
                         stopping = true;
                         break;
@@ -119,16 +74,161 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
                 }
                 Some(ServerEvent::Finished) | None => break,
             },
-            Some((i, e)) = client_events.recv() => handle_client_event(i, e, &config, &devices, &mut handles, &mut killed, &mut costs_by_round),
+            Some((i, e)) = events.recv() => record.client_event(i, e, &config, &devices, &mut handles),
             _ = poll_stop.tick() => {
                 // Announces the stop once; the loop ends when the round in flight closes.
                 let _ = recorder.stop_requested();
             }
         }
     }
+    wait_for_clients(handles, stopping).await;
+    let metrics = server.metrics.clone();
+    server.shutdown().await?;
 
-    // Clients received their goodbye; wait for them to leave, then stop the server. A stopped
-    // run's clients get no goodbye: they are aborted.
+    let inputs = SummaryInputs {
+        initial_accuracy,
+        chance,
+        late_updates: record.reports.last().map(|r| r.late_total).unwrap_or(0),
+        refused: metrics.refusals_total(),
+        decode_errors: metrics.decode_errors_total(),
+        wall_seconds: started.elapsed().as_secs_f64(),
+        local_eval: crate::record::LocalEval::of(&config),
+    };
+    let RealRecord { ledger, rows, reports, accuracy_rows, .. } = record;
+    let mut summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
+    recorder.finish(&mut summary, &ledger, &accuracy_rows, None)?;
+    let link_stats = link_handles
+        .iter()
+        .map(|h| h.as_ref().and_then(|slot| slot.lock().ok().and_then(|s| s.as_ref().map(LinkHandle::stats))))
+        .collect();
+    let run_dir = recorder.dir().map(|d| d.to_path_buf());
+    Ok(SimResult { summary, ledger, reports, run_dir, link_stats, accuracy: accuracy_rows })
+}
+
+/// The simulated devices on the real clock: each one's transport task, its link counters, and
+/// the events they all send (tagged with the device's index).
+struct Fleet {
+    handles: Vec<tokio::task::JoinHandle<anyhow::Result<String>>>,
+    link_handles: Vec<Option<LinkSlot>>,
+    events: mpsc::UnboundedReceiver<(usize, ClientEvent)>,
+}
+
+impl Fleet {
+    /// Starts every client of `clients` against the server at `server`, one training at a time
+    /// (see ComputePool: compute seconds in the ledger measure work, not contention).
+    fn spawn(
+        config: &SimConfig,
+        clients: Vec<crate::device::SimulatedDevice<Box<dyn anchorage_client::methods::ClientMethod>>>,
+        server: SocketAddr,
+        cert: &quinn::rustls::pki_types::CertificateDer<'static>,
+        ca: &mut ProjectCa,
+    ) -> anyhow::Result<Self> {
+        let (event_tx, events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
+        let mut handles = Vec::new();
+        let mut link_handles = Vec::new();
+        let links = config.links()?;
+        let pool = Arc::new(crate::device::ComputePool::new(1));
+        for (i, mut method) in clients.into_iter().enumerate() {
+            method.in_pool(pool.clone());
+            if let Some(k) = config.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {
+                method.crash_in(k);
+            }
+            let (options, link) = device_options(config, i, server, cert, ca, links[i].clone())?;
+            link_handles.push(link);
+            let (tx, (ctx, mut crx)) = (event_tx.clone(), mpsc::unbounded_channel::<ClientEvent>());
+            tokio::spawn(async move {
+                while let Some(e) = crx.recv().await {
+                    let _ = tx.send((i, e));
+                }
+            });
+            handles.push(tokio::spawn(client_transport::run(options, Box::new(method), Some(ctx))));
+        }
+        Ok(Self { handles, link_handles, events })
+    }
+}
+
+/// What the real clock's run has recorded so far.
+#[derive(Default)]
+struct RealRecord {
+    ledger: Vec<CostRecord>,
+    costs_by_round: HashMap<u64, Vec<CostRecord>>,
+    rows: Vec<RoundRow>,
+    reports: Vec<anchorage_server::RoundReport>,
+    accuracy_rows: Vec<crate::accuracy::AccuracyRow>,
+    killed: Vec<bool>,
+}
+
+impl RealRecord {
+    /// A client's event: a round start that a `kill` entry names aborts the client (a
+    /// simulated crash); a finished round's cost record is filed under its round.
+    fn client_event(
+        &mut self,
+        i: usize,
+        event: ClientEvent,
+        config: &SimConfig,
+        devices: &[DeviceProfile],
+        handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
+    ) {
+        match event {
+            ClientEvent::RoundStarted { round } => {
+                if !self.killed[i] && config.kill.iter().any(|k| k.client == i && k.round == round) {
+                    tracing::info!(client = i, round, "killing client (simulated crash)");
+                    handles[i].abort();
+                    self.killed[i] = true;
+                }
+            }
+            ClientEvent::RoundDone { mut cost, .. } => {
+                cost.joules = devices[i].joules(cost.compute_seconds, cost.transfer_seconds);
+                self.costs_by_round.entry(cost.round).or_default().push(cost)
+            }
+            _ => {}
+        }
+    }
+
+    /// The cost records of a closed round. Its acks are on their way: the clients get a moment
+    /// (3 s at most) to file their costs, and every event meanwhile is handled.
+    async fn collect_costs(
+        &mut self,
+        report: &anchorage_server::RoundReport,
+        events: &mut mpsc::UnboundedReceiver<(usize, ClientEvent)>,
+        config: &SimConfig,
+        devices: &[DeviceProfile],
+        handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
+    ) -> Vec<CostRecord> {
+        let waiting = report.updates.len();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while self.costs_by_round.get(&report.round).map_or(0, |v| v.len()) < waiting && Instant::now() < deadline {
+            match tokio::time::timeout(Duration::from_millis(50), events.recv()).await {
+                Ok(Some((i, e))) => self.client_event(i, e, config, devices, handles),
+                Ok(None) => break,
+                Err(_) => {}
+            }
+        }
+        self.costs_by_round.remove(&report.round).unwrap_or_default()
+    }
+
+    /// A closed round: its row, costs and accuracy records, told to `recorder`.
+    fn round_closed(
+        &mut self,
+        report: &anchorage_server::RoundReport,
+        accuracy: f64,
+        new_rows: Vec<crate::accuracy::AccuracyRow>,
+        costs: Vec<CostRecord>,
+        recorder: &mut Recorder,
+    ) -> anyhow::Result<()> {
+        let row = RoundRow::from_report(report, accuracy, &costs);
+        recorder.round(&row, &costs, &new_rows, None)?;
+        self.accuracy_rows.extend(new_rows);
+        self.ledger.extend(costs);
+        self.rows.push(row);
+        self.reports.push(report.clone());
+        Ok(())
+    }
+}
+
+/// Clients received their goodbye: waits for them to leave (5 s each at most). A stopped run's
+/// clients get no goodbye: they are aborted.
+async fn wait_for_clients(handles: Vec<tokio::task::JoinHandle<anyhow::Result<String>>>, stopping: bool) {
     for h in handles {
         if stopping {
             h.abort();
@@ -140,26 +240,6 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
             Err(_) => tracing::warn!("a client did not leave in time"),
         }
     }
-    let metrics = server.metrics.clone();
-    server.shutdown().await?;
-
-    let inputs = SummaryInputs {
-        initial_accuracy,
-        chance,
-        late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
-        refused: metrics.refusals_total(),
-        decode_errors: metrics.decode_errors_total(),
-        wall_seconds: started.elapsed().as_secs_f64(),
-        local_eval: crate::record::LocalEval::of(&config),
-    };
-    let mut summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
-    recorder.finish(&mut summary, &ledger, &accuracy_rows, None)?;
-    let link_stats = link_handles
-        .iter()
-        .map(|h| h.as_ref().and_then(|slot| slot.lock().ok().and_then(|s| s.as_ref().map(LinkHandle::stats))))
-        .collect();
-    let run_dir = recorder.dir().map(|d| d.to_path_buf());
-    Ok(SimResult { summary, ledger, reports, run_dir, link_stats, accuracy: accuracy_rows })
 }
 
 /// Runs the federation on the clock its configuration names (what `anchorage sim` does).
@@ -208,29 +288,4 @@ pub(crate) fn device_options(
         Ok(shaped as Arc<dyn quinn::AsyncUdpSocket>)
     })));
     Ok((options, Some(slot)))
-}
-
-fn handle_client_event(
-    i: usize,
-    event: ClientEvent,
-    config: &SimConfig,
-    devices: &[DeviceProfile],
-    handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
-    killed: &mut [bool],
-    costs: &mut HashMap<u64, Vec<CostRecord>>,
-) {
-    match event {
-        ClientEvent::RoundStarted { round } => {
-            if !killed[i] && config.kill.iter().any(|k| k.client == i && k.round == round) {
-                tracing::info!(client = i, round, "killing client (simulated crash)");
-                handles[i].abort();
-                killed[i] = true;
-            }
-        }
-        ClientEvent::RoundDone { mut cost, .. } => {
-            cost.joules = devices[i].joules(cost.compute_seconds, cost.transfer_seconds);
-            costs.entry(cost.round).or_default().push(cost)
-        }
-        _ => {}
-    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::session::{Session, SessionAction};
-use anchorage_server::engine::{Action, Engine};
+use anchorage_server::engine::{Action, Engine, EngineConfig};
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Broadcast, Capabilities, Message};
@@ -23,7 +23,7 @@ use crate::device::{Availability, Charge, DeviceProfile};
 use crate::network::{Link, LinkProfile};
 use crate::record::{RoundRow, RunSummary, SimResult, SummaryInputs, initial_of};
 use crate::recorder::Recorder;
-use crate::setup::{Setup, client_id};
+use crate::setup::{Evaluator, Setup, client_id};
 
 /// Payload bytes a QUIC packet carries, and the bytes of headers, framing and AEAD tag around it
 /// (measured on loopback: about 3% over the payload for a 1 MB upload).
@@ -151,18 +151,41 @@ pub fn run_virtual(config: &SimConfig) -> anyhow::Result<SimResult> {
 /// are in; a stop request ends the run after the round in flight.
 pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyhow::Result<SimResult> {
     let started = Instant::now();
-    let Setup {
-        engine: engine_config, initial, clients, devices, evaluator, num_classes, headline, server_method, ..
-    } = Setup::new(config, Charge::Report)?;
-    let schedule = engine_config.clone();
-    let method = server_method;
-    let mut engine = Engine::new(engine_config, method, initial.clone());
-    let mut accuracy_rows = Vec::new();
-    let links = config.links()?;
-    // Availability traces are read once per profile; a bad one is an error here, before the run.
+    let mut run = VirtualRun::new(config, recorder)?;
+    run.start();
+    while run.step(recorder)? {}
+    run.finish(config, recorder, started)
+}
+
+/// One run on the virtual clock: the engine, the fleet, the event queue and what the run has
+/// recorded so far. [`VirtualRun::step`] handles one event and the engine's actions after it.
+struct VirtualRun {
+    engine: Engine,
+    schedule: EngineConfig,
+    evaluator: Evaluator,
+    devices: Vec<DeviceProfile>,
+    clients: Vec<VirtualClient>,
+    index: HashMap<String, usize>,
+    queue: Queue,
+    trainer: Trainer,
+    now: Duration,
+    initial_accuracy: f64,
+    chance: f64,
+    live: LiveRows,
+    rows: Vec<RoundRow>,
+    reports: Vec<anchorage_server::RoundReport>,
+    ledger: Vec<CostRecord>,
+    accuracy_rows: Vec<crate::accuracy::AccuracyRow>,
+    stopping: bool,
+    finished: bool,
+}
+
+/// Each device's availability; a trace is read once per profile, and a bad one is an error here,
+/// before the run.
+fn availabilities(devices: &[DeviceProfile]) -> anyhow::Result<Vec<Availability>> {
     let mut read: Vec<(&DeviceProfile, Availability)> = Vec::new();
-    let mut availabilities = Vec::with_capacity(devices.len());
-    for d in &devices {
+    let mut out = Vec::with_capacity(devices.len());
+    for d in devices {
         let a = match read.iter().find(|(p, _)| *p == d) {
             Some((_, a)) => a.clone(),
             None => {
@@ -171,261 +194,347 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
                 a
             }
         };
-        availabilities.push(a);
+        out.push(a);
     }
-    let mut methods = heapless::Vec::new();
-    let name = clients.first().map_or("", |m| m.name());
-    let _ = methods.push(heapless::String::try_from(name).unwrap_or_default());
-    let capabilities = std::sync::Arc::new(Capabilities { backend: "virtual".into(), memory_mb: 1024, methods });
-    let mut clients: Vec<VirtualClient> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(i, method)| {
-            let profile = links[i].clone().unwrap_or_default();
-            let session = Session::new(client_id(i), (*capabilities).clone(), method.num_samples(), None);
-            let seed = config.seed.wrapping_add(5000 + i as u64);
-            VirtualClient {
-                capabilities: capabilities.clone(),
-                session,
-                device: devices[i].clone(),
-                availability: availabilities[i].clone(),
-                phase: Duration::ZERO,
-                rng: Rng::derive(seed, 0xC4A5),
-                online: true,
-                conn: 0,
-                life: 0,
-                method: Some(Box::new(method) as Box<dyn ClientMethod>),
-                up: Path::new(profile.up, seed),
-                down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
-                costs: HashMap::new(),
-            }
+    Ok(out)
+}
+
+impl VirtualRun {
+    /// The setup of `config` on the virtual clock, its initial evaluation told to `recorder`.
+    fn new(config: &SimConfig, recorder: &mut Recorder) -> anyhow::Result<Self> {
+        let Setup {
+            engine: engine_config,
+            initial,
+            clients,
+            devices,
+            evaluator,
+            num_classes,
+            headline,
+            server_method,
+            ..
+        } = Setup::new(config, Charge::Report)?;
+        let schedule = engine_config.clone();
+        let engine = Engine::new(engine_config, server_method, initial.clone());
+        let links = config.links()?;
+        let availabilities = availabilities(&devices)?;
+        let mut methods = heapless::Vec::new();
+        let name = clients.first().map_or("", |m| m.name());
+        let _ = methods.push(heapless::String::try_from(name).unwrap_or_default());
+        let capabilities = std::sync::Arc::new(Capabilities { backend: "virtual".into(), memory_mb: 1024, methods });
+        let clients: Vec<VirtualClient> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(i, method)| {
+                let profile = links[i].clone().unwrap_or_default();
+                let session = Session::new(client_id(i), (*capabilities).clone(), method.num_samples(), None);
+                let seed = config.seed.wrapping_add(5000 + i as u64);
+                VirtualClient {
+                    capabilities: capabilities.clone(),
+                    session,
+                    device: devices[i].clone(),
+                    availability: availabilities[i].clone(),
+                    phase: Duration::ZERO,
+                    rng: Rng::derive(seed, 0xC4A5),
+                    online: true,
+                    conn: 0,
+                    life: 0,
+                    method: Some(Box::new(method) as Box<dyn ClientMethod>),
+                    up: Path::new(profile.up, seed),
+                    down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
+                    costs: HashMap::new(),
+                }
+            })
+            .collect();
+        let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();
+
+        let initial_global = evaluator.evaluate(&initial, &[], 0)?;
+        let initial_accuracy = initial_of(&initial_global);
+        let chance = 1.0 / num_classes as f64;
+        recorder.start(
+            &format!("{headline}, virtual clock"),
+            (!initial_global.is_empty()).then_some(initial_accuracy),
+            chance,
+            config.rounds,
+        )?;
+        Ok(Self {
+            engine,
+            schedule,
+            evaluator,
+            devices,
+            clients,
+            index,
+            queue: Queue::default(),
+            trainer: Trainer::new(config.threads)?,
+            now: Duration::ZERO,
+            initial_accuracy,
+            chance,
+            live: LiveRows::default(),
+            rows: Vec::new(),
+            reports: Vec::new(),
+            ledger: Vec::new(),
+            accuracy_rows: Vec::new(),
+            stopping: false,
+            finished: false,
         })
-        .collect();
-    let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();
+    }
 
-    let initial_global = evaluator.evaluate(&initial, &[], 0)?;
-    let initial_accuracy = initial_of(&initial_global);
-    let chance = 1.0 / num_classes as f64;
-    recorder.start(
-        &format!("{headline}, virtual clock"),
-        (!initial_global.is_empty()).then_some(initial_accuracy),
-        chance,
-        config.rounds,
-    )?;
-    let mut live = LiveRows::default();
-    let mut stopping = false;
-    let mut queue = Queue::default();
-    let mut now = Duration::ZERO;
-    let mut rows = Vec::new();
-    let mut reports = Vec::new();
-    let mut ledger = Vec::new();
-    let mut finished = false;
-
-    for (i, c) in clients.iter_mut().enumerate() {
-        // Devices on an availability cycle start at a random phase of it; a trace starts at 0.
-        c.phase = c.availability.start_phase(&mut c.rng);
-        let (start, _) = c.window(now);
-        if start > now {
-            c.online = false;
-            queue.push(start, Event::Online { client: i });
-        } else {
-            c.session.connected();
-            schedule_departure(i, c, now, &mut queue);
+    /// Brings every device online (or schedules it for its first window) and lets it speak.
+    fn start(&mut self) {
+        let now = self.now;
+        for (i, c) in self.clients.iter_mut().enumerate() {
+            // Devices on an availability cycle start at a random phase of it; a trace starts at 0.
+            c.phase = c.availability.start_phase(&mut c.rng);
+            let (start, _) = c.window(now);
+            if start > now {
+                c.online = false;
+                self.queue.push(start, Event::Online { client: i });
+            } else {
+                c.session.connected();
+                schedule_departure(i, c, now, &mut self.queue);
+            }
+        }
+        for i in 0..self.clients.len() {
+            self.drive(i);
         }
     }
-    let mut trainer = Trainer::new(config.threads)?;
-    for i in 0..clients.len() {
-        drive_client(i, now, &mut clients, &mut queue, &mut trainer);
+
+    /// Lets client `i`'s session act at the current time.
+    fn drive(&mut self, i: usize) {
+        drive_client(i, self.now, &mut self.clients, &mut self.queue, &mut self.trainer);
     }
-    loop {
+
+    /// Handles the next thing to happen (a landed training, the engine's deadline or the next
+    /// event) and the engine's actions after it; `false` once the run is over.
+    fn step(&mut self, recorder: &mut Recorder) -> anyhow::Result<bool> {
         // Trainings in flight land (as Trained events at their start + compute) before anything
         // that could see them: an event for the engine, or for a client that is training.
-        if trainer.must_land(&queue, engine.poll_timeout()) {
-            trainer.land_all(&mut clients, &mut queue)?;
-            continue;
+        if self.trainer.must_land(&self.queue, self.engine.poll_timeout()) {
+            self.trainer.land_all(&mut self.clients, &mut self.queue)?;
+            return Ok(true);
         }
         // The engine's deadline fires before the next event, if it comes first.
-        let next = queue.peek_time();
-        if let Some(deadline) = engine.poll_timeout()
+        let next = self.queue.peek_time();
+        if let Some(deadline) = self.engine.poll_timeout()
             && next.is_none_or(|t| deadline <= t)
         {
-            now = now.max(deadline);
-            engine.handle_timeout(now);
-        } else if let Some((t, event)) = queue.pop() {
-            now = t;
-            match event {
-                Event::ToServer { from, msg, conn } => {
-                    let c = &clients[from];
-                    if !c.online || conn != c.conn {
-                        continue; // sent on a connection that is gone: lost
-                    }
-                    engine.handle_message(now, &client_id(from), msg)
-                }
-                Event::ToClient { to, msg, bytes, conn } => {
-                    let c = &mut clients[to];
-                    if !c.online || conn != c.conn {
-                        continue; // unreachable: the datagrams are lost
-                    }
-                    if matches!(msg, Message::Broadcast(_))
-                        && c.device.crash_probability > 0.0
-                        && c.rng.f64() < c.device.crash_probability
-                    {
-                        let back_after = Duration::from_secs_f64(c.device.rejoin_seconds.max(0.0));
-                        queue.push(now, Event::Offline { client: to, back_after, crash: true });
-                        continue;
-                    }
-                    match &msg {
-                        Message::Broadcast(b) => {
-                            let cost = CostRecord {
-                                client: client_id(to),
-                                round: b.round,
-                                payload_down: payload_bytes(&b.blocks) as u64,
-                                wire_down: wire_bytes(bytes),
-                                ..CostRecord::default()
-                            };
-                            c.costs.entry(b.round).or_insert((cost, now));
-                        }
-                        Message::Ack(ack) => {
-                            if let Some((mut cost, at)) = c.costs.remove(&ack.round) {
-                                cost.wall_seconds = (now - at).as_secs_f64();
-                                cost.straggler = !ack.aggregated;
-                                cost.wait_seconds =
-                                    (cost.wall_seconds - cost.compute_seconds - cost.transfer_seconds).max(0.0);
-                                cost.joules = devices[to].joules(cost.compute_seconds, cost.transfer_seconds);
-                                live.cost(ledger.len(), &cost);
-                                ledger.push(cost);
-                                live.emit_complete(&ledger, recorder)?;
-                            }
-                        }
-                        _ => {}
-                    }
-                    let _ = c.session.handle_message(msg);
-                    drive_client(to, now, &mut clients, &mut queue, &mut trainer);
-                }
-                Event::Offline { client, back_after, crash } => {
-                    let c = &mut clients[client];
-                    if c.online {
-                        c.online = false;
-                        c.conn += 1;
-                        engine.handle_disconnect(now, &client_id(client));
-                        if crash {
-                            // The process restarts: a new session from what the store kept.
-                            c.life += 1;
-                            let pending = c.session.pending().cloned();
-                            c.session = Session::new(
-                                client_id(client),
-                                (*c.capabilities).clone(),
-                                c.method.as_ref().map_or(0, |m| m.num_samples()),
-                                pending,
-                            );
-                        } else {
-                            c.session.disconnected();
-                        }
-                        if !finished {
-                            queue.push(now + back_after, Event::Online { client });
-                        }
-                    }
-                }
-                Event::Online { client } => {
-                    let c = &mut clients[client];
-                    if !c.online {
-                        // A crashed device that rejoins while away waits for its next window.
-                        let (start, _) = c.window(now);
-                        if start > now {
-                            if !finished {
-                                queue.push(start, Event::Online { client });
-                            }
-                            continue;
-                        }
-                        c.online = true;
-                        c.conn += 1;
-                        c.session.connected();
-                        if !finished {
-                            schedule_departure(client, c, now, &mut queue);
-                        }
-                        drive_client(client, now, &mut clients, &mut queue, &mut trainer);
-                    }
-                }
-                Event::Trained { client, life, .. } if life != clients[client].life => {}
-                Event::Trained { client, life: _, round, result } => {
-                    let c = &mut clients[client];
-                    match result {
-                        Ok(update) => c.session.trained(update),
-                        Err(e) => c.session.training_failed(round, &e),
-                    }
-                    drive_client(client, now, &mut clients, &mut queue, &mut trainer);
-                }
+            self.now = self.now.max(deadline);
+            self.engine.handle_timeout(self.now);
+        } else if let Some((t, event)) = self.queue.pop() {
+            self.now = t;
+            if !self.on_event(event, recorder)? {
+                return Ok(true);
             }
         } else {
-            break;
+            return Ok(false);
         }
-        while let Some(action) = engine.poll_action() {
-            match action {
-                Action::Send { to, msg } => send_down(&index, &mut clients, &mut queue, now, &to, msg),
-                Action::Close { client, refusal } => {
-                    send_down(&index, &mut clients, &mut queue, now, &client, Message::Refusal(refusal))
+        while let Some(action) = self.engine.poll_action() {
+            self.on_action(action, recorder)?;
+        }
+        Ok(!(self.stopping || (self.finished && self.queue.peek_time().is_none())))
+    }
+
+    /// One event at the current time; `false` when it was lost (nothing else happens this step).
+    fn on_event(&mut self, event: Event, recorder: &mut Recorder) -> anyhow::Result<bool> {
+        let now = self.now;
+        match event {
+            Event::ToServer { from, msg, conn } => {
+                let c = &self.clients[from];
+                if !c.online || conn != c.conn {
+                    return Ok(false); // sent on a connection that is gone: lost
                 }
-                Action::Broadcast { to, msg } => {
-                    let bytes = frame_len(&msg);
-                    for client in to {
-                        if let Some(&i) = index.get(&client) {
-                            let at = clients[i].down.carry(now, bytes);
-                            let conn = clients[i].conn;
-                            queue.push(at, Event::ToClient { to: i, msg: (*msg).clone(), bytes, conn });
-                        }
-                    }
+                self.engine.handle_message(now, &client_id(from), msg)
+            }
+            Event::ToClient { to, msg, bytes, conn } => return self.to_client(to, msg, bytes, conn, recorder),
+            Event::Offline { client, back_after, crash } => self.offline(client, back_after, crash),
+            Event::Online { client } => return Ok(self.online(client)),
+            Event::Trained { client, life, .. } if life != self.clients[client].life => {}
+            Event::Trained { client, life: _, round, result } => {
+                let c = &mut self.clients[client];
+                match result {
+                    Ok(update) => c.session.trained(update),
+                    Err(e) => c.session.training_failed(round, &e),
                 }
-                // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
-                Action::Ledger(record) => {
-                    if record.dropped {
-                        live.cost(ledger.len(), &record);
-                        ledger.push(record);
-                    }
-                }
-                Action::Persist(_) => {}
-                Action::RoundClosed(report, checkpoint) => {
-                    let task = schedule.task_of(report.round);
-                    let (accuracy, new_rows) = evaluator.evaluate_round(&report, &checkpoint, task)?;
-                    let row = RoundRow::from_report(&report, accuracy, &[]);
-                    // A closed round's row waits for its acks (the wire bytes); an earlier one
-                    // still waiting goes out now, with what it has.
-                    live.flush(&ledger, recorder)?;
-                    live.closed(row.clone(), new_rows.clone(), report.updates.len(), now);
-                    live.emit_complete(&ledger, recorder)?;
-                    accuracy_rows.extend(new_rows);
-                    rows.push(row);
-                    reports.push((*report).clone());
-                    stopping = recorder.stop_requested().is_some();
-                }
-                Action::Finished => finished = true,
+                self.drive(client);
             }
         }
-        if stopping || (finished && queue.peek_time().is_none()) {
-            break;
+        Ok(true)
+    }
+
+    /// A message reaches client `to` (unless it went away, or crashes on a broadcast); its costs
+    /// are opened by the broadcast and closed, into the ledger, by the ack.
+    fn to_client(
+        &mut self,
+        to: usize,
+        msg: Message,
+        bytes: u64,
+        conn: u64,
+        recorder: &mut Recorder,
+    ) -> anyhow::Result<bool> {
+        let now = self.now;
+        let c = &mut self.clients[to];
+        if !c.online || conn != c.conn {
+            return Ok(false); // unreachable: the datagrams are lost
+        }
+        if matches!(msg, Message::Broadcast(_))
+            && c.device.crash_probability > 0.0
+            && c.rng.f64() < c.device.crash_probability
+        {
+            let back_after = Duration::from_secs_f64(c.device.rejoin_seconds.max(0.0));
+            self.queue.push(now, Event::Offline { client: to, back_after, crash: true });
+            return Ok(false);
+        }
+        match &msg {
+            Message::Broadcast(b) => {
+                let cost = CostRecord {
+                    client: client_id(to),
+                    round: b.round,
+                    payload_down: payload_bytes(&b.blocks) as u64,
+                    wire_down: wire_bytes(bytes),
+                    ..CostRecord::default()
+                };
+                c.costs.entry(b.round).or_insert((cost, now));
+            }
+            Message::Ack(ack) => {
+                if let Some((mut cost, at)) = c.costs.remove(&ack.round) {
+                    cost.wall_seconds = (now - at).as_secs_f64();
+                    cost.straggler = !ack.aggregated;
+                    cost.wait_seconds = (cost.wall_seconds - cost.compute_seconds - cost.transfer_seconds).max(0.0);
+                    cost.joules = self.devices[to].joules(cost.compute_seconds, cost.transfer_seconds);
+                    self.live.cost(self.ledger.len(), &cost);
+                    self.ledger.push(cost);
+                    self.live.emit_complete(&self.ledger, recorder)?;
+                }
+            }
+            _ => {}
+        }
+        let _ = c.session.handle_message(msg);
+        self.drive(to);
+        Ok(true)
+    }
+
+    /// Client `client` goes away (a crash restarts its process: a new session from what its
+    /// store kept) and, unless the run is over, comes back after `back_after`.
+    fn offline(&mut self, client: usize, back_after: Duration, crash: bool) {
+        let c = &mut self.clients[client];
+        if !c.online {
+            return;
+        }
+        c.online = false;
+        c.conn += 1;
+        self.engine.handle_disconnect(self.now, &client_id(client));
+        if crash {
+            c.life += 1;
+            let pending = c.session.pending().cloned();
+            c.session = Session::new(
+                client_id(client),
+                (*c.capabilities).clone(),
+                c.method.as_ref().map_or(0, |m| m.num_samples()),
+                pending,
+            );
+        } else {
+            c.session.disconnected();
+        }
+        if !self.finished {
+            self.queue.push(self.now + back_after, Event::Online { client });
         }
     }
-    live.flush(&ledger, recorder)?;
 
-    // Acks of a round's last updates arrive after it closed: total the wire bytes at the end.
-    for row in rows.iter_mut() {
-        let costs = ledger.iter().filter(|c| c.round == row.round);
-        (row.wire_up, row.wire_down) = costs.fold((0, 0), |(u, d), c| (u + c.wire_up, d + c.wire_down));
+    /// Client `client` comes back, or (a crashed device that rejoins while away) waits for its
+    /// next window; `false` when it waits.
+    fn online(&mut self, client: usize) -> bool {
+        let now = self.now;
+        let c = &mut self.clients[client];
+        if c.online {
+            return true;
+        }
+        let (start, _) = c.window(now);
+        if start > now {
+            if !self.finished {
+                self.queue.push(start, Event::Online { client });
+            }
+            return false;
+        }
+        c.online = true;
+        c.conn += 1;
+        c.session.connected();
+        if !self.finished {
+            schedule_departure(client, c, now, &mut self.queue);
+        }
+        self.drive(client);
+        true
     }
-    let inputs = SummaryInputs {
-        initial_accuracy,
-        chance,
-        late_updates: reports.last().map(|r| r.late_total).unwrap_or(0),
-        refused: engine.stats().refused,
-        decode_errors: 0,
-        wall_seconds: started.elapsed().as_secs_f64(),
-        local_eval: crate::record::LocalEval::of(&config),
-    };
-    let mut summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
-    let simulated: Duration = summary.rounds.iter().map(|r| Duration::from_secs_f64(r.seconds.max(0.0))).sum();
-    recorder.finish(&mut summary, &ledger, &accuracy_rows, Some(simulated))?;
-    tracing::info!(simulated = ?now, wall = summary.wall_seconds, "virtual run finished");
-    let run_dir = recorder.dir().map(|d| d.to_path_buf());
-    Ok(SimResult { summary, ledger, reports, run_dir, link_stats: Vec::new(), accuracy: accuracy_rows })
+
+    /// One of the engine's actions: messages onto the links, dropped clients' cost records, a
+    /// closed round evaluated and recorded, the end.
+    fn on_action(&mut self, action: Action, recorder: &mut Recorder) -> anyhow::Result<()> {
+        let now = self.now;
+        match action {
+            Action::Send { to, msg } => send_down(&self.index, &mut self.clients, &mut self.queue, now, &to, msg),
+            Action::Close { client, refusal } => {
+                send_down(&self.index, &mut self.clients, &mut self.queue, now, &client, Message::Refusal(refusal))
+            }
+            Action::Broadcast { to, msg } => {
+                let bytes = frame_len(&msg);
+                for client in to {
+                    if let Some(&i) = self.index.get(&client) {
+                        let at = self.clients[i].down.carry(now, bytes);
+                        let conn = self.clients[i].conn;
+                        self.queue.push(at, Event::ToClient { to: i, msg: (*msg).clone(), bytes, conn });
+                    }
+                }
+            }
+            // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
+            Action::Ledger(record) => {
+                if record.dropped {
+                    self.live.cost(self.ledger.len(), &record);
+                    self.ledger.push(record);
+                }
+            }
+            Action::Persist(_) => {}
+            Action::RoundClosed(report, checkpoint) => {
+                let task = self.schedule.task_of(report.round);
+                let (accuracy, new_rows) = self.evaluator.evaluate_round(&report, &checkpoint, task)?;
+                let row = RoundRow::from_report(&report, accuracy, &[]);
+                // A closed round's row waits for its acks (the wire bytes); an earlier one still
+                // waiting goes out now, with what it has.
+                self.live.flush(&self.ledger, recorder)?;
+                self.live.closed(row.clone(), new_rows.clone(), report.updates.len(), now);
+                self.live.emit_complete(&self.ledger, recorder)?;
+                self.accuracy_rows.extend(new_rows);
+                self.rows.push(row);
+                self.reports.push((*report).clone());
+                self.stopping = recorder.stop_requested().is_some();
+            }
+            Action::Finished => self.finished = true,
+        }
+        Ok(())
+    }
+
+    /// The run's result: rows with their final wire bytes, the summary, the run folder finished.
+    fn finish(mut self, config: &SimConfig, recorder: &mut Recorder, started: Instant) -> anyhow::Result<SimResult> {
+        self.live.flush(&self.ledger, recorder)?;
+        // Acks of a round's last updates arrive after it closed: total the wire bytes at the end.
+        for row in self.rows.iter_mut() {
+            let costs = self.ledger.iter().filter(|c| c.round == row.round);
+            (row.wire_up, row.wire_down) = costs.fold((0, 0), |(u, d), c| (u + c.wire_up, d + c.wire_down));
+        }
+        let inputs = SummaryInputs {
+            initial_accuracy: self.initial_accuracy,
+            chance: self.chance,
+            late_updates: self.reports.last().map(|r| r.late_total).unwrap_or(0),
+            refused: self.engine.stats().refused,
+            decode_errors: 0,
+            wall_seconds: started.elapsed().as_secs_f64(),
+            local_eval: crate::record::LocalEval::of(config),
+        };
+        let mut summary = RunSummary::new(inputs, self.rows, &self.ledger, &self.accuracy_rows);
+        let simulated: Duration = summary.rounds.iter().map(|r| Duration::from_secs_f64(r.seconds.max(0.0))).sum();
+        recorder.finish(&mut summary, &self.ledger, &self.accuracy_rows, Some(simulated))?;
+        tracing::info!(simulated = ?self.now, wall = summary.wall_seconds, "virtual run finished");
+        let run_dir = recorder.dir().map(|d| d.to_path_buf());
+        let (ledger, reports, accuracy) = (self.ledger, self.reports, self.accuracy_rows);
+        Ok(SimResult { summary, ledger, reports, run_dir, link_stats: Vec::new(), accuracy })
+    }
 }
 
 /// Closed rounds whose rows wait for their acks: a row's wire bytes are the acked updates' and
