@@ -41,7 +41,10 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// Delay before attempt `attempt` (1-based): uniform in [d/2, d] with d = min(max, initial·2^(attempt−1)).
+    /// Delay before attempt `attempt` (1-based): uniform in [d/2, d] with d = min(max, initial·2^(attempt−1))
+    /// ("equal jitter"). Ours, in three lines, rather than a crate's: `backoff` is unmaintained
+    /// (RUSTSEC-2025-0012) and `backon` is a retry executor around futures, where the transport
+    /// needs only the next delay, drawn from its seeded generator so that tests can repeat it.
     pub fn delay(&self, attempt: u32, rng: &mut Rng) -> Duration {
         let exp = self.initial.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
         let d = exp.min(self.max);

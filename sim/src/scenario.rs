@@ -210,11 +210,16 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
 
 /// `current` switched to the method `name` (`--method`): the keys the two methods share keep
 /// their values, the new method's other keys take its defaults. Returns the config and the keys
-/// of `current` that `name` does not have (dropped, `key = value`).
+/// of `current` set away from their defaults that `name` does not have (dropped, `key = value`).
 pub fn switch_method(current: &MethodConfig, name: &str) -> anyhow::Result<(MethodConfig, Vec<String>)> {
     let defaults = MethodConfig::named(name)
         .with_context(|| format!("unknown method `{name}` (known: {})", anchorage_shared::method::Names))?;
-    let toml::Value::Table(old) = toml::Value::try_from(current)? else { anyhow::bail!("a method is a table") };
+    let table = |m: &MethodConfig| match toml::Value::try_from(m) {
+        Ok(toml::Value::Table(t)) => Ok(t),
+        _ => Err(anyhow::anyhow!("method `{}` does not serialise as a table", m.name())),
+    };
+    let old = table(current)?;
+    let old_defaults = table(&(current.info().defaults)())?;
     let mut kept = toml::Table::new();
     kept.insert("name".into(), name.into());
     let mut dropped = Vec::new();
@@ -225,7 +230,7 @@ pub fn switch_method(current: &MethodConfig, name: &str) -> anyhow::Result<(Meth
         probe.insert(key.clone(), value.clone());
         if toml::Value::Table(probe).try_into::<MethodConfig>().is_ok() {
             kept.insert(key, value);
-        } else {
+        } else if old_defaults.get(&key) != Some(&value) {
             dropped.push(format!("{key} = {value}"));
         }
     }
@@ -276,7 +281,8 @@ mod tests {
         let (fedprok, dropped) = switch_method(&gldp, "fedprok").unwrap();
         let MethodConfig::FedProK(p) = &fedprok else { panic!("{fedprok:?}") };
         assert_eq!((p.beta, p.replay_ratio), (0.9, 1.0), "beta kept, replay_ratio the default");
-        assert!(dropped.iter().any(|d| d == "lambda = 0.3"), "{dropped:?}");
+        assert_eq!(dropped.len(), 1, "only lambda is set away from GLDP's defaults: {dropped:?}");
+        assert!(dropped[0].starts_with("lambda = 0.3"), "{dropped:?}");
         let (fedavg, _) = switch_method(&gldp, "fedavg").unwrap();
         assert_eq!(fedavg, MethodConfig::default());
         let error = format!("{:#}", switch_method(&gldp, "fedavgx").unwrap_err());
