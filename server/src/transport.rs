@@ -753,29 +753,8 @@ impl ConnCtx {
         let (mut control_send, mut control_recv) = tokio::time::timeout(self.limits.hello_timeout, conn.accept_bi())
             .await
             .context("no control stream in time")??;
-        let first = tokio::time::timeout(
-            self.limits.hello_timeout,
-            read_frame_limited(&mut control_recv, &self.control_limits()),
-        )
-        .await
-        .context("no hello in time")?;
-        let hello = match first {
-            Ok(Some((msg @ Message::Hello(_), n))) => {
-                self.count_in(n);
-                msg
-            }
-            Ok(Some((other, _))) => {
-                let refusal = Refusal {
-                    reason: RefusalReason::NotEnrolled,
-                    detail: format!("expected hello, got {}", other.kind_name()),
-                };
-                return self.refuse(&conn, &mut control_send, refusal, None, &remote.to_string()).await;
-            }
-            Ok(None) => return Ok(()),
-            Err(e) => {
-                self.metrics.decode_error();
-                return self.refuse(&conn, &mut control_send, refusal_for(&e), None, &remote.to_string()).await;
-            }
+        let Some(hello) = self.read_hello(&conn, &mut control_send, &mut control_recv).await? else {
+            return Ok(());
         };
         // Under mutual TLS the id is the certificate's and the engine refuses a hello that names
         // another; in the development mode the hello names the client.
@@ -822,6 +801,39 @@ impl ConnCtx {
         let why = conn.close_reason().map_or_else(|| "the connection is still open".to_string(), |e| e.to_string());
         tracing::info!(%client, reason = %why, "client disconnected");
         Ok(())
+    }
+
+    /// The connection's first message, which must be a hello (in time, readable); anything else
+    /// is refused and gives `None`, as does a stream that ends first.
+    async fn read_hello(
+        &self,
+        conn: &quinn::Connection,
+        control_send: &mut quinn::SendStream,
+        control_recv: &mut quinn::RecvStream,
+    ) -> anyhow::Result<Option<Message>> {
+        let remote = conn.remote_address().to_string();
+        let first =
+            tokio::time::timeout(self.limits.hello_timeout, read_frame_limited(control_recv, &self.control_limits()))
+                .await
+                .context("no hello in time")?;
+        match first {
+            Ok(Some((msg @ Message::Hello(_), n))) => {
+                self.count_in(n);
+                Ok(Some(msg))
+            }
+            Ok(Some((other, _))) => {
+                let refusal = Refusal {
+                    reason: RefusalReason::NotEnrolled,
+                    detail: format!("expected hello, got {}", other.kind_name()),
+                };
+                self.refuse(conn, control_send, refusal, None, &remote).await.map(|()| None)
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.metrics.decode_error();
+                self.refuse(conn, control_send, refusal_for(&e), None, &remote).await.map(|()| None)
+            }
+        }
     }
 
     /// The control stream carries only small messages.

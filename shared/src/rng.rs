@@ -151,7 +151,10 @@ mod tests {
         assert_eq!(Rng::derive(7, 3).next_u64(), 1232417497062643920);
         let mut n = Rng::new(1);
         let normals: Vec<f32> = (0..3).map(|_| n.normal() as f32).collect();
-        assert_eq!(normals, [-1.5452228371402945f64 as f32, -1.0136476397283942f64 as f32, 0.9582971460957356f64 as f32]);
+        assert_eq!(
+            normals,
+            [-1.5452228371402945f64 as f32, -1.0136476397283942f64 as f32, 0.9582971460957356f64 as f32]
+        );
         let mut g = Rng::new(2);
         let d = g.dirichlet(0.5, 3);
         for (got, was) in d.iter().zip([0.026668918156842178, 0.44822110080967226, 0.5251099810334856]) {
