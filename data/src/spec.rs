@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use anchorage_shared::rng::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::circle::CircleConfig;
+use crate::circle::{CircleConfig, CircleKind};
 use crate::loaders::cifar::{self, CifarKind};
 use crate::loaders::image_folder::{self, ImageFolderOptions};
 use crate::loaders::{Split, mnist, tiny_imagenet};
@@ -173,8 +173,10 @@ pub struct DataSpec {
     /// Sizes of the synthetic set (dataset = "synthetic").
     #[serde(default)]
     pub synthetic: Option<SyntheticSpec>,
-    /// Circle knobs (dataset = "circle"); the seed is the spec's.
-    #[serde(default)]
+    /// Circle knobs (dataset = "circle"): `circle = "fixed" | "cida" | "concept"` for a kind's
+    /// defaults, or a `[data.circle]` table (its `kind` picks the defaults it overrides); the seed
+    /// is the spec's.
+    #[serde(default, deserialize_with = "crate::circle::deserialize_circle")]
     pub circle: Option<CircleConfig>,
     /// The task advances every this many rounds (FedProK's R); informative for the simulator.
     #[serde(default)]
@@ -408,7 +410,17 @@ pub fn label_pools(spec: &DataSpec, data_dir: Option<&Path>) -> Result<LabelPool
             let train: Vec<u32> = domains.iter().flat_map(|d| d.labels.iter().copied()).collect();
             let dom: Vec<u32> =
                 domains.iter().enumerate().flat_map(|(k, d)| std::iter::repeat_n(k as u32, d.len())).collect();
-            (2, train, Vec::new(), Some(dom), format!("generated Circle set, r = {}", c.boundary_radius))
+            (
+                2,
+                train,
+                Vec::new(),
+                Some(dom),
+                match c.kind {
+                    CircleKind::Fixed => format!("generated Circle set, r = {}", c.boundary_radius),
+                    CircleKind::Concept => "generated Circle set (concept drift, Pesaranghader & Viktor)".to_string(),
+                    kind => format!("generated Circle set ({}), r = {}", kind.name(), c.boundary_radius),
+                },
+            )
         }
         (kind, Some(dir)) => {
             let (train, src) = file_labels(kind, dir, Split::Train)?;

@@ -164,6 +164,20 @@ fn load_matches_the_label_pools() {
     assert_eq!((data.train.len(), data.train.sample_shape.clone()), (3000, vec![2]));
     let split = anchorage_data::build_split(&spec, &anchorage_data::label_pools(&spec, None).unwrap()).unwrap();
     assert_eq!(split.num_tasks(), 30);
+    // `circle = "kind"` takes a kind's defaults; a table's `kind` picks the defaults its keys override.
+    let base = "dataset = \"circle\"\nscale = 0.1\n";
+    let part = "[partition]\nkind = \"domains\"\nclients = 3\n";
+    let spec: DataSpec = toml::from_str(&format!("{base}circle = \"concept\"\n{part}")).unwrap();
+    let concept = spec.circle.clone().unwrap();
+    assert_eq!(concept, anchorage_data::circle::CircleConfig::of_kind(anchorage_data::circle::CircleKind::Concept));
+    let data = anchorage_data::load(&spec, None).unwrap();
+    assert!(data.train.features.iter().all(|v| (0.0..1.0).contains(v)), "concept points lie in the unit square");
+    let spec: DataSpec =
+        toml::from_str(&format!("{base}{part}[circle]\nkind = \"cida\"\nper_domain = 100\n")).unwrap();
+    let cida = spec.circle.unwrap();
+    assert_eq!((cida.mean_radius, cida.std, cida.per_domain), (5.0, 0.5, 100));
+    let bad = toml::from_str::<DataSpec>(&format!("{base}circle = \"spiral\"\n{part}"));
+    assert!(bad.is_err(), "an unknown kind is refused");
     // Real MNIST at 1 % when the files are there.
     let Some(dir) = common::data_dir("load_matches_the_label_pools (MNIST part)") else { return };
     let spec: DataSpec =
