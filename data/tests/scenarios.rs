@@ -172,8 +172,7 @@ fn load_matches_the_label_pools() {
     assert_eq!(concept, anchorage_data::circle::CircleConfig::of_kind(anchorage_data::circle::CircleKind::Concept));
     let data = anchorage_data::load(&spec, None).unwrap();
     assert!(data.train.features.iter().all(|v| (0.0..1.0).contains(v)), "concept points lie in the unit square");
-    let spec: DataSpec =
-        toml::from_str(&format!("{base}{part}[circle]\nkind = \"cida\"\nper_domain = 100\n")).unwrap();
+    let spec: DataSpec = toml::from_str(&format!("{base}{part}[circle]\nkind = \"cida\"\nper_domain = 100\n")).unwrap();
     let cida = spec.circle.unwrap();
     assert_eq!((cida.mean_radius, cida.std, cida.per_domain), (5.0, 0.5, 100));
     let bad = toml::from_str::<DataSpec>(&format!("{base}circle = \"spiral\"\n{part}"));
