@@ -12,6 +12,7 @@
 
 use std::time::Instant;
 
+use anchorage_shared::method::ReplayInto;
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::prototype_rules::{ClassMean, nearest_by_cosine};
 use anchorage_shared::rng::Rng;
@@ -20,10 +21,10 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::protos::{class_means, from_wire, merge_missing, to_wire};
+use super::protos::{class_means, from_wire, host, merge_missing, to_wire};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
 use anchorage_model::ops::index_tensor;
-use anchorage_model::train::{Batch, Trainer, accuracy, whole};
+use anchorage_model::train::{Batch, Part, Trainer, accuracy, head_only, whole};
 use anchorage_model::{BlockLayout, FeatureCache, Net};
 
 /// FedProK's client half. See the module docs.
@@ -64,6 +65,67 @@ impl FedProKClient {
     pub fn new(ctx: MethodContext, config: anchorage_shared::method::FedProKConfig) -> Self {
         Self { rng: Rng::derive(ctx.seed, 0xF9A0), ctx, config, task: 0 }
     }
+
+    /// A diagnostic, never a training input: how far the old classes' stored prototypes µ_p sit
+    /// from the same classes' means under the current f, on this client's own earlier tasks
+    /// (the drift Eq. 8's translation cannot see). The mean over old classes of
+    /// ‖µ_p − mean f(x_p)‖ / ‖mean f(x_p)‖; `None` in the first task.
+    fn prototype_drift(&self, net: &Net, global: &[ClassMean], task: u32) -> Option<f64> {
+        let seen = self.ctx.stream.seen(task);
+        let earlier = &seen[..seen.len().saturating_sub(1)];
+        let valid = net.valid();
+        let mut ratios = Vec::new();
+        for t in earlier.iter().filter(|t| !t.train.is_empty()) {
+            for now in class_means(valid.represent(t.train.features().inner()), &t.train.labels_host) {
+                let Some(stored) = global.iter().find(|g| g.class == now.class && g.vector.len() == now.vector.len())
+                else {
+                    continue;
+                };
+                let gap: f64 = stored.vector.iter().zip(&now.vector).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+                let norm: f64 = now.vector.iter().map(|b| (*b as f64).powi(2)).sum();
+                if norm > 0.0 {
+                    ratios.push((gap / norm).sqrt());
+                }
+            }
+        }
+        (!ratios.is_empty()).then(|| ratios.iter().sum::<f64>() / ratios.len() as f64)
+    }
+}
+
+/// Semantic drift compensation (Yu et al. 2020, SDC): each old prototype µ_p moves by the
+/// weighted mean drift of the current samples, δ_p = Σ_i w_i (e_i − s_i) / Σ_i w_i with
+/// w_i = exp(−‖s_i − µ_p‖² / 2σ²), where s_i and e_i are sample i's representation before and
+/// after local training (`[n, dim]` row-major each) and σ² the 10% quantile of ‖s_i − µ_p‖²: the
+/// nearest tenth of the samples carry the weight, and the kernel has no scale to tune. Returns the moved prototypes, counted by the samples that moved them.
+fn compensate_drift(old: &[ClassMean], before: &[f32], after: &[f32], dim: usize) -> Vec<ClassMean> {
+    let n = if dim == 0 { 0 } else { before.len().min(after.len()) / dim };
+    if n == 0 {
+        return Vec::new();
+    }
+    old.iter()
+        .filter(|p| p.vector.len() == dim)
+        .map(|p| {
+            let d2: Vec<f64> = (0..n)
+                .map(|i| {
+                    before[i * dim..(i + 1) * dim].iter().zip(&p.vector).map(|(s, m)| ((s - m) as f64).powi(2)).sum()
+                })
+                .collect();
+            let mut sorted = d2.clone();
+            sorted.sort_by(f64::total_cmp);
+            let sigma2 = sorted[n / 10].max(f64::MIN_POSITIVE);
+            let nearest = sorted[0];
+            // Shifted by the nearest distance so the largest weight is 1 (no underflow far away).
+            let w: Vec<f64> = d2.iter().map(|d| (-(d - nearest) / (2.0 * sigma2)).exp()).collect();
+            let total: f64 = w.iter().sum();
+            let vector = (0..dim)
+                .map(|j| {
+                    let shift: f64 = (0..n).map(|i| w[i] * (after[i * dim + j] - before[i * dim + j]) as f64).sum();
+                    p.vector[j] + (shift / total) as f32
+                })
+                .collect();
+            ClassMean { class: p.class, count: n as u64, vector }
+        })
+        .collect()
 }
 
 /// Pseudo-features of a batch (Eq. 8): `(sample rows, offsets [m, d], labels [m])`, at most `limit`.
@@ -105,6 +167,7 @@ impl ClientMethod for FedProKClient {
         let device = self.ctx.device.clone();
         let global = from_wire(&broadcast.prototypes)?;
         let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
+        let start_net = self.config.drift_compensation.then(|| net.clone());
         // The new classes' prototypes under the round's starting f; global ones where the server has them.
         let start = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
         let new: Vec<ClassMean> =
@@ -114,19 +177,22 @@ impl ClientMethod for FedProKClient {
         let limit = (self.config.replay_ratio.max(0.0) * c.batch_size as f32).ceil() as usize;
         let dim = self.ctx.net.representation_dim();
         let ce = CrossEntropyLossConfig::new().init(&device);
+        let classifier_only = self.config.replay_into == ReplayInto::Classifier;
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
         let mut rng = self.rng.clone();
         let mut replay_rng = Rng::derive(self.ctx.seed ^ broadcast.round, 0x9EED);
         let mut loss = f64::NAN;
+        let part: Part<Net> = if self.config.freeze_after_first_task && broadcast.task > 0 { head_only } else { whole };
         for _ in 0..c.local_epochs {
-            (net, loss) = trainer.epoch(net, &train, &mut rng, whole, |m, b| {
+            (net, loss) = trainer.epoch(net, &train, &mut rng, part, |m, b| {
                 let z = m.represent(b.x.clone());
                 let real = ce.forward(m.head.forward(z.clone()), b.y.clone());
                 match pseudo_batch(b, &table, limit, &mut replay_rng) {
                     Some((rows, offsets, labels)) => {
                         let k = rows.len();
                         let offsets = Tensor::<2>::from_data(TensorData::new(offsets, [k, dim]), &b.x.device());
-                        let pseudo = z.select(0, index_tensor(&rows, &b.x.device())) + offsets;
+                        let source = if classifier_only { z.detach() } else { z };
+                        let pseudo = source.select(0, index_tensor(&rows, &b.x.device())) + offsets;
                         let y = Tensor::<1, Int>::from_data(TensorData::new(labels, [k]), &b.x.device());
                         real + ce.forward(m.head.forward(pseudo), y)
                     }
@@ -135,10 +201,23 @@ impl ClientMethod for FedProKClient {
             });
         }
         self.rng = rng;
-        let fresh = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
+        let mut fresh = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
+        if let Some(start) = start_net {
+            let before = host(start.valid().represent(train.features().inner()));
+            let after = host(net.valid().represent(train.features().inner()));
+            let old: Vec<ClassMean> = global.iter().filter(|g| !current.contains(&g.class)).cloned().collect();
+            fresh.extend(compensate_drift(&old, &before, &after, dim));
+        }
+        let drift = self.prototype_drift(&net, &global, broadcast.task);
+        if let Some(d) = drift {
+            tracing::info!(round = broadcast.round, task = broadcast.task, drift = d, "fedprok prototype drift");
+        }
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&net, t, 512));
         let mut metrics = common_metrics(loss, accuracies);
         metrics.push(anchorage_shared::protocol::Metric { name: "pseudo_classes".into(), value: table.len() as f64 });
+        if let Some(d) = drift {
+            metrics.push(anchorage_shared::protocol::Metric { name: "prototype_drift".into(), value: d });
+        }
         Ok(Update {
             round: broadcast.round,
             num_samples: train.len() as u64,
@@ -179,5 +258,25 @@ mod tests {
         // Eq. 8: f(x_n) + µ_p − µ_n lands on µ_p when f(x_n) = µ_n.
         let landed: Vec<f32> = new[1].vector.iter().zip(&t[1].offset).map(|(a, b)| a + b).collect();
         assert!((landed[0] - 0.0).abs() < 1e-6 && (landed[1] - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn drift_compensation_moves_old_prototypes_with_the_samples_near_them() {
+        // Four samples in 2-D: two near (0, 0), two near (10, 0). Training moved the first pair
+        // by (+1, 0) and the second by (0, −2).
+        let before = [0.0, 0.0, 0.2, 0.0, 10.0, 0.0, 10.2, 0.0];
+        let after = [1.0, 0.0, 1.2, 0.0, 10.0, -2.0, 10.2, -2.0];
+        let old = [mean(0, &[0.1, 0.5]), mean(1, &[9.9, 0.5])];
+        let moved = compensate_drift(&old, &before, &after, 2);
+        assert_eq!((moved[0].class, moved[1].class, moved[0].count), (0, 1, 4));
+        // Near the first pair: mostly (+1, 0); near the second: mostly (0, −2).
+        assert!(moved[0].vector[0] > 0.9 && moved[0].vector[1] > 0.3, "{:?}", moved[0].vector);
+        assert!(moved[1].vector[0] < 9.95 && moved[1].vector[1] < -1.3, "{:?}", moved[1].vector);
+        // A uniform shift moves every prototype by exactly that shift.
+        let shifted: Vec<f32> =
+            before.iter().enumerate().map(|(i, v)| v + if i % 2 == 0 { 3.0 } else { -1.0 }).collect();
+        let moved = compensate_drift(&old, &before, &shifted, 2);
+        assert!((moved[0].vector[0] - 3.1).abs() < 1e-5 && (moved[0].vector[1] + 0.5).abs() < 1e-5);
+        assert!(compensate_drift(&old, &[], &[], 2).is_empty(), "no samples, nothing moves");
     }
 }

@@ -9,7 +9,7 @@ use anchorage_shared::tensor::{Encoding, TensorError};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 /// Host values of a 2-D tensor, row-major.
-fn host(t: Tensor<2>) -> Vec<f32> {
+pub fn host(t: Tensor<2>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default()
 }
 

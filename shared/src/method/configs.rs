@@ -107,11 +107,36 @@ pub struct FedProKConfig {
     pub beta: f32,
     /// Pseudo-features replayed per old class and batch, as a multiple of the batch's real ones.
     pub replay_ratio: f32,
+    /// What the pseudo-features of Eq. 8 train: the whole net (f and the classifier) or the
+    /// classifier alone (f(x_n) detached, as FeTrIL trains its classifier).
+    pub replay_into: ReplayInto,
+    /// Move the stored old prototypes with the adapter (semantic drift compensation, Yu et al. 2020,
+    /// not in FedProK): after local training each old µ_p moves by the drift f_end(x) − f_start(x)
+    /// of the current samples near it, and the client uploads the moved µ_p for Eq. 9's blend.
+    pub drift_compensation: bool,
+    /// Train f (the adapter) in the first task only and the classifier alone after it, as
+    /// FeTrIL, whose translation Eq. 8 is, does: the stored µ_p then stay where f puts class p.
+    pub freeze_after_first_task: bool,
+}
+
+/// What FedProK's pseudo-features train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayInto {
+    #[default]
+    Network,
+    Classifier,
 }
 
 impl Default for FedProKConfig {
     fn default() -> Self {
-        Self { beta: 0.5, replay_ratio: 1.0 }
+        Self {
+            beta: 0.5,
+            replay_ratio: 1.0,
+            replay_into: ReplayInto::Network,
+            drift_compensation: false,
+            freeze_after_first_task: false,
+        }
     }
 }
 
