@@ -26,7 +26,7 @@ mod agreement {
     use std::io::Write;
     use std::path::PathBuf;
 
-    use anchorage_client::device;
+    use anchorage_model::device;
     use anchorage_model::train::{OptimizerKind, fit};
     use anchorage_model::{
         BlockLayout, FeatureCache, MobileNetV2, MobileNetV2Config, ModelSpec, ResNetCifar, ResNetCifarConfig, Trainable,
