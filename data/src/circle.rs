@@ -109,29 +109,28 @@ impl CircleConfig {
     }
 }
 
+/// A `[data.circle]` table: its `kind` picks the defaults the other keys override.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CircleTable {
+    #[serde(default)]
+    kind: CircleKind,
+    domains: Option<usize>,
+    per_domain: Option<usize>,
+    mean_radius: Option<f64>,
+    std: Option<f64>,
+    boundary_radius: Option<f64>,
+    #[serde(default)]
+    seed: u64,
+}
+
 /// `[data] circle = "concept"` (a kind's defaults) or a `[data.circle]` table.
 pub(crate) fn deserialize_circle<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<CircleConfig>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Form {
         Kind(CircleKind),
-        Table(toml_table::Table),
-    }
-    mod toml_table {
-        /// A `[data.circle]` table whose `kind` picks the defaults the other keys override.
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        pub struct Table {
-            #[serde(default)]
-            pub kind: super::CircleKind,
-            pub domains: Option<usize>,
-            pub per_domain: Option<usize>,
-            pub mean_radius: Option<f64>,
-            pub std: Option<f64>,
-            pub boundary_radius: Option<f64>,
-            #[serde(default)]
-            pub seed: u64,
-        }
+        Table(CircleTable),
     }
     Ok(Option::<Form>::deserialize(d)?.map(|form| match form {
         Form::Kind(kind) => CircleConfig::of_kind(kind),

@@ -69,7 +69,8 @@ impl FedProKClient {
     /// A diagnostic, never a training input: how far the old classes' stored prototypes µ_p sit
     /// from the same classes' means under the current f, on this client's own earlier tasks
     /// (the drift Eq. 8's translation cannot see). The mean over old classes of
-    /// ‖µ_p − mean f(x_p)‖ / ‖mean f(x_p)‖; `None` in the first task.
+    /// ‖µ_p − mean f(x_p)‖ / ‖mean f(x_p)‖; `None` in the first task. Computed in the rounds the
+    /// stream evaluates in ([`super::stream::TaskStream::evaluates`]).
     fn prototype_drift(&self, net: &Net, global: &[ClassMean], task: u32) -> Option<f64> {
         let seen = self.ctx.stream.seen(task);
         let earlier = &seen[..seen.len().saturating_sub(1)];
@@ -96,7 +97,8 @@ impl FedProKClient {
 /// weighted mean drift of the current samples, δ_p = Σ_i w_i (e_i − s_i) / Σ_i w_i with
 /// w_i = exp(−‖s_i − µ_p‖² / 2σ²), where s_i and e_i are sample i's representation before and
 /// after local training (`[n, dim]` row-major each) and σ² the 10% quantile of ‖s_i − µ_p‖²: the
-/// nearest tenth of the samples carry the weight, and the kernel has no scale to tune. Returns the moved prototypes, counted by the samples that moved them.
+/// nearest tenth of the samples carry the weight, and the kernel has no scale to tune. Returns the
+/// moved prototypes, counted by the samples that moved them.
 fn compensate_drift(old: &[ClassMean], before: &[f32], after: &[f32], dim: usize) -> Vec<ClassMean> {
     let n = if dim == 0 { 0 } else { before.len().min(after.len()) / dim };
     if n == 0 {
@@ -167,9 +169,10 @@ impl ClientMethod for FedProKClient {
         let device = self.ctx.device.clone();
         let global = from_wire(&broadcast.prototypes)?;
         let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
-        let start_net = self.config.drift_compensation.then(|| net.clone());
         // The new classes' prototypes under the round's starting f; global ones where the server has them.
-        let start = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
+        let start_rep = net.valid().represent(train.features().inner());
+        let before = self.config.drift_compensation.then(|| host(start_rep.clone()));
+        let start = class_means(start_rep, &train.labels_host);
         let new: Vec<ClassMean> =
             merge_missing(&global, &start).into_iter().filter(|m| current.contains(&m.class)).collect();
         let table = translations(&global, &new, &current);
@@ -201,14 +204,19 @@ impl ClientMethod for FedProKClient {
             });
         }
         self.rng = rng;
-        let mut fresh = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
-        if let Some(start) = start_net {
-            let before = host(start.valid().represent(train.features().inner()));
-            let after = host(net.valid().represent(train.features().inner()));
+        let end_rep = net.valid().represent(train.features().inner());
+        let after = before.is_some().then(|| host(end_rep.clone()));
+        let mut fresh = class_means(end_rep, &train.labels_host);
+        if let (Some(before), Some(after)) = (before, after) {
             let old: Vec<ClassMean> = global.iter().filter(|g| !current.contains(&g.class)).cloned().collect();
             fresh.extend(compensate_drift(&old, &before, &after, dim));
         }
-        let drift = self.prototype_drift(&net, &global, broadcast.task);
+        let drift = self
+            .ctx
+            .stream
+            .evaluates(broadcast.round)
+            .then(|| self.prototype_drift(&net, &global, broadcast.task))
+            .flatten();
         if let Some(d) = drift {
             tracing::info!(round = broadcast.round, task = broadcast.task, drift = d, "fedprok prototype drift");
         }

@@ -113,6 +113,11 @@ impl TaskStream {
         self.current(task).map_or(0, |t| t.train.len() as u64)
     }
 
+    /// Whether round `round` evaluates the local model ([`TaskStream::eval_every`]).
+    pub fn evaluates(&self, round: u64) -> bool {
+        self.eval_every <= 1 || round % self.eval_every == 0
+    }
+
     /// The local model's accuracy on every seen task's test data (`acc.task.K`), on its selected
     /// global test data (`acc.sel.K`, where the stream has it) and on the target (`acc.target`),
     /// with `accuracy` evaluating one test set (`None`: nothing to evaluate). Nothing in rounds
@@ -123,7 +128,7 @@ impl TaskStream {
         accuracy: impl Fn(&FeatureCache) -> Option<f64>,
     ) -> Vec<Metric> {
         let mut out = Vec::new();
-        if self.eval_every > 1 && broadcast.round % self.eval_every != 0 {
+        if !self.evaluates(broadcast.round) {
             return out;
         }
         let task = broadcast.task;
