@@ -26,6 +26,9 @@ pub enum DataSource {
         /// Hidden widths of the trainable adapter on the features (empty: the head alone).
         #[serde(default)]
         hidden: Vec<usize>,
+        /// A residual adapter (features + adapter(features)); every device must agree.
+        #[serde(default)]
+        residual: bool,
         /// Seed of the trainable model's initial weights: the same on every device.
         #[serde(default)]
         model_seed: u64,

@@ -109,8 +109,17 @@ pub fn load_share(
 /// the frozen backbone, the trainable model the config names, and the config's method, optimizer
 /// and encoding. `device` is the plain compute device (training runs on its autodiff form).
 pub fn scenario_context(config: &ClientConfig, device: &Device) -> anyhow::Result<MethodContext> {
-    let DataSource::Scenario { data_dir, client, backbone, hidden, model_seed, evolving, target_domains, spec } =
-        &config.data
+    let DataSource::Scenario {
+        data_dir,
+        client,
+        backbone,
+        hidden,
+        residual,
+        model_seed,
+        evolving,
+        target_domains,
+        spec,
+    } = &config.data
     else {
         anyhow::bail!("the data source is not a scenario share");
     };
@@ -124,13 +133,16 @@ pub fn scenario_context(config: &ClientConfig, device: &Device) -> anyhow::Resul
         source = %share.source,
         "local data (this device's share of the scenario split)"
     );
+    let net = NetSpec {
+        input_dim: share.backbone.net.feature_dim(),
+        hidden: hidden.clone(),
+        num_classes: share.num_classes,
+        seed: *model_seed,
+        residual: *residual,
+    };
+    net.check().map_err(|e| anyhow::anyhow!("[data] residual: {e}"))?;
     Ok(MethodContext {
-        net: NetSpec {
-            input_dim: share.backbone.net.feature_dim(),
-            hidden: hidden.clone(),
-            num_classes: share.num_classes,
-            seed: *model_seed,
-        },
+        net,
         stream: share.stream,
         device: device.clone().autodiff(),
         optimizer: config.optimizer,

@@ -36,6 +36,7 @@ impl ModelSpec {
             hidden: vec![self.adapter_dim],
             num_classes: self.num_classes,
             seed: self.seed,
+            residual: false,
         }
     }
 }

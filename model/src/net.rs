@@ -22,12 +22,33 @@ pub struct NetSpec {
     pub hidden: Vec<usize>,
     pub num_classes: usize,
     pub seed: u64,
+    /// A residual adapter (Houlsby et al. 2019): the representation is `x + embed(x)` with the
+    /// body's last layer zero-initialised, so training starts from the backbone's features and
+    /// moves away from them only as far as the loss asks. Needs `hidden.last == input_dim`.
+    #[serde(default)]
+    pub residual: bool,
 }
 
 impl NetSpec {
     /// Width of the representation (the body's output).
     pub fn representation_dim(&self) -> usize {
         self.hidden.last().copied().unwrap_or(self.input_dim)
+    }
+
+    /// Why these sizes cannot build a net, if they cannot (a residual adapter whose output width
+    /// differs from its input's).
+    pub fn check(&self) -> Result<(), String> {
+        match self.hidden.last() {
+            _ if !self.residual => Ok(()),
+            Some(&w) if w == self.input_dim => Ok(()),
+            last => Err(format!(
+                "a residual adapter adds its output to the features, so its last width must be the features' {} \
+                 (hidden = {:?}, ends at {})",
+                self.input_dim,
+                self.hidden,
+                last.map_or("no layer".to_string(), |w| w.to_string())
+            )),
+        }
     }
 
     /// Parameter values (weights and biases of every layer).
@@ -49,10 +70,12 @@ impl NetSpec {
     }
 }
 
-/// Linear + ReLU layers.
+/// Linear + ReLU layers, or a residual adapter around them (see [`NetSpec::residual`]).
 #[derive(Module, Debug)]
 pub struct Body {
     pub layers: Vec<Linear>,
+    /// `forward` is `x + embed(x)`.
+    pub residual: bool,
 }
 
 impl Body {
@@ -64,11 +87,14 @@ impl Body {
             .zip(shapes)
             .map(|((w, b), &(fan_in, fan_out))| linear_from(w.clone(), b.clone(), fan_in, fan_out, device))
             .collect();
-        Self { layers }
+        Self { layers, residual: false }
     }
 
     /// Representation `[n, input_dim]` → `[n, hidden.last]`.
     pub fn forward(&self, mut x: Tensor<2>) -> Tensor<2> {
+        if self.residual {
+            return x.clone() + self.embed(x);
+        }
         for layer in &self.layers {
             x = relu(layer.forward(x));
         }
@@ -137,7 +163,19 @@ impl Net {
     /// Seeded initial weights (identical on every client).
     pub fn new(spec: &NetSpec, device: &Device) -> Self {
         let shapes = layer_shapes(spec.input_dim, spec.hidden.iter().copied().chain([spec.num_classes]));
-        let mut adapter = Body::from_layers(&seeded_layers(spec.seed, 0xADA7, &shapes), &shapes, device);
+        let drawn = seeded_layers(spec.seed, 0xADA7, &shapes);
+        // Residual only where the sizes allow it; the callers report `spec.check()`'s error.
+        let residual = spec.residual && spec.check().is_ok();
+        let mut adapter = if residual {
+            // The residual branch starts at zero: the representation starts as the features.
+            let mut layers = drawn.as_ref().clone();
+            let (w, b) = &mut layers[spec.hidden.len() - 1];
+            w.fill(0.0);
+            b.fill(0.0);
+            Body { residual: true, ..Body::from_layers(&layers, &shapes, device) }
+        } else {
+            Body::from_layers(&drawn, &shapes, device)
+        };
         let head = adapter.layers.pop().expect("a head layer");
         Self { adapter, head }
     }
@@ -150,5 +188,43 @@ impl Net {
     /// Logits `[n, num_classes]`.
     pub fn forward(&self, features: Tensor<2>) -> Tensor<2> {
         self.head.forward(self.represent(features))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(hidden: Vec<usize>, residual: bool) -> NetSpec {
+        NetSpec { input_dim: 6, hidden, num_classes: 3, seed: 11, residual }
+    }
+
+    #[test]
+    fn a_residual_adapter_starts_as_the_features_and_then_learns_a_correction() {
+        let device = Device::flex();
+        let x = Tensor::<2>::from_floats([[0.5, -1.0, 2.0, 0.0, 3.0, -0.25], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], &device);
+        let net = Net::new(&spec(vec![4, 6], true), &device);
+        let z: Vec<f32> = net.represent(x.clone()).into_data().to_vec().unwrap();
+        assert_eq!(z, x.clone().into_data().to_vec::<f32>().unwrap());
+        // The plain adapter of the same sizes is not the identity (ReLU and He-normal weights).
+        let plain: Vec<f32> =
+            Net::new(&spec(vec![4, 6], false), &device).represent(x.clone()).into_data().to_vec().unwrap();
+        assert_ne!(plain, z);
+        // Moving the last layer off zero moves the representation off the features.
+        let mut moved = net;
+        let last = moved.adapter.layers.last_mut().unwrap();
+        last.bias = last.bias.take().map(|b| b.map(|t| t + 1.0));
+        let z: Vec<f32> = moved.represent(x.clone()).into_data().to_vec().unwrap();
+        let x: Vec<f32> = x.into_data().to_vec().unwrap();
+        assert!(z.iter().zip(&x).all(|(a, b)| (a - b - 1.0).abs() < 1e-6), "{z:?}");
+    }
+
+    #[test]
+    fn a_residual_adapter_must_end_at_the_features_width() {
+        assert!(spec(vec![6], true).check().is_ok());
+        assert!(spec(vec![4], false).check().is_ok());
+        let err = spec(vec![4], true).check().unwrap_err();
+        assert!(err.contains("must be the features' 6") && err.contains("ends at 4"), "{err}");
+        assert!(spec(vec![], true).check().unwrap_err().contains("no layer"));
     }
 }

@@ -128,11 +128,14 @@ pub struct ModelConfig {
     pub backbone: String,
     /// Widths of the trainable adapter's layers (the representation); the head follows.
     pub hidden: Vec<usize>,
+    /// A residual adapter: the representation is features + adapter(features), the adapter's
+    /// last layer starting at zero (see `anchorage_model::NetSpec::residual`).
+    pub residual: bool,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self { backbone: "embedded".into(), hidden: vec![512] }
+        Self { backbone: "embedded".into(), hidden: vec![512], residual: false }
     }
 }
 

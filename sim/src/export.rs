@@ -226,7 +226,7 @@ pub fn export(config: &SimConfig, dir: &Path) -> anyhow::Result<Exported> {
         "model": {
             "backbone": config.model.backbone,
             "hidden": config.model.hidden,
-            "activation": "relu after every hidden layer",
+            "activation": if config.model.residual { "relu after every hidden layer but the last; representation = features + adapter(features)" } else { "relu after every hidden layer" },
             "layout": "a linear layer's weight is [fan_in, fan_out]: y = x W + b",
         },
         "feature_dim": feature_dim,

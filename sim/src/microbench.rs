@@ -76,7 +76,7 @@ fn random(n: usize, rng: &mut Rng) -> Vec<f32> {
 /// gradients into subnormal floats, which the CPU computes many times slower.
 pub fn step_ms(steps: usize, warmup: usize) -> f64 {
     let device = Device::flex().autodiff();
-    let spec = NetSpec { input_dim: 784, hidden: vec![256], num_classes: 10, seed: 7 };
+    let spec = NetSpec { input_dim: 784, hidden: vec![256], num_classes: 10, seed: 7, residual: false };
     let mut rng = Rng::new(1);
     let batch = 32;
     let batches: Vec<(Tensor<2>, Tensor<1, Int>)> = (0..64)

@@ -194,7 +194,9 @@ impl Setup {
             hidden: config.model.hidden.clone(),
             num_classes,
             seed: config.seed ^ 0x5EED,
+            residual: config.model.residual,
         };
+        net.check().map_err(|e| anyhow::anyhow!("[model] residual: {e}"))?;
         let evolving = config.evolving;
         let num_tasks = split.clients.iter().map(|c| c.tasks.len()).max().unwrap_or(0);
         anyhow::ensure!(num_tasks > 0, "the split gives the clients no tasks");

@@ -305,7 +305,7 @@ fn fedta_client(method: &FedTaConfig) -> anchorage_client::methods::FedTaClient 
     };
     let stream = TaskStream::build(backbone.as_ref(), &[(vec![0, 1, 2], images(24, 1), images(12, 2))], &plain);
     let context = MethodContext {
-        net: anchorage_model::NetSpec { input_dim: 24, hidden: vec![], num_classes: 3, seed: 5 },
+        net: anchorage_model::NetSpec { input_dim: 24, hidden: vec![], num_classes: 3, seed: 5, residual: false },
         stream,
         device: plain.autodiff(),
         optimizer: OptimizerKind::Adam,

@@ -256,7 +256,7 @@ mod tests {
         stream.reveal = Reveal::All;
         stream.target = Some(FeatureCache::build(&Identity { dim: 2 }, &target, 512, &plain));
         let ctx = MethodContext {
-            net: NetSpec { input_dim: 2, hidden: vec![64, 64], num_classes: 2, seed: 5 },
+            net: NetSpec { input_dim: 2, hidden: vec![64, 64], num_classes: 2, seed: 5, residual: false },
             stream,
             device: plain.autodiff(),
             optimizer: OptimizerKind::Adam,

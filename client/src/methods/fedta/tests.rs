@@ -41,7 +41,13 @@ fn context(backbone: SharedBackboneArc, shape: [usize; 3], classes: u32) -> Meth
     let all: Vec<u32> = (0..classes).collect();
     let stream = TaskStream::build(backbone.as_ref(), &[(all, train, test)], &plain);
     MethodContext {
-        net: NetSpec { input_dim: backbone.feature_dim(), hidden: vec![], num_classes: classes as usize, seed: 5 },
+        net: NetSpec {
+            input_dim: backbone.feature_dim(),
+            hidden: vec![],
+            num_classes: classes as usize,
+            seed: 5,
+            residual: false,
+        },
         stream,
         device: plain.autodiff(),
         optimizer: OptimizerKind::Adam,
