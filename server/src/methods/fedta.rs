@@ -18,11 +18,12 @@
 
 use std::collections::BTreeSet;
 
+use anchorage_shared::math::cosine;
 use anchorage_shared::method::FedTaConfig;
 use anchorage_shared::method::fedta_blocks::{IE_PREFIX, TAIL_KEYS, TAIL_TRAINED, TAIL_VALUES};
 use anchorage_shared::protocol::Update;
 use anchorage_shared::prototype::Prototype;
-use anchorage_shared::prototype_rules::{ClassMean, best_global_prototypes, fuse};
+use anchorage_shared::prototype_rules::{ClassMean, Selection, best_global_prototypes, fuse};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use serde::{Deserialize, Serialize};
@@ -153,7 +154,7 @@ impl FedTaServer {
     }
 
     /// Eq. 9–10 (or the count-weighted mean with BGPS off) over the round's uploads.
-    fn select_prototypes(&mut self, uploads: &[ClassMean]) -> Result<(), MethodError> {
+    fn select_prototypes(&mut self, round: u64, uploads: &[ClassMean]) -> Result<(), MethodError> {
         let previous: Vec<ClassMean> = self
             .state
             .global
@@ -173,9 +174,11 @@ impl FedTaServer {
         let Some(dim) = previous.first().or(uploads.first()).map(|m| m.vector.len()) else { return Ok(()) };
         let mut stacked: Vec<&ClassMean> = Vec::new();
         stacked.extend(uploads.iter().filter(|m| m.vector.len() == dim && m.count > 0));
+        let from_uploads = stacked.len();
         stacked.extend(previous.iter().filter(|m| m.vector.len() == dim));
         let candidates: Vec<(u32, &[f32])> = stacked.iter().map(|m| (m.class, m.vector.as_slice())).collect();
         let selection = best_global_prototypes(&candidates, self.config.lock_threshold, &self.state.locked);
+        log_selection(round, &selection, &stacked, from_uploads, uploads, self.state.locked.len());
         let mut next: Vec<ClassMean> =
             previous.iter().filter(|p| self.state.locked.contains(&p.class)).cloned().collect();
         for (_, &i) in &selection.chosen {
@@ -185,6 +188,48 @@ impl FedTaServer {
         self.state.locked.extend(selection.newly_locked);
         self.state.global = encode(&next);
         Ok(())
+    }
+}
+
+/// A diagnostic of what BGPS picks (issue 23): over the classes chosen this round, the cosine
+/// between the chosen prototype and the count-weighted mean of the class's uploads, against the
+/// mean cosine of the uploads themselves to that mean (how typical an upload is), and how many
+/// picks are a previous global prototype (`stacked` holds `from_uploads` uploads, then those).
+fn log_selection(
+    round: u64,
+    selection: &Selection,
+    stacked: &[&ClassMean],
+    from_uploads: usize,
+    uploads: &[ClassMean],
+    locked: usize,
+) {
+    if !tracing::enabled!(tracing::Level::INFO) {
+        return;
+    }
+    let means = fuse(&[], uploads, 0.0);
+    let (mut chosen_cos, mut upload_cos, mut classes, mut previous) = (0.0f64, 0.0f64, 0usize, 0usize);
+    for (class, &i) in &selection.chosen {
+        let Some(mean) = means.iter().find(|m| m.class == *class) else { continue };
+        let own: Vec<&ClassMean> = uploads.iter().filter(|u| u.class == *class && u.count > 0).collect();
+        if own.is_empty() || stacked[i].vector.len() != mean.vector.len() {
+            continue;
+        }
+        chosen_cos += cosine(&stacked[i].vector, &mean.vector) as f64;
+        upload_cos += own.iter().map(|u| cosine(&u.vector, &mean.vector) as f64).sum::<f64>() / own.len() as f64;
+        previous += usize::from(i >= from_uploads);
+        classes += 1;
+    }
+    if classes > 0 {
+        tracing::info!(
+            round,
+            classes,
+            locked,
+            newly_locked = selection.newly_locked.len(),
+            previous_global = previous,
+            chosen_to_mean = chosen_cos / classes as f64,
+            uploads_to_mean = upload_cos / classes as f64,
+            "fedta bgps selection"
+        );
     }
 }
 
@@ -295,7 +340,7 @@ impl ServerMethod for FedTaServer {
                 updates.iter().zip(&parts).map(|((c, _), (_, tail))| (*c, tail)).collect();
             blocks.extend(average_tail(&tail_global, &tail_updates, &round.rule)?);
         }
-        self.select_prototypes(&uploads)?;
+        self.select_prototypes(round.round, &uploads)?;
         Ok(blocks)
     }
 
