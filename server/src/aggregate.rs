@@ -3,10 +3,15 @@
 //!
 //! Two halves, both configured by `[engine.robust]` ([`RobustConfig`]):
 //!
-//! - **Screening** ([`RobustConfig::screen_update`], [`RobustConfig::screen_round`]), run by the
-//!   engine before any method sees an update: every value (of blocks and prototypes) finite and
-//!   within `max_abs_value`, `num_samples` and prototype counts capped at `max_samples`, the L2 norm of the update's delta from the current global within `max_norm`,
-//!   and a robust z-score of the round's delta norms (median / MAD) within `max_norm_z`.
+//! - **Screening, before the ack** ([`RobustConfig::screen_update`],
+//!   [`RobustConfig::screen_change`]): every value (of blocks and prototypes) finite and within
+//!   `max_abs_value`, the L2 norm of the update's delta from the current global within `max_norm`,
+//!   a change that is neither nothing nor far below the last round's (`min_norm_ratio`), and
+//!   not all one way (`max_sign_agreement`).
+//! - **Bounded influence, when the round closes** ([`RobustConfig::screen_round`], module
+//!   `influence`): `num_samples` and prototype counts capped at `max_samples`, then weights clipped
+//!   to `weight_cap` × the round's median and deltas to `norm_cap` × the median norm (and the
+//!   `max_norm_z` z-score). Nothing acked is dropped here.
 //! - **Rules** ([`AggregationRule`]), applied by the methods' block averaging
 //!   ([`crate::methods::average_blocks`]): the sample-weighted mean (FedAvg, the default),
 //!   coordinate-wise median and trimmed mean (Yin et al. 2018), Krum / multi-Krum (Blanchard et
@@ -18,6 +23,10 @@
 //! same as applying them to the deltas and adding the result to the global.
 
 use std::borrow::Cow;
+
+mod influence;
+
+pub use influence::{InfluenceReport, MIN_SIGN_VALUES, MIN_Z_UPDATES, lower_median, robust_center_scale, sign_agreement};
 
 use anchorage_shared::math::weighted_mean;
 use anchorage_shared::protocol::Update;
@@ -260,8 +269,28 @@ pub struct RobustConfig {
     /// Largest robust z-score of an update's delta norm among the round's: z_i = 0.6745 (x_i −
     /// med) / MAD (Iglewicz & Hoaglin 1993; MAD = median |x − med|; if MAD = 0 the mean absolute
     /// deviation ×1.2533 stands in). One-sided: only unusually large updates are dropped. Needs
-    /// at least 3 updates in the round. 3.5 is the usual cut. None: no z-score screening.
+    /// at least [`MIN_Z_UPDATES`] updates in the round (the round report says when it did not
+    /// run). An update beyond it is not dropped (it was acked) but scaled down to the norm at that
+    /// z-score. None: no z-score bound.
     pub max_norm_z: Option<f64>,
+    /// Largest weight of one update, as a multiple of the round's lower median sample count (per
+    /// class for prototype counts); see [`influence`](self::influence). 1 (the default) keeps any
+    /// one update under 2/n of the round's weight. None: claimed counts up to `max_samples` count.
+    #[serde(serialize_with = "toggle_out")]
+    pub weight_cap: Option<f64>,
+    /// Largest delta norm, as a multiple of the round's lower median delta norm; larger deltas
+    /// are scaled down to it (norm bounding, Sun et al. 2019). Default 2. None: no bound.
+    #[serde(serialize_with = "toggle_out")]
+    pub norm_cap: Option<f64>,
+    /// Smallest delta norm, as a share of the previous round's median; a smaller change (or none
+    /// at all) is refused before the ack. Default 0.01. None: no check.
+    #[serde(serialize_with = "toggle_out")]
+    pub min_norm_ratio: Option<f64>,
+    /// Largest share of an update's changed values that may move the same way (a uniform shift
+    /// moves all of them); checked before the ack on updates of at least [`MIN_SIGN_VALUES`]
+    /// changed values. Default 0.95. None: no check.
+    #[serde(serialize_with = "toggle_out")]
+    pub max_sign_agreement: Option<f64>,
 }
 
 /// Default of `max_samples`.
@@ -277,7 +306,20 @@ impl Default for RobustConfig {
             max_abs_value: DEFAULT_MAX_ABS_VALUE,
             max_norm: None,
             max_norm_z: None,
+            weight_cap: Some(1.0),
+            norm_cap: Some(2.0),
+            min_norm_ratio: Some(0.01),
+            max_sign_agreement: Some(0.95),
         }
+    }
+}
+
+impl RobustConfig {
+    /// The papers' plain rule: the sample-weighted mean with no influence bound and no
+    /// shape-of-change screen (what the simulator runs unless its `[robust]` table says
+    /// otherwise, so that its figures are the papers' FedAvg).
+    pub fn unbounded() -> Self {
+        Self { weight_cap: None, norm_cap: None, min_norm_ratio: None, max_sign_agreement: None, ..Self::default() }
     }
 }
 
@@ -290,6 +332,42 @@ struct RobustToml {
     max_abs_value: f64,
     max_norm: Option<f64>,
     max_norm_z: Option<f64>,
+    /// `false` turns a default bound off (`weight_cap = false`); a number sets it.
+    weight_cap: Toggle,
+    norm_cap: Toggle,
+    min_norm_ratio: Toggle,
+    max_sign_agreement: Toggle,
+}
+
+/// Writes an off bound as `false`, so that a written config reads back as the same config
+/// (a missing key would read back as the default bound).
+fn toggle_out<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.serialize_f64(*v),
+        None => s.serialize_bool(false),
+    }
+}
+
+/// A bound as written: a number, or `false` for none.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(untagged)]
+enum Toggle {
+    Value(f64),
+    Switch(bool),
+}
+
+impl Toggle {
+    fn of(v: Option<f64>) -> Self {
+        v.map_or(Self::Switch(false), Self::Value)
+    }
+
+    fn get(self, name: &str, default: Option<f64>) -> Result<Option<f64>, String> {
+        match self {
+            Self::Value(v) => Ok(Some(v)),
+            Self::Switch(false) => Ok(None),
+            Self::Switch(true) => default.map(Some).ok_or_else(|| format!("{name} = true needs a number")),
+        }
+    }
 }
 
 impl Default for RobustToml {
@@ -301,6 +379,10 @@ impl Default for RobustToml {
             max_abs_value: d.max_abs_value,
             max_norm: d.max_norm,
             max_norm_z: d.max_norm_z,
+            weight_cap: Toggle::of(d.weight_cap),
+            norm_cap: Toggle::of(d.norm_cap),
+            min_norm_ratio: Toggle::of(d.min_norm_ratio),
+            max_sign_agreement: Toggle::of(d.max_sign_agreement),
         }
     }
 }
@@ -309,12 +391,17 @@ impl TryFrom<RobustToml> for RobustConfig {
     type Error = String;
 
     fn try_from(t: RobustToml) -> Result<Self, String> {
+        let d = Self::default();
         let c = Self {
             aggregation: t.aggregation,
             max_samples: t.max_samples,
             max_abs_value: t.max_abs_value,
             max_norm: t.max_norm,
             max_norm_z: t.max_norm_z,
+            weight_cap: t.weight_cap.get("weight_cap", d.weight_cap)?,
+            norm_cap: t.norm_cap.get("norm_cap", d.norm_cap)?,
+            min_norm_ratio: t.min_norm_ratio.get("min_norm_ratio", d.min_norm_ratio)?,
+            max_sign_agreement: t.max_sign_agreement.get("max_sign_agreement", d.max_sign_agreement)?,
         };
         c.validate().map_err(|e| e.to_string())?;
         Ok(c)
@@ -330,8 +417,12 @@ pub enum ScreenReason {
     Value { value: f64, bound: f64 },
     /// The delta's norm is beyond `max_norm` (or not finite).
     Norm { norm: f64, bound: f64 },
-    /// The delta's norm is an outlier among the round's.
-    Outlier { norm: f64, z: f64, bound: f64 },
+    /// The update changes nothing (the global model sent back).
+    NoChange,
+    /// The delta's norm is far below the previous round's median (`min_norm_ratio`).
+    TooSmall { norm: f64, bound: f64 },
+    /// Nearly all of the delta's values move the same way (`max_sign_agreement`).
+    OneWay { agreement: f64, bound: f64 },
 }
 
 impl std::fmt::Display for ScreenReason {
@@ -340,9 +431,16 @@ impl std::fmt::Display for ScreenReason {
             Self::BadTensor(e) => write!(f, "{e}"),
             Self::Value { value, bound } => write!(f, "a value of magnitude {value:.4e} exceeds max_abs_value {bound}"),
             Self::Norm { norm, bound } => write!(f, "update norm {norm:.4e} exceeds max_norm {bound}"),
-            Self::Outlier { norm, z, bound } => {
-                write!(f, "update norm {norm:.4e} is an outlier (robust z {z:.2} > max_norm_z {bound})")
+            Self::NoChange => write!(f, "the update does not change the global model"),
+            Self::TooSmall { norm, bound } => {
+                write!(f, "update norm {norm:.4e} is below min_norm_ratio × the last round's median ({bound:.4e})")
             }
+            Self::OneWay { agreement, bound } => write!(
+                f,
+                "{:.1}% of the update's changed values move the same way (max_sign_agreement {:.1}%)",
+                agreement * 100.0,
+                bound * 100.0
+            ),
         }
     }
 }
@@ -375,6 +473,19 @@ impl RobustConfig {
             && !(z > 0.0)
         {
             return Err(AggregateError::InvalidRule(format!("max_norm_z must be positive, got {z}")));
+        }
+        let positive = [("weight_cap", self.weight_cap), ("norm_cap", self.norm_cap), ("min_norm_ratio", self.min_norm_ratio)];
+        for (name, v) in positive {
+            if let Some(v) = v
+                && !(v > 0.0 && v.is_finite())
+            {
+                return Err(AggregateError::InvalidRule(format!("{name} must be positive, got {v}")));
+            }
+        }
+        if let Some(a) = self.max_sign_agreement
+            && !(0.5..=1.0).contains(&a)
+        {
+            return Err(AggregateError::InvalidRule(format!("max_sign_agreement must be in [0.5, 1], got {a}")));
         }
         Ok(())
     }
@@ -423,50 +534,43 @@ impl RobustConfig {
         Ok(norm)
     }
 
-    /// Screens a round's updates against the global `reference`: [`Self::screen_update`] on each,
-    /// then the robust z-score of their norms; what passes has its `num_samples` capped. Returns
-    /// the updates to aggregate (in input order) and the ones screened out.
+    /// Prepares a round's updates for the method: [`Self::screen_update`] on each again (a safety
+    /// net: every update passed it before its ack), `num_samples` capped at `max_samples`, then the
+    /// influence bounds ([`Self::bound_round`]). Returns the updates to aggregate (in input
+    /// order), the ones screened out, and what the bounds did.
     pub fn screen_round<'a>(
         &self,
         inputs: &[(&'a str, &'a Update)],
         reference: &[ParamBlock],
-    ) -> (Vec<(&'a str, Cow<'a, Update>)>, Vec<Screened>) {
+    ) -> RoundScreen<'a> {
         let mut screened = Vec::new();
-        let mut passed: Vec<(&'a str, &'a Update, f64)> = Vec::with_capacity(inputs.len());
+        let mut kept: Vec<(&'a str, Cow<'a, Update>)> = Vec::with_capacity(inputs.len());
+        let mut norms = Vec::with_capacity(inputs.len());
         for &(client, update) in inputs {
             match self.screen_update(update, reference) {
-                Ok(norm) => passed.push((client, update, norm)),
+                Ok(norm) => {
+                    norms.push(norm);
+                    if self.claims_too_much(update) {
+                        let mut capped = update.clone();
+                        self.cap_samples(client, &mut capped);
+                        kept.push((client, Cow::Owned(capped)));
+                    } else {
+                        kept.push((client, Cow::Borrowed(update)));
+                    }
+                }
                 Err(reason) => screened.push(Screened { client: client.into(), reason }),
             }
         }
-        if let Some(bound) = self.max_norm_z {
-            let norms: Vec<f64> = passed.iter().map(|p| p.2).collect();
-            let z = robust_z(&norms);
-            let mut kept = Vec::with_capacity(passed.len());
-            for (p, z) in passed.into_iter().zip(z) {
-                if z > bound {
-                    screened
-                        .push(Screened { client: p.0.into(), reason: ScreenReason::Outlier { norm: p.2, z, bound } });
-                } else {
-                    kept.push(p);
-                }
-            }
-            passed = kept;
-        }
-        let kept = passed
-            .into_iter()
-            .map(|(client, update, _)| {
-                if self.claims_too_much(update) {
-                    let mut capped = update.clone();
-                    self.cap_samples(client, &mut capped);
-                    (client, Cow::Owned(capped))
-                } else {
-                    (client, Cow::Borrowed(update))
-                }
-            })
-            .collect();
-        (kept, screened)
+        let influence = self.bound_round(&mut kept, &norms, reference);
+        RoundScreen { kept, screened, influence }
     }
+}
+
+/// A round's updates after [`RobustConfig::screen_round`].
+pub struct RoundScreen<'a> {
+    pub kept: Vec<(&'a str, Cow<'a, Update>)>,
+    pub screened: Vec<Screened>,
+    pub influence: InfluenceReport,
 }
 
 /// The largest magnitude of any value in the update's blocks and prototypes; a block or prototype
@@ -508,26 +612,10 @@ pub fn delta_norm(update: &Update, reference: &[ParamBlock]) -> Result<f64, Scre
 /// z_i = 0.6745 (x_i − med) / MAD; if MAD = 0, (x_i − med) / (1.2533 · meanAD); if both are 0,
 /// or there are fewer than 3 values, every score is 0.
 pub fn robust_z(values: &[f64]) -> Vec<f64> {
-    if values.len() < 3 {
-        return vec![0.0; values.len()];
+    match robust_center_scale(values) {
+        Some((med, scale)) => values.iter().map(|x| (x - med) / scale).collect(),
+        None => vec![0.0; values.len()],
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_unstable_by(f64::total_cmp);
-        let m = v.len();
-        if m % 2 == 1 { v[m / 2] } else { (v[m / 2 - 1] + v[m / 2]) / 2.0 }
-    };
-    let med = median(&mut values.to_vec());
-    let mut dev: Vec<f64> = values.iter().map(|x| (x - med).abs()).collect();
-    let mean_ad = dev.iter().sum::<f64>() / dev.len() as f64;
-    let mad = median(&mut dev);
-    let scale = if mad > 0.0 {
-        mad / 0.6745
-    } else if mean_ad > 0.0 {
-        1.253314 * mean_ad
-    } else {
-        return vec![0.0; values.len()];
-    };
-    values.iter().map(|x| (x - med) / scale).collect()
 }
 
 #[cfg(test)]

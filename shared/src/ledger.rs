@@ -49,7 +49,37 @@ impl CostRecord {
             None => Ok(()),
         }
     }
+
+    /// Checks that the record describes a round a real device could have had: every seconds
+    /// field within [`MAX_RECORD_SECONDS`], the RTT within [`MAX_RTT_SECONDS`], the energy within
+    /// [`MAX_RECORD_JOULES`]. A record beyond them is made up (one that claimed 10³⁰⁰ J would own
+    /// every energy total of the federation).
+    pub fn check_physical(&self) -> Result<(), String> {
+        let seconds = [
+            ("compute_seconds", self.compute_seconds),
+            ("transfer_seconds", self.transfer_seconds),
+            ("wait_seconds", self.wait_seconds),
+            ("wall_seconds", self.wall_seconds),
+        ];
+        if let Some((name, v)) = seconds.iter().find(|(_, v)| *v > MAX_RECORD_SECONDS) {
+            return Err(alloc::format!("{name} = {v} is beyond {MAX_RECORD_SECONDS} s (a week)"));
+        }
+        if self.rtt_seconds > MAX_RTT_SECONDS {
+            return Err(alloc::format!("rtt_seconds = {} is beyond {MAX_RTT_SECONDS} s", self.rtt_seconds));
+        }
+        if self.joules > MAX_RECORD_JOULES {
+            return Err(alloc::format!("joules = {} is beyond {MAX_RECORD_JOULES} J", self.joules));
+        }
+        Ok(())
+    }
 }
+
+/// The longest a round's compute, transfer, wait or wall time can be: a week.
+pub const MAX_RECORD_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+/// The longest smoothed RTT a record may report: ten minutes (beyond any satellite link).
+pub const MAX_RTT_SECONDS: f64 = 600.0;
+/// The most energy one round can cost a device: 10⁸ J, a 1 kW machine busy for a day.
+pub const MAX_RECORD_JOULES: f64 = 1e8;
 
 /// The header of the ledger as CSV: the one format the simulator's run folder (`ledger.csv`) and
 /// the server's export share (both write the rows with the `csv` crate from the serde fields, in

@@ -76,7 +76,9 @@ pub struct SimConfig {
     /// `aggregation = { kind = "buffered", buffer = 4, concurrency = 8, max_staleness = 4 }`.
     pub aggregation: AggregationMode,
     /// The server's screening and aggregation rule (`[robust]`, the server's `[engine.robust]`):
-    /// `robust = { aggregation = { rule = "median" }, max_norm_z = 3.5 }`.
+    /// `robust = { aggregation = { rule = "median" }, max_norm_z = 3.5 }`. Without the table the
+    /// simulator runs the papers' plain rule ([`RobustConfig::unbounded`]); a `[robust]` table
+    /// starts from the server's defaults (bounded influence) for the keys it does not name.
     pub robust: RobustConfig,
     /// Byzantine devices (`[attack]`): these clients send a scaled update instead of their own.
     pub attack: Option<Attack>,
@@ -140,13 +142,16 @@ impl Default for ModelConfig {
 }
 
 /// Byzantine devices: each listed client trains as usual, then uploads
-/// global + `scale`·(trained − global) — `scale` = −10 is the scaled sign-flip attack.
+/// global + `scale`·(trained − global) — `scale` = −10 is the scaled sign-flip attack — claiming
+/// `claim_samples` samples if set (a device that buys weight with a made-up count).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Attack {
     /// 0-based client indices.
     pub clients: Vec<usize>,
     pub scale: f32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_samples: Option<u64>,
 }
 
 /// A preset and its share of the fleet.
@@ -216,7 +221,7 @@ impl Default for SimConfig {
             eval_fraction: 1.0,
             threads: 1,
             aggregation: AggregationMode::Synchronous,
-            robust: RobustConfig::default(),
+            robust: RobustConfig::unbounded(),
             attack: None,
             method: MethodConfig::default(),
             model: ModelConfig::default(),

@@ -411,7 +411,7 @@ pub struct SimulatedDevice<M> {
     /// Local epochs the last round ran (τ, or fewer for a straggler).
     pub last_epochs: u32,
     /// A Byzantine device: uploads global + scale·(trained − global).
-    attack: Option<f32>,
+    attack: Option<(f32, Option<u64>)>,
 }
 
 impl<M: ClientMethod> SimulatedDevice<M> {
@@ -445,9 +445,9 @@ impl<M: ClientMethod> SimulatedDevice<M> {
     }
 
     /// Turns this device Byzantine: every update it sends is the broadcast plus `scale` times its
-    /// honest change (`scale` = −10: the scaled sign-flip attack).
-    pub fn attack(&mut self, scale: f32) {
-        self.attack = Some(scale);
+    /// honest change (`scale` = −10: the scaled sign-flip attack), claiming `claim` samples if set.
+    pub fn attack(&mut self, scale: f32, claim: Option<u64>) {
+        self.attack = Some((scale, claim));
     }
 }
 
@@ -517,7 +517,10 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
             std::thread::sleep(charged - wall);
         }
         update.compute_seconds = charged.as_secs_f64();
-        if let Some(scale) = self.attack {
+        if let Some((scale, claim)) = self.attack {
+            if let Some(n) = claim {
+                update.num_samples = n;
+            }
             for block in &mut update.blocks {
                 let trained = block.decode()?;
                 let base = broadcast.blocks.iter().find(|b| b.name == block.name).and_then(|b| b.decode().ok());

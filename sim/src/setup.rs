@@ -319,7 +319,7 @@ impl Setup {
             let method = methods::build(&config.method, context(stream, seed))?;
             let mut device = SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed);
             if let Some(attack) = config.attack.as_ref().filter(|a| a.clients.contains(&i)) {
-                device.attack(attack.scale);
+                device.attack(attack.scale, attack.claim_samples);
             }
             clients.push(device);
         }

@@ -12,8 +12,8 @@ fn final_accuracy(aggregation: AggregationRule, attacked: bool) -> f64 {
     let config = SimConfig {
         clients: 10,
         rounds: 10,
-        robust: RobustConfig { aggregation, ..RobustConfig::default() },
-        attack: attacked.then(|| anchorage_sim::Attack { clients: vec![0, 1], scale: 10.0 }),
+        robust: RobustConfig { aggregation, ..RobustConfig::unbounded() },
+        attack: attacked.then(|| anchorage_sim::Attack { clients: vec![0, 1], scale: 10.0, claim_samples: None }),
         ..SimConfig::default()
     };
     let accuracy = run_virtual(&config).expect("virtual run").summary.final_accuracy;

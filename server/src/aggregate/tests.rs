@@ -237,20 +237,97 @@ fn robust_z_scores_by_hand() {
 }
 
 #[test]
-fn screen_round_drops_outliers_caps_samples_and_reports_who() {
+fn screen_round_keeps_every_acked_update_and_bounds_the_outlier() {
     let global = update(&[0.0], 1).blocks;
     let config = RobustConfig { max_norm_z: Some(3.5), max_samples: 100, ..RobustConfig::default() };
     let (a, b, c, d, e) =
         (update(&[1.0], 10), update(&[1.1], 10), update(&[0.9], 1_000_000), update(&[1.0], 10), update(&[50.0], 10));
     let bad = update(&[f32::NAN], 10);
     let inputs = [("a", &a), ("b", &b), ("bad", &bad), ("c", &c), ("d", &d), ("e", &e)];
-    let (kept, screened) = config.screen_round(&inputs, &global);
+    let RoundScreen { kept, screened, influence } = config.screen_round(&inputs, &global);
     let kept_ids: Vec<&str> = kept.iter().map(|(c, _)| *c).collect();
-    assert_eq!(kept_ids, vec!["a", "b", "c", "d"]);
-    assert_eq!(kept[2].1.num_samples, 100, "capped");
-    assert!(matches!(kept[0].1, Cow::Borrowed(_)), "only capped updates are copied");
+    assert_eq!(kept_ids, vec!["a", "b", "c", "d", "e"], "the outlier stays in, bounded");
+    assert_eq!(kept[2].1.num_samples, 10, "capped at max_samples, then clipped to the median weight");
+    assert!(matches!(kept[0].1, Cow::Borrowed(_)), "untouched updates are not copied");
     let ids: Vec<&str> = screened.iter().map(|s| s.client.as_str()).collect();
-    assert_eq!(ids, vec!["bad", "e"]);
-    assert!(matches!(screened[0].reason, ScreenReason::BadTensor(_)));
-    assert!(matches!(screened[1].reason, ScreenReason::Outlier { .. }));
+    assert_eq!(ids, vec!["bad"]);
+    // norms {1, 1.1, 0.9, 1, 50}: lower median 1 → norm_cap bound 2; the z bound is
+    // 1 + 3.5 · 0.1/0.6745 = 1.519; e is scaled to it.
+    let tau = influence.norm_bound.unwrap();
+    assert!((tau - 1.5189).abs() < 1e-3, "{tau}");
+    assert_eq!(influence.norm_clipped, vec!["e"]);
+    assert!((kept[4].1.blocks[0].decode().unwrap()[0] as f64 - tau).abs() < 1e-5);
+    assert_eq!(influence.weight_clipped, vec!["c"]);
+}
+
+#[test]
+fn one_update_holds_at_most_two_over_n_of_the_weight_whatever_it_claims() {
+    let global = update(&[0.0, 0.0], 1).blocks;
+    let config = RobustConfig::default();
+    for n in [2usize, 3, 4, 5, 10, 100] {
+        let honest: Vec<Update> = (0..n - 1).map(|i| update(&[1.0, -1.0], 500 + 37 * i as u64)).collect();
+        let attacker = update(&[-1.0, 1.0], u64::MAX);
+        let mut inputs: Vec<(&str, &Update)> = honest.iter().map(|u| ("h", u)).collect();
+        inputs.push(("x", &attacker));
+        let RoundScreen { kept, .. } = config.screen_round(&inputs, &global);
+        let total: f64 = kept.iter().map(|(_, u)| u.num_samples as f64).sum();
+        let share = kept.last().unwrap().1.num_samples as f64 / total;
+        assert!(share <= 2.0 / n as f64 + 1e-9, "n = {n}: share {share}");
+    }
+    // Unbounded, the same claim takes the round.
+    let honest = update(&[1.0, -1.0], 500);
+    let attacker = update(&[-1.0, 1.0], 1_000_000_000);
+    let RoundScreen { kept, .. } = RobustConfig::unbounded().screen_round(&[("h", &honest), ("x", &attacker)], &global);
+    assert_eq!(kept[1].1.num_samples, 1_000_000_000);
+}
+
+#[test]
+fn prototype_counts_are_clipped_per_class() {
+    use anchorage_shared::prototype::Prototype;
+    let global = update(&[0.0], 1).blocks;
+    let mut updates = Vec::new();
+    for (count, v) in [(10, 0.1), (12, 0.2), (1_000_000, 0.3)] {
+        let mut u = update(&[v], 10);
+        u.prototypes = vec![Prototype::encode(4, count, &[1.0, 2.0], Encoding::F32)];
+        updates.push(u);
+    }
+    let inputs: Vec<(&str, &Update)> = vec![("a", &updates[0]), ("b", &updates[1]), ("c", &updates[2])];
+    let RoundScreen { kept, influence, .. } = RobustConfig::default().screen_round(&inputs, &global);
+    assert_eq!(kept[2].1.prototypes[0].count, 12, "to the class's lower median");
+    assert_eq!(influence.weight_clipped, vec!["c"]);
+}
+
+#[test]
+fn changes_of_no_size_or_one_direction_are_refused_before_the_ack() {
+    let n = 1024;
+    let global = update(&vec![0.5; n], 1).blocks;
+    let config = RobustConfig::default();
+    let honest: Vec<f32> = (0..n).map(|i| 0.5 + if i % 3 == 0 { 0.01 } else { -0.01 }).collect();
+    let check = |values: &[f32], previous: Option<f64>| {
+        let u = update(values, 100);
+        let norm = config.screen_update(&u, &global).unwrap();
+        config.screen_change(&u, &global, norm, previous)
+    };
+    assert_eq!(check(&honest, Some(0.3)), Ok(()));
+    assert_eq!(check(&vec![0.5; n], None), Err(ScreenReason::NoChange), "the global sent back");
+    let tiny: Vec<f32> = honest.iter().map(|v| 0.5 + (v - 0.5) * 1e-4).collect();
+    assert!(matches!(check(&tiny, Some(0.3)), Err(ScreenReason::TooSmall { .. })));
+    assert_eq!(check(&tiny, None), Ok(()), "no reference yet: the ratio does not run");
+    let shift: Vec<f32> = vec![0.5 + 2e-5; n];
+    assert!(matches!(check(&shift, None), Err(ScreenReason::OneWay { .. })));
+    // Off switches.
+    let off = RobustConfig::unbounded();
+    let u = update(&shift, 100);
+    assert_eq!(off.screen_change(&u, &global, 1e-3, Some(1.0)), Ok(()));
+}
+
+#[test]
+fn bounds_read_from_toml_turn_off_with_false_and_round_trip() {
+    let c: RobustConfig = toml::from_str("weight_cap = false\nnorm_cap = 3.0").unwrap();
+    assert_eq!((c.weight_cap, c.norm_cap, c.min_norm_ratio), (None, Some(3.0), Some(0.01)));
+    let unbounded = RobustConfig::unbounded();
+    let written = toml::to_string(&unbounded).unwrap();
+    assert_eq!(toml::from_str::<RobustConfig>(&written).unwrap(), unbounded, "{written}");
+    let err = toml::from_str::<RobustConfig>("weight_cap = -1.0").unwrap_err().to_string();
+    assert!(err.contains("weight_cap must be positive"), "{err}");
 }

@@ -204,7 +204,11 @@ impl Engine {
         // client trained on, before the ack.
         let base = self.buffered.history.get(&trained_on).cloned();
         let reference = base.as_deref().map_or(self.global.as_slice(), Vec::as_slice);
-        if let Err(reason) = self.config.robust.screen_update(&update, reference) {
+        let robust = &self.config.robust;
+        let screened = robust
+            .screen_update(&update, reference)
+            .and_then(|norm| robust.screen_change(&update, reference, norm, self.last_median_norm));
+        if let Err(reason) = screened {
             self.buffered.in_flight.remove(client);
             self.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
             self.dispatch(now);
@@ -267,8 +271,8 @@ impl Engine {
                 Err(e) => failure = Some(format!("rebasing {client}'s update: {e}")),
             }
         }
-        let (outcome, screened) = match failure {
-            Some(reason) => (RoundOutcome::Failed { reason }, Vec::new()),
+        let (outcome, screened, influence) = match failure {
+            Some(reason) => (RoundOutcome::Failed { reason }, Vec::new(), Default::default()),
             None => {
                 let inputs: Vec<(&str, &Update)> = rebased.iter().map(|(c, u)| (c.as_str(), u)).collect();
                 self.aggregate(&inputs)
@@ -305,6 +309,7 @@ impl Engine {
             payload_down: payload_bytes(&self.global) as u64,
             started,
             closed: now,
+            influence,
         };
         self.close_version(report);
         // Keep only the versions a non-stale update can still have trained on.

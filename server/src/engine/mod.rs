@@ -33,7 +33,7 @@ pub use config::EngineConfig;
 pub use persist::{AcceptedUpdate, OpenedRound, Persist, Recovered};
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport};
 
-use crate::aggregate::Screened;
+use crate::aggregate::{InfluenceReport, RoundScreen, Screened};
 use crate::methods::ServerMethod;
 
 /// Rounds whose invitations the engine remembers to check cost records against.
@@ -117,6 +117,9 @@ pub struct Engine {
     /// State of the semi-asynchronous mode (unused in synchronous rounds).
     buffered: buffered::Buffered,
     stats: EngineStats,
+    /// The last aggregated round's lower median delta norm: the reference of `min_norm_ratio`
+    /// (none after a restart until a round aggregates).
+    last_median_norm: Option<f64>,
     finished: bool,
     actions: VecDeque<Action>,
 }
@@ -168,6 +171,7 @@ impl Engine {
             open: None,
             buffered: buffered::Buffered::default(),
             stats: checkpoint.stats,
+            last_median_norm: None,
             actions: VecDeque::new(),
         };
         if engine.is_buffered() {
@@ -401,8 +405,13 @@ impl Engine {
             self.refuse(client, RefusalReason::Malformed, "an update must be trained on at least one sample".into());
             return;
         }
-        // Screening (`[engine.robust]`): finite values and a bounded delta, before the ack.
-        if let Err(reason) = self.config.robust.screen_update(&update, &self.global) {
+        // Screening (`[engine.robust]`): finite values, a bounded delta and a change of an honest
+        // shape, all before the ack.
+        let robust = &self.config.robust;
+        let screened = robust
+            .screen_update(&update, &self.global)
+            .and_then(|norm| robust.screen_change(&update, &self.global, norm, self.last_median_norm));
+        if let Err(reason) = screened {
             open.refused += 1;
             self.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
             return;
@@ -448,7 +457,7 @@ impl Engine {
         } else if record.wire_up.max(record.wire_down) > max_wire {
             Some(format!("wire bytes above {max_wire}"))
         } else {
-            None
+            record.check_physical().err()
         };
         if let Some(why) = why {
             self.stats.refused += 1;
@@ -560,10 +569,10 @@ impl Engine {
             .collect();
         let missing: Vec<ClientId> = open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
         let enough = open.updates.len() >= self.config.min_updates.max(1);
-        let (outcome, screened) = if !enough {
+        let (outcome, screened, influence) = if !enough {
             let reason =
                 format!("{} of at least {} updates arrived", open.updates.len(), self.config.min_updates.max(1));
-            (RoundOutcome::Failed { reason }, Vec::new())
+            (RoundOutcome::Failed { reason }, Vec::new(), InfluenceReport::default())
         } else {
             let inputs: Vec<(&str, &Update)> =
                 open.updates.iter().map(|(id, (a, _))| (id.as_str(), &a.update)).collect();
@@ -596,27 +605,44 @@ impl Engine {
             payload_down,
             started: open.started,
             closed: now,
+            influence,
         };
         self.close_version(report);
     }
 
-    /// Screens the round's updates (`[engine.robust]`: finite, norm bound, robust z-score of the
-    /// norms, capped sample counts), then runs the method's aggregation on the rest with the
+    /// Prepares the round's updates (`[engine.robust]`: capped sample counts, then the influence
+    /// bounds, which drop nothing that was acked), then runs the method's aggregation with the
     /// configured rule; on success the result becomes the global model. A result that is not
-    /// finite is refused and the model stays as it was. Returns the outcome and the updates
-    /// screened out (logged, and counted as refused).
-    fn aggregate(&mut self, inputs: &[(&str, &Update)]) -> (RoundOutcome, Vec<Screened>) {
+    /// finite is refused and the model stays as it was. Returns the outcome, the updates screened
+    /// out (only one that decodes no more, which the ack-time screen makes impossible) and what
+    /// the bounds did.
+    fn aggregate(&mut self, inputs: &[(&str, &Update)]) -> (RoundOutcome, Vec<Screened>, InfluenceReport) {
         let round = self.last_round + 1;
-        let (kept, screened) = self.config.robust.screen_round(inputs, &self.global);
+        let RoundScreen { kept, screened, mut influence } = self.config.robust.screen_round(inputs, &self.global);
+        if self.config.robust.min_norm_ratio.is_some() && self.last_median_norm.is_none() {
+            influence.skipped.push("min_norm_ratio: no earlier round's median norm to compare with yet".into());
+        }
+        if influence.median_norm.is_some() {
+            self.last_median_norm = influence.median_norm;
+        }
+        if !influence.weight_clipped.is_empty() || !influence.norm_clipped.is_empty() {
+            tracing::info!(
+                round,
+                weight_clipped = ?influence.weight_clipped,
+                norm_clipped = ?influence.norm_clipped,
+                norm_bound = ?influence.norm_bound,
+                "influence bounded"
+            );
+        }
         if !screened.is_empty() {
             self.stats.refused += screened.len() as u64;
             let clients: Vec<&str> = screened.iter().map(|s| s.client.as_str()).collect();
             let reasons: Vec<String> = screened.iter().map(|s| format!("{}: {}", s.client, s.reason)).collect();
-            tracing::warn!(round, screened = screened.len(), ?clients, ?reasons, "updates screened out of the round");
+            tracing::error!(round, screened = screened.len(), ?clients, ?reasons, "acked updates failed the round's screen");
         }
         if kept.is_empty() {
             let reason = format!("all {} updates were screened out", inputs.len());
-            return (RoundOutcome::Failed { reason }, screened);
+            return (RoundOutcome::Failed { reason }, screened, influence);
         }
         let kept: Vec<(&str, &Update)> = kept.iter().map(|(c, u)| (*c, u.as_ref())).collect();
         let info = self.config.round_info(round);
@@ -633,7 +659,7 @@ impl Engine {
             },
             Err(e) => RoundOutcome::Failed { reason: format!("aggregation failed: {e}") },
         };
-        (outcome, screened)
+        (outcome, screened, influence)
     }
 
     /// A new global version exists (a round closed, or a buffer aggregated): persist it before

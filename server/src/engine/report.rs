@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::ClientId;
+use crate::aggregate::InfluenceReport;
 
 /// Counters since the federation began; persisted with the checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -67,6 +68,9 @@ pub struct RoundReport {
     pub payload_down: u64,
     pub started: Duration,
     pub closed: Duration,
+    /// What the influence bounds of `[engine.robust]` did, and which rules did not run.
+    #[serde(default)]
+    pub influence: InfluenceReport,
 }
 
 impl RoundReport {

@@ -59,6 +59,7 @@ fn report(round: u64) -> Arc<RoundReport> {
         payload_down: 0,
         started: Duration::ZERO,
         closed: Duration::from_secs(1),
+        influence: Default::default(),
     })
 }
 
@@ -246,4 +247,36 @@ fn the_stateless_reset_key_is_kept() {
     let key = ServerStore::open(dir.path()).unwrap().stateless_reset_key().unwrap();
     assert_eq!(ServerStore::open(dir.path()).unwrap().stateless_reset_key().unwrap(), key);
     assert_ne!(key, [0; 32]);
+}
+
+#[test]
+fn the_state_folder_is_0700_and_its_files_0600_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // The loosest umask: without explicit modes the folder would be 0777 and the files 0666.
+    // SAFETY: umask cannot fail; other tests of this process only see a looser umask briefly.
+    let old = unsafe { libc::umask(0) };
+    let opened = ServerStore::open(&state);
+    unsafe { libc::umask(old) };
+    let store = opened.unwrap();
+    store.save_initial(&checkpoint(0)).unwrap();
+    run_round(&store, 1);
+    let check = |when: &str| {
+        assert_eq!(mode(&state) & 0o777, 0o700, "the state folder {when}");
+        for name in [DB_FILE, WAL_FILE, SHM_FILE, LOCK_FILE] {
+            assert_eq!(mode(&state.join(name)) & 0o777, 0o600, "{name} {when}");
+        }
+    };
+    check("when new");
+    drop(store);
+    // An older install's loose modes are tightened at the next open.
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for name in [DB_FILE, LOCK_FILE] {
+        std::fs::set_permissions(state.join(name), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let store = ServerStore::open(&state).unwrap();
+    run_round(&store, 2);
+    check("after reopening a 0755 folder with 0644 files");
 }
