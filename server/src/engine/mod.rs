@@ -39,6 +39,9 @@ use crate::methods::ServerMethod;
 /// Rounds whose invitations the engine remembers to check cost records against.
 const INVITATIONS_KEPT: u64 = 8;
 
+/// Devices that must report rounds beyond the server's before it stops opening rounds.
+pub const ROLLBACK_QUORUM: usize = 2;
+
 /// A client's identity: from its certificate under mutual TLS (from its hello in the
 /// development mode).
 pub type ClientId = String;
@@ -120,6 +123,9 @@ pub struct Engine {
     /// The last aggregated round's lower median delta norm: the reference of `min_norm_ratio`
     /// (none after a restart until a round aggregates).
     last_median_norm: Option<f64>,
+    /// Devices whose hello named a round beyond any this engine announced, with that round: the
+    /// devices' witness of a rolled-back store (module `crate::store::witness`).
+    ahead: BTreeMap<ClientId, u64>,
     finished: bool,
     actions: VecDeque<Action>,
 }
@@ -144,7 +150,7 @@ impl Engine {
         Self::recover(
             config,
             method,
-            Recovered { checkpoint, open: None, pending: Vec::new(), last_accepted: Vec::new() },
+            Recovered { checkpoint, open: None, pending: Vec::new(), last_accepted: Vec::new(), round_floor: 0 },
         )
     }
 
@@ -153,7 +159,7 @@ impl Engine {
     /// lost), and the buffered updates no version has aggregated yet. A recovered round gets a
     /// fresh deadline; if it already holds its target, it closes on the first poll.
     pub fn recover(config: EngineConfig, mut method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
-        let Recovered { checkpoint, open, pending, last_accepted } = recovered;
+        let Recovered { checkpoint, open, pending, last_accepted, round_floor } = recovered;
         if let Err(e) = method.load_state(&checkpoint.method_state) {
             tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");
         }
@@ -165,13 +171,15 @@ impl Engine {
             rng,
             clients: BTreeMap::new(),
             global: checkpoint.global,
-            last_round: checkpoint.round,
+            // After an accepted rollback, numbering continues above every round ever announced.
+            last_round: checkpoint.round.max(round_floor),
             last_accepted: last_accepted.into_iter().collect(),
             invited: BTreeMap::new(),
             open: None,
             buffered: buffered::Buffered::default(),
             stats: checkpoint.stats,
             last_median_norm: None,
+            ahead: BTreeMap::new(),
             actions: VecDeque::new(),
         };
         if engine.is_buffered() {
@@ -321,6 +329,7 @@ impl Engine {
             });
             return;
         }
+        self.compare_witness(client, hello.last_round);
         let last_version = self.clients.get(client).and_then(|c| c.last_version);
         self.clients.insert(client.into(), ClientInfo { connected: true, last_version });
         self.actions.push_back(Action::Persist(Persist::Seen { client: client.into(), fingerprint: None }));
@@ -481,6 +490,44 @@ impl Engine {
         self.invited.retain(|r, _| r + INVITATIONS_KEPT > round);
     }
 
+    /// A device's last round is a witness of what this server announced: one beyond the newest
+    /// round it knows (`last_round`, plus the open one) means the store lost rounds. One device
+    /// raises the alarm; [`ROLLBACK_QUORUM`] devices (or every known one, if fewer) stop new
+    /// rounds until the operator decides (`anchorage-server accept-rollback`), so that a single
+    /// hostile device cannot halt the federation with a made-up number.
+    fn compare_witness(&mut self, client: &str, last_round: Option<u64>) {
+        let Some(seen) = last_round.filter(|r| *r > self.last_round + 1) else { return };
+        if self.ahead.insert(client.into(), seen).is_none() {
+            tracing::error!(
+                client,
+                device_round = seen,
+                server_round = self.last_round,
+                devices = self.ahead.len(),
+                "a device has trained a round this server never announced: the state folder may have been rolled back"
+            );
+        }
+        if self.rollback_suspected().is_some() && self.open.is_none() {
+            tracing::error!(
+                devices = self.ahead.len(),
+                highest = self.ahead.values().max().copied().unwrap_or(0),
+                "no new round opens: restore the newest backup, or resume from this store with \
+                 `anchorage-server accept-rollback --config server.toml --seen ROUND` (the highest round the devices report)"
+            );
+        }
+    }
+
+    /// Rollback evidence from the devices that stops new rounds: how many devices reported a
+    /// round beyond this server's, and the highest they reported.
+    pub fn rollback_suspected(&self) -> Option<(usize, u64)> {
+        let quorum = ROLLBACK_QUORUM.min(self.clients.len().max(1));
+        (self.ahead.len() >= quorum).then(|| (self.ahead.len(), self.ahead.values().max().copied().unwrap_or(0)))
+    }
+
+    /// Devices that reported a round beyond this server's (an alarm even below the quorum).
+    pub fn devices_ahead(&self) -> usize {
+        self.ahead.len()
+    }
+
     fn refuse(&mut self, client: &str, reason: RefusalReason, detail: String) {
         self.stats.refused += 1;
         tracing::warn!(client, ?reason, %detail, "refused");
@@ -488,7 +535,7 @@ impl Engine {
     }
 
     fn maybe_start_round(&mut self, now: Duration) {
-        if self.finished || self.open.is_some() {
+        if self.finished || self.open.is_some() || self.rollback_suspected().is_some() {
             return;
         }
         if self.is_buffered() {

@@ -58,4 +58,7 @@ pub struct Recovered {
     pub pending: Vec<AcceptedUpdate>,
     /// Clients whose update the last closed round aggregated (a resend of one is a duplicate).
     pub last_accepted: Vec<ClientId>,
+    /// Round numbers up to this were announced before an accepted rollback: the next round is
+    /// numbered above it (0: none).
+    pub round_floor: u64,
 }

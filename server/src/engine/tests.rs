@@ -509,7 +509,7 @@ fn every_ack_and_broadcast_follows_the_commit_it_depends_on() {
 #[test]
 fn a_crash_mid_round_resumes_the_round_with_its_acked_updates() {
     let mut e = engine(EngineConfig { rounds: 5, ..config(3, 3) });
-    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![] };
+    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![], round_floor: 0 };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b", "c"]));
     e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
     e.handle_message(secs(1), "b", update(1, &[3.0, 3.0], 1));
@@ -536,7 +536,7 @@ fn a_crash_mid_round_resumes_the_round_with_its_acked_updates() {
 #[test]
 fn a_recovered_round_that_holds_its_target_closes_at_once() {
     let mut e = engine(config(2, 2));
-    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![] };
+    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![], round_floor: 0 };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b"]));
     e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
     e.handle_message(secs(1), "b", update(1, &[3.0, 3.0], 1));
@@ -560,7 +560,7 @@ fn a_buffered_engine_restores_its_accepted_updates() {
     let mode = AggregationMode::Buffered { buffer: 2, concurrency: 2, max_staleness: 2 };
     let cfg = || EngineConfig { mode: mode.clone(), rounds: 3, ..config(2, 2) };
     let mut e = engine(cfg());
-    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![] };
+    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![], round_floor: 0 };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b"]));
     e.handle_message(secs(1), "a", update(1, &[2.0, 2.0], 1));
     replay_into(&mut stored, &drain(&mut e));
@@ -764,4 +764,54 @@ fn no_honest_update_is_screened_out_of_a_clean_federation_of_3_to_100_over_200_r
         assert_eq!(acked, n * ROUNDS as usize);
         assert_eq!(aggregated, n * ROUNDS as usize);
     }
+}
+
+fn hello_at(id: &str, last_round: u64) -> Message {
+    let Message::Hello(mut h) = hello(id) else { unreachable!() };
+    h.last_round = Some(last_round);
+    Message::Hello(h)
+}
+
+/// The devices' last rounds witness what the server announced: after its store lost rounds,
+/// devices that trained round 24 stop new rounds (two of them: one hostile device alone cannot
+/// halt the federation with a made-up number, it only raises the alarm).
+#[test]
+fn devices_that_trained_rounds_the_store_never_saw_stop_new_rounds() {
+    let mut e = engine(config(3, 3));
+    e.handle_message(secs(0), "a", hello_at("a", 24));
+    e.handle_message(secs(0), "b", hello("b"));
+    e.handle_message(secs(0), "c", hello("c"));
+    drain(&mut e);
+    assert_eq!(e.devices_ahead(), 1);
+    assert_eq!(e.rollback_suspected(), None, "one device alone raises the alarm, no more");
+    assert_eq!(e.open_round(), Some(1), "and rounds go on");
+
+    let mut e = engine(config(3, 3));
+    e.handle_message(secs(0), "a", hello_at("a", 24));
+    e.handle_message(secs(0), "b", hello_at("b", 23));
+    e.handle_message(secs(0), "c", hello("c"));
+    let actions = drain(&mut e);
+    assert_eq!(e.rollback_suspected(), Some((2, 24)));
+    assert!(broadcast_targets(&actions).is_empty(), "no round opens until the operator decides");
+    assert_eq!(e.open_round(), None);
+    // A device at the server's own round is no evidence.
+    let mut e = engine(config(2, 2));
+    e.handle_message(secs(0), "a", hello_at("a", 1));
+    e.handle_message(secs(0), "b", hello_at("b", 1));
+    drain(&mut e);
+    assert_eq!((e.devices_ahead(), e.open_round()), (0, Some(1)));
+}
+
+/// After an accepted rollback the engine resumes the restored model and numbers rounds above
+/// every round ever announced.
+#[test]
+fn after_an_accepted_rollback_round_numbers_are_not_reused() {
+    let e = engine(config(2, 2));
+    let stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![], round_floor: 26 };
+    let mut e = Engine::recover(config(2, 2), Box::new(FedAvg::default()), stored);
+    e.handle_message(secs(0), "a", hello_at("a", 26));
+    e.handle_message(secs(0), "b", hello_at("b", 25));
+    drain(&mut e);
+    assert_eq!(e.rollback_suspected(), None);
+    assert_eq!(e.open_round(), Some(27));
 }

@@ -22,8 +22,8 @@ impl ServerStore {
         {
             let mut stmt = tx
                 .prepare_cached(&format!(
-                    "INSERT OR IGNORE INTO ledger ({COLUMNS}, recorded_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                    "INSERT OR IGNORE INTO ledger ({COLUMNS}, recorded_at, checksum)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
                 ))
                 .map_err(|e| self.classify(e))?;
             for r in records {
@@ -45,6 +45,7 @@ impl ServerStore {
                         r.joules,
                         r.straggler,
                         unix_now(),
+                        ledger_checksum(&stored(r)),
                     ])
                     .map_err(|e| self.classify(e))?;
                 if inserted > 0 {
@@ -85,10 +86,37 @@ pub fn read_ledger(db: &Path) -> Result<Vec<CostRecord>, StoreError> {
     query_ledger(&conn).map_err(|source| StoreError::Sqlite { path: db.into(), error: source })
 }
 
+/// A record as the ledger stores it: under the key (client, round, kind), the client's id
+/// bounded, seconds and bytes as SQLite keeps them.
+fn stored(r: &CostRecord) -> CostRecord {
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX) as u64;
+    CostRecord {
+        round: clamp(r.round),
+        payload_down: clamp(r.payload_down),
+        payload_up: clamp(r.payload_up),
+        wire_down: clamp(r.wire_down),
+        wire_up: clamp(r.wire_up),
+        ..r.clone()
+    }
+}
+
+/// SHA-256 of a ledger row (its record, postcard-encoded).
+pub(super) fn ledger_checksum(r: &CostRecord) -> Vec<u8> {
+    let body = postcard::to_allocvec(r).unwrap_or_default();
+    super::checksum(&[b"ledger", &body])
+}
+
+/// Every row, checked: a row whose checksum does not match is left out with an error line
+/// (`anchorage-server check` lists it); a row from before schema 2 has none and is kept.
 fn query_ledger(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<CostRecord>> {
-    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM ledger ORDER BY round, client, kind"))?;
+    Ok(query_ledger_checked(conn)?.into_iter().filter_map(|(r, ok)| ok.then_some(r)).collect())
+}
+
+/// Every row with whether it matches its checksum (true for a row without one).
+pub(super) fn query_ledger_checked(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<(CostRecord, bool)>> {
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS}, checksum FROM ledger ORDER BY round, client, kind"))?;
     let rows = stmt.query_map([], |r| {
-        Ok(CostRecord {
+        let record = CostRecord {
             client: r.get(0)?,
             round: r.get::<_, i64>(1)?.max(0) as u64,
             dropped: r.get::<_, String>(2)? == "dropped",
@@ -103,7 +131,13 @@ fn query_ledger(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<CostRecord>
             rtt_seconds: r.get(11)?,
             joules: r.get(12)?,
             straggler: r.get(13)?,
-        })
+        };
+        let sum: Option<Vec<u8>> = r.get(14)?;
+        let ok = sum.is_none_or(|s| s == ledger_checksum(&record));
+        if !ok {
+            tracing::error!(client = %record.client, round = record.round, "a ledger row does not match its checksum; left out");
+        }
+        Ok((record, ok))
     })?;
     rows.collect()
 }

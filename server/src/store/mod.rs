@@ -10,11 +10,14 @@
 //! or an edited round number is refused at start instead of silently rolling the model back.
 //! One process owns a state folder at a time (`anchorage.lock`).
 
+mod check;
 mod ledger;
 mod rounds;
 mod schema;
 mod status;
+mod witness;
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -24,11 +27,16 @@ use serde::{Deserialize, Serialize};
 pub use ledger::read_ledger;
 pub use rounds::read_round_reports;
 pub use schema::SCHEMA_VERSION;
+pub use check::CheckReport;
+pub use witness::{WITNESS_FILE, Witness, read_witness};
 
 /// The database's file name inside the state folder.
 pub const DB_FILE: &str = "anchorage.db";
 /// The lock file that keeps a second server off the same state folder.
 pub const LOCK_FILE: &str = "anchorage.lock";
+/// SQLite's write-ahead log and its index, beside the database.
+pub const WAL_FILE: &str = "anchorage.db-wal";
+pub const SHM_FILE: &str = "anchorage.db-shm";
 
 /// Why the store could not open, read or commit.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +55,14 @@ pub enum StoreError {
     NewerSchema { path: PathBuf, found: i64, supported: i64 },
     #[error("database {path} is corrupt: {detail}; it was left untouched")]
     Corrupt { path: PathBuf, detail: String },
+    #[error(
+        "database {path} ends at {stored}, but this state folder had committed {witness} \
+         (anchorage.generation): the database was replaced by an older copy or lost committed transactions. \
+         No round runs until you decide: restore the newest backup, or resume from this one with \
+         `anchorage-server accept-rollback --config server.toml` (round numbers then continue above {})",
+        witness.round
+    )]
+    RolledBack { path: PathBuf, stored: Witness, witness: Witness },
 }
 
 /// How much history the database keeps on a months-long run (`[store]` in server.toml). 0 keeps
@@ -101,15 +117,34 @@ impl ServerStore {
     /// SQLite's integrity check, migrates the schema, and checks that the stored rounds and
     /// versions agree. Every failure names the file and stops here, before a socket is bound.
     pub fn open_with(dir: impl Into<PathBuf>, retention: Retention) -> Result<Self, StoreError> {
+        let store = Self::open_unchecked(dir, retention)?;
+        store.check_witness()?;
+        Ok(store)
+    }
+
+    /// [`Self::open_with`] without the comparison with the folder's generation witness (for the
+    /// operator's commands that look at or repair a rolled-back store).
+    pub(crate) fn open_unchecked(dir: impl Into<PathBuf>, retention: Retention) -> Result<Self, StoreError> {
         let dir = dir.into();
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| StoreError::Io { path, error: source }
         };
+        let existed = dir.exists();
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        restrict(&dir, 0o700, existed)?;
         let lock = take_lock(&dir.join(LOCK_FILE))?;
         let db_path = dir.join(DB_FILE);
+        let db_existed = db_path.exists();
         let sql = |source| StoreError::Sqlite { path: db_path.clone(), error: source };
+        // A new database is created 0600 (SQLite gives its -wal and -shm the database's mode).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&db_path)
+            .map_err(io(&db_path))?;
         let conn = Connection::open(&db_path).map_err(sql)?;
         let store = Self {
             inner: Arc::new(Inner { dir, db_path: db_path.clone(), conn: Mutex::new(conn), retention, _lock: lock }),
@@ -119,6 +154,13 @@ impl ServerStore {
             configure(&conn).map_err(|e| store.classify(e))?;
             integrity_check(&conn).map_err(|e| store.classify(e))??;
             schema::migrate(&mut conn, &db_path)?;
+        }
+        // The WAL and its index exist now (WAL mode, a read); older installs' files are tightened.
+        for name in [DB_FILE, WAL_FILE, SHM_FILE, LOCK_FILE] {
+            let path = store.inner.dir.join(name);
+            if path.exists() {
+                restrict(&path, 0o600, db_existed)?;
+            }
         }
         store.check_consistency()?;
         Ok(store)
@@ -196,12 +238,42 @@ fn open_read_only(db: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Sets `path`'s mode to `mode` (the state folder 0700, its files 0600) whatever the umask, so
+/// that no other local user reads an update or the QUIC reset key. A path another user owns is
+/// left as it is, with a warning (chmod would fail; its owner decides). A loose mode found on
+/// what existed before this open is logged.
+fn restrict(path: &Path, mode: u32, existed: bool) -> Result<(), StoreError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let io = |error| StoreError::Io { path: path.to_path_buf(), error };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    let was = meta.permissions().mode() & 0o777;
+    if was == mode {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if meta.uid() != unsafe { libc::geteuid() } {
+        tracing::warn!(path = %path.display(), mode = format!("{was:o}"), "not ours to restrict: chmod {mode:o} it");
+        return Ok(());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)?;
+    if existed && was & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), was = format!("{was:o}"), now = format!("{mode:o}"), "was readable by other users; restricted to this one");
+    }
+    Ok(())
+}
+
 /// Takes the folder's lock file, or says who holds it.
 fn take_lock(path: &Path) -> Result<std::fs::File, StoreError> {
     use std::io::{Read, Seek, Write};
     let io = |source| StoreError::Io { path: path.to_path_buf(), error: source };
-    let mut file =
-        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {

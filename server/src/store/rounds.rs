@@ -32,6 +32,11 @@ impl ServerStore {
             Persist::Closed { checkpoint, report } => self.close(&tx, checkpoint, report),
         };
         result.and_then(|()| tx.commit()).map_err(|e| self.classify(e))?;
+        if !matches!(persist, Persist::Seen { .. }) {
+            drop(conn);
+            self.witness()?;
+            conn = self.conn();
+        }
         if matches!(persist, Persist::Closed { .. }) {
             // Give the pages retention freed back to the file system; best effort.
             let _ = conn.execute_batch("PRAGMA incremental_vacuum;");
@@ -79,11 +84,19 @@ impl ServerStore {
         let report_json = serde_json::to_string(report).ok();
         // Buffered versions have no opening row; a synchronous round has one.
         tx.execute(
-            "INSERT INTO rounds (round, task, status, target, sampled, opened_at, closed_at, outcome, report)
-             VALUES (?1, 0, ?2, ?3, '[]', ?4, ?4, ?5, ?6)
+            "INSERT INTO rounds (round, task, status, target, sampled, opened_at, closed_at, outcome, report, report_checksum)
+             VALUES (?1, 0, ?2, ?3, '[]', ?4, ?4, ?5, ?6, ?7)
              ON CONFLICT (round) DO UPDATE SET status = excluded.status, closed_at = excluded.closed_at,
-               outcome = excluded.outcome, report = excluded.report",
-            params![int(version), status, int(report.target as u64), unix_now(), outcome, report_json],
+               outcome = excluded.outcome, report = excluded.report, report_checksum = excluded.report_checksum",
+            params![
+                int(version),
+                status,
+                int(report.target as u64),
+                unix_now(),
+                outcome,
+                report_json,
+                report_json.as_deref().map(|j| report_checksum(version, j))
+            ],
         )?;
         tx.execute("UPDATE updates SET closed_in = ?1 WHERE closed_in IS NULL", [int(version)])?;
         self.prune(tx, version)
@@ -111,6 +124,7 @@ impl ServerStore {
     /// checked against its checksum (that the rounds and versions agree was checked when the
     /// store opened, and the folder's lock keeps anyone else from changing them since).
     pub fn recover(&self, method: &str) -> Result<Option<Recovered>, StoreError> {
+        let round_floor = self.round_floor()?;
         let conn = self.conn();
         let row: Option<(i64, String, Vec<u8>, Vec<u8>)> = conn
             .query_row("SELECT version, method, state, checksum FROM versions ORDER BY version DESC LIMIT 1", [], |r| {
@@ -198,7 +212,7 @@ impl ServerStore {
             .query_map([version], |r| r.get::<_, String>(0))
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(|e| self.classify(e))?;
-        Ok(Some(Recovered { checkpoint, open, pending, last_accepted }))
+        Ok(Some(Recovered { checkpoint, open, pending, last_accepted, round_floor }))
     }
 
     /// Rounds and versions must tell one story: the newest version is the newest closed round,
@@ -222,8 +236,10 @@ impl ServerStore {
         if open_rounds > 1 {
             return Err(self.corrupt(format!("{open_rounds} rounds are open at once")));
         }
+        drop(conn);
+        let next = newest_version_or_initial.max(self.round_floor()? as i64) + 1;
         if let Some(open) = open_round
-            && open != newest_version_or_initial + 1
+            && open != next
         {
             return Err(self.corrupt(format!(
                 "round {open} is open but the newest global version is {newest_version_or_initial}"
@@ -258,28 +274,41 @@ fn insert_version(tx: &Transaction, checkpoint: &Checkpoint) -> rusqlite::Result
     Ok(())
 }
 
-fn update_checksum(round: u64, client: &str, body: &[u8]) -> Vec<u8> {
+pub(super) fn update_checksum(round: u64, client: &str, body: &[u8]) -> Vec<u8> {
     checksum(&[b"update", &round.to_le_bytes(), client.as_bytes(), body])
 }
 
-fn version_checksum(version: u64, method: &str, state: &[u8]) -> Vec<u8> {
+pub(super) fn version_checksum(version: u64, method: &str, state: &[u8]) -> Vec<u8> {
     checksum(&[b"version", &version.to_le_bytes(), method.as_bytes(), state])
 }
 
-/// The reports of a state folder's closed rounds, read without taking the folder's lock.
+pub(super) fn report_checksum(round: u64, json: &str) -> Vec<u8> {
+    checksum(&[b"report", &round.to_le_bytes(), json.as_bytes()])
+}
+
+/// The reports of a state folder's closed rounds, read without taking the folder's lock. A
+/// report whose checksum does not match is left out with an error line (`anchorage-server check`
+/// lists it); one written before schema 2 has no checksum and is read as it is.
 pub fn read_round_reports(db: &std::path::Path) -> Result<Vec<RoundReport>, StoreError> {
     let conn = super::open_read_only(db)?;
     let sql = |source| StoreError::Sqlite { path: db.into(), error: source };
-    let mut stmt =
-        conn.prepare("SELECT round, report FROM rounds WHERE report IS NOT NULL ORDER BY round").map_err(sql)?;
+    let mut stmt = conn
+        .prepare("SELECT round, report, report_checksum FROM rounds WHERE report IS NOT NULL ORDER BY round")
+        .map_err(sql)?;
     let rows = stmt
-        .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+        .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<Vec<u8>>>(2)?)))
         .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
         .map_err(sql)?;
-    rows.into_iter()
-        .map(|(round, json)| {
+    let mut reports = Vec::with_capacity(rows.len());
+    for (round, json, sum) in rows {
+        if sum.is_some_and(|sum| sum != report_checksum(round.max(0) as u64, &json)) {
+            tracing::error!(db = %db.display(), round, "a round report does not match its checksum; left out");
+            continue;
+        }
+        reports.push(
             serde_json::from_str(&json)
-                .map_err(|e| StoreError::Corrupt { path: db.into(), detail: format!("round {round}'s report: {e}") })
-        })
-        .collect()
+                .map_err(|e| StoreError::Corrupt { path: db.into(), detail: format!("round {round}'s report: {e}") })?,
+        );
+    }
+    Ok(reports)
 }

@@ -9,7 +9,7 @@ use rusqlite::Connection;
 use super::StoreError;
 
 /// The schema this server writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Migration `i` takes the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -83,6 +83,11 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (client, round, kind)
     );
     INSERT INTO meta (key, value) VALUES ('created_at', CAST(strftime('%s', 'now') AS INTEGER));
+    "#,
+    // 1 → 2: ledger rows and round reports carry their own SHA-256 (NULL: written before).
+    r#"
+    ALTER TABLE ledger ADD COLUMN checksum BLOB;         -- SHA-256 of the record (postcard)
+    ALTER TABLE rounds ADD COLUMN report_checksum BLOB;  -- SHA-256 of (round, report)
     "#,
 ];
 
