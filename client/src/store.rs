@@ -300,6 +300,21 @@ mod tests {
     }
 
     #[test]
+    fn both_files_are_readable_by_this_user_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let (store, dir) = temp_store("modes");
+        let mode = |name: &str| std::fs::metadata(dir.join(name)).unwrap().permissions().mode() & 0o777;
+        std::fs::create_dir_all(&dir).unwrap();
+        // A file left world-readable by an older client is replaced by a 0600 one.
+        std::fs::write(dir.join("pending-update.bin"), b"old").unwrap();
+        std::fs::set_permissions(dir.join("pending-update.bin"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        store.save_pending(Some(&update(1))).unwrap();
+        store.save_device_state(&blocks()).unwrap();
+        assert_eq!((mode("pending-update.bin"), mode("device-state.bin")), (0o600, 0o600));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn device_state_survives() {
         let (store, dir) = temp_store("state");
         assert!(store.load_device_state().unwrap().is_none());

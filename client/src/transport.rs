@@ -2,7 +2,7 @@
 //! reconnects with exponential backoff and jitter, runs training off the async threads, uploads
 //! on uni streams, and measures what every round cost (payload and wire bytes, seconds).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -359,9 +359,17 @@ struct Client {
     trained: mpsc::UnboundedSender<Trained>,
     uploaded: mpsc::UnboundedSender<Uploaded>,
     costs: HashMap<u64, RoundCost>,
+    /// Cost records sent and not yet confirmed by the server's ledger (`CostAck`): resent after
+    /// every welcome, so a server that died before committing one still gets it. At most
+    /// [`UNCONFIRMED_COSTS`], the oldest dropped first (the server keeps invitations that long).
+    unconfirmed: BTreeMap<u64, CostRecord>,
     failures: Failures,
     events: Option<mpsc::UnboundedSender<ClientEvent>>,
 }
+
+/// Unconfirmed cost records a client keeps for resending (the server checks a record against
+/// its invitations of the last 8 rounds).
+const UNCONFIRMED_COSTS: usize = 8;
 
 impl Client {
     /// The session from the store's unacknowledged update and the method's saved device state.
@@ -395,6 +403,7 @@ impl Client {
             trained,
             uploaded,
             costs: HashMap::new(),
+            unconfirmed: BTreeMap::new(),
             failures: Failures::default(),
             events,
         })
@@ -618,6 +627,15 @@ impl Client {
                     self.report_if_complete(ack.round, control).await;
                 }
             }
+            Message::CostAck(a) => {
+                self.unconfirmed.remove(&a.round);
+            }
+            Message::Welcome(_) => {
+                for record in self.unconfirmed.values() {
+                    tracing::debug!(client = %self.options.client_id, round = record.round, "resending an unconfirmed cost record");
+                    report_cost(control, record.clone(), self.options.max_frame_bytes).await;
+                }
+            }
             _ => {}
         }
         if let Err(e) = self.session.handle_message(msg) {
@@ -642,7 +660,11 @@ impl Client {
         if let Some((record, aggregated)) = cost.complete(&self.options.client_id, round) {
             self.costs.remove(&round);
             self.emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
-            report_cost(control, record, self.options.max_frame_bytes).await;
+            report_cost(control, record.clone(), self.options.max_frame_bytes).await;
+            self.unconfirmed.insert(round, record);
+            while self.unconfirmed.len() > UNCONFIRMED_COSTS {
+                self.unconfirmed.pop_first();
+            }
         }
     }
 }

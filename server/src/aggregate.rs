@@ -26,7 +26,9 @@ use std::borrow::Cow;
 
 mod influence;
 
-pub use influence::{InfluenceReport, MIN_SIGN_VALUES, MIN_Z_UPDATES, lower_median, robust_center_scale, sign_agreement};
+pub use influence::{
+    InfluenceReport, MIN_SIGN_VALUES, MIN_Z_UPDATES, lower_median, robust_center_scale, sign_agreement,
+};
 
 use anchorage_shared::math::weighted_mean;
 use anchorage_shared::protocol::Update;
@@ -474,7 +476,8 @@ impl RobustConfig {
         {
             return Err(AggregateError::InvalidRule(format!("max_norm_z must be positive, got {z}")));
         }
-        let positive = [("weight_cap", self.weight_cap), ("norm_cap", self.norm_cap), ("min_norm_ratio", self.min_norm_ratio)];
+        let positive =
+            [("weight_cap", self.weight_cap), ("norm_cap", self.norm_cap), ("min_norm_ratio", self.min_norm_ratio)];
         for (name, v) in positive {
             if let Some(v) = v
                 && !(v > 0.0 && v.is_finite())
@@ -538,11 +541,7 @@ impl RobustConfig {
     /// net: every update passed it before its ack), `num_samples` capped at `max_samples`, then the
     /// influence bounds ([`Self::bound_round`]). Returns the updates to aggregate (in input
     /// order), the ones screened out, and what the bounds did.
-    pub fn screen_round<'a>(
-        &self,
-        inputs: &[(&'a str, &'a Update)],
-        reference: &[ParamBlock],
-    ) -> RoundScreen<'a> {
+    pub fn screen_round<'a>(&self, inputs: &[(&'a str, &'a Update)], reference: &[ParamBlock]) -> RoundScreen<'a> {
         let mut screened = Vec::new();
         let mut kept: Vec<(&'a str, Cow<'a, Update>)> = Vec::with_capacity(inputs.len());
         let mut norms = Vec::with_capacity(inputs.len());

@@ -70,17 +70,32 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsSection {
-    /// Address of `GET /metrics`, `/healthz` and `/readyz`; none: no port.
+    /// Address of `GET /metrics`, `/healthz` and `/readyz`; none: no port. Keep it on loopback
+    /// unless something restricts who reaches it (`--metrics-bind` overrides it).
     pub bind: Option<SocketAddr>,
-    /// Devices with their own `anchorage_device_last_seen_timestamp_seconds` series, the longest
-    /// silent first (a fleet beyond it is still counted in `anchorage_devices_silent`).
+    /// Whether `/metrics` names devices (`anchorage_device_last_seen_timestamp_seconds{device}`);
+    /// off by default, since whoever reads the port would learn every device id.
+    pub device_ids: bool,
+    /// With `device_ids`: devices with their own last-seen series, the longest silent first (a
+    /// fleet beyond it is still counted in `anchorage_devices_silent`).
     pub device_series: usize,
 }
 
 impl Default for MetricsSection {
     fn default() -> Self {
-        Self { bind: None, device_series: crate::metrics::DEFAULT_DEVICE_SERIES }
+        Self { bind: None, device_ids: false, device_series: crate::metrics::DEFAULT_DEVICE_SERIES }
     }
+}
+
+/// An `IP:PORT` address; a bare IPv6 address before the last `:` works too (`fd00::5:9464`, what
+/// `$(POD_IP):9464` gives on an IPv6 pod).
+pub fn parse_bind(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let bad = || format!("`{text}` is not IP:PORT (e.g. 127.0.0.1:9464)");
+    let (ip, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    Ok(SocketAddr::new(ip.parse().map_err(|_| bad())?, port.parse().map_err(|_| bad())?))
 }
 
 /// `[sikf]`: what FedTA's server half distils the clients' input enhancement on.
@@ -263,7 +278,25 @@ mod tests {
         // The Kubernetes manifests' server.toml uses the table.
         let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/server/server.toml");
         let k8s = ServerConfig::load(&k8s).unwrap();
-        assert_eq!(k8s.metrics_address(), Some("0.0.0.0:9464".parse().unwrap()));
+        assert_eq!(
+            k8s.metrics_address(),
+            Some("127.0.0.1:9464".parse().unwrap()),
+            "the pod IP comes from --metrics-bind"
+        );
+        // Device ids are off unless asked for.
+        assert!(!flat.metrics.device_ids && !k8s.metrics.device_ids);
+        let ids = ServerConfig::parse(&format!("method = \"fedavg\"\n{BASE}[metrics]\ndevice_ids = true\n")).unwrap();
+        assert!(ids.metrics.device_ids);
+    }
+
+    #[test]
+    fn a_metrics_address_may_be_a_bare_ipv6_address_and_a_port() {
+        assert_eq!(parse_bind("10.1.2.3:9464"), Ok("10.1.2.3:9464".parse().unwrap()));
+        assert_eq!(parse_bind("[fd00::5]:9464"), Ok("[fd00::5]:9464".parse().unwrap()));
+        assert_eq!(parse_bind("fd00::5:9464"), Ok("[fd00::5]:9464".parse().unwrap()));
+        for bad in ["", "9464", ":9464", "10.1.2.3", "10.1.2.3:x", "host:9464"] {
+            assert!(parse_bind(bad).unwrap_err().contains("IP:PORT"), "{bad}");
+        }
     }
 
     #[test]

@@ -132,6 +132,8 @@ pub struct ServerMetrics {
     client_seconds: Family<Label, FloatCounter>,
     client_energy: FloatCounter,
     client_round_duration: Histogram,
+    crl_stale: Gauge,
+    crl_reload_failures: Counter,
     devices: std::sync::Arc<Devices>,
 }
 
@@ -165,6 +167,8 @@ impl ServerMetrics {
             client_seconds: Family::default(),
             client_energy: FloatCounter::default(),
             client_round_duration: Histogram::new(SECONDS_BUCKETS),
+            crl_stale: Gauge::default(),
+            crl_reload_failures: Counter::default(),
             devices: std::sync::Arc::new(Devices::default()),
         };
         r.register("connections", "QUIC connections accepted for a handshake.", m.connections.clone());
@@ -234,6 +238,16 @@ impl ServerMetrics {
             "A client's time in one round: compute + transfer + wait, as it reported it.",
             Unit::Seconds,
             m.client_round_duration.clone(),
+        );
+        r.register(
+            "crl_stale",
+            "1 while revoked.crl is missing or does not parse and the server keeps its last good list, else 0.",
+            m.crl_stale.clone(),
+        );
+        r.register(
+            "crl_reload_failures",
+            "Changes of revoked.crl that could not be loaded (missing or not a CRL).",
+            m.crl_reload_failures.clone(),
         );
         r.register_collector(Box::new(m.devices.clone()));
         // Every series of a fixed label set exists from the start, at 0.
@@ -360,6 +374,16 @@ impl ServerMetrics {
             self.client_round_duration
                 .observe(secs(c.compute_seconds) + secs(c.transfer_seconds) + secs(c.wait_seconds));
         }
+    }
+
+    /// Whether the revocation list in use is stale (its file is missing or damaged).
+    pub fn set_crl_stale(&self, stale: bool) {
+        self.crl_stale.set(i64::from(stale));
+    }
+
+    /// A change of the CRL file that could not be loaded.
+    pub fn crl_reload_failed(&self) {
+        self.crl_reload_failures.inc();
     }
 
     /// A client was heard from at `unix` (seconds).
@@ -538,6 +562,8 @@ mod tests {
             "anchorage_frame_bytes_total{direction=\"down\"}",
             "anchorage_devices_silent{since=\"1d\"}",
             "anchorage_devices_known",
+            "anchorage_crl_stale",
+            "anchorage_crl_reload_failures_total",
         ] {
             assert_eq!(value(&text, series), Some(0.0), "{series} in\n{text}");
         }

@@ -25,14 +25,22 @@ struct Cli {
     log: String,
     #[command(flatten)]
     log_format: logging::LogFormatArgs,
+    /// Address of the metrics port, over server.toml's (`IP:PORT`; a bare IPv6 address works too,
+    /// e.g. `$(POD_IP):9464` from the Kubernetes downward API).
+    #[arg(long, env = "ANCHORAGE_METRICS_BIND", value_parser = crate::config::parse_bind)]
+    metrics_bind: Option<std::net::SocketAddr>,
 }
 
 /// Parses the command line, sets up logging, and serves until SIGTERM or the last round.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
-    let result = ServerConfig::load(&cli.config).and_then(|config| {
-        Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))?)
+    let result = ServerConfig::load(&cli.config).and_then(|mut config| {
+        if let Some(bind) = cli.metrics_bind {
+            config.metrics_bind = None;
+            config.metrics.bind = Some(bind);
+        }
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
     });
     logging::exit_on_error(result, cli.log_format.format())
 }
@@ -48,12 +56,20 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding the metrics port {bind}"))?;
         tracing::info!(%addr, "metrics port: http://{addr}/metrics, /healthz, /readyz");
+        if addr.ip().is_unspecified() {
+            tracing::warn!(%addr, "the metrics port listens on every interface: anyone who reaches it reads /metrics; \
+                bind it to 127.0.0.1 or one address and firewall it (on Kubernetes: the pod IP and a NetworkPolicy)");
+        } else if !addr.ip().is_loopback() {
+            tracing::info!(%addr, "the metrics port is reachable beyond this host: restrict it to Prometheus and the probes");
+        }
     }
     // Then the database: a state folder that cannot be written, is locked by another server, is
     // corrupt or comes from a newer server stops us here, before QUIC listens.
+    // The certificates and the revocation list first: a server that would not start anyway
+    // leaves no state folder behind.
+    let (identity, trust) = identity_and_trust(&config)?;
     let store = ServerStore::open_with(&config.state_dir, config.store.clone())
         .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
-    let (identity, trust) = identity_and_trust(&config)?;
     let method_config = config.method.config()?;
     let mut parts = methods::Parts::default();
     if let (Some(section), anchorage_shared::method::MethodConfig::FedTa(fedta)) = (&config.sikf, &method_config) {
@@ -75,7 +91,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     })
     .await?;
     tracing::info!(addr = %server.local_addr, method = %method_config.name(), "listening");
-    server.metrics.set_device_series(config.metrics.device_series);
+    // Device ids on /metrics only when asked for: whoever reads the port would learn the fleet.
+    server.metrics.set_device_series(if config.metrics.device_ids { config.metrics.device_series } else { 0 });
     exporter.attach(server.metrics.clone());
     exporter.set_ready();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -134,7 +151,10 @@ fn identity_and_trust(config: &ServerConfig) -> anyhow::Result<(tls::Identity, t
     let ca_path = dir.join(crate::ca::CA_CERT);
     let ca =
         std::fs::read(&ca_path).with_context(|| format!("reading the project CA {}: {hint}", ca_path.display()))?;
-    Ok((identity, tls::Trust::ProjectCa { ca: ca.into(), crl: Some(dir.join(crate::ca::CRL)) }))
+    let trust = tls::Trust::ProjectCa { ca: ca.into(), crl: Some(dir.join(crate::ca::CRL)) };
+    // Fail closed: no revocation list, no start.
+    trust.read_crl()?;
+    Ok((identity, trust))
 }
 
 /// FedTA's distiller from `[sikf]`.

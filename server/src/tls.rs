@@ -11,6 +11,11 @@ use anyhow::Context;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::danger::ClientCertVerifier;
 
+/// What to do about a missing or damaged `revoked.crl`.
+pub const CRL_HINT: &str = "Copy the project CA's revoked.crl there (`anchorage ca init` and `anchorage ca revoke` \
+     write it in the CA folder, even when nothing is revoked; `anchorage provision` and `anchorage ca issue server` \
+     write it into the server's folder)";
+
 /// ALPN protocol id of Anchorage v1.
 pub const ALPN: &[u8] = b"anchorage/1";
 
@@ -31,7 +36,8 @@ impl Clone for Identity {
 pub enum Trust {
     /// Mutual TLS (the default): a client needs a certificate the project CA signed, within its
     /// validity period and not on the revocation list, and its id is the one in the certificate.
-    /// The CRL file (`revoked.crl`) is re-read while the server runs.
+    /// The CRL file (`revoked.crl`) must exist at start and is re-read while the server runs;
+    /// `crl: None` (the simulator's in-memory CA) checks no revocations.
     ProjectCa { ca: CertificateDer<'static>, crl: Option<std::path::PathBuf> },
     /// Development only (`insecure_dev = true`): no client certificates; the hello names the
     /// client, so anyone who reaches the port can claim any name.
@@ -39,14 +45,23 @@ pub enum Trust {
 }
 
 impl Trust {
-    /// The CRL as it is on disk now (none when the file does not exist yet).
+    /// The CRL as it is on disk now, checked to parse. Under mutual TLS with a CRL path the file
+    /// must exist: a server without its revocation list would welcome revoked certificates, so
+    /// a missing or unreadable one is an error that names the file (the server fails closed).
     pub fn read_crl(&self) -> anyhow::Result<Option<rustls::pki_types::CertificateRevocationListDer<'static>>> {
         let Self::ProjectCa { crl: Some(path), .. } = self else { return Ok(None) };
-        match std::fs::read(path) {
-            Ok(bytes) => Ok(Some(bytes.into())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-        }
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+                "the revocation list {} is missing; without it revoked certificates would get in, so the \
+                 server does not start. {CRL_HINT}",
+                path.display()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("reading the revocation list {}", path.display())),
+        };
+        crate::ca::revoked_serials(&bytes)
+            .with_context(|| format!("the revocation list {} is not a CRL. {CRL_HINT}", path.display()))?;
+        Ok(Some(bytes.into()))
     }
 
     /// The server-side rustls config for this trust, checking client certificates against `crl`

@@ -210,28 +210,37 @@ pub type Revoked = Arc<std::collections::BTreeSet<String>>;
 /// Under mutual TLS, re-reads the CRL when its file changes (every 2 s): new handshakes are
 /// checked against the new list at once, and live connections whose certificate it revokes are
 /// closed. Returns the list as a watch every connection follows.
+///
+/// A CRL that disappears or does not parse keeps the last good list (fail closed): one error
+/// line when that starts, `anchorage_crl_stale` 1 until a good file is back (retried every
+/// tick), and `anchorage_crl_reload_failures_total` counts each failed change.
 fn watch_revocations(
     endpoint: &quinn::Endpoint,
     trust: &Trust,
     identity: &Identity,
     first: &Crl,
     transport: Arc<quinn::TransportConfig>,
+    metrics: Arc<ServerMetrics>,
 ) -> anyhow::Result<watch::Receiver<Revoked>> {
     let serials = |crl: Option<&[u8]>| -> anyhow::Result<Revoked> {
         Ok(Arc::new(crl.map(crate::ca::revoked_serials).transpose()?.unwrap_or_default()))
     };
     let trust = trust.clone();
     let (tx, rx) = watch::channel(serials(first.as_deref())?);
+    metrics.set_crl_stale(false);
     let Trust::ProjectCa { crl: Some(path), .. } = &trust else { return Ok(rx) };
     let (path, identity, endpoint) = (path.clone(), identity.clone(), endpoint.clone());
     let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let mut seen = modified(&path);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(2));
+        // The error of the last failed reload while the list is stale.
+        let mut stale: Option<String> = None;
         while !tx.is_closed() {
             tick.tick().await;
             let now = modified(&path);
-            if now == seen {
+            let changed = now != seen;
+            if !changed && stale.is_none() {
                 continue;
             }
             seen = now;
@@ -242,11 +251,31 @@ fn watch_revocations(
             match reloaded {
                 Ok((config, list)) => {
                     endpoint.set_server_config(Some(config));
-                    tracing::info!(crl = %path.display(), revoked = list.len(), "revocation list reloaded");
+                    if stale.take().is_some() {
+                        metrics.set_crl_stale(false);
+                        tracing::info!(crl = %path.display(), revoked = list.len(), "revocation list readable again; reloaded");
+                    } else {
+                        tracing::info!(crl = %path.display(), revoked = list.len(), "revocation list reloaded");
+                    }
                     let _ = tx.send(list);
                 }
                 Err(e) => {
-                    tracing::error!(crl = %path.display(), error = %format!("{e:#}"), "revocation list unreadable; keeping the previous one")
+                    let error = format!("{e:#}");
+                    if changed {
+                        metrics.crl_reload_failed();
+                    }
+                    if stale.as_deref() != Some(error.as_str()) {
+                        let kept = tx.borrow().len();
+                        tracing::error!(
+                            crl = %path.display(),
+                            error = %error,
+                            revoked = kept,
+                            "REVOCATION LIST STALE: keeping the last good list ({kept} revoked); certificates \
+                             revoked since are not refused until a good revoked.crl is back"
+                        );
+                        metrics.set_crl_stale(true);
+                        stale = Some(error);
+                    }
                 }
             }
         }
@@ -283,7 +312,8 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let max_frame = options.engine.max_frame_bytes as usize;
 
-    let revoked = watch_revocations(&endpoint, &options.trust, &options.identity, &crl, transport_config)?;
+    let revoked =
+        watch_revocations(&endpoint, &options.trust, &options.identity, &crl, transport_config, metrics.clone())?;
     let accept_endpoint = endpoint.clone();
     let accept_metrics = metrics.clone();
     let limits = options.limits.clone();

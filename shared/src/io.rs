@@ -114,7 +114,8 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> io::
 
 /// Writes `bytes` to `path` atomically: a uniquely named temporary file in the same folder
 /// (tempfile), fsync, rename over `path`, and fsync of the folder. A crash leaves either the old
-/// file or the new one, never a torn one.
+/// file or the new one, never a torn one. The file is mode 0600 whatever the umask (tempfile
+/// creates it so, and the rename keeps it), also when it replaces a looser one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));

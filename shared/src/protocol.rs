@@ -128,6 +128,13 @@ pub struct Ack {
     pub aggregated: bool,
 }
 
+/// The server's ledger holds the client's cost record of `round` (committed): the client stops
+/// resending it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostAck {
+    pub round: u64,
+}
+
 /// Liveness signal; either side may send it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
@@ -179,6 +186,8 @@ pub enum Message {
     /// A client's measured cost of one round, sent after the round's ack (the server keeps the
     /// cost ledger). The `client` field is ignored: the server uses the connection's identity.
     Cost(CostRecord),
+    /// The ledger holds the client's cost record of a round (kind 10).
+    CostAck(CostAck),
 }
 
 /// Kind bytes of the two messages that may be large (readers give them their own size limit).
@@ -198,6 +207,7 @@ impl Message {
             Message::Refusal(_) => 7,
             Message::Goodbye(_) => 8,
             Message::Cost(_) => 9,
+            Message::CostAck(_) => 10,
         }
     }
 
@@ -218,6 +228,7 @@ impl Message {
             Message::Refusal(m) => postcard::to_allocvec(m),
             Message::Goodbye(m) => postcard::to_allocvec(m),
             Message::Cost(m) => postcard::to_allocvec(m),
+            Message::CostAck(m) => postcard::to_allocvec(m),
         };
         // Serialising owned in-memory structs into a growable Vec cannot fail.
         r.unwrap_or_default()
@@ -237,6 +248,7 @@ impl Message {
             7 => Message::Refusal(postcard::from_bytes(body).map_err(bad)?),
             8 => Message::Goodbye(postcard::from_bytes(body).map_err(bad)?),
             9 => Message::Cost(postcard::from_bytes(body).map_err(bad)?),
+            10 => Message::CostAck(postcard::from_bytes(body).map_err(bad)?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
         msg.validate()?;
@@ -301,6 +313,7 @@ pub fn kind_name(kind: u8) -> Option<&'static str> {
         7 => "refusal",
         8 => "goodbye",
         9 => "cost",
+        10 => "cost_ack",
         _ => return None,
     })
 }

@@ -129,7 +129,7 @@ enum CaCommand {
         days: u32,
     },
     /// Signs a certificate for a server or a device: writes cert.der, key.der (0600) and ca.der
-    /// into --out.
+    /// into --out (a server's also the CA's revoked.crl, which it needs to start).
     Issue {
         kind: KindArg,
         /// The site's id (a device's id is the client id the server knows it by).
@@ -371,10 +371,11 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
             let out = site(out, &id);
             let issued = provision::issue(&mut ca, kind, &id, &names, days, &out)?;
             println!(
-                "issued `{id}` (serial {}, expires {}): {}/cert.der, key.der (0600), ca.der",
+                "issued `{id}` (serial {}, expires {}): {}/cert.der, key.der (0600), ca.der{}",
                 issued.serial,
                 provision::date(issued.not_after),
-                out.display()
+                out.display(),
+                if kind == Kind::Server { ", revoked.crl" } else { "" }
             );
         }
         CaCommand::Revoke { id, serial, dir } => {

@@ -75,7 +75,17 @@ pub fn issue(
     }
     let identity = ca.issue(kind, id, names, days)?;
     write_site_identity(out, &identity, ca.cert().as_ref())?;
+    if kind == Kind::Server {
+        write_server_crl(ca, out)?;
+    }
     Ok(ca.issued().last().cloned().expect("just issued"))
+}
+
+/// A server's folder gets the CA's revocation list as it is now (even an empty one): a CA-mode
+/// server does not start without it.
+fn write_server_crl(ca: &ProjectCa, out: &Path) -> anyhow::Result<()> {
+    let path = out.join(ca::CRL);
+    anchorage_shared::io::write_atomic(&path, ca.crl()?.as_ref()).with_context(|| format!("writing {}", path.display()))
 }
 
 /// `anchorage ca renew`: a new certificate and key for an id the CA issued before (same kind),
@@ -100,6 +110,9 @@ pub fn renew(ca: &mut ProjectCa, id: &str, names: &[String], days: u32, out: &Pa
     };
     let identity = ca.issue(previous.kind, id, &names, days)?;
     write_site_identity(out, &identity, ca.cert().as_ref())?;
+    if previous.kind == Kind::Server {
+        write_server_crl(ca, out)?;
+    }
     Ok(ca.issued().last().cloned().expect("just issued"))
 }
 
@@ -706,10 +719,14 @@ id = "edge-002"
         let first = issue(&mut ca, Kind::Server, "server", &["fl.example.org".into()], 10, &out).unwrap();
         assert_eq!(mode(&out.join("key.der")), 0o600);
         assert_eq!(std::fs::read(out.join("ca.der")).unwrap(), ca.cert().as_ref());
+        // A server's folder gets the CA's (empty) revocation list: the server does not start without it.
+        let crl = std::fs::read(out.join(ca::CRL)).expect("`ca issue server` writes revoked.crl");
+        assert!(ca::revoked_serials(&crl).unwrap().is_empty());
         let err = issue(&mut ca, Kind::Server, "server", &[], 10, &out).unwrap_err().to_string();
         assert!(err.contains("ca renew server"), "an issued pair is not overwritten: {err}");
         let edge = dir.path().join("edge-001");
         issue(&mut ca, Kind::Client, "edge-001", &[], 10, &edge).unwrap();
+        assert!(!edge.join(ca::CRL).exists(), "a device needs no revocation list");
 
         // Renew: same id and kind, a later expiry, a new key, the server's names kept.
         let old_key = std::fs::read(out.join("key.der")).unwrap();

@@ -43,6 +43,8 @@ impl ServerProcess {
         let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
         tls::save_identity(&tls_dir, &identity).unwrap();
         std::fs::write(tls_dir.join(anchorage_server::ca::CA_CERT), ca.cert().as_ref()).unwrap();
+        // The CA's revocation list: a CA-mode server does not start without it.
+        std::fs::write(tls_dir.join(anchorage_server::ca::CRL), ca.crl().unwrap().as_ref()).unwrap();
         // The operator's initial model: the devices' own (the tests' FedAvg device).
         let model = dir.join("initial-model.bin");
         let blocks = crate::fedavg_client(0).initial_blocks().expect("the device's model");
@@ -89,6 +91,17 @@ deadline_ms = 0
         let text = std::fs::read_to_string(&self.config).unwrap();
         std::fs::write(&self.config, format!("metrics_bind = \"{addr}\"\n{text}")).unwrap();
         addr
+    }
+
+    /// The server's copy of the revocation list (`tls_dir/revoked.crl`).
+    pub fn crl(&self) -> PathBuf {
+        self.dir.join("tls").join(anchorage_server::ca::CRL)
+    }
+
+    /// Appends `text` (a TOML table, e.g. `[metrics]\ndevice_ids = true`) to server.toml.
+    pub fn append_config(&self, text: &str) {
+        let old = std::fs::read_to_string(&self.config).unwrap();
+        std::fs::write(&self.config, format!("{old}\n{text}\n")).unwrap();
     }
 
     pub fn db(&self) -> PathBuf {

@@ -260,7 +260,10 @@ async fn a_uniform_shift_claiming_1e18_samples_is_refused_before_the_ack() {
     let refused = refusals(&outcome);
     println!("attacker's replies: {refused:?}");
     assert_eq!(refused.len(), 3, "{:?}", outcome.replies);
-    assert!(refused.iter().all(|(r, d)| *r == RefusalReason::BadTensor && d.contains("move the same way")), "{refused:?}");
+    assert!(
+        refused.iter().all(|(r, d)| *r == RefusalReason::BadTensor && d.contains("move the same way")),
+        "{refused:?}"
+    );
     assert!(outcome.replies.iter().all(|m| !matches!(m, Message::Ack(_))), "never acked");
 }
 
@@ -273,7 +276,11 @@ async fn a_device_claiming_1e18_samples_moves_the_global_at_most_2_over_n_of_its
     let n = 3.0;
     let mut previous = values(&fedavg_client(0).initial_blocks().unwrap());
     for (report, global) in &outcome.rounds {
-        assert!(report.updates.iter().any(|u| u.client == ATTACKER), "the attacker's update is in round {}", report.round);
+        assert!(
+            report.updates.iter().any(|u| u.client == ATTACKER),
+            "the attacker's update is in round {}",
+            report.round
+        );
         let now = values(global);
         let d = own_direction(report.round, now.len());
         let dot: f64 = now.iter().zip(&previous).zip(&d).map(|((a, b), d)| (*a as f64 - *b as f64) * *d as f64).sum();
@@ -306,5 +313,9 @@ async fn three_honest_devices_under_the_shipped_config_are_never_screened_out_af
             report.influence
         );
     }
-    println!("{} rounds, {} honest acks, each in its round's aggregate", outcome.rounds.len(), outcome.honest_acks.len());
+    println!(
+        "{} rounds, {} honest acks, each in its round's aggregate",
+        outcome.rounds.len(),
+        outcome.honest_acks.len()
+    );
 }

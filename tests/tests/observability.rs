@@ -117,6 +117,8 @@ fn the_server_exports_what_the_dashboard_and_the_alerts_query() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = ServerProcess::new(dir.path(), Path::new(env!("CARGO_BIN_EXE_server-process")), 1);
     let metrics = server.with_metrics();
+    // Device ids on /metrics are an option (off by default); the dashboard's per-device panel needs them.
+    server.append_config("[metrics]\ndevice_ids = true");
     server.spawn();
     wait_ready(metrics, &server, Duration::from_secs(30));
     assert_eq!(http_get(metrics, "/healthz").unwrap(), (200, "ok\n".to_string()));

@@ -195,7 +195,8 @@ impl Session {
                 }
             }
             Message::Goodbye(g) => self.finish(g.reason),
-            Message::Heartbeat(_) => {}
+            // Cost records are the shell's (the session does not measure them).
+            Message::Heartbeat(_) | Message::CostAck(_) => {}
             Message::Hello(_) | Message::Update(_) | Message::Cost(_) => return Err(self.unexpected(msg.kind_name())),
         }
         Ok(())

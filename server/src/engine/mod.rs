@@ -37,7 +37,7 @@ use crate::aggregate::{InfluenceReport, RoundScreen, Screened};
 use crate::methods::ServerMethod;
 
 /// Rounds whose invitations the engine remembers to check cost records against.
-const INVITATIONS_KEPT: u64 = 8;
+pub(crate) const INVITATIONS_KEPT: u64 = 8;
 
 /// Devices that must report rounds beyond the server's before it stops opening rounds.
 pub const ROLLBACK_QUORUM: usize = 2;
@@ -150,7 +150,14 @@ impl Engine {
         Self::recover(
             config,
             method,
-            Recovered { checkpoint, open: None, pending: Vec::new(), last_accepted: Vec::new(), round_floor: 0 },
+            Recovered {
+                checkpoint,
+                open: None,
+                pending: Vec::new(),
+                last_accepted: Vec::new(),
+                round_floor: 0,
+                invitations: Vec::new(),
+            },
         )
     }
 
@@ -159,7 +166,7 @@ impl Engine {
     /// lost), and the buffered updates no version has aggregated yet. A recovered round gets a
     /// fresh deadline; if it already holds its target, it closes on the first poll.
     pub fn recover(config: EngineConfig, mut method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
-        let Recovered { checkpoint, open, pending, last_accepted, round_floor } = recovered;
+        let Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations } = recovered;
         if let Err(e) = method.load_state(&checkpoint.method_state) {
             tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");
         }
@@ -182,6 +189,18 @@ impl Engine {
             ahead: BTreeMap::new(),
             actions: VecDeque::new(),
         };
+        // The invitations of the last rounds, so that a device's resent cost record is judged
+        // (and confirmed) as it would have been before the restart.
+        for (round, invited, costed) in invitations {
+            engine.note_invited(round, invited);
+            if let Some(flags) = engine.invited.get_mut(&round) {
+                for c in costed {
+                    if let Some(f) = flags.get_mut(&c) {
+                        *f = true;
+                    }
+                }
+            }
+        }
         if engine.is_buffered() {
             engine.buffered_restore(pending);
         } else if let Some(opened) = open.filter(|o| o.round == engine.last_round + 1 && !engine.finished) {
@@ -455,6 +474,7 @@ impl Engine {
             return;
         }
         let invitation = self.invited.get_mut(&record.round).and_then(|c| c.get_mut(client));
+        let already_costed = invitation.as_ref().is_some_and(|costed| **costed);
         let max_payload = u64::from(self.config.max_frame_bytes);
         let max_wire = max_payload.saturating_mul(8).saturating_add(1 << 20);
         let why = if invitation.is_none() {
@@ -475,13 +495,20 @@ impl Engine {
             if dropped.is_power_of_two() {
                 tracing::warn!(client, round = record.round, %why, dropped, "cost record dropped");
             }
+            if already_costed {
+                // A resend of a record the ledger holds (the confirmation was lost): confirm again.
+                self.actions.push_back(cost_ack(client, record.round));
+            }
             return;
         }
         if let Some(costed) = invitation {
             *costed = true;
         }
         record.client = client.into();
+        let round = record.round;
+        // The shell appends the record to the ledger before it sends the confirmation.
         self.actions.push_back(Action::Ledger(record));
+        self.actions.push_back(cost_ack(client, round));
     }
 
     /// Remembers who was invited to `round` (for checking cost records), for the last few rounds.
@@ -685,7 +712,13 @@ impl Engine {
             self.stats.refused += screened.len() as u64;
             let clients: Vec<&str> = screened.iter().map(|s| s.client.as_str()).collect();
             let reasons: Vec<String> = screened.iter().map(|s| format!("{}: {}", s.client, s.reason)).collect();
-            tracing::error!(round, screened = screened.len(), ?clients, ?reasons, "acked updates failed the round's screen");
+            tracing::error!(
+                round,
+                screened = screened.len(),
+                ?clients,
+                ?reasons,
+                "acked updates failed the round's screen"
+            );
         }
         if kept.is_empty() {
             let reason = format!("all {} updates were screened out", inputs.len());
@@ -733,6 +766,10 @@ impl Engine {
             self.actions.push_back(Action::Finished);
         }
     }
+}
+
+fn cost_ack(client: &str, round: u64) -> Action {
+    Action::Send { to: client.into(), msg: Message::CostAck(anchorage_shared::protocol::CostAck { round }) }
 }
 
 fn goodbye(reason: &str) -> Message {

@@ -61,4 +61,7 @@ pub struct Recovered {
     /// Round numbers up to this were announced before an accepted rollback: the next round is
     /// numbered above it (0: none).
     pub round_floor: u64,
+    /// The last rounds' invitations: (round, invited clients, those whose cost record the
+    /// ledger holds), so that resent cost records are judged as before the restart.
+    pub invitations: Vec<(u64, Vec<ClientId>, Vec<ClientId>)>,
 }

@@ -509,7 +509,14 @@ fn every_ack_and_broadcast_follows_the_commit_it_depends_on() {
 #[test]
 fn a_crash_mid_round_resumes_the_round_with_its_acked_updates() {
     let mut e = engine(EngineConfig { rounds: 5, ..config(3, 3) });
-    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![], round_floor: 0 };
+    let mut stored = Recovered {
+        checkpoint: e.checkpoint(),
+        open: None,
+        pending: vec![],
+        last_accepted: vec![],
+        round_floor: 0,
+        invitations: vec![],
+    };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b", "c"]));
     e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
     e.handle_message(secs(1), "b", update(1, &[3.0, 3.0], 1));
@@ -536,7 +543,14 @@ fn a_crash_mid_round_resumes_the_round_with_its_acked_updates() {
 #[test]
 fn a_recovered_round_that_holds_its_target_closes_at_once() {
     let mut e = engine(config(2, 2));
-    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![], round_floor: 0 };
+    let mut stored = Recovered {
+        checkpoint: e.checkpoint(),
+        open: None,
+        pending: vec![],
+        last_accepted: vec![],
+        round_floor: 0,
+        invitations: vec![],
+    };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b"]));
     e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
     e.handle_message(secs(1), "b", update(1, &[3.0, 3.0], 1));
@@ -560,7 +574,14 @@ fn a_buffered_engine_restores_its_accepted_updates() {
     let mode = AggregationMode::Buffered { buffer: 2, concurrency: 2, max_staleness: 2 };
     let cfg = || EngineConfig { mode: mode.clone(), rounds: 3, ..config(2, 2) };
     let mut e = engine(cfg());
-    let mut stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![], round_floor: 0 };
+    let mut stored = Recovered {
+        checkpoint: e.checkpoint(),
+        open: None,
+        pending: vec![],
+        last_accepted: vec![],
+        round_floor: 0,
+        invitations: vec![],
+    };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b"]));
     e.handle_message(secs(1), "a", update(1, &[2.0, 2.0], 1));
     replay_into(&mut stored, &drain(&mut e));
@@ -807,11 +828,71 @@ fn devices_that_trained_rounds_the_store_never_saw_stop_new_rounds() {
 #[test]
 fn after_an_accepted_rollback_round_numbers_are_not_reused() {
     let e = engine(config(2, 2));
-    let stored = Recovered { checkpoint: e.checkpoint(), open: None, pending: vec![], last_accepted: vec![], round_floor: 26 };
+    let stored = Recovered {
+        checkpoint: e.checkpoint(),
+        open: None,
+        pending: vec![],
+        last_accepted: vec![],
+        round_floor: 26,
+        invitations: vec![],
+    };
     let mut e = Engine::recover(config(2, 2), Box::new(FedAvg::default()), stored);
     e.handle_message(secs(0), "a", hello_at("a", 26));
     e.handle_message(secs(0), "b", hello_at("b", 25));
     drain(&mut e);
     assert_eq!(e.rollback_suspected(), None);
     assert_eq!(e.open_round(), Some(27));
+}
+
+fn cost_acks(actions: &[Action], client: &str) -> Vec<u64> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { to, msg: Message::CostAck(c) } if to == client => Some(c.round),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A cost record is confirmed after the ledger append is queued; a resend (the confirmation was
+/// lost, or the server restarted before committing) is confirmed again, once in the ledger.
+#[test]
+fn cost_records_are_confirmed_and_a_restarted_engine_confirms_resends() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    e.handle_message(secs(1), "b", update(1, &[1.0, 1.0], 1));
+    drain(&mut e);
+    let record = CostRecord { round: 1, wire_up: 100, ..CostRecord::default() };
+    e.handle_message(secs(2), "a", Message::Cost(record.clone()));
+    let actions = drain(&mut e);
+    let ledger = actions.iter().position(|a| matches!(a, Action::Ledger(_))).expect("into the ledger");
+    let ack = actions.iter().position(|a| matches!(a, Action::Send { msg: Message::CostAck(_), .. })).unwrap();
+    assert!(ledger < ack, "committed before confirmed");
+    e.handle_message(secs(3), "a", Message::Cost(record.clone()));
+    let actions = drain(&mut e);
+    assert_eq!(cost_acks(&actions, "a"), vec![1], "a resend is confirmed again");
+    assert!(!actions.iter().any(|a| matches!(a, Action::Ledger(_))), "and not written twice");
+
+    // After a restart the engine knows the last rounds' invitations from the store: b's record,
+    // sent before the crash and never committed, is taken when b resends it.
+    let stored = Recovered {
+        checkpoint: e.checkpoint(),
+        open: None,
+        pending: vec![],
+        last_accepted: vec![],
+        round_floor: 0,
+        invitations: vec![(1, vec!["a".into(), "b".into()], vec!["a".into()])],
+    };
+    let mut e = Engine::recover(config(2, 2), Box::new(FedAvg::default()), stored);
+    e.handle_message(secs(0), "b", hello("b"));
+    e.handle_message(secs(0), "b", Message::Cost(record.clone()));
+    let actions = drain(&mut e);
+    assert!(actions.iter().any(|a| matches!(a, Action::Ledger(r) if r.client == "b" && r.round == 1)));
+    assert_eq!(cost_acks(&actions, "b"), vec![1]);
+    e.handle_message(secs(0), "a", hello("a"));
+    e.handle_message(secs(0), "a", Message::Cost(record));
+    let actions = drain(&mut e);
+    assert!(!actions.iter().any(|a| matches!(a, Action::Ledger(_))), "a's record is already in the ledger");
+    assert_eq!(cost_acks(&actions, "a"), vec![1]);
 }

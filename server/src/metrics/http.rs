@@ -3,12 +3,18 @@
 //! `GET /readyz` (200 once the store is open and the QUIC endpoint listens, 503 before that and
 //! from the start of a shutdown). The port comes up before the store is opened, so a probe can
 //! tell a server that is still checking a large database from one that is down.
+//!
+//! A flood of idle or slow connections cannot starve the probes: at most [`MAX_CONNECTIONS`] are
+//! held, a request's head must arrive within [`HEADER_TIME`], and when the port is full the
+//! oldest connection that has not sent a request yet is dropped to make room (counted in
+//! `anchorage_http_connections_dropped_total`, logged at most every [`LOG_EVERY`]).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -18,17 +24,32 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use super::ServerMetrics;
 use super::process::ProcessCollector;
 
 /// `Content-Type` of the exposition.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-/// Connections served at once; more are closed at once (a scrape, two probes and some room).
-const MAX_CONNECTIONS: usize = 32;
+/// Connections held at once (a scrape, two probes and room); beyond it the oldest idle one goes.
+pub const MAX_CONNECTIONS: usize = 64;
+/// A request's head must arrive within this (a probe sends it at once).
+pub const HEADER_TIME: Duration = Duration::from_secs(3);
 /// A request must arrive, and its answer leave, within this.
 const REQUEST_TIME: Duration = Duration::from_secs(10);
+/// Dropped connections are logged at most this often (with the count since the last line).
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// `reason` of `anchorage_http_connections_dropped_total`.
+pub mod dropped {
+    /// Idle (no request yet) and the oldest when the port was full.
+    pub const EVICTED: &str = "evicted";
+    /// No complete request within the time allowed.
+    pub const TIMEOUT: &str = "timeout";
+    /// The port was full of connections being answered.
+    pub const BUSY: &str = "busy";
+    pub const ALL: [&str; 3] = [EVICTED, TIMEOUT, BUSY];
+}
 
 /// The version and commit this binary was built from.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -49,6 +70,7 @@ pub struct Exporter {
     state: AtomicU8,
     ready: Gauge,
     requests: Family<[(&'static str, &'static str); 2], Counter>,
+    dropped: Family<[(&'static str, &'static str); 1], Counter>,
     server: OnceLock<Arc<ServerMetrics>>,
 }
 
@@ -70,7 +92,22 @@ impl Exporter {
         r.register("ready", "1 while the server serves (store open, QUIC listening), else 0.", ready.clone());
         let requests = Family::default();
         r.register("http_requests", "Requests to the metrics port, by path and status code.", requests.clone());
-        Self { registry: root, state: AtomicU8::new(STARTING), ready, requests, server: OnceLock::new() }
+        let dropped: Family<[(&'static str, &'static str); 1], Counter> = Family::default();
+        for reason in dropped::ALL {
+            let _ = dropped.get_or_create(&[("reason", reason)]);
+        }
+        r.register(
+            "http_connections_dropped",
+            "Connections to the metrics port closed unanswered: evicted (idle, the port was full), timeout \
+             (no request in time), busy (full of requests being answered).",
+            dropped.clone(),
+        );
+        Self { registry: root, state: AtomicU8::new(STARTING), ready, requests, dropped, server: OnceLock::new() }
+    }
+
+    /// A connection closed unanswered, by [`dropped`] reason.
+    fn dropped(&self, reason: &'static str) {
+        self.dropped.get_or_create(&[("reason", reason)]).inc();
     }
 
     /// The running server's metrics; from now on `/metrics` includes them. Only the first call
@@ -157,6 +194,12 @@ impl Exporter {
     }
 }
 
+/// One connection the port holds: whether its request has arrived, and how to drop it.
+struct Held {
+    answering: Arc<AtomicBool>,
+    task: tokio::task::AbortHandle,
+}
+
 /// Serves the exporter's answers on `bind` until `shutdown` turns true (or its sender goes).
 /// Returns the bound address.
 pub async fn serve(
@@ -166,34 +209,40 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(bind).await?;
     let addr = listener.local_addr()?;
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
+        // Oldest first; only this task touches it.
+        let mut held: VecDeque<Held> = VecDeque::with_capacity(MAX_CONNECTIONS);
+        let (mut unlogged, mut logged_at) = (0u64, None::<Instant>);
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, remote)) => {
-                        let Ok(slot) = slots.clone().try_acquire_owned() else {
-                            tracing::warn!(%remote, max = MAX_CONNECTIONS, "metrics port busy; connection closed");
-                            continue;
-                        };
-                        let exporter = exporter.clone();
-                        tokio::spawn(async move {
-                            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                                let response = exporter.answer(req.method(), req.uri().path());
-                                async move { Ok::<_, Infallible>(response) }
-                            });
-                            let connection = hyper::server::conn::http1::Builder::new()
-                                .timer(TokioTimer::new())
-                                .header_read_timeout(REQUEST_TIME)
-                                .keep_alive(false)
-                                .serve_connection(TokioIo::new(stream), service);
-                            match tokio::time::timeout(REQUEST_TIME, connection).await {
-                                Ok(Ok(())) => {}
-                                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "metrics port: connection failed"),
-                                Err(_) => tracing::debug!(%remote, "metrics port: request too slow; closed"),
+                        held.retain(|h| !h.task.is_finished());
+                        if held.len() >= MAX_CONNECTIONS {
+                            let reason = match held.iter().position(|h| !h.answering.load(Ordering::SeqCst)) {
+                                Some(i) => {
+                                    if let Some(idle) = held.remove(i) {
+                                        idle.task.abort();
+                                    }
+                                    dropped::EVICTED
+                                }
+                                None => dropped::BUSY,
+                            };
+                            exporter.dropped(reason);
+                            unlogged += 1;
+                            if logged_at.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+                                tracing::warn!(%remote, max = MAX_CONNECTIONS, dropped = unlogged, "metrics port full: \
+                                    idle connections dropped to keep the probes answered (a flood, or a client that \
+                                    connects and sends nothing)");
+                                (unlogged, logged_at) = (0, Some(Instant::now()));
                             }
-                            drop(slot);
-                        });
+                            if reason == dropped::BUSY {
+                                continue;
+                            }
+                        }
+                        let answering = Arc::new(AtomicBool::new(false));
+                        let task = tokio::spawn(connection(stream, remote, exporter.clone(), answering.clone()));
+                        held.push_back(Held { answering, task: task.abort_handle() });
                     }
                     Err(e) => {
                         // Out of file descriptors, most likely: say so, and do not spin.
@@ -204,8 +253,52 @@ pub async fn serve(
                 changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { break },
             }
         }
+        for h in held {
+            h.task.abort();
+        }
     });
     Ok(addr)
+}
+
+/// Answers one request on `stream` (no keep-alive), within [`HEADER_TIME`] for its head and
+/// [`REQUEST_TIME`] in all.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+    exporter: Arc<Exporter>,
+    answering: Arc<AtomicBool>,
+) {
+    let served = exporter.clone();
+    let flag = answering.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        flag.store(true, Ordering::SeqCst);
+        let response = served.answer(req.method(), req.uri().path());
+        async move { Ok::<_, Infallible>(response) }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIME)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    // hyper's header timer may start only with the first byte; this one starts now.
+    let outcome = tokio::time::timeout(REQUEST_TIME, async {
+        tokio::select! {
+            done = &mut connection => return Some(done),
+            _ = tokio::time::sleep(HEADER_TIME) => {}
+        }
+        if answering.load(Ordering::SeqCst) { Some(connection.await) } else { None }
+    })
+    .await;
+    match outcome {
+        Ok(Some(Ok(()))) => {}
+        Ok(Some(Err(e))) if e.is_timeout() => exporter.dropped(dropped::TIMEOUT),
+        Ok(Some(Err(e))) => tracing::debug!(%remote, error = %e, "metrics port: connection failed"),
+        Ok(None) | Err(_) => {
+            exporter.dropped(dropped::TIMEOUT);
+            tracing::debug!(%remote, "metrics port: request too slow; closed");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +365,47 @@ mod tests {
         let stopping = get(addr, &req("/readyz")).await;
         assert!(stopping.starts_with("HTTP/1.1 503") && stopping.contains("shutting down"), "{stopping}");
         assert!(!exporter.is_ready());
+        let _ = stop.send(true);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_are_answered_while_200_idle_connections_are_held() {
+        let exporter = Arc::new(Exporter::new());
+        let (stop, rx) = watch::channel(false);
+        let addr = serve(SocketAddr::from(([127, 0, 0, 1], 0)), exporter.clone(), rx).await.unwrap();
+        let metrics = Arc::new(ServerMetrics::new());
+        metrics.seen("edge-secret-007", super::super::unix_now());
+        metrics.set_device_series(0); // `[metrics] device_ids = false`, the default
+        exporter.attach(metrics);
+        exporter.set_ready();
+        // 200 connections that send nothing, all held open by this side.
+        let mut idle = Vec::new();
+        for _ in 0..200 {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let req = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+        for path in ["/healthz", "/readyz"] {
+            let started = Instant::now();
+            let answer = tokio::time::timeout(Duration::from_secs(3), get(addr, &req(path))).await;
+            let answer = answer.unwrap_or_else(|_| panic!("{path} within 3 s with 200 idle connections"));
+            println!("{path} answered in {:?} with 200 idle connections", started.elapsed());
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer:?}");
+        }
+        let text = get(addr, &req("/metrics")).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(!text.contains("edge-secret-007"), "no device id on /metrics: {text}");
+        assert!(text.contains("anchorage_devices_known 1"), "{text}");
+        let evicted = text
+            .lines()
+            .find_map(|l| l.strip_prefix("anchorage_http_connections_dropped_total{reason=\"evicted\"} "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("the drop counter in {text}"));
+        assert!(evicted >= (200 - MAX_CONNECTIONS) as f64, "{evicted} idle connections evicted");
+        // An idle connection is closed once its head is overdue.
+        let mut last = idle.pop().unwrap();
+        let mut buf = [0u8; 16];
+        let closed = tokio::time::timeout(HEADER_TIME + Duration::from_secs(3), last.read(&mut buf)).await;
+        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "an idle connection is closed: {closed:?}");
         let _ = stop.send(true);
     }
 }

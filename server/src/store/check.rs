@@ -83,7 +83,9 @@ impl ServerStore {
         report.ledger_rows = ledger.len();
         for (r, ok) in &ledger {
             if !ok {
-                report.problems.push(format!("ledger row ({}, round {}) does not match its checksum", r.client, r.round));
+                report
+                    .problems
+                    .push(format!("ledger row ({}, round {}) does not match its checksum", r.client, r.round));
             }
         }
         report.stored = Some(super::witness::stored_witness(&conn).map_err(sql)?);
@@ -217,9 +219,8 @@ fn check_updates(conn: &Connection, report: &mut CheckReport) -> rusqlite::Resul
 
 fn check_reports(conn: &Connection, report: &mut CheckReport) -> rusqlite::Result<()> {
     let mut stmt = conn.prepare("SELECT round, report, report_checksum FROM rounds WHERE report IS NOT NULL")?;
-    let rows = stmt.query_map([], |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<Vec<u8>>>(2)?))
-    })?;
+    let rows =
+        stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<Vec<u8>>>(2)?)))?;
     for row in rows {
         let (round, json, sum) = row?;
         report.reports += 1;

@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
+pub use check::CheckReport;
 pub use ledger::read_ledger;
 pub use rounds::read_round_reports;
 pub use schema::SCHEMA_VERSION;
-pub use check::CheckReport;
 pub use witness::{WITNESS_FILE, Witness, read_witness};
 
 /// The database's file name inside the state folder.

@@ -212,7 +212,27 @@ impl ServerStore {
             .query_map([version], |r| r.get::<_, String>(0))
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(|e| self.classify(e))?;
-        Ok(Some(Recovered { checkpoint, open, pending, last_accepted, round_floor }))
+        let mut stmt = conn
+            .prepare("SELECT round, sampled FROM rounds WHERE sampled != '[]' ORDER BY round DESC LIMIT ?1")
+            .map_err(|e| self.classify(e))?;
+        let recent = stmt
+            .query_map([crate::engine::INVITATIONS_KEPT as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.classify(e))?;
+        let mut costed = conn
+            .prepare("SELECT client FROM ledger WHERE round = ?1 AND kind = 'reported'")
+            .map_err(|e| self.classify(e))?;
+        let mut invitations = Vec::with_capacity(recent.len());
+        for (round, sampled) in recent.into_iter().rev() {
+            let invited: Vec<String> = serde_json::from_str(&sampled)
+                .map_err(|e| self.corrupt(format!("round {round}'s invitations: {e}")))?;
+            let reported = costed
+                .query_map([round], |r| r.get::<_, String>(0))
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(|e| self.classify(e))?;
+            invitations.push((round.max(0) as u64, invited, reported));
+        }
+        Ok(Some(Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations }))
     }
 
     /// Rounds and versions must tell one story: the newest version is the newest closed round,

@@ -406,7 +406,11 @@ fn a_backup_taken_while_running_restores_and_numbers_go_on() {
     let recovered = store.recover("fedavg").unwrap().unwrap();
     assert_eq!((recovered.checkpoint.round, recovered.round_floor), (2, 5));
     assert!(
-        std::fs::read_dir(dir.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains("before-restore")),
+        std::fs::read_dir(dir.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("before-restore")),
         "the replaced database is kept"
     );
 }

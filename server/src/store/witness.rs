@@ -45,13 +45,16 @@ impl std::fmt::Display for Witness {
 /// Reads the witness; `None` when there is none (a new folder, or one from an older server).
 pub fn read_witness(dir: &Path) -> Result<Option<Witness>, StoreError> {
     let path = dir.join(WITNESS_FILE);
-    let bytes = anchorage_shared::io::read_if_exists(&path).map_err(|error| StoreError::Io { path: path.clone(), error })?;
+    let bytes =
+        anchorage_shared::io::read_if_exists(&path).map_err(|error| StoreError::Io { path: path.clone(), error })?;
     bytes
         .map(|b| {
             serde_json::from_slice(&b).map_err(|e| StoreError::Corrupt {
                 path: path.clone(),
-                detail: format!("the generation witness does not parse ({e}); if you removed or edited it, \
-                     run `anchorage-server accept-rollback` to write it again from the database"),
+                detail: format!(
+                    "the generation witness does not parse ({e}); if you removed or edited it, \
+                     run `anchorage-server accept-rollback` to write it again from the database"
+                ),
             })
         })
         .transpose()
@@ -147,16 +150,16 @@ impl ServerStore {
             // The round that was open made no version: it is forgotten with the updates it held
             // (its devices trained on a model from before the rollback point anyway).
             tx.execute("DELETE FROM updates WHERE closed_in IS NULL", [])
-            .and_then(|_| tx.execute("DELETE FROM rounds WHERE status = 'open'", []))
-            .and_then(|_| {
-                tx.execute(
-                    "INSERT INTO meta (key, value) VALUES ('round_floor', ?1)
+                .and_then(|_| tx.execute("DELETE FROM rounds WHERE status = 'open'", []))
+                .and_then(|_| {
+                    tx.execute(
+                        "INSERT INTO meta (key, value) VALUES ('round_floor', ?1)
                      ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    [floor.to_le_bytes().as_slice()],
-                )
-            })
-            .and_then(|_| tx.commit())
-            .map_err(|e| store.classify(e))?;
+                        [floor.to_le_bytes().as_slice()],
+                    )
+                })
+                .and_then(|_| tx.commit())
+                .map_err(|e| store.classify(e))?;
         }
         store.witness()?;
         tracing::warn!(dir = %dir.display(), floor, "rollback accepted: rounds continue above {floor}");
