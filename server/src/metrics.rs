@@ -134,6 +134,10 @@ pub struct ServerMetrics {
     client_round_duration: Histogram,
     crl_stale: Gauge,
     crl_reload_failures: Counter,
+    devices_ahead: Gauge,
+    rounds_halted: Gauge,
+    cost_records_dropped: Gauge,
+    influence_bounded: Family<Label, Counter>,
     devices: std::sync::Arc<Devices>,
 }
 
@@ -169,6 +173,10 @@ impl ServerMetrics {
             client_round_duration: Histogram::new(SECONDS_BUCKETS),
             crl_stale: Gauge::default(),
             crl_reload_failures: Counter::default(),
+            devices_ahead: Gauge::default(),
+            rounds_halted: Gauge::default(),
+            cost_records_dropped: Gauge::default(),
+            influence_bounded: Family::default(),
             devices: std::sync::Arc::new(Devices::default()),
         };
         r.register("connections", "QUIC connections accepted for a handshake.", m.connections.clone());
@@ -243,6 +251,26 @@ impl ServerMetrics {
             "crl_stale",
             "1 while revoked.crl is missing or does not parse and the server keeps its last good list, else 0.",
             m.crl_stale.clone(),
+        );
+        r.register(
+            "devices_ahead",
+            "Devices whose hello named a round this server never announced (the store may have been rolled back).",
+            m.devices_ahead.clone(),
+        );
+        r.register(
+            "rounds_halted",
+            "1 while no round opens because devices witnessed a rollback (anchorage-server accept-rollback), else 0.",
+            m.rounds_halted.clone(),
+        );
+        r.register(
+            "cost_records_dropped",
+            "Cost records dropped since the federation began (not invited, repeated, beyond the frame limits or physical ranges).",
+            m.cost_records_dropped.clone(),
+        );
+        r.register(
+            "influence_bounded",
+            "Updates whose weight or change the round's influence bounds lowered, by bound.",
+            m.influence_bounded.clone(),
         );
         r.register(
             "crl_reload_failures",
@@ -334,6 +362,33 @@ impl ServerMetrics {
         self.last_round.set(i64::try_from(report.round).unwrap_or(i64::MAX));
         self.round_duration.observe(report.closed.saturating_sub(report.started).as_secs_f64());
         self.set_last_round_closed_at(unix_now());
+        let clipped =
+            [("weight", report.influence.weight_clipped.len()), ("norm", report.influence.norm_clipped.len())];
+        for (bound, n) in clipped {
+            self.influence_bounded.get_or_create(&[("bound", bound)]).inc_by(n as u64);
+        }
+    }
+
+    /// The devices' rollback witness: how many reported rounds beyond this server's, and
+    /// whether that stopped new rounds.
+    pub fn set_rollback_evidence(&self, devices_ahead: usize, halted: bool) {
+        self.devices_ahead.set(devices_ahead as i64);
+        self.rounds_halted.set(i64::from(halted));
+    }
+
+    /// The engine's count of dropped cost records (its checkpointed total).
+    pub fn set_engine_drops(&self, dropped_cost_records: u64) {
+        self.cost_records_dropped.set(i64::try_from(dropped_cost_records).unwrap_or(i64::MAX));
+    }
+
+    /// Devices reporting rounds beyond this server's (see [`Self::set_rollback_evidence`]).
+    pub fn devices_ahead(&self) -> i64 {
+        self.devices_ahead.get()
+    }
+
+    /// Whether rounds are halted for a suspected rollback.
+    pub fn rounds_halted(&self) -> bool {
+        self.rounds_halted.get() == 1
     }
 
     /// When the last round closed (Unix seconds; the store's record at start).

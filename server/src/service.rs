@@ -29,12 +29,73 @@ struct Cli {
     /// e.g. `$(POD_IP):9464` from the Kubernetes downward API).
     #[arg(long, env = "ANCHORAGE_METRICS_BIND", value_parser = crate::config::parse_bind)]
     metrics_bind: Option<std::net::SocketAddr>,
+    /// An operator's task on the state folder instead of serving.
+    #[command(subcommand)]
+    task: Option<Task>,
+}
+
+/// The operator's tasks on the state folder of `--config`'s server.
+#[derive(clap::Subcommand)]
+enum Task {
+    /// Checks the state folder (SQLite's integrity check, every checksum, versions against
+    /// rounds, the generation witness) without stopping the server; exit status 1 on a problem.
+    Check,
+    /// Writes a consistent copy of the database to FILE while the server runs (SQLite's online
+    /// backup API), then checks the copy.
+    Backup { file: PathBuf },
+    /// Puts a backup back (stop the server first): checks it, keeps the current database beside
+    /// it, and accepts the rollback so that round numbers continue above every announced one.
+    Restore { file: PathBuf },
+    /// Resumes from a database older than what the folder or the devices saw (after the server
+    /// refused to start, or stopped opening rounds): round numbers continue above the highest
+    /// announced round, or `--seen` (the highest round the devices report) if that is higher.
+    AcceptRollback {
+        #[arg(long)]
+        seen: Option<u64>,
+    },
+}
+
+/// Runs an operator's task; returns whether it found the folder sound.
+fn run_task(task: Task, config: &ServerConfig) -> anyhow::Result<bool> {
+    let dir = &config.state_dir;
+    match task {
+        Task::Check => {
+            let report = ServerStore::check(dir).with_context(|| format!("checking {}", dir.display()))?;
+            println!("{report}");
+            Ok(report.ok())
+        }
+        Task::Backup { file } => {
+            let report = ServerStore::backup(dir, &file).with_context(|| format!("backing up {}", dir.display()))?;
+            println!("backup written to {}\n{report}", file.display());
+            Ok(report.ok())
+        }
+        Task::Restore { file } => {
+            let floor = ServerStore::restore(dir, &file)
+                .with_context(|| format!("restoring {} into {}", file.display(), dir.display()))?;
+            println!("restored {} into {}; the next round is numbered above {floor}", file.display(), dir.display());
+            Ok(true)
+        }
+        Task::AcceptRollback { seen } => {
+            let floor = ServerStore::accept_rollback(dir, seen)
+                .with_context(|| format!("accepting the rollback of {}", dir.display()))?;
+            println!("rollback accepted for {}; the next round is numbered above {floor}", dir.display());
+            Ok(true)
+        }
+    }
 }
 
 /// Parses the command line, sets up logging, and serves until SIGTERM or the last round.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
+    if let Some(task) = cli.task {
+        let sound = ServerConfig::load(&cli.config).and_then(|config| run_task(task, &config));
+        let sound = logging::exit_on_error(sound, cli.log_format.format())?;
+        if !sound {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     let result = ServerConfig::load(&cli.config).and_then(|mut config| {
         if let Some(bind) = cli.metrics_bind {
             config.metrics_bind = None;

@@ -437,6 +437,8 @@ async fn run_engine(
         while let Some(action) = shell.engine.poll_action() {
             shell.act(action).await?;
         }
+        shell.metrics.set_rollback_evidence(shell.engine.devices_ahead(), shell.engine.rollback_suspected().is_some());
+        shell.metrics.set_engine_drops(shell.engine.stats().dropped_cost_records);
         let deadline = shell.engine.poll_timeout().map(|t| shell.start + t);
         tokio::select! {
             input = inputs.recv() => {

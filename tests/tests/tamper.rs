@@ -1,0 +1,132 @@
+//! A state folder rolled back under a running federation, over real QUIC on loopback (issue 30:
+//! "`anchorage.db` replaced by a copy 24 rounds older: accepted silently; each hello carries the
+//! device's last round, and nothing compares it").
+//!
+//! Two FedAvg devices train with a server whose folder is backed up at round 2 (SQLite's online
+//! backup) and then runs on. The backup is put back in place behind the server's back:
+//! - with the folder's generation witness still there, the store refuses to open;
+//! - with the witness gone too (the whole folder restored from an old snapshot), the server
+//!   starts, but the devices' hellos name rounds it never announced: it opens no round, and
+//!   `anchorage_rounds_halted` says why;
+//! - after `accept-rollback` the federation resumes from the backup's model, and the next round
+//!   is numbered above every round the devices saw: no number is used twice.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anchorage_client::methods::ClientMethod;
+use anchorage_client::transport::{self as client, ClientOptions};
+use anchorage_server::engine::EngineConfig;
+use anchorage_server::methods::FedAvg;
+use anchorage_server::store::{DB_FILE, SHM_FILE, ServerStore, StoreError, WAL_FILE, WITNESS_FILE};
+use anchorage_server::tls::{self, Identity};
+use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHandle, ServerOptions};
+use anchorage_shared::protocol::RoundConfig;
+use anchorage_tests::fedavg_client;
+
+async fn start(identity: &Identity, bind: SocketAddr, rounds: u64, store: &ServerStore) -> ServerHandle {
+    server::start(ServerOptions {
+        bind,
+        identity: identity.clone(),
+        trust: tls::Trust::InsecureDev,
+        engine: EngineConfig {
+            rounds,
+            min_available: 2,
+            min_fit: 2,
+            round_deadline: Duration::from_secs(30),
+            round: RoundConfig { local_epochs: 1, batch_size: 32, learning_rate: 1e-3, deadline_ms: 0 },
+            ..EngineConfig::default()
+        },
+        method: Box::new(FedAvg::default()),
+        initial: fedavg_client(0).initial_blocks().unwrap(),
+        limits: Limits::default(),
+        store: Some(store.clone()),
+    })
+    .await
+    .expect("server starts")
+}
+
+/// Waits for the round `round` to close; returns the rounds that closed meanwhile.
+async fn until_round(server: &mut ServerHandle, round: u64) -> Vec<u64> {
+    let mut closed = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), server.events.recv()).await.expect("rounds close") {
+            Some(ServerEvent::RoundClosed { report, .. }) => {
+                closed.push(report.round);
+                if report.round >= round {
+                    return closed;
+                }
+            }
+            Some(ServerEvent::Finished) | None => return closed,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_folder_is_refused_then_witnessed_by_the_devices_and_numbers_are_never_reused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    let backup = tmp.path().join("round-2.db");
+    let identity = tls::self_signed(&["localhost"]).unwrap();
+
+    let store = ServerStore::open(&dir).unwrap();
+    let mut first = start(&identity, SocketAddr::from(([127, 0, 0, 1], 0)), 100, &store).await;
+    let addr = first.local_addr;
+    let devices: Vec<_> = (0..2)
+        .map(|i| {
+            tokio::spawn(client::run(
+                ClientOptions::new(addr, identity.cert.clone(), format!("edge-{i}")),
+                Box::new(fedavg_client(1 + i)),
+                None,
+            ))
+        })
+        .collect();
+    until_round(&mut first, 2).await;
+    let copy = ServerStore::backup(&dir, &backup).expect("an online backup");
+    assert!(copy.ok(), "{copy}");
+    let closed = until_round(&mut first, 6).await;
+    println!("first run closed rounds {closed:?}; backup taken at round 2");
+    first.shutdown().await.unwrap();
+    drop(store);
+
+    // The database file replaced by the round-2 copy: the folder's witness refuses it.
+    std::fs::copy(&backup, dir.join(DB_FILE)).unwrap();
+    for f in [WAL_FILE, SHM_FILE] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    let err = ServerStore::open(&dir).expect_err("the witness is ahead");
+    println!("{err}");
+    assert!(matches!(err, StoreError::RolledBack { .. }), "{err:?}");
+
+    // The whole folder restored (no witness either): the server starts, and the devices' hellos
+    // tell it what it forgot.
+    std::fs::remove_file(dir.join(WITNESS_FILE)).unwrap();
+    let store = ServerStore::open(&dir).expect("no witness: the database is all the folder knows");
+    let mut second = start(&identity, addr, 100, &store).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !second.metrics.rounds_halted() {
+        assert!(tokio::time::Instant::now() < deadline, "the devices reconnect and name their rounds");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let quiet = tokio::time::timeout(Duration::from_secs(3), second.events.recv()).await;
+    assert!(quiet.is_err(), "no round runs on a rolled-back store: {quiet:?}");
+    println!("devices ahead: {}; rounds halted", second.metrics.devices_ahead());
+    assert_eq!(second.metrics.devices_ahead(), 2);
+    second.shutdown().await.unwrap();
+    drop(store);
+
+    // The operator decides to go on from round 2's model.
+    let floor = ServerStore::accept_rollback(&dir, Some(7)).unwrap();
+    assert!(floor >= 7, "above every round the devices saw: {floor}");
+    let store = ServerStore::open(&dir).unwrap();
+    assert_eq!(store.recover("fedavg").unwrap().unwrap().checkpoint.round, 2, "the backup's model");
+    let mut third = start(&identity, addr, floor + 2, &store).await;
+    let closed = until_round(&mut third, floor + 2).await;
+    println!("after accept-rollback (floor {floor}) rounds {closed:?} closed");
+    assert_eq!(closed, vec![floor + 1, floor + 2], "numbered above every announced round");
+    for d in devices {
+        let reason = tokio::time::timeout(Duration::from_secs(60), d).await.expect("devices finish").unwrap().unwrap();
+        assert!(reason.contains("finished"), "{reason}");
+    }
+    third.shutdown().await.unwrap();
+}
