@@ -73,7 +73,10 @@ pub mod reason {
     pub const BAD_CERTIFICATE: &str = "bad_certificate";
     /// The certificate is on the revocation list.
     pub const REVOKED: &str = "revoked";
-    pub const TRANSPORT: [&str; 4] = [CONNECTION_LIMIT, HANDSHAKE_LIMIT, BAD_CERTIFICATE, REVOKED];
+    /// Two devices hold one certificate (their connections keep evicting each other).
+    pub const CERTIFICATE_CONFLICT: &str = "certificate_conflict";
+    pub const TRANSPORT: [&str; 5] =
+        [CONNECTION_LIMIT, HANDSHAKE_LIMIT, BAD_CERTIFICATE, REVOKED, CERTIFICATE_CONFLICT];
 }
 
 /// The label value of a protocol refusal.
@@ -136,6 +139,7 @@ pub struct ServerMetrics {
     crl_reload_failures: Counter,
     devices_ahead: Gauge,
     rounds_halted: Gauge,
+    certificate_conflicts: Counter,
     cost_records_dropped: Gauge,
     influence_bounded: Family<Label, Counter>,
     devices: std::sync::Arc<Devices>,
@@ -175,6 +179,7 @@ impl ServerMetrics {
             crl_reload_failures: Counter::default(),
             devices_ahead: Gauge::default(),
             rounds_halted: Gauge::default(),
+            certificate_conflicts: Counter::default(),
             cost_records_dropped: Gauge::default(),
             influence_bounded: Family::default(),
             devices: std::sync::Arc::new(Devices::default()),
@@ -261,6 +266,11 @@ impl ServerMetrics {
             "rounds_halted",
             "1 while no round opens because devices witnessed a rollback (anchorage-server accept-rollback), else 0.",
             m.rounds_halted.clone(),
+        );
+        r.register(
+            "certificate_conflicts",
+            "Times two live connections kept presenting one certificate (both refused; revoke it).",
+            m.certificate_conflicts.clone(),
         );
         r.register(
             "cost_records_dropped",
@@ -379,6 +389,15 @@ impl ServerMetrics {
     /// The engine's count of dropped cost records (its checkpointed total).
     pub fn set_engine_drops(&self, dropped_cost_records: u64) {
         self.cost_records_dropped.set(i64::try_from(dropped_cost_records).unwrap_or(i64::MAX));
+    }
+
+    /// Two devices hold one certificate.
+    pub fn certificate_conflict(&self) {
+        self.certificate_conflicts.inc();
+    }
+
+    pub fn certificate_conflicts_total(&self) -> u64 {
+        self.certificate_conflicts.get()
     }
 
     /// Devices reporting rounds beyond this server's (see [`Self::set_rollback_evidence`]).

@@ -430,6 +430,7 @@ async fn run_engine(
         unacked: std::collections::HashSet::new(),
         opened_since_close: false,
         trim_due: false,
+        flaps: FlapGuard::default(),
     };
     let mut trim_tick = tokio::time::interval(Duration::from_secs(2));
     loop {
@@ -488,6 +489,54 @@ struct EngineShell {
     opened_since_close: bool,
     /// A connection closed since the last heap trim.
     trim_due: bool,
+    /// When each client's live connection was last replaced by a newer one, and ids refused for
+    /// a while because two holders of one certificate kept evicting each other.
+    flaps: FlapGuard,
+}
+
+/// Two devices holding one certificate evict each other's connection over and over (each
+/// reconnect replaces the other's live connection). [`FLAP_LIMIT`] replacements inside
+/// [`FLAP_WINDOW`] are a security event: both are refused for [`FLAP_QUARANTINE`], the error log
+/// tells the operator to revoke the certificate, and `anchorage_certificate_conflicts_total`
+/// counts it. A device that merely reconnects (a restart, a new address) replaces its old
+/// connection once.
+#[derive(Default)]
+struct FlapGuard {
+    replaced: HashMap<ClientId, std::collections::VecDeque<Instant>>,
+    quarantined: HashMap<ClientId, Instant>,
+}
+
+const FLAP_LIMIT: usize = 4;
+const FLAP_WINDOW: Duration = Duration::from_secs(60);
+const FLAP_QUARANTINE: Duration = Duration::from_secs(600);
+
+impl FlapGuard {
+    /// Whether `client` is refused now.
+    fn quarantined(&mut self, client: &str, now: Instant) -> bool {
+        match self.quarantined.get(client) {
+            Some(until) if *until > now => true,
+            Some(_) => {
+                self.quarantined.remove(client);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// A live connection of `client` was replaced; true when that makes it a conflict.
+    fn replaced(&mut self, client: &str, now: Instant) -> bool {
+        let times = self.replaced.entry(client.into()).or_default();
+        times.push_back(now);
+        while times.front().is_some_and(|t| now.duration_since(*t) > FLAP_WINDOW) {
+            times.pop_front();
+        }
+        if times.len() < FLAP_LIMIT {
+            return false;
+        }
+        self.replaced.remove(client);
+        self.quarantined.insert(client.into(), now + FLAP_QUARANTINE);
+        true
+    }
 }
 
 impl EngineShell {
@@ -575,6 +624,12 @@ impl EngineShell {
         let now = self.start.elapsed();
         match input {
             Input::Hello { conn, client, fingerprint, msg, out } => {
+                let at = Instant::now();
+                if self.flaps.quarantined(&client, at) {
+                    self.metrics.refused(crate::metrics::reason::CERTIFICATE_CONFLICT);
+                    let _ = out.send(Outbound::Close(conflict_refusal(&client)));
+                    return;
+                }
                 if let Some(f) = fingerprint {
                     self.fingerprints.insert(client.clone(), f);
                 }
@@ -584,6 +639,24 @@ impl EngineShell {
                         reason: RefusalReason::Duplicate,
                         detail: "replaced by a newer connection".into(),
                     }));
+                    if self.flaps.replaced(&client, at) {
+                        tracing::error!(
+                            %client,
+                            replacements = FLAP_LIMIT,
+                            window_s = FLAP_WINDOW.as_secs(),
+                            refused_s = FLAP_QUARANTINE.as_secs(),
+                            "SECURITY: two live connections keep presenting the certificate of `{client}`: both are refused. \
+                             The certificate is in two devices' hands: revoke it (`anchorage ca revoke {client}`) and issue the \
+                             real device a new one"
+                        );
+                        self.metrics.certificate_conflict();
+                        if let Some((_, current)) = self.conns.remove(&client) {
+                            let _ = current.send(Outbound::Close(conflict_refusal(&client)));
+                        }
+                        self.metrics.set_connected(self.conns.len());
+                        self.engine.handle_disconnect(now, &client);
+                        return;
+                    }
                 }
                 self.metrics.set_connected(self.conns.len());
                 self.metrics.seen(&client, unix_now());
@@ -605,6 +678,15 @@ impl EngineShell {
                 self.trim_due = true;
             }
         }
+    }
+}
+
+fn conflict_refusal(client: &str) -> Refusal {
+    Refusal {
+        reason: RefusalReason::Duplicate,
+        detail: format!(
+            "the certificate of `{client}` is in use by two devices at once; it is refused until the operator revokes it"
+        ),
     }
 }
 

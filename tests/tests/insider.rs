@@ -319,3 +319,57 @@ async fn three_honest_devices_under_the_shipped_config_are_never_screened_out_af
         outcome.honest_acks.len()
     );
 }
+
+/// Issue 30: "a second holder of a live device's certificate: the two evict each other: 302
+/// evictions in 30 s". Connections presenting one certificate that keep replacing each other are
+/// a security event: after 4 replacements in a minute both holders are refused, with a message
+/// that tells the operator to revoke it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_holders_of_one_certificate_are_both_refused_once_they_flap() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca = ProjectCa::init(&dir.path().join("ca"), "insider-test", 30).unwrap();
+    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
+    let server = server::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity,
+        trust: Trust::ProjectCa { ca: ca.cert().clone(), crl: None },
+        engine: EngineConfig { rounds: 1, min_available: 5, ..EngineConfig::default() },
+        method: Box::new(FedAvg::default()),
+        initial: fedavg_client(0).initial_blocks().unwrap(),
+        limits: Limits::default(),
+        store: None,
+    })
+    .await
+    .unwrap();
+    let root: CertificateDer<'static> = ca.cert().clone();
+    let twin = device(&mut ca, "twin");
+    let mut replies = Vec::new();
+    let mut held = Vec::new();
+    // Two devices alternating: each new connection's hello replaces the other's live one.
+    for _ in 0..8 {
+        let (endpoint, conn) = raw_connect_as(server.local_addr, &root, Some(&twin)).await.unwrap();
+        let (mut control, mut control_rx) = conn.open_bi().await.unwrap();
+        write(&mut control, &hello("twin")).await.unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut control_rx, DEFAULT_MAX_FRAME))
+            .await
+            .expect("an answer");
+        replies.push(match reply {
+            Ok(Some((msg, _))) => msg,
+            other => panic!("{other:?}"),
+        });
+        held.push((endpoint, conn, control));
+    }
+    let kinds: Vec<String> = replies
+        .iter()
+        .map(|m| match m {
+            Message::Refusal(r) => format!("refused: {}", r.detail),
+            m => m.kind_name().to_string(),
+        })
+        .collect();
+    println!("{kinds:#?}");
+    // Hellos 2 to 5 each replace a live connection; the 4th replacement is the conflict.
+    assert_eq!(kinds[..4], ["welcome"; 4], "{kinds:?}");
+    assert!(kinds[4..].iter().all(|k| k.contains("in use by two devices")), "then both holders are refused: {kinds:?}");
+    assert_eq!(server.metrics.certificate_conflicts_total(), 1);
+    server.shutdown().await.unwrap();
+}
