@@ -17,9 +17,9 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "anchorage-server", version, about = "Anchorage federated continual learning coordinator")]
 struct Cli {
-    /// Path of server.toml.
-    #[arg(long, short)]
-    config: PathBuf,
+    /// Path of server.toml (before or after the task: `anchorage-server check --config server.toml`).
+    #[arg(long, short, global = true)]
+    config: Option<PathBuf>,
     /// Log filter (tracing EnvFilter syntax); logs go to stderr.
     #[arg(long, env = "ANCHORAGE_LOG", default_value = "info")]
     log: String,
@@ -88,15 +88,21 @@ fn run_task(task: Task, config: &ServerConfig) -> anyhow::Result<bool> {
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
+    let Some(config_path) = cli.config else {
+        use clap::CommandFactory;
+        Cli::command()
+            .error(clap::error::ErrorKind::MissingRequiredArgument, "--config <server.toml> is required")
+            .exit()
+    };
     if let Some(task) = cli.task {
-        let sound = ServerConfig::load(&cli.config).and_then(|config| run_task(task, &config));
+        let sound = ServerConfig::load(&config_path).and_then(|config| run_task(task, &config));
         let sound = logging::exit_on_error(sound, cli.log_format.format())?;
         if !sound {
             std::process::exit(1);
         }
         return Ok(());
     }
-    let result = ServerConfig::load(&cli.config).and_then(|mut config| {
+    let result = ServerConfig::load(&config_path).and_then(|mut config| {
         if let Some(bind) = cli.metrics_bind {
             config.metrics_bind = None;
             config.metrics.bind = Some(bind);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
-use anchorage_shared::io::{FrameIoError, ReadLimits, read_frame_limited, udp_socket, write_frame};
+use anchorage_shared::io::{FrameIoError, Pace, ReadLimits, read_frame_limited, udp_socket, write_frame};
 use anchorage_shared::protocol::{DecodeError, KIND_UPDATE, Message, Refusal, RefusalReason};
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
@@ -61,6 +61,13 @@ pub struct Limits {
     /// Handshakes in progress from one IP address; more are refused (a host cannot tie up the
     /// server with half-open connections).
     pub max_handshakes_per_ip: usize,
+    /// The least average rate of an update being uploaded, in bytes per second, judged once
+    /// `read_stall` has passed since its first byte (0: none). A device that feeds a 64 MiB
+    /// upload a byte at a time is closed instead of holding its buffer for hours.
+    pub min_upload_rate: u64,
+    /// The most time one update may take to arrive, from its first byte.
+    #[serde(with = "duration_ms")]
+    pub upload_deadline: Duration,
 }
 
 impl Default for Limits {
@@ -77,6 +84,9 @@ impl Default for Limits {
             max_control_frame: 64 << 10,
             max_connections: 10_000,
             max_handshakes_per_ip: 16,
+            // 1 KiB/s and 30 minutes: a 20 MB update over a 3G uplink takes about 7 minutes.
+            min_upload_rate: 1024,
+            upload_deadline: Duration::from_secs(30 * 60),
         }
     }
 }
@@ -953,7 +963,13 @@ impl ConnCtx {
     /// The control stream carries only small messages.
     fn control_limits(&self) -> ReadLimits<'static> {
         let small = (self.limits.max_control_frame as usize).min(self.max_frame);
-        ReadLimits { max_frame: small, max_small: small, large_kinds: &[], stall: Some(self.limits.read_stall) }
+        ReadLimits {
+            max_frame: small,
+            max_small: small,
+            large_kinds: &[],
+            stall: Some(self.limits.read_stall),
+            pace: None,
+        }
     }
 
     /// An upload stream carries one update, up to the engine's frame limit.
@@ -964,6 +980,11 @@ impl ConnCtx {
             max_small: small,
             large_kinds: &[KIND_UPDATE],
             stall: Some(self.limits.read_stall),
+            pace: Some(Pace {
+                min_bytes_per_sec: self.limits.min_upload_rate,
+                grace: self.limits.read_stall,
+                deadline: self.limits.upload_deadline,
+            }),
         }
     }
 
@@ -1095,7 +1116,10 @@ async fn write_loop(
     }
 }
 
-/// One broadcast on its own stream, in chunks, each of which must be taken within `stall`.
+/// One broadcast on its own stream, in chunks, each of which must be taken within `stall`. The
+/// chunks are slices of the one encoded frame that every recipient shares (`Bytes`): quinn keeps
+/// them until they are acknowledged without copying, so a thousand connections that do not read
+/// hold one broadcast between them, not a thousand copies of it.
 async fn send_broadcast(
     conn: quinn::Connection,
     frame: Arc<Vec<u8>>,
@@ -1103,9 +1127,12 @@ async fn send_broadcast(
     stall: Duration,
 ) {
     let Ok(mut stream) = conn.open_uni().await else { return };
-    for chunk in frame.chunks(64 << 10) {
+    let frame = bytes::Bytes::from_owner(SharedFrame(frame));
+    const CHUNK: usize = 64 << 10;
+    for start in (0..frame.len()).step_by(CHUNK) {
+        let chunk = frame.slice(start..(start + CHUNK).min(frame.len()));
         tokio::select! {
-            written = tokio::time::timeout(stall, stream.write_all(chunk)) => match written {
+            written = tokio::time::timeout(stall, stream.write_chunk(chunk)) => match written {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return,
                 Err(_) => return drop_slow_reader(&conn, "broadcast"),
@@ -1118,6 +1145,15 @@ async fn send_broadcast(
     }
     let _ = stream.finish();
     let _ = stream.stopped().await;
+}
+
+/// An encoded frame shared by every connection, as the owner of `Bytes` slices.
+struct SharedFrame(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedFrame {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
 }
 
 fn drop_slow_reader(conn: &quinn::Connection, what: &str) {

@@ -27,7 +27,8 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     max_frame: usize,
 ) -> Result<Option<(Message, usize)>, FrameIoError> {
-    read_frame_limited(r, &ReadLimits { max_frame, max_small: max_frame, large_kinds: &[], stall: None }).await
+    let limits = ReadLimits { max_frame, max_small: max_frame, large_kinds: &[], stall: None, pace: None };
+    read_frame_limited(r, &limits).await
 }
 
 /// What one peer may make a reader hold, and for how long.
@@ -41,6 +42,43 @@ pub struct ReadLimits<'a> {
     /// A peer that sends no byte of a started frame for this long is cut off (a stalled upload
     /// must not hold its buffer forever). `None`: wait as long as the stream lives.
     pub stall: Option<std::time::Duration>,
+    /// The pace a started frame must keep: a peer that feeds a large frame a byte at a time stays
+    /// within `stall` forever, so this bounds its rate and its total time. `None`: no bound.
+    pub pace: Option<Pace>,
+}
+
+/// The least rate and the most time a started frame may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Bytes per second on average, judged once `grace` has passed since the frame's first byte.
+    pub min_bytes_per_sec: u64,
+    pub grace: std::time::Duration,
+    /// The whole frame arrives within this.
+    pub deadline: std::time::Duration,
+}
+
+impl Pace {
+    /// Checks the frame's progress: `got` bytes since `started`.
+    fn check(&self, started: std::time::Instant, got: usize) -> io::Result<()> {
+        let elapsed = started.elapsed();
+        if elapsed > self.deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                alloc::format!("a frame still arriving after {:?} (the upload deadline)", self.deadline),
+            ));
+        }
+        if elapsed > self.grace && (got as f64) < self.min_bytes_per_sec as f64 * elapsed.as_secs_f64() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                alloc::format!(
+                    "{got} bytes in {:.0} s: slower than the minimum {} B/s",
+                    elapsed.as_secs_f64(),
+                    self.min_bytes_per_sec
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// [`read_frame`] with a size limit per message kind and a stall timeout. The kind is read before
@@ -54,6 +92,8 @@ pub async fn read_frame_limited<R: AsyncRead + Unpin>(
     let max = limits.max_frame.max(limits.max_small);
     let mut head = [0u8; LEN_BYTES + crate::frame::HEADER_BYTES];
     let mut got = 0;
+    // When the frame's first byte arrived (its pace is judged from there).
+    let mut started = std::time::Instant::now();
     while got < head.len() {
         // The first byte may take as long as the peer likes; after it, the frame has started.
         let read = r.read(&mut head[got..]);
@@ -61,6 +101,9 @@ pub async fn read_frame_limited<R: AsyncRead + Unpin>(
             (0, _) | (_, None) => read.await?,
             (_, Some(stall)) => tokio::time::timeout(stall, read).await.map_err(|_| stalled(stall))??,
         };
+        if got == 0 {
+            started = std::time::Instant::now();
+        }
         if n == 0 {
             if got == 0 {
                 return Ok(None);
@@ -82,6 +125,9 @@ pub async fn read_frame_limited<R: AsyncRead + Unpin>(
     let mut frame = Vec::with_capacity((LEN_BYTES + len).min(LEN_BYTES + CHUNK));
     frame.extend_from_slice(&head);
     while frame.len() < LEN_BYTES + len {
+        if let Some(pace) = &limits.pace {
+            pace.check(started, frame.len())?;
+        }
         let want = (LEN_BYTES + len - frame.len()).min(CHUNK);
         let start = frame.len();
         frame.resize(start + want, 0);

@@ -116,3 +116,12 @@ pub fn fedavg_client(index: u64) -> anchorage_client::methods::FedAvgClient {
     );
     FedAvgClient::new(context, &anchorage_shared::method::MethodConfig::default()).expect("fedavg is a baseline")
 }
+
+/// Says hello on a new control stream and waits for the welcome; returns the stream.
+pub async fn join(conn: &quinn::Connection, id: &str) -> (quinn::SendStream, quinn::RecvStream) {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write(&mut send, &hello(id)).await.unwrap();
+    let (welcome, _) = read_frame(&mut recv, DEFAULT_MAX_FRAME).await.unwrap().unwrap();
+    assert!(matches!(welcome, Message::Welcome(_)), "{welcome:?}");
+    (send, recv)
+}

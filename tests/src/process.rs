@@ -201,3 +201,33 @@ impl ServerProcess {
             .map(|kb| kb * 1024)
     }
 }
+
+/// A raw device connection held open: its endpoint, connection and control stream.
+pub type Peer = (quinn::Endpoint, quinn::Connection, (quinn::SendStream, quinn::RecvStream));
+
+impl ServerProcess {
+    /// `n` devices with their own certificates (ids `prefix-0000`, …) connect and say hello.
+    pub async fn connect_peers(&mut self, prefix: &str, n: usize) -> Vec<Peer> {
+        let mut peers = Vec::with_capacity(n);
+        for i in 0..n {
+            let id = format!("{prefix}-{i:04}");
+            let identity = self.ca.issue(Kind::Client, &id, &[], 30).unwrap();
+            let cert = anchorage_client::transport::ClientCert { chain: vec![identity.cert], key: identity.key };
+            let (endpoint, conn) = crate::raw_connect_as(self.addr, &self.cert, Some(&cert)).await.unwrap();
+            let control = crate::join(&conn, &id).await;
+            peers.push((endpoint, conn, control));
+        }
+        peers
+    }
+}
+
+/// Closes every peer's connection and endpoint and waits (5 s at most each) until they are idle.
+pub async fn close_peers(peers: Vec<Peer>) {
+    for (endpoint, conn, _) in &peers {
+        conn.close(0u32.into(), b"bye");
+        endpoint.close(0u32.into(), b"bye");
+    }
+    for (endpoint, _, _) in &peers {
+        let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
+    }
+}

@@ -40,6 +40,9 @@ async fn server_refuses_bad_input_and_keeps_serving() {
             min_available: 2,
             min_fit: 2,
             round_deadline: Duration::from_secs(30),
+            // The plain mean, so that the result below is FedAvg's arithmetic (the influence
+            // bounds have their own tests in insider.rs).
+            robust: anchorage_server::aggregate::RobustConfig::unbounded(),
             max_frame_bytes: max_frame as u32,
             round: RoundConfig { local_epochs: 1, batch_size: 8, learning_rate: 0.1, deadline_ms: 0 },
             ..EngineConfig::default()

@@ -19,7 +19,7 @@ use anchorage_shared::frame::{DEFAULT_MAX_FRAME, LEN_BYTES};
 use anchorage_shared::io::read_frame;
 use anchorage_shared::protocol::{KIND_UPDATE, Message, PROTOCOL_VERSION, RefusalReason, Update};
 use anchorage_shared::tensor::{Encoding, ParamBlock};
-use anchorage_tests::{frame, hello, raw_connect_as, write};
+use anchorage_tests::{frame, join, raw_connect_as};
 
 async fn start(dir: &Path, limits: Limits) -> (ServerHandle, ProjectCa) {
     let mut ca = ProjectCa::init(&dir.join("ca"), "bounds-test", 30).unwrap();
@@ -52,15 +52,6 @@ fn rss_bytes() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
-}
-
-/// Says hello on the control stream and reads the welcome.
-async fn join(conn: &quinn::Connection, id: &str) -> (quinn::SendStream, quinn::RecvStream) {
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    write(&mut send, &hello(id)).await.unwrap();
-    let (welcome, _) = read_frame(&mut recv, DEFAULT_MAX_FRAME).await.unwrap().unwrap();
-    assert!(matches!(welcome, Message::Welcome(_)), "{welcome:?}");
-    (send, recv)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,29 +140,10 @@ async fn a_thousand_connections_cost_bounded_memory() {
     assert!(server.wait_listening(Duration::from_secs(30)), "{}", server.log_tail());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let start = server.rss_bytes().unwrap();
-    let certs: Vec<(String, ClientCert)> = (0..PEERS)
-        .map(|i| {
-            let id = format!("peer-{i:04}");
-            let identity = server.ca.issue(Kind::Client, &id, &[], 30).unwrap();
-            (id, ClientCert { chain: vec![identity.cert], key: identity.key })
-        })
-        .collect();
-    let mut peers = Vec::with_capacity(PEERS);
-    for (id, cert) in &certs {
-        let (endpoint, conn) = raw_connect_as(server.addr, &server.cert, Some(cert)).await.unwrap();
-        let control = join(&conn, id).await;
-        peers.push((endpoint, conn, control));
-    }
+    let peers = server.connect_peers("peer", PEERS).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let connected = server.rss_bytes().unwrap();
-    for (endpoint, conn, _) in &peers {
-        conn.close(0u32.into(), b"bye");
-        endpoint.close(0u32.into(), b"bye");
-    }
-    for (endpoint, _, _) in &peers {
-        let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
-    }
-    drop(peers);
+    anchorage_tests::process::close_peers(peers).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let after = server.rss_bytes().unwrap();
 

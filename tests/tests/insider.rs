@@ -12,7 +12,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::transport::{self as client, ClientCert, ClientEvent, ClientOptions};
@@ -25,10 +25,12 @@ use anchorage_server::tls::Trust;
 use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerOptions};
 use anchorage_shared::frame::DEFAULT_MAX_FRAME;
 use anchorage_shared::io::read_frame;
-use anchorage_shared::protocol::{Broadcast, Message, RefusalReason, RoundConfig, Update};
+use anchorage_shared::protocol::{
+    Broadcast, KIND_UPDATE, Message, PROTOCOL_VERSION, RefusalReason, RoundConfig, Update,
+};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
-use anchorage_tests::{fedavg_client, hello, raw_connect_as, write};
+use anchorage_tests::{fedavg_client, hello, join, raw_connect_as, write};
 use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
 
@@ -327,20 +329,7 @@ async fn three_honest_devices_under_the_shipped_config_are_never_screened_out_af
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_holders_of_one_certificate_are_both_refused_once_they_flap() {
     let dir = tempfile::tempdir().unwrap();
-    let mut ca = ProjectCa::init(&dir.path().join("ca"), "insider-test", 30).unwrap();
-    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
-    let server = server::start(ServerOptions {
-        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-        identity,
-        trust: Trust::ProjectCa { ca: ca.cert().clone(), crl: None },
-        engine: EngineConfig { rounds: 1, min_available: 5, ..EngineConfig::default() },
-        method: Box::new(FedAvg::default()),
-        initial: fedavg_client(0).initial_blocks().unwrap(),
-        limits: Limits::default(),
-        store: None,
-    })
-    .await
-    .unwrap();
+    let (server, mut ca) = start_with(dir.path(), Limits::default()).await;
     let root: CertificateDer<'static> = ca.cert().clone();
     let twin = device(&mut ca, "twin");
     let mut replies = Vec::new();
@@ -371,5 +360,64 @@ async fn two_holders_of_one_certificate_are_both_refused_once_they_flap() {
     assert_eq!(kinds[..4], ["welcome"; 4], "{kinds:?}");
     assert!(kinds[4..].iter().all(|k| k.contains("in use by two devices")), "then both holders are refused: {kinds:?}");
     assert_eq!(server.metrics.certificate_conflicts_total(), 1);
+    server.shutdown().await.unwrap();
+}
+
+/// A CA-mode server with `limits` and no round to run (it waits for more devices than connect).
+async fn start_with(dir: &std::path::Path, limits: Limits) -> (anchorage_server::transport::ServerHandle, ProjectCa) {
+    let mut ca = ProjectCa::init(&dir.join("ca"), "insider-test", 30).unwrap();
+    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
+    let server = server::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity,
+        trust: Trust::ProjectCa { ca: ca.cert().clone(), crl: None },
+        engine: EngineConfig { rounds: 1, min_available: 5, ..EngineConfig::default() },
+        method: Box::new(FedAvg::default()),
+        initial: fedavg_client(0).initial_blocks().unwrap(),
+        limits,
+        store: None,
+    })
+    .await
+    .unwrap();
+    (server, ca)
+}
+
+/// Issue 30: "a 64 MiB upload fed 1 byte every 20 s: held open as long as the trickle lasts".
+/// Each byte comes within the stall timeout, so only the upload's pace can tell: below
+/// `min_upload_rate` once `read_stall` has passed, the device is refused and closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_trickled_a_byte_at_a_time_is_closed_at_the_minimum_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let stall = Duration::from_secs(2);
+    let limits = Limits { read_stall: stall, min_upload_rate: 1024, ..Limits::default() };
+    let (server, mut ca) = start_with(dir.path(), limits).await;
+    let root = ca.cert().clone();
+    let (_endpoint, conn) = raw_connect_as(server.local_addr, &root, Some(&device(&mut ca, "trickle"))).await.unwrap();
+    let (_send, mut control) = join(&conn, "trickle").await;
+    let mut uni = conn.open_uni().await.unwrap();
+    let declared = (DEFAULT_MAX_FRAME - 16) as u32;
+    let mut head = declared.to_le_bytes().to_vec();
+    head.extend([PROTOCOL_VERSION, KIND_UPDATE]);
+    uni.write_all(&head).await.unwrap();
+    let started = Instant::now();
+    let feeder = tokio::spawn(async move {
+        // One byte a second: never a stall of 2 s.
+        for _ in 0..30 {
+            if uni.write_all(&[0]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let reply = tokio::time::timeout(Duration::from_secs(20), read_frame(&mut control, DEFAULT_MAX_FRAME))
+        .await
+        .expect("the trickle is cut off well before it ends");
+    println!("trickled upload answered after {:?}: {reply:?}", started.elapsed());
+    match reply {
+        Ok(Some((Message::Refusal(r), _))) => assert!(r.detail.contains("slower than the minimum"), "{}", r.detail),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "cut off soon after the grace of read_stall");
+    feeder.abort();
     server.shutdown().await.unwrap();
 }

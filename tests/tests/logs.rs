@@ -6,7 +6,8 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 /// A server.toml whose state folder cannot be made (its path is a file): the server stops at
-/// start with an error that has a cause.
+/// start with an error that has a cause. Development TLS, so that the certificates (checked
+/// before the state folder) are not what stops it.
 fn broken_config(dir: &Path) -> std::path::PathBuf {
     let blocker = dir.join("not-a-folder");
     std::fs::write(&blocker, b"a file").unwrap();
@@ -14,7 +15,7 @@ fn broken_config(dir: &Path) -> std::path::PathBuf {
     std::fs::write(
         &config,
         format!(
-            "method = \"fedavg\"\nbind = \"127.0.0.1:0\"\nstate_dir = \"{}\"\ntls_dir = \"{}\"\n",
+            "method = \"fedavg\"\nbind = \"127.0.0.1:0\"\ninsecure_dev = true\nstate_dir = \"{}\"\ntls_dir = \"{}\"\n",
             blocker.join("state").display(),
             dir.join("tls").display()
         ),

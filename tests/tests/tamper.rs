@@ -130,3 +130,47 @@ async fn a_rolled_back_folder_is_refused_then_witnessed_by_the_devices_and_numbe
     }
     third.shutdown().await.unwrap();
 }
+
+/// The operator's commands on the real server program: `backup` while it serves, `check` (exit
+/// status 1 and the problem named when a stored version is damaged), `restore` with the server
+/// stopped, and a server that starts again on the restored folder.
+#[test]
+fn the_operators_check_backup_and_restore_commands() {
+    use anchorage_tests::process::{Ending, ServerProcess};
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_server-process"));
+    let mut server = ServerProcess::new(dir.path(), bin, 2);
+    server.spawn();
+    assert!(server.wait_listening(Duration::from_secs(30)), "{}", server.log_tail());
+    let config = server.config.clone();
+    let task = |args: &[&str]| {
+        let out = Command::new(bin).args(args).arg("--config").arg(&config).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        println!("$ anchorage-server {} --config server.toml\n{text}", args.join(" "));
+        (out.status.code(), text)
+    };
+    let backup = dir.path().join("backup.db");
+    let (code, text) = task(&["backup", backup.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("ok"), "{text}");
+    let (code, text) = task(&["check"]);
+    assert_eq!(code, Some(0), "a running server's folder checks clean: {text}");
+    server.stop(Ending::Term);
+
+    rusqlite::Connection::open(server.db())
+        .unwrap()
+        .execute("UPDATE versions SET state = zeroblob(length(state)) WHERE version = 0", [])
+        .unwrap();
+    let (code, text) = task(&["check"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("global version 0 does not match its checksum"), "{text}");
+
+    let (code, text) = task(&["restore", backup.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = task(&["check"]);
+    assert_eq!(code, Some(0), "{text}");
+    server.spawn();
+    assert!(server.wait_listening(Duration::from_secs(30)), "the restored folder serves: {}", server.log_tail());
+    server.stop(Ending::Term);
+}

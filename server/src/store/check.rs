@@ -3,6 +3,7 @@
 //! backup API: a consistent copy while the server runs) and `restore` (a backup put back, with
 //! the rollback it is accepted in one step, so that the witness does not refuse it by accident).
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
@@ -110,6 +111,8 @@ impl ServerStore {
             move |error| StoreError::Io { path, error }
         };
         let _ = std::fs::remove_file(&tmp);
+        // A backup holds every kept update and the QUIC reset key: 0600 whatever the umask.
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io(&tmp))?;
         {
             let mut out = Connection::open(&tmp).map_err(|error| StoreError::Sqlite { path: tmp.clone(), error })?;
             let backup = rusqlite::backup::Backup::new(&conn, &mut out)
