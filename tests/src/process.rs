@@ -208,13 +208,19 @@ pub type Peer = (quinn::Endpoint, quinn::Connection, (quinn::SendStream, quinn::
 impl ServerProcess {
     /// `n` devices with their own certificates (ids `prefix-0000`, …) connect and say hello.
     pub async fn connect_peers(&mut self, prefix: &str, n: usize) -> Vec<Peer> {
+        // Every certificate first, then the connections (the tests beside this one in a binary
+        // read the process's memory early on: 1,000 connections should not be opening then).
+        let certs: Vec<(String, anchorage_client::transport::ClientCert)> = (0..n)
+            .map(|i| {
+                let id = format!("{prefix}-{i:04}");
+                let identity = self.ca.issue(Kind::Client, &id, &[], 30).unwrap();
+                (id, anchorage_client::transport::ClientCert { chain: vec![identity.cert], key: identity.key })
+            })
+            .collect();
         let mut peers = Vec::with_capacity(n);
-        for i in 0..n {
-            let id = format!("{prefix}-{i:04}");
-            let identity = self.ca.issue(Kind::Client, &id, &[], 30).unwrap();
-            let cert = anchorage_client::transport::ClientCert { chain: vec![identity.cert], key: identity.key };
-            let (endpoint, conn) = crate::raw_connect_as(self.addr, &self.cert, Some(&cert)).await.unwrap();
-            let control = crate::join(&conn, &id).await;
+        for (id, cert) in &certs {
+            let (endpoint, conn) = crate::raw_connect_as(self.addr, &self.cert, Some(cert)).await.unwrap();
+            let control = crate::join(&conn, id).await;
             peers.push((endpoint, conn, control));
         }
         peers

@@ -896,3 +896,24 @@ fn cost_records_are_confirmed_and_a_restarted_engine_confirms_resends() {
     assert!(!actions.iter().any(|a| matches!(a, Action::Ledger(_))), "a's record is already in the ledger");
     assert_eq!(cost_acks(&actions, "a"), vec![1]);
 }
+
+/// Issue 30: "a cost record with joules = 1e300: accepted; anchorage_client_energy_joules_total
+/// reads 8e300". A record beyond physical ranges is dropped and counted, never written.
+#[test]
+fn cost_records_beyond_physical_ranges_are_dropped_and_counted() {
+    let mut e = engine(config(2, 2));
+    join(&mut e, secs(0), &["a", "b"]);
+    for bad in [
+        CostRecord { round: 1, joules: 1e300, ..CostRecord::default() },
+        CostRecord { round: 1, wall_seconds: 1e9, ..CostRecord::default() },
+        CostRecord { round: 1, rtt_seconds: 1e6, ..CostRecord::default() },
+    ] {
+        e.handle_message(secs(1), "a", Message::Cost(bad));
+    }
+    let actions = drain(&mut e);
+    assert!(!actions.iter().any(|a| matches!(a, Action::Ledger(_))), "none is written");
+    assert!(cost_acks(&actions, "a").is_empty(), "none is confirmed");
+    assert_eq!(e.stats().dropped_cost_records, 3);
+    e.handle_message(secs(1), "a", Message::Cost(CostRecord { round: 1, joules: 12.5, ..CostRecord::default() }));
+    assert!(drain(&mut e).iter().any(|a| matches!(a, Action::Ledger(r) if r.joules == 12.5)), "a real one is");
+}
