@@ -69,7 +69,7 @@ pub enum Status {
 }
 
 impl Status {
-    fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Status::Ok => "ok",
             Status::Warn => "warn",
@@ -171,7 +171,7 @@ pub fn main(config: &Path, args: &DoctorArgs) -> std::process::ExitCode {
     if report.failed() { std::process::ExitCode::FAILURE } else { std::process::ExitCode::SUCCESS }
 }
 
-fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
@@ -179,7 +179,7 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-async fn check_device(config: &ClientConfig) -> Check {
+pub(crate) async fn check_device(config: &ClientConfig) -> Check {
     match device::choose(&config.device) {
         Ok(choice) => {
             let mut detail = format!(
@@ -211,7 +211,7 @@ fn available_memory() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-fn check_memory(config: &ClientConfig) -> Check {
+pub(crate) fn check_memory(config: &ClientConfig) -> Check {
     let system = available_memory();
     let available = system.map(|b| format!("; the system has {} available", mib(b))).unwrap_or_default();
     match (config.max_memory_mb, runner::memory_plan(config)) {
@@ -245,7 +245,7 @@ fn check_memory(config: &ClientConfig) -> Check {
 
 /// The state folder is writable (a probe file, removed again); one that does not exist yet is
 /// not made here (the service, or systemd's `StateDirectory=`, makes it), only its parent checked.
-fn check_state(dir: &Path) -> Check {
+pub(crate) fn check_state(dir: &Path) -> Check {
     if !dir.exists() {
         let parent = dir.ancestors().skip(1).find(|p| p.exists()).unwrap_or(Path::new("/"));
         let writable = tempfile_in(parent).is_ok();
@@ -333,7 +333,7 @@ fn validity(what: &str, info: &CertInfo, now: i64, warn_days: i64) -> (Status, S
     (status, format!("{what} valid until {} ({days_left} days left)", info.not_after_text))
 }
 
-fn check_certificates(config: &ClientConfig, warn_days: i64, now: i64) -> Vec<Check> {
+pub(crate) fn check_certificates(config: &ClientConfig, warn_days: i64, now: i64) -> Vec<Check> {
     let mut checks = Vec::new();
     // The project CA (or, against a development server, the server's own certificate).
     match std::fs::read(&config.server_cert)

@@ -5,11 +5,13 @@
 //! - [`methods`]: client halves of the methods.
 //! - [`config`]: `client.toml`.
 //! - [`doctor`]: `anchorage-client doctor`, the checks before a device's service starts.
+//! - [`check_config`]: `anchorage-client check-config`, the same checks of the files, off the network.
 //! - [`runner`]: from a `client.toml` to a running device (what `anchorage-client` runs).
 //! - [`transport`]: the quinn shell with reconnect and resend.
 //! - [`store`]: the durable local state (the unacknowledged update).
 //! - [`memory`]: the process's peak memory, reported with every update.
 
+pub mod check_config;
 pub mod config;
 pub mod doctor;
 pub mod encoding;

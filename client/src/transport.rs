@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anchorage_shared::frame::{DEFAULT_MAX_FRAME, encode_frame};
 use anchorage_shared::io::{FrameIoError, read_frame, udp_socket, write_frame};
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Capabilities, Goodbye, Heartbeat, Message, Update};
+use anchorage_shared::protocol::{Capabilities, Goodbye, Heartbeat, Message, RefusalReason, Update};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::payload_bytes;
 use anyhow::Context;
@@ -97,8 +97,7 @@ pub struct ClientCert {
 }
 
 /// Whether a connection failed because TLS did not accept a certificate (ours or the server's):
-/// QUIC's crypto error codes, 0x100–0x1ff, carry a TLS alert. Retrying will not fix it, so it is
-/// logged as an error.
+/// QUIC's crypto error codes, 0x100–0x1ff, carry a TLS alert.
 pub fn tls_failure(e: &quinn::ConnectionError) -> bool {
     let crypto = |code: u64| (0x100..=0x1ff).contains(&code);
     match e {
@@ -106,6 +105,112 @@ pub fn tls_failure(e: &quinn::ConnectionError) -> bool {
         quinn::ConnectionError::ConnectionClosed(c) => crypto(u64::from(c.error_code)),
         _ => false,
     }
+}
+
+/// Exit status of `anchorage-client` when the server refused the device for good
+/// ([`Refused`]): sysexits' `EX_NOPERM`. The systemd unit does not restart on it
+/// (`RestartPreventExitStatus=77`).
+pub const EXIT_REFUSED: u8 = 77;
+
+/// Why the server refused this device for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// The device's certificate is on the project's revocation list (TLS alert
+    /// certificate_revoked, or the server's refusal "certificate revoked").
+    Revoked,
+    /// The certificate is not from the server's project CA (unknown_ca).
+    UnknownCa,
+    /// The certificate has expired, or is not valid yet by the server's clock (certificate_expired).
+    Expired,
+    /// The server does not accept the certificate: it names no device, does not parse, is not a
+    /// device certificate, or its signature is wrong (bad_certificate, unsupported_certificate,
+    /// certificate_unknown, access_denied, decrypt_error).
+    BadCertificate,
+    /// The device showed no certificate to a server that requires one (certificate_required).
+    NoCertificate,
+    /// The server's refusal `NotEnrolled`: it does not take this device (another id in the hello
+    /// than in the certificate, or a certificate revoked moments ago).
+    NotEnrolled,
+    /// The server speaks another protocol version or runs another method (`VersionMismatch`,
+    /// `UnknownMethod`, or no common ALPN).
+    Incompatible,
+}
+
+impl RefusalKind {
+    /// The kind a TLS alert from the server means; `None` for an alert that a retry may clear.
+    pub fn of_alert(alert: u8) -> Option<Self> {
+        Some(match alert {
+            44 => Self::Revoked,
+            48 => Self::UnknownCa,
+            45 => Self::Expired,
+            42 | 43 | 46 | 49 | 51 => Self::BadCertificate,
+            116 => Self::NoCertificate,
+            120 => Self::Incompatible,
+            _ => return None,
+        })
+    }
+
+    /// What the operator does about it.
+    fn advice(self, id: &str) -> String {
+        match self {
+            Self::Revoked => format!(
+                "the certificate of `{id}` is revoked. If this device should rejoin, issue it a new certificate \
+                 (`anchorage ca issue client {id} --dir <ca> --out <site>`, or re-provision it) and copy cert.der and \
+                 key.der to it; otherwise uninstall it"
+            ),
+            Self::UnknownCa => format!(
+                "the server's project CA did not sign the certificate of `{id}`: the device holds another project's \
+                 or an old folder. Re-provision it from the server's CA (`anchorage provision`, or \
+                 `anchorage ca issue client {id}`) and copy its folder to the device"
+            ),
+            Self::Expired => format!(
+                "the certificate of `{id}` has expired (or is not valid yet by the server's clock): \
+                 `anchorage ca renew {id} --dir <ca> --out <site>`, then copy cert.der and key.der to the device"
+            ),
+            Self::BadCertificate => format!(
+                "the server does not accept the certificate of `{id}` (no device id in it, unreadable, or not a \
+                 device certificate): re-provision the device from the server's CA"
+            ),
+            Self::NoCertificate => "the server requires a device certificate: set `cert` and `key` in client.toml \
+                 to this device's files from `anchorage provision`"
+                .to_string(),
+            Self::NotEnrolled => format!(
+                "the server does not take `{id}`: check that client_id is the id in cert.der, and that the \
+                 certificate is not revoked (`anchorage ca list`)"
+            ),
+            Self::Incompatible => "this client and the server do not speak the same protocol version or method: \
+                 install the server's release of anchorage-client, or fix `method` in client.toml"
+                .to_string(),
+        }
+    }
+}
+
+/// The server refused this device for good: retrying cannot help until an operator acts, so the
+/// client stops (`anchorage-client` exits with [`EXIT_REFUSED`]).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the server {server} refused `{client}` for good ({kind:?}: {detail}); {advice}", advice = kind.advice(client))]
+pub struct Refused {
+    pub client: String,
+    pub server: SocketAddr,
+    pub kind: RefusalKind,
+    /// What the server said (the TLS alert, or its refusal's detail).
+    pub detail: String,
+}
+
+/// Whether a closed connection means the server refused this device for good: a TLS alert
+/// the *server* sent about this device's certificate (revoked, unknown CA, expired, bad, none,
+/// no common protocol). Alerts of this client's own TLS (it did not trust the server's
+/// certificate) are not: the server's side may be fixed without touching the device, so those
+/// are retried with backoff, as are timeouts, resets and a server that is down.
+pub fn definite_refusal(e: &quinn::ConnectionError) -> Option<(RefusalKind, String)> {
+    let quinn::ConnectionError::ConnectionClosed(c) = e else { return None };
+    let code = u64::from(c.error_code);
+    if !(0x100..=0x1ff).contains(&code) {
+        return None;
+    }
+    let alert = (code - 0x100) as u8;
+    let kind = RefusalKind::of_alert(alert)?;
+    Some((kind, format!("TLS alert {alert} ({:?}): {e}", rustls::AlertDescription::from(alert))))
 }
 
 /// The link-shaping hook: turns the bound UDP socket into the socket quinn drives.
@@ -239,6 +344,9 @@ struct RoundCost {
     uploaded: bool,
     /// The ack arrived (`Some(aggregated)`). It may overtake the upload task's own report.
     acked: Option<bool>,
+    /// Trained here in this process (not a saved update resent): the samples and the local
+    /// accuracy (a fraction) the update reports.
+    trained: Option<(u64, Option<f64>)>,
 }
 
 impl RoundCost {
@@ -257,6 +365,22 @@ impl RoundCost {
         r.straggler = !aggregated;
         r.wait_seconds = (r.wall_seconds - r.compute_seconds - r.transfer_seconds).max(0.0);
         Some((r.clone(), aggregated))
+    }
+
+    /// The round's one line in the client's log, once it is complete: e.g. `round 7: trained
+    /// 1.2 s on 750 samples, local accuracy 84.1%, uploaded 1.02 MiB in 0.3 s, acked`.
+    fn line(&self, round: u64, aggregated: bool) -> String {
+        let r = &self.record;
+        let trained = match self.trained {
+            Some((samples, accuracy)) => {
+                let accuracy = accuracy.map_or_else(String::new, |a| format!(", local accuracy {:.1}%", a * 100.0));
+                format!("trained {:.1} s on {samples} samples{accuracy}", r.compute_seconds)
+            }
+            None => "resent the saved update".to_string(),
+        };
+        let mib = r.wire_up as f64 / f64::from(1u32 << 20);
+        let acked = if aggregated { "acked" } else { "acked late (after the round closed; not aggregated)" };
+        format!("round {round}: {trained}, uploaded {mib:.2} MiB in {:.1} s, {acked}", r.transfer_seconds)
     }
 }
 
@@ -307,7 +431,9 @@ fn save_device_state(store: &ClientStore, method: &dyn ClientMethod, round: u64)
     }
 }
 
-/// Runs the client until the server says goodbye or refuses it for good. Returns the reason.
+/// Runs the client until the server says goodbye (returns the reason) or refuses it for good
+/// (the error is a [`Refused`]: `anchorage-client` exits with [`EXIT_REFUSED`]). Failures a retry
+/// may clear (no answer, a reset, a connection closed before the welcome) back off and retry.
 pub async fn run(
     options: ClientOptions,
     method: Box<dyn ClientMethod>,
@@ -318,23 +444,45 @@ pub async fn run(
     let mut stop = options.stop.clone();
     let mut client = Client::new(options, method, events, trained_tx, uploaded_tx)?;
     loop {
-        let Some((conn, control, control_recv)) = client.connect(&mut stop).await? else {
-            return Ok(client.stopped_unconnected());
+        let (conn, control, control_recv) = match client.connect(&mut stop).await? {
+            Connected::Up(conn, control, control_recv) => (conn, control, control_recv),
+            Connected::Stopped => return Ok(client.stopped_unconnected()),
+            Connected::Refused(refused) => return Err(client.refused(refused)),
         };
         let reason = match client.serve(conn, control, control_recv, &mut stop, &mut trained, &mut uploaded).await? {
             Ended::Exit(reason) => return Ok(reason),
+            Ended::Refused(refused) => return Err(client.refused(refused)),
             Ended::Lost(reason) => reason,
         };
         client.session.disconnected();
-        tracing::info!(client = %client.options.client_id, %reason, "disconnected");
-        client.emit(ClientEvent::Disconnected { reason });
-        // The connection was up, so the count starts again: the first retry comes after the
-        // initial delay.
-        let delay = client.options.backoff.delay(client.failures.failed(), &mut client.rng);
+        client.emit(ClientEvent::Disconnected { reason: reason.clone() });
+        // A connection the server welcomed reset the count, so the first retry comes after the
+        // initial delay; one that ended before its welcome (the server closed it at once) backs
+        // off further, like a failed attempt.
+        let attempt = client.failures.failed();
+        let delay = client.options.backoff.delay(attempt, &mut client.rng);
+        tracing::info!(
+            client = %client.options.client_id,
+            %reason,
+            attempt,
+            delay_s = delay.as_secs_f64(),
+            "disconnected (transient); reconnecting in {}",
+            human(delay)
+        );
         if sleep_or_stop(delay, &mut stop).await {
             return Ok(client.stopped_unconnected());
         }
     }
+}
+
+/// What [`Client::connect`] came to.
+enum Connected {
+    /// A connection and its control stream.
+    Up(quinn::Connection, quinn::SendStream, quinn::RecvStream),
+    /// The stop signal came first.
+    Stopped,
+    /// The server refused this device for good.
+    Refused(Refused),
 }
 
 /// A trained round's result, from the training thread.
@@ -342,10 +490,12 @@ type Trained = (u64, Result<Update, String>);
 /// An upload's round, wire bytes, seconds and round-trip time, from its task.
 type Uploaded = (u64, u64, f64, f64);
 
-/// How a connection ended: lost (reconnect) or the client's exit with its reason.
+/// How a connection ended: lost (reconnect), the client's exit with its reason, or the server's
+/// refusal for good.
 enum Ended {
     Lost(String),
     Exit(String),
+    Refused(Refused),
 }
 
 /// One client's life across its connections: the session, the method, the costs of the rounds
@@ -415,6 +565,18 @@ impl Client {
         }
     }
 
+    /// The server refused this device for good: the events hear that it finished, the endpoint
+    /// closes, and the refusal becomes the client's error.
+    fn refused(&self, refused: Refused) -> anyhow::Error {
+        self.endpoint.close(quinn::VarInt::from_u32(0), b"refused");
+        self.emit(ClientEvent::Finished { reason: format!("refused: {:?}: {}", refused.kind, refused.detail) });
+        anyhow::Error::new(refused)
+    }
+
+    fn refusal(&self, kind: RefusalKind, detail: String) -> Refused {
+        Refused { client: self.options.client_id.clone(), server: self.options.server, kind, detail }
+    }
+
     /// Leaving on the stop signal with no connection to say goodbye on.
     fn stopped_unconnected(&self) -> String {
         self.endpoint.close(quinn::VarInt::from_u32(0), b"stopping");
@@ -424,11 +586,8 @@ impl Client {
     }
 
     /// A connection and its control stream, after as many attempts (with backoff) as it takes;
-    /// `None` on the stop signal.
-    async fn connect(
-        &mut self,
-        stop: &mut Option<tokio::sync::watch::Receiver<bool>>,
-    ) -> anyhow::Result<Option<(quinn::Connection, quinn::SendStream, quinn::RecvStream)>> {
+    /// or the stop signal, or the server's refusal for good.
+    async fn connect(&mut self, stop: &mut Option<tokio::sync::watch::Receiver<bool>>) -> anyhow::Result<Connected> {
         loop {
             // The stop signal is watched while connecting and backing off too: a client whose
             // server is unreachable must still leave at once on SIGTERM. A server that is down
@@ -437,36 +596,56 @@ impl Client {
             let options = &self.options;
             let connecting = self.endpoint.connect(options.server, &options.server_name)?;
             let attempt = async {
-                let conn = connecting.await.map_err(|e| {
-                    if tls_failure(&e) {
-                        tls_error(options, &e);
+                let conn = connecting.await.map_err(|e| match definite_refusal(&e) {
+                    Some(refusal) => Err(refusal),
+                    None => {
+                        if tls_failure(&e) {
+                            tls_error(options, &e);
+                        }
+                        Ok(e.to_string())
                     }
-                    e.to_string()
                 })?;
-                // Fails only if the connection is already gone: a failed attempt, not a fatal error.
-                let streams = conn.open_bi().await.map_err(|e| format!("opening the control stream: {e}"))?;
-                Ok::<_, String>((conn, streams))
+                // Fails only if the connection is already gone: a failed attempt, not a fatal error,
+                // unless the server's verdict on this device's certificate closed it (it comes
+                // right after the handshake's last flight).
+                let streams = conn.open_bi().await.map_err(|e| match definite_refusal(&e) {
+                    Some(refusal) => Err(refusal),
+                    None => Ok(format!("opening the control stream: {e}")),
+                })?;
+                Ok::<_, Result<String, (RefusalKind, String)>>((conn, streams))
             };
             let connected = tokio::select! {
                 c = tokio::time::timeout(options.connect_timeout, attempt) => c
-                    .unwrap_or_else(|_| Err(format!("no answer within {:?}", options.connect_timeout))),
-                _ = stopped(stop) => return Ok(None),
+                    .unwrap_or_else(|_| Err(Ok(format!("no answer within {:?}", options.connect_timeout)))),
+                _ = stopped(stop) => return Ok(Connected::Stopped),
             };
             match connected {
                 Ok((conn, (control, control_recv))) => {
-                    self.failures.connected();
+                    // The backoff's count starts again at the server's welcome, not here: a
+                    // server that closes every connection at once is not reached.
                     self.emit(ClientEvent::Connected);
-                    return Ok(Some((conn, control, control_recv)));
+                    return Ok(Connected::Up(conn, control, control_recv));
                 }
-                Err(e) => {
+                Err(Err((kind, detail))) => return Ok(Connected::Refused(self.refusal(kind, detail))),
+                Err(Ok(e)) => {
                     let failures = self.failures.failed();
                     if self.options.backoff.max_attempts.is_some_and(|m| failures >= m) {
                         anyhow::bail!("could not reach {} after {failures} attempts: {e}", self.options.server);
                     }
                     let delay = self.options.backoff.delay(failures, &mut self.rng);
-                    tracing::info!(client = %self.options.client_id, error = %e, ?delay, "connect failed; retrying");
+                    tracing::info!(
+                        client = %self.options.client_id,
+                        server = %self.options.server,
+                        error = %e,
+                        attempt = failures,
+                        delay_s = delay.as_secs_f64(),
+                        "connect failed (transient: the server may be down, restarting or unreachable); \
+                         retrying in {}, backing off up to {}",
+                        human(delay),
+                        human(self.options.backoff.max)
+                    );
                     if sleep_or_stop(delay, stop).await {
-                        return Ok(None);
+                        return Ok(Connected::Stopped);
                     }
                 }
             }
@@ -507,7 +686,10 @@ impl Client {
                 },
                 Some((round, result)) = trained.recv() => match result {
                     Ok(update) => {
-                        self.costs.entry(round).or_default().record.compute_seconds = update.compute_seconds;
+                        let cost = self.costs.entry(round).or_default();
+                        cost.record.compute_seconds = update.compute_seconds;
+                        let accuracy = update.metrics.iter().find(|m| m.name == "local_accuracy").map(|m| m.value);
+                        cost.trained = Some((update.num_samples, accuracy));
                         self.session.trained(update);
                     }
                     Err(e) => self.session.training_failed(round, &e),
@@ -521,7 +703,7 @@ impl Client {
                     }
                 }
                 reason = conn.closed() => {
-                    if tls_failure(&reason) {
+                    if tls_failure(&reason) && definite_refusal(&reason).is_none() {
                         tls_error(&self.options, &reason);
                     }
                     break 'conn Ended::Lost(reason.to_string())
@@ -538,6 +720,14 @@ impl Client {
             }
         };
         tasks.abort_all();
+        // However the loss showed first (a failed read or write, or the close itself), a close
+        // with the server's TLS alert about this device's certificate is a refusal for good: the
+        // server accepts the handshake's last flight only after checking the certificate.
+        if let Ended::Lost(_) = &ended
+            && let Some((kind, detail)) = conn.close_reason().as_ref().and_then(definite_refusal)
+        {
+            return Ok(Ended::Refused(self.refusal(kind, detail)));
+        }
         Ok(ended)
     }
 
@@ -602,6 +792,16 @@ impl Client {
                     let _ = control.finish();
                 }
                 conn.close(quinn::VarInt::from_u32(0), b"done");
+                if let Some(refusal) = self.session.refusal() {
+                    let kind = match refusal.reason {
+                        RefusalReason::NotEnrolled if refusal.detail.contains("revoked") => RefusalKind::Revoked,
+                        RefusalReason::NotEnrolled => RefusalKind::NotEnrolled,
+                        _ => RefusalKind::Incompatible,
+                    };
+                    let refused = self.refusal(kind, format!("{:?}: {}", refusal.reason, refusal.detail));
+                    tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await.ok();
+                    return Ok(Some(Ended::Refused(refused)));
+                }
                 self.emit(ClientEvent::Finished { reason: reason.clone() });
                 tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await.ok();
                 return Ok(Some(Ended::Exit(reason)));
@@ -631,6 +831,8 @@ impl Client {
                 self.unconfirmed.remove(&a.round);
             }
             Message::Welcome(_) => {
+                // The server took this device: the backoff starts again from its initial delay.
+                self.failures.connected();
                 for record in self.unconfirmed.values() {
                     tracing::debug!(client = %self.options.client_id, round = record.round, "resending an unconfirmed cost record");
                     report_cost(control, record.clone(), self.options.max_frame_bytes).await;
@@ -658,6 +860,13 @@ impl Client {
     async fn report_if_complete(&mut self, round: u64, control: &mut quinn::SendStream) {
         let Some(cost) = self.costs.get_mut(&round) else { return };
         if let Some((record, aggregated)) = cost.complete(&self.options.client_id, round) {
+            tracing::info!(
+                client = %self.options.client_id,
+                round,
+                aggregated,
+                "{}",
+                cost.line(round, aggregated)
+            );
             self.costs.remove(&round);
             self.emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
             report_cost(control, record.clone(), self.options.max_frame_bytes).await;
@@ -669,18 +878,34 @@ impl Client {
     }
 }
 
-/// A handshake that TLS refused: an error that says what to check (it keeps retrying, in case an
-/// operator fixes the files, but never quietly).
+/// A handshake that TLS ended for a reason a retry may clear (this client did not accept the
+/// server's certificate, or the server's alert is not about this device's certificate): an error
+/// that says what to check; the client keeps retrying with backoff, in case the server's side is
+/// fixed, but never quietly. The server's verdicts on this device's certificate stop the client
+/// instead ([`definite_refusal`]).
 fn tls_error(options: &ClientOptions, e: &quinn::ConnectionError) {
+    let ours = matches!(e, quinn::ConnectionError::TransportError(_));
     tracing::error!(
         client = %options.client_id,
         server = %options.server_name,
         mutual_tls = options.client_cert.is_some(),
         error = %e,
-        "TLS refused the connection: check that server_cert is the project CA (or the development server's own \
-         certificate), that the server's certificate names `server_name`, and that this device's certificate is \
-         valid and not revoked"
+        "TLS failed ({}): check that server_cert is the project CA (or the development server's own \
+         certificate) and that the server's certificate names `server_name`; retrying with backoff",
+        if ours { "this client did not accept the server's certificate" } else { "the server's alert" }
     );
+}
+
+/// A delay as a person reads it: `850 ms`, `12.5 s`, `4.2 min`.
+fn human(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{} ms", d.as_millis())
+    } else if s < 120.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{:.1} min", s / 60.0)
+    }
 }
 
 /// Sleeps for `delay`; `true` when the stop signal came first.
@@ -895,6 +1120,104 @@ mod tests {
         assert!(delay >= backoff.initial / 2 && delay <= backoff.initial, "{delay:?}");
         // And a second loss in a row (the server is still down) backs off from there.
         assert_eq!(failures.failed(), 2);
+    }
+
+    /// A QUIC server on loopback that completes every handshake and closes the connection at
+    /// once (no welcome): a server that keeps turning the device away for a reason a retry may
+    /// clear. Returns its address, its certificate and the count of connections it took.
+    fn closing_server(
+        close: fn(&quinn::Connection),
+    ) -> (SocketAddr, CertificateDer<'static>, Arc<std::sync::atomic::AtomicUsize>) {
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let cert = certified.cert.der().clone();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+        let mut crypto =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.clone()], key)
+                .unwrap();
+        crypto.alpn_protocols = vec![ALPN.to_vec()];
+        let config = quinn::ServerConfig::with_crypto(Arc::new(
+            quinn::crypto::rustls::QuicServerConfig::try_from(crypto).unwrap(),
+        ));
+        let endpoint = quinn::Endpoint::server(config, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = count.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = endpoint.accept().await {
+                if let Ok(conn) = incoming.await {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    close(&conn);
+                }
+            }
+        });
+        (addr, cert, count)
+    }
+
+    /// A connection that ends before the server's welcome is a failed attempt: the backoff
+    /// grows. (It used to restart from the initial delay at every handshake, so a device the
+    /// server turned away at once retried about 5 times a second forever.)
+    #[tokio::test]
+    async fn a_server_that_closes_before_the_welcome_is_retried_with_growing_backoff() {
+        let (addr, cert, count) = closing_server(|c| c.close(quinn::VarInt::from_u32(7), b"not now"));
+        let mut options = ClientOptions::new(addr, cert, "c");
+        options.backoff =
+            Backoff { initial: Duration::from_millis(50), max: Duration::from_secs(60), max_attempts: None };
+        let ran =
+            tokio::time::timeout(Duration::from_secs(3), run(options, Box::new(Idle { refuse_state: false }), None))
+                .await;
+        assert!(ran.is_err(), "a transient refusal does not stop the client: {ran:?}");
+        let connections = count.load(std::sync::atomic::Ordering::SeqCst);
+        println!("connections turned away in 3 s: {connections}");
+        // Delays of at least 25, 50, 100, 200, 400, 800 and 1600 ms: 8 connections at most in 3 s
+        // (a backoff that restarts at every handshake makes about 60).
+        assert!((3..=8).contains(&connections), "{connections} connections in 3 s");
+    }
+
+    /// The server's TLS alerts about this device's certificate stop the client; other alerts
+    /// and closes are retried.
+    #[test]
+    fn the_servers_certificate_alerts_are_definite_refusals() {
+        let closed = |alert: u8| {
+            quinn::ConnectionError::ConnectionClosed(quinn::ConnectionClose {
+                error_code: quinn::TransportErrorCode::crypto(alert),
+                frame_type: None,
+                reason: Default::default(),
+            })
+        };
+        let kind = |alert| definite_refusal(&closed(alert)).map(|(k, _)| k);
+        assert_eq!(kind(44), Some(RefusalKind::Revoked));
+        assert_eq!(kind(48), Some(RefusalKind::UnknownCa));
+        assert_eq!(kind(45), Some(RefusalKind::Expired));
+        assert_eq!(kind(42), Some(RefusalKind::BadCertificate));
+        assert_eq!(kind(49), Some(RefusalKind::BadCertificate));
+        assert_eq!(kind(116), Some(RefusalKind::NoCertificate));
+        assert_eq!(kind(120), Some(RefusalKind::Incompatible));
+        assert_eq!(kind(80), None, "internal_error may clear");
+        assert_eq!(kind(40), None, "handshake_failure may clear");
+        let (_, detail) = definite_refusal(&closed(44)).unwrap();
+        assert!(detail.contains("44") && detail.contains("CertificateRevoked"), "{detail}");
+        let app = quinn::ConnectionError::ApplicationClosed(quinn::ApplicationClose {
+            error_code: quinn::VarInt::from_u32(1),
+            reason: Default::default(),
+        });
+        assert!(definite_refusal(&app).is_none());
+        assert!(definite_refusal(&quinn::ConnectionError::TimedOut).is_none());
+        // What the operator reads.
+        let refused = Refused {
+            client: "edge-9".into(),
+            server: "127.0.0.1:4433".parse().unwrap(),
+            kind: RefusalKind::Revoked,
+            detail: "TLS alert 44".into(),
+        };
+        let text = refused.to_string();
+        assert!(
+            text.contains("edge-9") && text.contains("revoked") && text.contains("anchorage ca issue client edge-9"),
+            "{text}"
+        );
     }
 
     /// A server that does not answer costs `connect_timeout` an attempt, not the idle timeout,

@@ -64,6 +64,67 @@ pub struct ServerConfig {
     /// server resuming from its database ignores it.
     #[serde(default)]
     pub initial_model: Option<PathBuf>,
+    /// `[evaluation]`: the server's own evaluation of each new global model on the operator's
+    /// held-out set (logged with the round, exported as `anchorage_round_held_out_accuracy`).
+    /// Needs a server built with the `sikf` feature (the model and data crates).
+    #[serde(default)]
+    pub evaluation: Option<EvaluationSection>,
+}
+
+/// `[evaluation]`: which held-out data the server evaluates the global model on, and how often.
+/// The prediction is the method's own (the global net's head: FedAvg, FedAvgM, FedProx, FedProK,
+/// FedEvp); the data come through the same loaders and frozen backbone as the devices'.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluationSection {
+    /// The held-out data: `{ source = "synthetic", seed = 7 }` (the embedded set's test half,
+    /// which no device trains on; `seed` as in the devices' `[data]`), or `{ source = "scenario",
+    /// data_dir = …, backbone = …, spec = { … } }` (a scenario's test set, as client.toml's
+    /// scenario `[data]` names it).
+    pub data: EvaluationData,
+    /// Evaluate after every `every`-th round (and after the last one of the run).
+    #[serde(default = "one")]
+    pub every: u64,
+    /// At most this many held-out samples, a seeded draw (0: all of them).
+    #[serde(default)]
+    pub max_samples: usize,
+}
+
+/// Where `[evaluation]`'s held-out samples come from: the same sources as a device's `[data]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "source", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EvaluationData {
+    /// The embedded procedural set's test half (the devices train on shares of its training
+    /// half): `seed` must be the devices' `[data] seed`.
+    Synthetic {
+        #[serde(default = "synthetic_seed")]
+        seed: u64,
+    },
+    /// A scenario's test set through the devices' frozen backbone and net (every field as in the
+    /// devices' `[data]` with `source = "scenario"`).
+    Scenario {
+        /// Folder with the dataset files and the backbone's `weights/`.
+        data_dir: PathBuf,
+        /// The devices' frozen backbone (`mobilenet_v2`, `resnet20`, `identity`, …).
+        backbone: String,
+        #[serde(default)]
+        hidden: Vec<usize>,
+        #[serde(default)]
+        residual: bool,
+        #[serde(default)]
+        model_seed: u64,
+        /// The scenario's `[data]` table.
+        spec: toml::Table,
+    },
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// The embedded set's default seed (`anchorage_data::SyntheticConfig`'s).
+fn synthetic_seed() -> u64 {
+    7
 }
 
 /// `[metrics]`: Prometheus metrics and the health probes on one HTTP port.
@@ -176,6 +237,9 @@ impl ServerConfig {
         if let Some(sikf) = &mut self.sikf {
             fix(&mut sikf.data_dir);
         }
+        if let Some(EvaluationSection { data: EvaluationData::Scenario { data_dir, .. }, .. }) = &mut self.evaluation {
+            fix(data_dir);
+        }
     }
 
     /// Parses and checks the text of a config file.
@@ -198,6 +262,22 @@ impl ServerConfig {
             "[sikf] is FedTA's distillation; this server runs `{}`",
             method.name()
         );
+        if let Some(evaluation) = &config.evaluation {
+            anyhow::ensure!(evaluation.every >= 1, "[evaluation] every must be 1 or more (1: after every round)");
+            use anchorage_shared::method::Prediction;
+            let predicts = method.info().predicts_with;
+            anyhow::ensure!(
+                predicts == Prediction::Head,
+                "[evaluation]: `{}` {}; the server evaluates methods that predict with the global net's head \
+                 (fedavg, fedavgm, fedprox, fedprok, fedevp): remove [evaluation], and read the devices' own \
+                 accuracy (anchorage_round_device_accuracy)",
+                method.name(),
+                match predicts {
+                    Prediction::None => "has no global model to evaluate (each device predicts with its own)",
+                    _ => "predicts with the nearest global prototype, which only the devices' code computes",
+                }
+            );
+        }
         Ok(config)
     }
 }
@@ -297,6 +377,46 @@ mod tests {
         for bad in ["", "9464", ":9464", "10.1.2.3", "10.1.2.3:x", "host:9464"] {
             assert!(parse_bind(bad).unwrap_err().contains("IP:PORT"), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_evaluation_section_names_held_out_data_like_a_devices_data_table() {
+        let synthetic = ServerConfig::parse(&format!(
+            "method = \"fedavg\"\n{BASE}[evaluation]\ndata = {{ source = \"synthetic\", seed = 3 }}\n"
+        ))
+        .unwrap()
+        .evaluation
+        .unwrap();
+        assert_eq!(
+            (synthetic.data, synthetic.every, synthetic.max_samples),
+            (EvaluationData::Synthetic { seed: 3 }, 1, 0)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "method = \"fedprox\"\n{BASE}[evaluation]\nevery = 5\nmax_samples = 2000\n[evaluation.data]\nsource = \"scenario\"\n\
+             data_dir = \"data\"\nbackbone = \"resnet20\"\nhidden = [64]\n[evaluation.data.spec]\ndataset = \"cifar10\"\n"
+        );
+        std::fs::write(dir.path().join("server.toml"), &text).unwrap();
+        let scenario = ServerConfig::load(&dir.path().join("server.toml")).unwrap().evaluation.unwrap();
+        let EvaluationData::Scenario { data_dir, backbone, hidden, spec, .. } = scenario.data else {
+            panic!("a scenario")
+        };
+        assert_eq!((data_dir, backbone.as_str(), hidden), (dir.path().join("data"), "resnet20", vec![64]));
+        assert_eq!((scenario.every, scenario.max_samples), (5, 2000));
+        assert_eq!(spec.get("dataset").and_then(|v| v.as_str()), Some("cifar10"));
+        let err = |text: String| format!("{:#}", ServerConfig::parse(&text).unwrap_err());
+        let section = "[evaluation]\ndata = { source = \"synthetic\" }\n";
+        let gldp = err(format!("method = \"gldp\"\n{BASE}{section}"));
+        assert!(
+            gldp.contains("nearest global prototype") && gldp.contains("anchorage_round_device_accuracy"),
+            "{gldp}"
+        );
+        assert!(err(format!("method = \"local\"\n{BASE}{section}")).contains("no global model"));
+        assert!(err(format!("method = \"fedavg\"\n{BASE}{section}every = 0\n")).contains("every must be 1"));
+        assert!(
+            err(format!("method = \"fedavg\"\n{BASE}[evaluation]\ndata = {{ source = \"synthetic\", index = 0 }}\n"))
+                .contains("index")
+        );
     }
 
     #[test]

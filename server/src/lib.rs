@@ -7,12 +7,14 @@
 //! - [`store`]: durable server state in SQLite (rounds, accepted updates, versions, clients, ledger).
 //! - [`service`]: the `anchorage-server` program (config, logging, signals, systemd notifications).
 //! - [`metrics`]: counters and their Prometheus exposition over HTTP.
+//! - [`check_config`]: `anchorage-server check-config`, every file of a server.toml checked before a start.
 //! - [`ca`]: the project CA (issue, revoke, verify; ids from certificates).
 //! - [`tls`]: identities on disk, rustls configs, the development mode's self-signed certificate.
 //! - `sikf` (feature `sikf`): FedTA's distillation on burn, for the standalone server.
 
 pub mod aggregate;
 pub mod ca;
+pub mod check_config;
 pub mod config;
 pub mod engine;
 pub mod methods;

@@ -17,6 +17,8 @@
 
 pub mod http;
 pub mod process;
+pub mod rounds;
+pub mod text;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -69,14 +71,33 @@ pub mod reason {
     pub const CONNECTION_LIMIT: &str = "connection_limit";
     /// `[limits] max_handshakes_per_ip` handshakes were in progress from the peer's address.
     pub const HANDSHAKE_LIMIT: &str = "handshake_limit";
-    /// The certificate names no usable id.
+    /// The certificate names no usable id, does not parse, is for another purpose or its
+    /// signature is wrong (one count per refused handshake).
     pub const BAD_CERTIFICATE: &str = "bad_certificate";
-    /// The certificate is on the revocation list.
+    /// The certificate is on the revocation list (one count per refused handshake, and per live
+    /// connection closed on a revocation).
     pub const REVOKED: &str = "revoked";
     /// Two devices hold one certificate (their connections keep evicting each other).
     pub const CERTIFICATE_CONFLICT: &str = "certificate_conflict";
-    pub const TRANSPORT: [&str; 5] =
-        [CONNECTION_LIMIT, HANDSHAKE_LIMIT, BAD_CERTIFICATE, REVOKED, CERTIFICATE_CONFLICT];
+    /// TLS refused the handshake: a certificate another CA signed (alert unknown_ca).
+    pub const UNKNOWN_CA: &str = "unknown_ca";
+    /// TLS refused the handshake: a certificate out of its validity period.
+    pub const CERTIFICATE_EXPIRED: &str = "certificate_expired";
+    /// TLS refused the handshake: the peer showed no certificate under mutual TLS.
+    pub const NO_CERTIFICATE: &str = "no_certificate";
+    /// TLS refused the handshake for another reason (no common protocol, a malformed message).
+    pub const TLS_HANDSHAKE: &str = "tls_handshake";
+    pub const TRANSPORT: [&str; 9] = [
+        CONNECTION_LIMIT,
+        HANDSHAKE_LIMIT,
+        BAD_CERTIFICATE,
+        REVOKED,
+        CERTIFICATE_CONFLICT,
+        UNKNOWN_CA,
+        CERTIFICATE_EXPIRED,
+        NO_CERTIFICATE,
+        TLS_HANDSHAKE,
+    ];
 }
 
 /// The label value of a protocol refusal.
@@ -143,6 +164,8 @@ pub struct ServerMetrics {
     cost_records_dropped: Gauge,
     influence_bounded: Family<Label, Counter>,
     devices: std::sync::Arc<Devices>,
+    /// The last round's quality, the shortfall of devices, the end of the run.
+    status: std::sync::Arc<rounds::RoundStatus>,
 }
 
 impl Default for ServerMetrics {
@@ -183,6 +206,7 @@ impl ServerMetrics {
             cost_records_dropped: Gauge::default(),
             influence_bounded: Family::default(),
             devices: std::sync::Arc::new(Devices::default()),
+            status: std::sync::Arc::new(rounds::RoundStatus::default()),
         };
         r.register("connections", "QUIC connections accepted for a handshake.", m.connections.clone());
         r.register("frames", "Protocol frames read from (up) and written to (down) clients.", m.frames.clone());
@@ -288,6 +312,7 @@ impl ServerMetrics {
             m.crl_reload_failures.clone(),
         );
         r.register_collector(Box::new(m.devices.clone()));
+        r.register_collector(Box::new(m.status.clone()));
         // Every series of a fixed label set exists from the start, at 0.
         for direction in ["up", "down"] {
             let _ = m.frames.get_or_create(&[("direction", direction)]);
@@ -377,6 +402,46 @@ impl ServerMetrics {
         for (bound, n) in clipped {
             self.influence_bounded.get_or_create(&[("bound", bound)]).inc_by(n as u64);
         }
+        self.status.round_closed(report, unix_now());
+    }
+
+    /// The engine's rule for opening a round, for `anchorage_waiting_for_devices` and `/readyz`.
+    pub fn expect_devices(&self, rule: rounds::Opening) {
+        self.status.expect(rule, unix_now());
+    }
+
+    /// The global model after `round` scored `accuracy` on the operator's held-out set.
+    pub fn held_out_evaluated(&self, round: u64, accuracy: f64) {
+        self.status.held_out(round, accuracy);
+    }
+
+    /// Every configured round has closed (`anchorage_run_finished 1`, and `/readyz` says so).
+    pub fn set_run_finished(&self) {
+        self.status.finished(unix_now());
+    }
+
+    pub fn run_finished(&self) -> bool {
+        self.status.is_finished()
+    }
+
+    /// The shortfall of devices to open the next round, if any.
+    pub fn waiting(&self) -> Option<rounds::Waiting> {
+        self.status.waiting(unix_now())
+    }
+
+    /// What `/readyz` says below `ready`: the end of the run, halted rounds, or a stall.
+    pub fn status_note(&self) -> Option<String> {
+        self.status.note(unix_now())
+    }
+
+    /// The last closed round's device accuracy and how many updates reported one.
+    pub fn round_device_accuracy(&self) -> Option<(f64, usize)> {
+        self.status.device_accuracy()
+    }
+
+    /// The last held-out evaluation: (round, accuracy).
+    pub fn held_out_accuracy(&self) -> Option<(u64, f64)> {
+        self.status.held_out_accuracy()
     }
 
     /// The devices' rollback witness: how many reported rounds beyond this server's, and
@@ -384,6 +449,7 @@ impl ServerMetrics {
     pub fn set_rollback_evidence(&self, devices_ahead: usize, halted: bool) {
         self.devices_ahead.set(devices_ahead as i64);
         self.rounds_halted.set(i64::from(halted));
+        self.status.halted(halted, unix_now());
     }
 
     /// The engine's count of dropped cost records (its checkpointed total).
@@ -417,6 +483,7 @@ impl ServerMetrics {
 
     pub fn set_connected(&self, clients: usize) {
         self.clients_connected.set(clients as i64);
+        self.status.connected(clients, unix_now());
     }
 
     pub fn set_sampled(&self, clients: usize) {
@@ -644,6 +711,100 @@ mod tests {
         m.refused(refusal_reason(RefusalReason::NotSampled));
         m.refused(reason::REVOKED);
         assert_eq!((m.refusals_total(), m.refusals_of("revoked")), (2, 1));
+    }
+
+    /// A round report whose updates carry the devices' own evaluation.
+    fn report(round: u64, accuracies: &[(u64, Option<f64>)], missing: &[&str]) -> RoundReport {
+        use crate::engine::UpdateReport;
+        RoundReport {
+            round,
+            outcome: RoundOutcome::Aggregated,
+            sampled: accuracies.len() + missing.len(),
+            target: accuracies.len() + missing.len(),
+            updates: accuracies
+                .iter()
+                .enumerate()
+                .map(|(i, (n, a))| UpdateReport {
+                    client: format!("edge-{i}"),
+                    num_samples: *n,
+                    payload_up: 0,
+                    prototypes: 0,
+                    compute_seconds: 0.0,
+                    arrived_after: std::time::Duration::ZERO,
+                    metrics: a.iter().map(|a| ("local_accuracy".to_string(), *a)).collect(),
+                })
+                .collect(),
+            missing: missing.iter().map(|m| m.to_string()).collect(),
+            duplicates: 0,
+            refused: 0,
+            late_total: 0,
+            payload_down: 0,
+            started: std::time::Duration::ZERO,
+            closed: std::time::Duration::from_secs(1),
+            influence: Default::default(),
+            held_out_accuracy: None,
+        }
+    }
+
+    #[test]
+    fn a_rounds_quality_and_a_shortfall_of_devices_are_exported() {
+        let m = ServerMetrics::new();
+        let text = m.render();
+        // Before any round: the families are declared, the accuracy series absent, nobody waited for.
+        assert!(text.contains("# TYPE anchorage_round_device_accuracy gauge"), "{text}");
+        assert_eq!(value(&text, "anchorage_round_device_accuracy"), None, "{text}");
+        assert_eq!(value(&text, "anchorage_round_held_out_accuracy"), None, "{text}");
+        assert_eq!(value(&text, "anchorage_waiting_for_devices"), Some(0.0), "{text}");
+        assert_eq!(value(&text, "anchorage_run_finished"), Some(0.0), "{text}");
+
+        // 100 samples at 50%, 300 at 90%, one update without an evaluation; one device missing.
+        m.round_closed(&report(4, &[(100, Some(0.5)), (300, Some(0.9)), (50, None)], &["edge-9"]));
+        m.held_out_evaluated(4, 0.75);
+        let text = m.render();
+        let v = |s: &str| value(&text, s).unwrap_or_else(|| panic!("{s} in\n{text}"));
+        assert!((v("anchorage_round_device_accuracy") - 0.8).abs() < 1e-9, "{text}");
+        assert_eq!(v("anchorage_round_device_accuracy_reports"), 2.0);
+        assert_eq!(
+            (v("anchorage_round_held_out_accuracy"), v("anchorage_round_held_out_evaluated_round")),
+            (0.75, 4.0)
+        );
+        assert_eq!(v("anchorage_round_missing_devices"), 1.0);
+        assert!(m.round_device_accuracy().is_some_and(|(a, n)| (a - 0.8).abs() < 1e-9 && n == 2));
+
+        // Two devices needed, one connected: waiting for one since now.
+        m.expect_devices(rounds::Opening {
+            min_available: 2,
+            stall_after: std::time::Duration::from_secs(60),
+            rounds: 0,
+            between_rounds: true,
+            round_open: false,
+        });
+        m.set_connected(1);
+        let text = m.render();
+        assert_eq!(value(&text, "anchorage_waiting_for_devices"), Some(1.0), "{text}");
+        let since = value(&text, "anchorage_waiting_since_seconds").unwrap();
+        assert!((since - unix_now() as f64).abs() <= 2.0, "{since}");
+        assert_eq!(m.waiting().map(|w| (w.needed, w.connected, w.stalled)), Some((1, 1, false)));
+        m.set_connected(2);
+        assert_eq!(value(&m.render(), "anchorage_waiting_since_seconds"), Some(0.0), "a round opens");
+        m.set_run_finished();
+        assert_eq!(value(&m.render(), "anchorage_run_finished"), Some(1.0));
+    }
+
+    #[test]
+    fn the_exposition_passes_the_text_formats_lint() {
+        let m = ServerMetrics::new();
+        m.round_closed(&report(1, &[(10, Some(0.5))], &[]));
+        m.held_out_evaluated(1, 0.5);
+        m.seen("edge-1", unix_now());
+        let text = text::to_text_format(&m.render());
+        assert_eq!(text::lint(&text), Vec::<String>::new(), "{text}");
+        // Every counter family's name ends in `_total`, and each has a help text and a type.
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ") && l.ends_with(" counter")) {
+            let name = line.split(' ').nth(2).unwrap();
+            assert!(name.ends_with("_total"), "{line}");
+            assert!(text.contains(&format!("# HELP {name} ")), "{name} has a help text");
+        }
     }
 
     #[test]

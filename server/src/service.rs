@@ -4,18 +4,33 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::config::ServerConfig;
+use crate::config::{EvaluationSection, ServerConfig};
+use crate::engine::{AggregationMode, Checkpoint, RoundOutcome, RoundReport};
+use crate::metrics::ServerMetrics;
 use crate::metrics::http::{self, Exporter};
+use crate::metrics::rounds::{self, Waiting};
 use crate::store::ServerStore;
 use crate::transport::{self, ServerEvent, ServerOptions};
 use crate::{methods, tls};
+use anchorage_shared::tensor::ParamBlock;
 use anchorage_shared::{logging, systemd};
 use anyhow::Context;
 use clap::Parser;
+use tokio::sync::mpsc;
+
+#[cfg(feature = "sikf")]
+mod evaluation;
 
 #[derive(Parser)]
-#[command(name = "anchorage-server", version, about = "Anchorage federated continual learning coordinator")]
+#[command(
+    name = "anchorage-server",
+    version,
+    about = "Anchorage federated continual learning coordinator",
+    after_long_help = "Before the first start: `anchorage-server check-config --config server.toml`.\n\
+        Shell completions: `anchorage-server completions bash|zsh|fish`; manual pages: `anchorage-server man --out DIR`."
+)]
 struct Cli {
     /// Path of server.toml (before or after the task: `anchorage-server check --config server.toml`).
     #[arg(long, short, global = true)]
@@ -37,6 +52,11 @@ struct Cli {
 /// The operator's tasks on the state folder of `--config`'s server.
 #[derive(clap::Subcommand)]
 enum Task {
+    /// Checks server.toml and every file it names without starting (the project CA, the
+    /// server's certificate chained to it, its key, the revocation list, the initial model
+    /// against the method, the state folder, the bind address): one line per check, exit
+    /// status 1 if any fails. Nothing is bound, made or opened.
+    CheckConfig,
     /// Checks the state folder (SQLite's integrity check, every checksum, versions against
     /// rounds, the generation witness) without stopping the server; exit status 1 on a problem.
     Check,
@@ -53,6 +73,13 @@ enum Task {
         #[arg(long)]
         seen: Option<u64>,
     },
+    /// Prints the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions(logging::CompletionsArgs),
+    /// Writes the manual pages (anchorage-server.1, one per task) into --out, or the main page
+    /// to stdout.
+    #[command(hide = true)]
+    Man(logging::ManArgs),
 }
 
 /// Runs an operator's task; returns whether it found the folder sound.
@@ -81,28 +108,56 @@ fn run_task(task: Task, config: &ServerConfig) -> anyhow::Result<bool> {
             println!("rollback accepted for {}; the next round is numbered above {floor}", dir.display());
             Ok(true)
         }
+        // Answered before the config is read (see `main`).
+        Task::CheckConfig | Task::Completions(_) | Task::Man(_) => Ok(true),
     }
+}
+
+/// Reads server.toml; an empty one is an error that names it.
+fn load_config(path: &std::path::Path) -> anyhow::Result<ServerConfig> {
+    crate::check_config::refuse_empty(path)?;
+    ServerConfig::load(path)
 }
 
 /// Parses the command line, sets up logging, and serves until SIGTERM or the last round.
 pub fn main() -> anyhow::Result<()> {
+    use clap::CommandFactory;
     let cli = Cli::parse();
+    // Neither needs a config.
+    match &cli.task {
+        Some(Task::Completions(args)) => {
+            logging::print_completions(Cli::command(), args);
+            return Ok(());
+        }
+        Some(Task::Man(args)) => {
+            for page in logging::write_man(Cli::command(), args)? {
+                println!("{}", page.display());
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
     logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
     let Some(config_path) = cli.config else {
-        use clap::CommandFactory;
         Cli::command()
             .error(clap::error::ErrorKind::MissingRequiredArgument, "--config <server.toml> is required")
             .exit()
     };
+    if let Some(Task::CheckConfig) = cli.task {
+        if !crate::check_config::main(&config_path) {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     if let Some(task) = cli.task {
-        let sound = ServerConfig::load(&config_path).and_then(|config| run_task(task, &config));
+        let sound = load_config(&config_path).and_then(|config| run_task(task, &config));
         let sound = logging::exit_on_error(sound, cli.log_format.format())?;
         if !sound {
             std::process::exit(1);
         }
         return Ok(());
     }
-    let result = ServerConfig::load(&config_path).and_then(|mut config| {
+    let result = load_config(&config_path).and_then(|mut config| {
         if let Some(bind) = cli.metrics_bind {
             config.metrics_bind = None;
             config.metrics.bind = Some(bind);
@@ -143,6 +198,10 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         parts.distiller = Some(sikf_distiller(section, fedta)?);
     }
     let method = methods::build_with(&method_config, parts);
+    let held_out = config.evaluation.as_ref().map(held_out_evaluator).transpose()?;
+    // Where the store stands, for the rule of `anchorage_waiting_for_devices`: a round the
+    // engine resumes open, and (buffered mode) whether a version exists.
+    let stored = store.stored_witness().ok();
     let mut server = transport::start(ServerOptions {
         bind: config.bind,
         identity,
@@ -161,45 +220,362 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     // Device ids on /metrics only when asked for: whoever reads the port would learn the fleet.
     server.metrics.set_device_series(if config.metrics.device_ids { config.metrics.device_series } else { 0 });
     exporter.attach(server.metrics.clone());
+    let metrics = server.metrics.clone();
+    let engine = &config.engine;
+    let synchronous = !matches!(engine.mode, AggregationMode::Buffered { .. });
+    // Buffered mode needs `min_available` devices only for its first version.
+    let opening = |versions: u64, round_open: bool| rounds::Opening {
+        min_available: if synchronous || versions == 0 { engine.min_available.max(1) } else { 1 },
+        stall_after: engine.round_deadline,
+        rounds: engine.rounds,
+        between_rounds: synchronous,
+        round_open,
+    };
+    let (stored_round, open_at_start) = stored.map_or((0, false), |w| (w.round, !w.closed && w.round > 0));
+    metrics.expect_devices(opening(stored_round, open_at_start));
     exporter.set_ready();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Under a Type=notify unit: ready now that QUIC (and the metrics port) listen; the watchdog
     // is pinged from this runtime until it ends.
     let _watchdog = systemd::ready(&format!("listening on {}", server.local_addr));
+    // Closed rounds are logged in order by their own task, after the held-out evaluation of the
+    // new model (on a blocking thread), so that this loop keeps answering signals meanwhile.
+    let (rounds_tx, rounds_rx) = mpsc::unbounded_channel();
+    let db = config.state_dir.join(crate::store::DB_FILE);
+    let reporter = RoundLog { metrics: metrics.clone(), held_out, rounds: engine.rounds, db };
+    let mut reporter = tokio::spawn(reporter.run(rounds_rx));
+    let mut waits = WaitLog::default();
+    let second = Duration::from_secs(1);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + second, second);
+    let mut closed_here = false;
     loop {
         tokio::select! {
+            // Signals, then the engine's events, then the tick: a resumed finished run is said
+            // before any wait for devices.
+            biased;
+            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); break; }
+            _ = terminate.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
             event = server.events.recv() => match event {
-                Some(ServerEvent::RoundClosed { report, .. }) => {
-                    tracing::info!(
-                        round = report.round,
-                        updates = report.updates.len(),
-                        missing = report.missing.len(),
-                        late_total = report.late_total,
-                        train_loss = report.weighted_metric("train_loss"),
-                        "round summary"
-                    );
+                Some(ServerEvent::RoundClosed { report, checkpoint }) => {
+                    if !closed_here && !synchronous {
+                        metrics.expect_devices(opening(report.round, false));
+                    }
+                    closed_here = true;
                     systemd::status(&format!(
                         "round {} closed with {} updates; listening on {}",
                         report.round,
                         report.updates.len(),
                         server.local_addr
                     ));
+                    let _ = rounds_tx.send((report, checkpoint));
+                }
+                Some(ServerEvent::Finished) if !closed_here => {
+                    // Restarted on the state of a run whose rounds are all done: say so, and stay
+                    // up to tell the devices that connect (they stop instead of retrying).
+                    metrics.set_run_finished();
+                    let rounds = engine.rounds;
+                    tracing::warn!(
+                        rounds,
+                        state_dir = %config.state_dir.display(),
+                        "the run is over: all {rounds} configured rounds closed before this start, so no round will open; \
+                         devices that connect are told that the federation finished. To train more rounds raise \
+                         [engine] rounds in server.toml and restart; to begin a new federation give it a new state_dir"
+                    );
+                    systemd::status(&format!("run finished ({rounds} rounds); listening on {}", server.local_addr));
                 }
                 Some(ServerEvent::Finished) => {
+                    metrics.set_run_finished();
+                    // The last round's line (and its held-out evaluation) first.
+                    drop(rounds_tx);
+                    tokio::select! {
+                        _ = &mut reporter => {}
+                        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+                        _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+                    }
                     tracing::info!("all rounds done");
                     // Let the goodbyes reach the clients before closing.
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                     break;
                 }
                 None => break,
             },
-            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); break; }
-            _ = terminate.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = tick.tick() => waits.check(metrics.waiting()),
         }
     }
+    reporter.abort();
     exporter.set_stopping();
     systemd::stopping("shutting down: closing connections and the store");
     server.shutdown().await
+}
+
+/// The held-out evaluation of `[evaluation]`: the global model's blocks in, its accuracy out.
+type Evaluate = Arc<dyn Fn(&[ParamBlock]) -> anyhow::Result<Option<f64>> + Send + Sync>;
+
+/// `[evaluation]`'s evaluator and how often it runs.
+struct HeldOut {
+    evaluate: Evaluate,
+    every: u64,
+}
+
+/// Loads `[evaluation]`'s held-out set (and computes its features) before the server listens.
+#[cfg(feature = "sikf")]
+fn held_out_evaluator(section: &EvaluationSection) -> anyhow::Result<HeldOut> {
+    let started = Instant::now();
+    let held_out = evaluation::build(section)?;
+    tracing::info!(
+        source = %held_out.source,
+        every = section.every,
+        seconds = started.elapsed().as_secs_f64(),
+        "held-out evaluation of the global model {}",
+        if section.every == 1 { "after every round".to_string() } else { format!("every {} rounds", section.every) },
+    );
+    Ok(HeldOut { evaluate: Arc::new(move |blocks| held_out.evaluate(blocks)), every: section.every })
+}
+
+/// Without the `sikf` feature the server has no model or data crate to evaluate with: refuse to
+/// start rather than silently skip what the operator asked for.
+#[cfg(not(feature = "sikf"))]
+fn held_out_evaluator(_: &EvaluationSection) -> anyhow::Result<HeldOut> {
+    anyhow::bail!(
+        "server.toml has an [evaluation] section, but this anchorage-server was built without the model and \
+         data crates: build it with `cargo build --release -p anchorage-server --features sikf`, or remove \
+         [evaluation] (the devices' own accuracy is still logged and exported)"
+    )
+}
+
+/// More rounds than this waiting behind an evaluation: the older ones are logged unevaluated.
+const EVALUATION_BACKLOG: usize = 3;
+
+/// Logs every closed round in order, one line each, after its held-out evaluation; exports
+/// the evaluation's result.
+struct RoundLog {
+    metrics: Arc<ServerMetrics>,
+    held_out: Option<HeldOut>,
+    /// Rounds of the run (0: until stopped): the last one is always evaluated.
+    rounds: u64,
+    /// The store's database, where a held-out accuracy joins its round's report.
+    db: PathBuf,
+}
+
+impl RoundLog {
+    async fn run(self, mut closed: mpsc::UnboundedReceiver<(Arc<RoundReport>, Arc<Checkpoint>)>) {
+        while let Some((report, checkpoint)) = closed.recv().await {
+            let mut report = (*report).clone();
+            let held_out = match &self.held_out {
+                None => "off".to_string(),
+                Some(h) if !due(&report, h.every, self.rounds) => "not this round".to_string(),
+                Some(_) if closed.len() >= EVALUATION_BACKLOG => {
+                    tracing::warn!(
+                        round = report.round,
+                        behind = closed.len(),
+                        "held-out evaluation skipped: rounds close faster than the server evaluates (raise [evaluation] every)"
+                    );
+                    "skipped (behind)".to_string()
+                }
+                Some(h) => {
+                    let evaluate = h.evaluate.clone();
+                    let started = Instant::now();
+                    let result = tokio::task::spawn_blocking(move || evaluate(&checkpoint.global)).await;
+                    match result {
+                        Ok(Ok(Some(accuracy))) => {
+                            report.held_out_accuracy = Some(accuracy);
+                            self.metrics.held_out_evaluated(report.round, accuracy);
+                            let (db, round) = (self.db.clone(), report.round);
+                            let stored = tokio::task::spawn_blocking(move || {
+                                crate::store::record_held_out_accuracy(&db, round, accuracy)
+                            })
+                            .await;
+                            if let Ok(Err(e)) = stored {
+                                tracing::error!(round, error = %e, "the held-out accuracy could not join the round's stored report");
+                            }
+                            tracing::debug!(
+                                round = report.round,
+                                seconds = started.elapsed().as_secs_f64(),
+                                "held-out evaluation"
+                            );
+                            percent(accuracy)
+                        }
+                        Ok(Ok(None)) => "no samples".to_string(),
+                        Ok(Err(e)) => {
+                            tracing::error!(round = report.round, error = %format!("{e:#}"), "held-out evaluation failed");
+                            "failed".to_string()
+                        }
+                        Err(e) => {
+                            tracing::error!(round = report.round, error = %e, "held-out evaluation panicked");
+                            "failed".to_string()
+                        }
+                    }
+                }
+            };
+            log_round(&report, &held_out);
+        }
+    }
+}
+
+/// Whether a round's new model is evaluated: an aggregated round (a failed one kept the model)
+/// every `every` rounds, and the run's last.
+fn due(report: &RoundReport, every: u64, rounds: u64) -> bool {
+    matches!(report.outcome, RoundOutcome::Aggregated)
+        && (report.round.is_multiple_of(every.max(1)) || (rounds > 0 && report.round >= rounds))
+}
+
+fn percent(ratio: f64) -> String {
+    format!("{:.1}%", ratio * 100.0)
+}
+
+/// The round's one line: outcome, updates of target and invited, who was missing, the devices'
+/// own accuracy, the held-out accuracy, how long it took. A failed round's line is a warning.
+fn log_round(report: &RoundReport, held_out: &str) {
+    let outcome = match &report.outcome {
+        RoundOutcome::Aggregated => "aggregated".to_string(),
+        RoundOutcome::Failed { reason } => format!("failed: {reason}"),
+    };
+    let device = match report.device_accuracy() {
+        Some((accuracy, n)) => format!("{} ({n} of {} reporting)", percent(accuracy), report.updates.len()),
+        None => "none reported".to_string(),
+    };
+    macro_rules! line {
+        ($level:ident) => {
+            tracing::$level!(
+                round = report.round,
+                outcome = %outcome,
+                updates = report.updates.len(),
+                target = report.target,
+                invited = report.sampled,
+                missing = report.missing.len(),
+                missing_ids = %crate::engine::preview(report.missing.iter(), 5),
+                device_accuracy = %device,
+                held_out_accuracy = %held_out,
+                seconds = %format!("{:.2}", report.seconds()),
+                "round closed"
+            )
+        };
+    }
+    if matches!(report.outcome, RoundOutcome::Failed { .. }) {
+        line!(warn);
+    } else {
+        line!(info);
+    }
+}
+
+/// Logs the server's shortfall of devices: when it starts (at most once per round: a wait ends
+/// only when a round opens), again every minute while it lasts (a warning once it has lasted a
+/// round's deadline: a stall), and when it ends after a stall.
+#[derive(Default)]
+struct WaitLog {
+    /// The shortfall being logged (its start, Unix seconds).
+    since: Option<i64>,
+    /// When its last line was written.
+    logged_at: Option<Instant>,
+    /// Whether a stall line was written.
+    stalled: bool,
+}
+
+/// While a wait lasts, a line this often.
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(60);
+
+impl WaitLog {
+    fn check(&mut self, waiting: Option<Waiting>) {
+        let now = crate::metrics::unix_now();
+        match (waiting, self.since) {
+            (Some(w), since) if since != Some(w.since) => {
+                (self.since, self.logged_at, self.stalled) = (Some(w.since), Some(Instant::now()), false);
+                let (needed, connected, min_available) = (w.needed, w.connected, w.min_available);
+                tracing::info!(
+                    needed,
+                    connected,
+                    min_available,
+                    "waiting for {needed} device{} before the next round opens: {connected} of min_available = {min_available} connected",
+                    if needed == 1 { "" } else { "s" }
+                );
+            }
+            (Some(w), Some(_))
+                if (w.stalled && !self.stalled) || self.logged_at.is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY) =>
+            {
+                self.logged_at = Some(Instant::now());
+                let text = rounds::describe(&w, now);
+                let (needed, connected, min_available, since) =
+                    (w.needed, w.connected, w.min_available, rounds::utc(w.since));
+                if w.stalled {
+                    self.stalled = true;
+                    tracing::warn!(needed, connected, min_available, %since, "stalled: {text}");
+                    systemd::status(&format!("stalled: {text}"));
+                } else {
+                    tracing::info!(needed, connected, min_available, %since, "still {text}");
+                }
+            }
+            (None, Some(since)) => {
+                self.since = None;
+                if std::mem::take(&mut self.stalled) {
+                    tracing::info!(waited = %rounds::age(now - since), "enough devices connected again: rounds open");
+                } else {
+                    tracing::debug!(waited = %rounds::age(now - since), "enough devices connected");
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod round_log_tests {
+    use super::*;
+
+    fn report(round: u64, outcome: RoundOutcome) -> RoundReport {
+        RoundReport {
+            round,
+            outcome,
+            sampled: 2,
+            target: 2,
+            updates: Vec::new(),
+            missing: Vec::new(),
+            duplicates: 0,
+            refused: 0,
+            late_total: 0,
+            payload_down: 0,
+            started: Duration::ZERO,
+            closed: Duration::ZERO,
+            influence: Default::default(),
+            held_out_accuracy: None,
+        }
+    }
+
+    #[test]
+    fn held_out_evaluations_follow_every_and_always_take_the_last_round() {
+        let aggregated = |r| report(r, RoundOutcome::Aggregated);
+        let due_rounds = |every, rounds| (1..=7).filter(|r| due(&aggregated(*r), every, rounds)).collect::<Vec<_>>();
+        assert_eq!(due_rounds(1, 0), [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(due_rounds(3, 0), [3, 6]);
+        assert_eq!(due_rounds(3, 7), [3, 6, 7], "the run's last round is evaluated");
+        // A failed round kept the model: nothing new to evaluate.
+        assert!(!due(&report(3, RoundOutcome::Failed { reason: "0 of at least 1 updates arrived".into() }), 1, 0));
+    }
+
+    #[tokio::test]
+    async fn rounds_are_logged_in_order_with_their_held_out_accuracy() {
+        let metrics = Arc::new(ServerMetrics::new());
+        let evaluate: Evaluate = Arc::new(|blocks: &[ParamBlock]| Ok(Some(0.25 * blocks.len() as f64)));
+        let log = RoundLog { metrics: metrics.clone(), held_out: Some(HeldOut { evaluate, every: 2 }), rounds: 0 };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let checkpoint = |r| {
+            let block = ParamBlock::encode("head.weight", &[1], &[0.0], anchorage_shared::tensor::Encoding::F32);
+            Arc::new(Checkpoint {
+                round: r,
+                method: "fedavg".into(),
+                global: vec![block; r as usize],
+                stats: Default::default(),
+                method_state: Vec::new(),
+                prototypes: Vec::new(),
+            })
+        };
+        for r in 1..=3 {
+            tx.send((Arc::new(report(r, RoundOutcome::Aggregated)), checkpoint(r))).unwrap();
+        }
+        drop(tx);
+        log.run(rx).await;
+        // Round 2 was evaluated (every = 2), on a blocking thread, and exported.
+        assert_eq!(metrics.held_out_accuracy(), Some((2, 0.5)));
+    }
 }
 
 /// The server's certificate and who it lets in: the project CA's files in `tls_dir` (mutual

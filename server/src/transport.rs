@@ -27,7 +27,7 @@ use crate::engine::{Action, Checkpoint, ClientId, Engine, EngineConfig, Persist,
 use crate::methods::ServerMethod;
 use crate::metrics::{outcome, reason, refusal_reason, unix_now};
 use crate::store::ServerStore;
-use crate::tls::{Identity, Trust};
+use crate::tls::{Identity, RefusalLog, Trust};
 
 /// QUIC limits per connection.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -206,8 +206,9 @@ fn quic_server_config(
     identity: &Identity,
     crl: Crl,
     transport: &Arc<quinn::TransportConfig>,
+    refusals: &Arc<RefusalLog>,
 ) -> anyhow::Result<quinn::ServerConfig> {
-    let crypto = trust.server_crypto(identity, crl)?;
+    let crypto = trust.server_crypto_logged(identity, crl, refusals.clone())?;
     let mut config =
         quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(crypto).context("QUIC TLS config")?));
     config.transport_config(transport.clone());
@@ -231,6 +232,7 @@ fn watch_revocations(
     first: &Crl,
     transport: Arc<quinn::TransportConfig>,
     metrics: Arc<ServerMetrics>,
+    refusals: Arc<RefusalLog>,
 ) -> anyhow::Result<watch::Receiver<Revoked>> {
     let serials = |crl: Option<&[u8]>| -> anyhow::Result<Revoked> {
         Ok(Arc::new(crl.map(crate::ca::revoked_serials).transpose()?.unwrap_or_default()))
@@ -256,7 +258,7 @@ fn watch_revocations(
             seen = now;
             let reloaded = trust.read_crl().and_then(|crl| {
                 let list = serials(crl.as_deref())?;
-                Ok((quic_server_config(&trust, &identity, crl, &transport)?, list))
+                Ok((quic_server_config(&trust, &identity, crl, &transport, &refusals)?, list))
             });
             match reloaded {
                 Ok((config, list)) => {
@@ -302,7 +304,10 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     }
     let transport_config = Arc::new(options.limits.transport_config()?);
     let crl = options.trust.read_crl()?;
-    let server_config = quic_server_config(&options.trust, &options.identity, crl.clone(), &transport_config)?;
+    // One rate limit for the refusal log lines, across revocation-list reloads.
+    let refusals = Arc::new(RefusalLog::default());
+    let server_config =
+        quic_server_config(&options.trust, &options.identity, crl.clone(), &transport_config, &refusals)?;
     let socket =
         udp_socket(options.bind, options.limits.socket_buffer).with_context(|| format!("binding {}", options.bind))?;
     let endpoint_config = match &options.store {
@@ -322,8 +327,15 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let max_frame = options.engine.max_frame_bytes as usize;
 
-    let revoked =
-        watch_revocations(&endpoint, &options.trust, &options.identity, &crl, transport_config, metrics.clone())?;
+    let revoked = watch_revocations(
+        &endpoint,
+        &options.trust,
+        &options.identity,
+        &crl,
+        transport_config,
+        metrics.clone(),
+        refusals.clone(),
+    )?;
     let accept_endpoint = endpoint.clone();
     let accept_metrics = metrics.clone();
     let limits = options.limits.clone();
@@ -332,17 +344,25 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         let handshakes = Arc::new(std::sync::Mutex::new(HashMap::new()));
         while let Some(incoming) = accept_endpoint.accept().await {
             // Bounded before any cryptography runs: connections in all, handshakes per host.
+            // Each refusal is counted; the log says it at most once a minute per reason and address.
+            let remote = incoming.remote_address();
+            let logged = |reason| refusals.note(reason, &remote.ip().to_string(), std::time::Instant::now());
             if accept_endpoint.open_connections() >= limits.max_connections {
                 accept_metrics.refused(reason::CONNECTION_LIMIT);
-                tracing::warn!(remote = %incoming.remote_address(), max = limits.max_connections, "connection limit reached; refused");
+                if let Some(since) = logged(reason::CONNECTION_LIMIT) {
+                    let more = RefusalLog::since_text(since);
+                    tracing::warn!(%remote, max = limits.max_connections, "connection limit reached; refused{more}");
+                }
                 incoming.refuse();
                 continue;
             }
-            let Some(slot) =
-                HandshakeSlot::take(&handshakes, incoming.remote_address().ip(), limits.max_handshakes_per_ip)
-            else {
+            let Some(slot) = HandshakeSlot::take(&handshakes, remote.ip(), limits.max_handshakes_per_ip) else {
                 accept_metrics.refused(reason::HANDSHAKE_LIMIT);
-                tracing::warn!(remote = %incoming.remote_address(), max = limits.max_handshakes_per_ip, "too many handshakes from one address; refused");
+                if let Some(since) = logged(reason::HANDSHAKE_LIMIT) {
+                    let more = RefusalLog::since_text(since);
+                    let max = limits.max_handshakes_per_ip;
+                    tracing::warn!(%remote, max, "too many handshakes from one address; refused{more}");
+                }
                 incoming.refuse();
                 continue;
             };
@@ -355,6 +375,7 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
                 max_frame,
                 limits: limits.clone(),
                 revoked: revoked.clone(),
+                refusals: refusals.clone(),
             };
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
@@ -439,10 +460,9 @@ async fn run_engine(
         departed: Vec::new(),
         unacked: std::collections::HashSet::new(),
         opened_since_close: false,
-        trim_due: false,
         flaps: FlapGuard::default(),
     };
-    let mut trim_tick = tokio::time::interval(Duration::from_secs(2));
+    let mut departures_tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         // Carry out what the engine asked for first: recovery may already have closed a round.
         while let Some(action) = shell.engine.poll_action() {
@@ -457,11 +477,8 @@ async fn run_engine(
                 shell.on_input(input);
             }
             _ = sleep_until(deadline) => shell.engine.handle_timeout(shell.start.elapsed()),
-            _ = trim_tick.tick() => {
+            _ = departures_tick.tick() => {
                 let _ = touch_clients(&shell.store, std::mem::take(&mut shell.departed));
-                if std::mem::take(&mut shell.trim_due) {
-                    tokio::task::spawn_blocking(trim_heap);
-                }
             }
             _ = shutdown.changed() => break,
         }
@@ -497,8 +514,6 @@ struct EngineShell {
     unacked: std::collections::HashSet<(ClientId, u64)>,
     /// Buffered mode opens no rounds: the sampled gauge follows its versions.
     opened_since_close: bool,
-    /// A connection closed since the last heap trim.
-    trim_due: bool,
     /// When each client's live connection was last replaced by a newer one, and ids refused for
     /// a while because two holders of one certificate kept evicting each other.
     flaps: FlapGuard,
@@ -685,7 +700,6 @@ impl EngineShell {
                     self.departed.push((client.clone(), at));
                     self.engine.handle_disconnect(now, &client);
                 }
-                self.trim_due = true;
             }
         }
     }
@@ -735,21 +749,6 @@ fn touch_clients(store: &Option<ServerStore>, seen: Vec<(ClientId, i64)>) -> Opt
     }))
 }
 
-/// Gives memory back to the system after peers have left: glibc keeps what a thousand departed
-/// connections freed in its arenas (measured: 40 MiB still held 10 s after 1,000 devices left),
-/// and `malloc_trim` returns it. The engine loop calls it on its 2-second tick when connections
-/// have closed since the last one.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim_heap() {
-    // SAFETY: malloc_trim only releases glibc's own free memory; it takes no pointer of ours.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap() {}
-
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -783,6 +782,8 @@ struct ConnCtx {
     max_frame: usize,
     limits: Limits,
     revoked: watch::Receiver<Revoked>,
+    /// The rate limit of refused handshakes' log lines.
+    refusals: Arc<RefusalLog>,
 }
 
 /// One handshake in progress from one IP address; the count goes down when it is dropped.
@@ -861,9 +862,15 @@ fn refusal_for(e: &FrameIoError) -> Refusal {
 
 impl ConnCtx {
     async fn run(self, incoming: quinn::Incoming, handshake: HandshakeSlot) -> anyhow::Result<()> {
-        let conn = incoming.await?;
+        let remote = incoming.remote_address();
+        let conn = match incoming.await {
+            Ok(conn) => conn,
+            Err(e) => {
+                self.handshake_failed(remote, &e);
+                return Ok(());
+            }
+        };
         drop(handshake);
-        let remote = conn.remote_address();
         // Mutual TLS: the handshake proved the certificate; its id is who this peer is.
         let certified = match certified(&conn) {
             Ok(c) => c,
@@ -927,6 +934,61 @@ impl ConnCtx {
         Ok(())
     }
 
+    /// A handshake that did not complete. One this server's TLS refused (a certificate it does
+    /// not accept, none at all) is counted under its reason every time, and logged at most once
+    /// a minute per reason and device (the verifier logs a certificate's verdict with the id the
+    /// certificate names) or, for the others, per reason and address.
+    fn handshake_failed(&self, remote: SocketAddr, e: &quinn::ConnectionError) {
+        let crypto = |code: u64| (0x100..=0x1ff).contains(&code).then(|| (code - 0x100) as u8);
+        let now = std::time::Instant::now();
+        let ip = remote.ip().to_string();
+        match e {
+            // Our TLS ended it, with this alert.
+            quinn::ConnectionError::TransportError(t) => {
+                let Some(alert) = crypto(u64::from(t.code)) else {
+                    tracing::debug!(%remote, error = %e, "handshake did not complete");
+                    return;
+                };
+                let reason = crate::tls::alert_reason(alert);
+                self.metrics.refused(reason);
+                if crate::tls::alert_is_certificate_verdict(alert) {
+                    // The verifier logged it, with the id the certificate names.
+                    tracing::debug!(%remote, reason, alert, error = %e, "handshake refused");
+                } else if let Some(since) = self.refusals.note(reason, &ip, now) {
+                    let what = if reason == reason::NO_CERTIFICATE {
+                        "the device showed no certificate: give its client.toml `cert` and `key` from this \
+                         project's CA (`anchorage provision`)"
+                    } else {
+                        "TLS could not agree with the peer (an old or foreign client?)"
+                    };
+                    tracing::warn!(
+                        %remote,
+                        reason,
+                        alert,
+                        error = %e,
+                        more_refused_since_last_line = since,
+                        "handshake refused ({reason}) from {ip}: {what}{}",
+                        RefusalLog::since_text(since)
+                    );
+                }
+            }
+            // The peer's TLS ended it: a device that does not trust this server's certificate.
+            quinn::ConnectionError::ConnectionClosed(c) if crypto(u64::from(c.error_code)).is_some() => {
+                if let Some(since) = self.refusals.note("peer_refused_server", &ip, now) {
+                    tracing::warn!(
+                        %remote,
+                        error = %e,
+                        more_since_last_line = since,
+                        "a device at {ip} refused this server's certificate: check that it names the address the \
+                         devices dial (their `server_name`) and comes from the CA in their `server_cert`{}",
+                        RefusalLog::since_text(since)
+                    );
+                }
+            }
+            _ => tracing::debug!(%remote, error = %e, "handshake did not complete"),
+        }
+    }
+
     /// The connection's first message, which must be a hello (in time, readable); anything else
     /// is refused and gives `None`, as does a stream that ends first.
     async fn read_hello(
@@ -935,7 +997,7 @@ impl ConnCtx {
         control_send: &mut quinn::SendStream,
         control_recv: &mut quinn::RecvStream,
     ) -> anyhow::Result<Option<Message>> {
-        let remote = conn.remote_address().to_string();
+        let remote = conn.remote_address().ip().to_string();
         let first =
             tokio::time::timeout(self.limits.hello_timeout, read_frame_limited(control_recv, &self.control_limits()))
                 .await
@@ -1001,8 +1063,19 @@ impl ConnCtx {
         label: Option<&'static str>,
         who: &str,
     ) -> anyhow::Result<()> {
-        self.metrics.refused(label.unwrap_or(refusal_reason(refusal.reason)));
-        tracing::warn!(who, reason = ?refusal.reason, detail = %refusal.detail, "refusing connection");
+        let label = label.unwrap_or(refusal_reason(refusal.reason));
+        self.metrics.refused(label);
+        // Counted every time; logged at most once a minute per reason and peer.
+        if let Some(since) = self.refusals.note(label, who, std::time::Instant::now()) {
+            tracing::warn!(
+                who,
+                reason = ?refusal.reason,
+                detail = %refusal.detail,
+                more_refused_since_last_line = since,
+                "refusing connection{}",
+                RefusalLog::since_text(since)
+            );
+        }
         if let Ok(frame) = encode_frame(&Message::Refusal(refusal), self.max_frame) {
             let _ = write_frame(control, &frame).await;
             let _ = control.finish();

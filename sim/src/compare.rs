@@ -10,7 +10,7 @@ use anyhow::Context;
 
 use crate::record::{RunStatus, RunSummary, human_bytes};
 use crate::report::svg::{Series, line_chart_marked, task_marks};
-use crate::report::{RunInfo, load, load_accuracy, png};
+use crate::report::{RunInfo, Source, png};
 
 /// The chart's file name in the output folder (without extension).
 pub const CHART: &str = "compare_accuracy";
@@ -31,16 +31,15 @@ impl Run {
     fn read(dir: &Path, name: String) -> anyhow::Result<Self> {
         anyhow::ensure!(dir.is_dir(), "{}: no such folder", dir.display());
         anyhow::ensure!(
-            dir.join("metrics.json").is_file() && dir.join("ledger.json").is_file(),
-            "{} is not a run folder (no metrics.json and ledger.json; `anchorage sim` writes them)",
+            dir.join("metrics.json").is_file() || dir.join(crate::record::ROUNDS_FILE).is_file(),
+            "{} is not a run folder (no metrics.json and no rounds.csv; `anchorage sim` writes them)",
             dir.display()
         );
-        let (summary, ledger) = load(dir).with_context(|| format!("reading the run folder {}", dir.display()))?;
-        let info = RunInfo::read(dir)?;
-        let rows = load_accuracy(dir)?;
-        let last = summary.rounds.last().map_or(0, |r| r.round);
-        let starts = info.task_starts(rows.as_deref(), last);
-        Ok(Self { name, summary, ledger, info, starts })
+        // A run that did not write its final record is read from the tables it appended.
+        let source = Source::read(dir, None).with_context(|| format!("reading the run folder {}", dir.display()))?;
+        let last = source.summary.rounds.last().map_or(0, |r| r.round);
+        let starts = source.info.task_starts(source.accuracy.as_deref(), last);
+        Ok(Self { name, summary: source.summary, ledger: source.ledger, info: source.info, starts })
     }
 
     /// The table's values for this run, in [`ROWS`] order.
@@ -59,7 +58,8 @@ impl Run {
                 None => s.rounds.len().to_string(),
             },
             match s.status {
-                RunStatus::Running => "running",
+                // metrics.json never said how it ended (killed, or still running).
+                RunStatus::Running => "unfinished",
                 RunStatus::Finished => "finished",
                 RunStatus::Interrupted => "interrupted",
                 RunStatus::Failed => "failed",

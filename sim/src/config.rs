@@ -30,6 +30,9 @@ pub struct SimConfig {
     pub seed: u64,
     pub local_epochs: u32,
     pub batch_size: u32,
+    /// Written as the shortest decimal that reads back as the same f32 (`0.001`, not the f32
+    /// widened to f64, `0.0010000000474974513`).
+    #[serde(serialize_with = "shortest_f32")]
     pub learning_rate: f32,
     /// The clients' local optimizer (`sgd`: momentum 0.9; `adam`).
     pub optimizer: anchorage_model::train::OptimizerKind,
@@ -233,5 +236,34 @@ impl Default for SimConfig {
             selected_accuracy: false,
             target_domains: 1,
         }
+    }
+}
+
+/// An f32 as the shortest decimal that reads back as the same f32 (what `f32`'s `Display`
+/// writes), as an f64: TOML has only f64, and `v as f64` would write `0.0010000000474974513`.
+fn shortest_f32<S: serde::Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+    let shortest: f64 = v.to_string().parse().unwrap_or(*v as f64);
+    s.serialize_f64(shortest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The issue's `learning_rate = 0.0010000000474974513`: config.toml writes what was given,
+    /// and reading it back gives the same f32.
+    #[test]
+    fn the_learning_rate_is_written_as_given() {
+        for lr in [1e-3f32, 0.05, 0.1, 3e-4, 1.0, 0.007_5] {
+            let config = SimConfig { learning_rate: lr, ..SimConfig::default() };
+            let text = crate::scenario::effective_toml(&config).unwrap();
+            let line = text.lines().find(|l| l.starts_with("learning_rate")).unwrap();
+            let written: f64 = line.trim_start_matches("learning_rate = ").parse().unwrap();
+            assert_eq!(written.to_string(), lr.to_string(), "{line}");
+            let back: SimConfig = toml::from_str(&text).unwrap();
+            assert_eq!(back.learning_rate.to_bits(), lr.to_bits());
+            assert_eq!(back, config, "the run's config.toml reads back as the same configuration");
+        }
+        assert!(crate::scenario::effective_toml(&SimConfig::default()).unwrap().contains("learning_rate = 0.001\n"));
     }
 }

@@ -14,7 +14,12 @@ use clap::builder::{PossibleValuesParser, RangedU64ValueParser};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "anchorage", version, about = "Federated continual learning for edge devices: simulate and report")]
+#[command(
+    name = "anchorage",
+    version,
+    about = "Federated continual learning for edge devices: simulate and report",
+    after_long_help = "Shell completions: `anchorage completions bash|zsh|fish`; manual pages: `anchorage man --out DIR`."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,10 +39,23 @@ enum Command {
     /// N of the scenario's clients against `--server`; `--local N` starts a server here and N
     /// workers, and writes one run folder.
     Fleet(FleetArgs),
-    /// Plots (SVG) and a Markdown summary of a run folder.
+    /// Plots (SVG and PNG) and a Markdown summary of a run folder or of a server's state folder.
     Report {
-        /// A run folder written by `anchorage sim`.
+        /// A run folder written by `anchorage sim` (or `anchorage fleet --local`), or a server's
+        /// state folder (its `state_dir`, read only).
         run: PathBuf,
+        /// Where the report goes (default: the run folder; for a state folder, a new folder
+        /// ./report-<name>-<UTC date>T<time>, never the state folder).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Write into an --out folder that holds another run or another folder's report (its
+        /// report.md and charts are replaced; nothing else is touched).
+        #[arg(long)]
+        force: bool,
+        /// A state folder's server.toml, for the rounds the server was set to run (default: the
+        /// server.toml beside the state folder, or /etc/anchorage/server.toml, that names it).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Runs side by side: a table of key metrics (one column per run folder) and their accuracy
     /// by round overlaid in compare_accuracy.svg / .png.
@@ -72,6 +90,13 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Prints the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions(anchorage_shared::logging::CompletionsArgs),
+    /// Writes the manual pages (anchorage.1, one per subcommand: anchorage-sim.1, anchorage-ca-init.1,
+    /// …) into --out, or the main page to stdout.
+    #[command(hide = true)]
+    Man(anchorage_shared::logging::ManArgs),
 }
 
 #[derive(Args)]
@@ -156,12 +181,16 @@ enum CaCommand {
         dir: PathBuf,
     },
     /// A new certificate and key for an id, same kind, fresh expiry, written into --out over
-    /// the old pair; restart the site to use it.
+    /// the old pair; restart the site to use it. A revoked id is refused unless --force.
     Renew {
         id: String,
         /// A server's DNS names (default: those of the certificate now in --out).
         #[arg(long = "name")]
         names: Vec<String>,
+        /// Renew an id whose every certificate is revoked: the new certificate lets the site back
+        /// in (its old certificates stay revoked).
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         site: SiteArgs,
     },
@@ -265,6 +294,10 @@ struct SimArgs {
     /// Run folder (default: runs/sim-<seed>-<UTC date>T<time>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Replace a run of another configuration that --out already holds (a run of the same
+    /// configuration is replaced without it).
+    #[arg(long, requires = "out")]
+    force: bool,
     /// Print only the run folder and the summary line (no progress, no round table).
     #[arg(long, conflicts_with = "json")]
     quiet: bool,
@@ -334,8 +367,19 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Ca(command) => ca(command),
         Command::Provision { project, out } => provision(&project, out.as_deref()),
-        Command::Report { run } => {
-            let files = anchorage_sim::report::write_report(&run)?;
+        Command::Completions(args) => {
+            anchorage_shared::logging::print_completions(Cli::command(), &args);
+            Ok(())
+        }
+        Command::Man(args) => {
+            for page in anchorage_shared::logging::write_man(Cli::command(), &args)? {
+                println!("{}", page.display());
+            }
+            Ok(())
+        }
+        Command::Report { run, out, force, config } => {
+            let options = anchorage_sim::report::ReportOptions { out, force, server_config: config };
+            let files = anchorage_sim::report::write_report_with(&run, &options)?.files;
             // A closed stdout (`anchorage report DIR | head -1`) ends the listing, not the program.
             let mut out = std::io::stdout().lock();
             for file in files {
@@ -347,6 +391,42 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Compare { runs, out } => anchorage_sim::compare::print(&runs, out.as_deref()),
     }
+}
+
+/// The project CA in `dir`; a folder without one says where the CA is expected, not to make one.
+fn open_ca(dir: &Path) -> anyhow::Result<anchorage_server::ca::ProjectCa> {
+    use anchorage_server::ca::{CA_CERT, CA_KEY};
+    if !dir.join(CA_CERT).exists() && !dir.join(CA_KEY).exists() {
+        let shown = if dir.is_absolute() { dir.display().to_string() } else { format!("./{}", dir.display()) };
+        anyhow::bail!(
+            "the project CA is not here: {shown} holds no {CA_CERT} / {CA_KEY}. Run this from the folder that holds \
+             the CA folder, or give it with --dir <project>/ca (`anchorage provision` makes it beside project.toml, \
+             as its `ca` key says). Only for a new project: `anchorage ca init --dir <dir>`"
+        );
+    }
+    anchorage_server::ca::ProjectCa::open(dir)
+}
+
+/// `ca renew` of an id whose every certificate is revoked: refused unless `force`, saying when
+/// it was revoked and what `--force` does. Returns whether the id was revoked (and forced).
+fn renew_revoked(issued: &[anchorage_server::ca::Issued], id: &str, force: bool) -> anyhow::Result<bool> {
+    let of_id: Vec<_> = issued.iter().filter(|i| i.id == id).collect();
+    let Some(last) = of_id.iter().filter_map(|i| i.revoked_at).max() else { return Ok(false) };
+    if of_id.iter().any(|i| i.revoked_at.is_none()) {
+        return Ok(false);
+    }
+    let when = anchorage_sim::provision::date(last);
+    if force {
+        eprintln!(
+            "warning: `{id}` was revoked on {when}; --force issues it a valid certificate (its old ones stay revoked)"
+        );
+        return Ok(true);
+    }
+    anyhow::bail!(
+        "`{id}` was revoked on {when} (every certificate of it; see `anchorage ca list`): a renewed certificate would \
+         let it back in. There is no un-revoke: if the site is to be trusted again, run `anchorage ca renew {id} \
+         --force` (its old certificates stay revoked); a lost or stolen device should get a new id instead"
+    )
 }
 
 fn ca(command: CaCommand) -> anyhow::Result<()> {
@@ -363,7 +443,7 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
             );
         }
         CaCommand::Issue { kind, id, names, site: SiteArgs { days, out, dir } } => {
-            let mut ca = ProjectCa::open(&dir)?;
+            let mut ca = open_ca(&dir)?;
             let kind = match kind {
                 KindArg::Server => Kind::Server,
                 KindArg::Client => Kind::Client,
@@ -379,7 +459,7 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
             );
         }
         CaCommand::Revoke { id, serial, dir } => {
-            let mut ca = ProjectCa::open(&dir)?;
+            let mut ca = open_ca(&dir)?;
             for r in ca.revoke_where(&id, serial.as_deref())? {
                 println!("revoked `{id}` (serial {})", r.serial);
             }
@@ -390,14 +470,19 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
                 dir.join(anchorage_server::ca::CRL).display()
             );
         }
-        CaCommand::List { dir } => print!("{}", provision::list_table(ProjectCa::open(&dir)?.issued())),
-        CaCommand::Renew { id, names, site: SiteArgs { days, out, dir } } => {
-            let mut ca = ProjectCa::open(&dir)?;
+        CaCommand::List { dir } => print!("{}", provision::list_table(open_ca(&dir)?.issued())),
+        CaCommand::Renew { id, names, force, site: SiteArgs { days, out, dir } } => {
+            let mut ca = open_ca(&dir)?;
+            let was_revoked = renew_revoked(ca.issued(), &id, force)?;
             let out = site(out, &id);
             let issued = provision::renew(&mut ca, &id, &names, days, &out)?;
+            let old = if was_revoked {
+                "its old certificates stay revoked"
+            } else {
+                "the old certificate stays valid until it expires (`anchorage ca revoke` ends it and this one too)"
+            };
             println!(
-                "renewed `{id}` (serial {}, expires {}) in {}: restart the site to use it; the old certificate \
-                 stays valid until it expires (`anchorage ca revoke` ends it and this one too)",
+                "renewed `{id}` (serial {}, expires {}) in {}: restart the site to use it; {old}",
                 issued.serial,
                 provision::date(issued.not_after),
                 out.display()
@@ -533,8 +618,26 @@ fn overrides(file: Option<&ConfigFile>, flag: &str, value: impl std::fmt::Displa
     }
 }
 
+/// An empty config file (nothing but whitespace and comments) is an error that names it, not
+/// the embedded default.
+fn refuse_empty(path: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    if let Ok(table) = toml::from_str::<toml::Table>(&text) {
+        anyhow::ensure!(
+            !table.is_empty(),
+            "{} is empty (no settings, only whitespace or comments): give a scenario (scenarios/*.toml) or a file \
+             of SimConfig keys, or no file at all for the embedded default",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// The scenario file at `path` and its configuration, or none and the embedded default.
 fn scenario_or_default(path: Option<&Path>) -> anyhow::Result<(Option<ConfigFile>, SimConfig)> {
+    if let Some(path) = path {
+        refuse_empty(path)?;
+    }
     let file = path.map(ConfigFile::read).transpose()?;
     let config = match &file {
         Some(f) => f.config()?,
@@ -736,7 +839,11 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let mut recorder = Recorder::new(console, Some(&out), &config, StopFlag::on_signals()?)?;
+    let mut recorder = if args.force {
+        Recorder::new_replacing(console, Some(&out), &config, StopFlag::on_signals()?)?
+    } else {
+        Recorder::new(console, Some(&out), &config, StopFlag::on_signals()?)?
+    };
     let result = match anchorage_sim::run_on_clock(config, &mut recorder) {
         Ok(result) => result,
         Err(e) => {

@@ -11,8 +11,8 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::record::write_atomic;
@@ -64,30 +64,111 @@ impl StopReason {
             StopReason::ClosedStdout => "stdout closed",
         }
     }
+
+    /// The signal's name (a closed stdout is SIGPIPE's case).
+    fn signal(self) -> &'static str {
+        match self {
+            StopReason::Interrupt => "SIGINT",
+            StopReason::Terminate => "SIGTERM",
+            StopReason::ClosedStdout => "SIGPIPE",
+        }
+    }
 }
 
-/// A request to stop after the round in flight, shared with signal handlers: 0 while none.
+/// A request to stop after the round in flight, shared with the signal thread: 0 while none.
 #[derive(Clone, Default)]
-pub struct StopFlag(Arc<AtomicUsize>);
+pub struct StopFlag {
+    reason: Arc<AtomicUsize>,
+    /// The run folder being written (and the lock its metrics.json is written under), for a
+    /// second signal to mark before the process quits.
+    folder: Arc<Mutex<Option<Watched>>>,
+}
+
+/// A run folder a second signal marks as interrupted.
+#[derive(Clone)]
+struct Watched {
+    dir: PathBuf,
+    metrics: Arc<Mutex<()>>,
+}
 
 impl StopFlag {
-    /// A flag SIGINT and SIGTERM set. A second signal of either kind exits at once (status 130 /
-    /// 143): the user asked twice. The handlers only store to an atomic (async-signal-safe).
+    /// A flag SIGINT and SIGTERM set. A second signal of either kind quits at once (status 130 /
+    /// 143): the user asked twice. Before it quits, the run folder's `metrics.json` is marked
+    /// `interrupted`, with the rounds that closed (waiting at most 2 s for a write in progress),
+    /// so that the folder does not say `running` forever; a third signal exits at once whatever
+    /// that is doing. The signal handlers themselves only store to atomics and wake the thread
+    /// that does the rest (async-signal-safe).
     pub fn on_signals() -> anyhow::Result<Self> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let flag = Self::default();
-        for (signal, reason) in [(SIGINT, StopReason::Interrupt), (SIGTERM, StopReason::Terminate)] {
-            let set = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            // Registered first, so the second signal finds `set` already true and exits.
-            signal_hook::flag::register_conditional_shutdown(signal, reason.exit_code(), set.clone())?;
-            signal_hook::flag::register(signal, set)?;
-            signal_hook::flag::register_usize(signal, flag.0.clone(), reason as usize + 1)?;
+        let armed = Arc::new(AtomicBool::new(false));
+        for signal in [SIGINT, SIGTERM] {
+            let code = Self::reason_of(signal).exit_code();
+            // Registered before the thread's handler: the third signal finds `armed` and exits.
+            signal_hook::flag::register_conditional_shutdown(signal, code, armed.clone())?;
         }
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+        let handler = flag.clone();
+        std::thread::Builder::new().name("anchorage-signals".into()).spawn(move || {
+            let mut seen = 0;
+            for signal in signals.forever() {
+                let reason = Self::reason_of(signal);
+                seen += 1;
+                if seen == 1 {
+                    handler.reason.store(reason as usize + 1, Ordering::SeqCst);
+                } else {
+                    armed.store(true, Ordering::SeqCst);
+                    handler.quit_now(reason);
+                }
+            }
+        })?;
         Ok(flag)
     }
 
+    fn reason_of(signal: i32) -> StopReason {
+        if signal == signal_hook::consts::SIGTERM { StopReason::Terminate } else { StopReason::Interrupt }
+    }
+
+    /// The run folder a second signal marks (the last one a [`Recorder`] opened with this flag).
+    fn watch(&self, dir: &Path, metrics: Arc<Mutex<()>>) {
+        if let Ok(mut folder) = self.folder.lock() {
+            *folder = Some(Watched { dir: dir.to_path_buf(), metrics });
+        }
+    }
+
+    /// The second signal: marks the run folder (see [`Self::on_signals`]) and quits.
+    fn quit_now(&self, reason: StopReason) -> ! {
+        let watched = self.folder.lock().ok().and_then(|f| f.clone());
+        if let Some(w) = watched {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let guard = loop {
+                match w.metrics.try_lock() {
+                    Ok(guard) => break Some(guard),
+                    Err(std::sync::TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                    Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => break None,
+                }
+            };
+            let signal = reason.signal();
+            match guard.map(|_guard| mark_quit(&w.dir, reason)) {
+                Some(Ok(Some(rounds))) => eprintln!(
+                    "{signal} again: quit at once; run folder {} says interrupted after {rounds} rounds",
+                    w.dir.display()
+                ),
+                Some(Ok(None)) => {}
+                Some(Err(e)) => eprintln!("{signal} again: quit at once; could not mark {}: {e:#}", w.dir.display()),
+                None => eprintln!("{signal} again: quit at once; {} still says running", w.dir.display()),
+            }
+        }
+        // SAFETY: _exit ends the process without running anything else (as the signal handler
+        // of a third signal does); nothing is left to flush: stdout lines are flushed one by one.
+        unsafe { libc::_exit(reason.exit_code()) }
+    }
+
     pub fn request(&self, reason: StopReason) {
-        let _ = self.0.compare_exchange(0, reason as usize + 1, Ordering::SeqCst, Ordering::SeqCst);
+        let _ = self.reason.compare_exchange(0, reason as usize + 1, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     /// Prints one line to stdout; a closed stdout asks the run to stop (and later lines are
@@ -103,7 +184,7 @@ impl StopFlag {
     }
 
     pub fn requested(&self) -> Option<StopReason> {
-        match self.0.load(Ordering::SeqCst) {
+        match self.reason.load(Ordering::SeqCst) {
             0 => None,
             1 => Some(StopReason::Interrupt),
             2 => Some(StopReason::Terminate),
@@ -134,9 +215,35 @@ impl Recorder {
     }
 
     /// A recorder for `console` that writes the run folder `dir` (created first, with the
-    /// configuration `config` as `config.toml`).
+    /// configuration `config` as `config.toml`). A folder that already holds a run of another
+    /// configuration is refused (its results are not overwritten silently); one that holds a run
+    /// of the same configuration is replaced whole (no file of the earlier run stays behind).
     pub fn new(console: Console, dir: Option<&Path>, config: &SimConfig, stop: StopFlag) -> anyhow::Result<Self> {
-        let folder = dir.map(|d| RunFolder::create(d, config)).transpose()?;
+        Self::open(console, dir, config, stop, false)
+    }
+
+    /// [`Self::new`], replacing whatever run `dir` holds (`--force`).
+    pub fn new_replacing(
+        console: Console,
+        dir: Option<&Path>,
+        config: &SimConfig,
+        stop: StopFlag,
+    ) -> anyhow::Result<Self> {
+        Self::open(console, dir, config, stop, true)
+    }
+
+    fn open(
+        console: Console,
+        dir: Option<&Path>,
+        config: &SimConfig,
+        stop: StopFlag,
+        replace: bool,
+    ) -> anyhow::Result<Self> {
+        let say = matches!(console, Console::Human | Console::Quiet);
+        let folder = dir.map(|d| RunFolder::create(d, config, replace, say)).transpose()?;
+        if let Some(folder) = &folder {
+            stop.watch(&folder.dir, folder.metrics_lock.clone());
+        }
         Ok(Self::with(console, folder, stop))
     }
 
@@ -381,13 +488,30 @@ struct RunFolder {
     rounds: csv::Writer<File>,
     ledger: csv::Writer<File>,
     accuracy: csv::Writer<File>,
+    /// Held while metrics.json is written, so that a second Ctrl-C marks it whole.
+    metrics_lock: Arc<Mutex<()>>,
 }
 
+/// The files a run writes into its folder (besides the report's).
+const RUN_FILES: [&str; 6] = [
+    "config.toml",
+    "metrics.json",
+    crate::record::ROUNDS_FILE,
+    crate::record::LEDGER_CSV_FILE,
+    "ledger.json",
+    crate::accuracy::FILE,
+];
+
 impl RunFolder {
-    /// Creates `dir` (if needed) with the effective configuration and empty tables.
-    fn create(dir: &Path, config: &SimConfig) -> anyhow::Result<Self> {
+    /// Creates `dir` (if needed) with the effective configuration and empty tables. A folder
+    /// holding an earlier run is refused when that run's configuration differs (unless
+    /// `replace`); else that run's files (and its report's) are removed first. `say`: tell the
+    /// console on stderr when an earlier run is replaced.
+    fn create(dir: &Path, config: &SimConfig, replace: bool, say: bool) -> anyhow::Result<Self> {
+        let toml = crate::scenario::effective_toml(config)?;
+        clear_earlier_run(dir, &toml, replace, say)?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating the run folder {}", dir.display()))?;
-        write_atomic(&dir.join("config.toml"), crate::scenario::effective_toml(config)?.as_bytes())?;
+        write_atomic(&dir.join("config.toml"), toml.as_bytes())?;
         let open = |name: &str| -> anyhow::Result<csv::Writer<File>> {
             let path = dir.join(name);
             let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
@@ -399,6 +523,7 @@ impl RunFolder {
             rounds: open(crate::record::ROUNDS_FILE)?,
             ledger: open(crate::record::LEDGER_CSV_FILE)?,
             accuracy: open(crate::accuracy::FILE)?,
+            metrics_lock: Arc::default(),
         };
         // Headers now, so a folder stopped before its first round still has readable tables.
         folder.rounds.write_record(crate::record::ROUNDS_HEADER)?;
@@ -425,13 +550,176 @@ impl RunFolder {
     }
 
     fn write_metrics(&self, summary: &RunSummary) -> anyhow::Result<()> {
+        let _writing = self.metrics_lock.lock().unwrap_or_else(|p| p.into_inner());
         write_atomic(&self.dir.join("metrics.json"), serde_json::to_string_pretty(summary)?.as_bytes())
     }
 
     /// Every table rewritten from the final record (the virtual clock completes rows' wire bytes
     /// and late cost records after the rounds closed), then metrics.json with the status.
     fn finish(&mut self, summary: &RunSummary, ledger: &[CostRecord], accuracy: &[AccuracyRow]) -> anyhow::Result<()> {
+        // A second Ctrl-C meanwhile waits: it marks a folder still `running`, or none.
+        let _writing = self.metrics_lock.lock().unwrap_or_else(|p| p.into_inner());
         crate::record::write_tables(&self.dir, summary, ledger, accuracy)?;
-        self.write_metrics(summary)
+        write_atomic(&self.dir.join("metrics.json"), serde_json::to_string_pretty(summary)?.as_bytes())
+    }
+}
+
+/// Makes `dir` ready for a run of configuration `toml`: nothing to do when it does not exist or
+/// holds no run. An earlier run of another configuration is refused (unless `replace`); else its
+/// files and its report's are removed, so that no table or picture of it stays behind. Other
+/// files are left alone.
+fn clear_earlier_run(dir: &Path, toml: &str, replace: bool, say: bool) -> anyhow::Result<()> {
+    let present: Vec<&str> = RUN_FILES.iter().copied().filter(|f| dir.join(f).exists()).collect();
+    if present.is_empty() {
+        return Ok(());
+    }
+    let earlier = std::fs::read_to_string(dir.join("config.toml")).ok();
+    let difference = match &earlier {
+        None => Some("its config.toml is missing".to_string()),
+        Some(text) => config_difference(text, toml),
+    };
+    if let Some(difference) = &difference
+        && !replace
+    {
+        anyhow::bail!(
+            "{} already holds another run ({difference}): give another --out, or --force to replace it",
+            dir.display()
+        );
+    }
+    if say {
+        let which = if difference.is_some() { "an earlier run" } else { "the earlier run of this configuration" };
+        eprintln!("replacing {which} in {}", dir.display());
+    }
+    let report = crate::report::report_files();
+    for name in RUN_FILES.iter().map(|f| f.to_string()).chain(report) {
+        let path = dir.join(&name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {} (of the earlier run)", path.display()));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// How an earlier run's `config.toml` differs from this run's, in words (`None`: the same
+/// configuration): the first key whose value differs.
+fn config_difference(earlier: &str, now: &str) -> Option<String> {
+    let (Ok(a), Ok(b)) = (toml::from_str::<toml::Table>(earlier), toml::from_str::<toml::Table>(now)) else {
+        return (earlier != now).then(|| "its config.toml differs".to_string());
+    };
+    if a == b {
+        return None;
+    }
+    let show = |v: Option<&toml::Value>| v.map_or_else(|| "unset".to_string(), |v| v.to_string());
+    let key = b.keys().chain(a.keys()).find(|k| a.get(*k) != b.get(*k))?;
+    let (was, is) = (show(a.get(key)), show(b.get(key)));
+    // A table prints whole: name it only.
+    if was.len() + is.len() > 80 {
+        return Some(format!("its [{key}] differs from this run's"));
+    }
+    Some(format!("its {key} = {was}, this run's {key} = {is}"))
+}
+
+/// A second signal's mark on a run folder whose metrics.json still says `running`: `interrupted`
+/// with the reason, and the rows of every round that closed (from rounds.csv, which is more
+/// recent than the metrics.json of a running run). Returns the rounds, or `None` when the folder
+/// says something else already (the run had written its final record).
+fn mark_quit(dir: &Path, reason: StopReason) -> anyhow::Result<Option<usize>> {
+    let path = dir.join("metrics.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut metrics: serde_json::Value = serde_json::from_str(&text).context("parsing metrics.json")?;
+    if metrics.get("status").and_then(|s| s.as_str()) != Some("running") {
+        return Ok(None);
+    }
+    let rows: Option<Vec<RoundRow>> = csv::Reader::from_path(dir.join(crate::record::ROUNDS_FILE))
+        .ok()
+        .and_then(|mut r| r.deserialize().collect::<Result<Vec<RoundRow>, _>>().ok());
+    if let Some(rows) = rows {
+        if let Some(last) = rows.last().filter(|r| r.accuracy.is_finite()) {
+            metrics["final_accuracy"] = serde_json::json!(last.accuracy);
+        }
+        metrics["rounds"] = serde_json::to_value(&rows)?;
+    }
+    let rounds = metrics["rounds"].as_array().map_or(0, Vec::len);
+    metrics["status"] = "interrupted".into();
+    metrics["stop_reason"] = format!(
+        "{} twice: quit at once; the round in flight was lost, and the tables end at the last round that closed",
+        reason.signal()
+    )
+    .into();
+    write_atomic(&path, serde_json::to_string_pretty(&metrics)?.as_bytes())?;
+    Ok(Some(rounds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(rounds: u64) -> SimConfig {
+        SimConfig { rounds, ..SimConfig::default() }
+    }
+
+    /// Item 10 of issue 31: `--out` into a folder that holds a run of another configuration is
+    /// refused; the same configuration replaces the earlier run whole, old charts included.
+    #[test]
+    fn a_folder_holding_another_run_is_not_overwritten_silently() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        let mut first = Recorder::new(Console::Silent, Some(&dir), &config(5), StopFlag::default()).unwrap();
+        first.start("test", Some(0.1), 0.1, 5).unwrap();
+        first.round(&RoundRow::example(1, 0.5, 0.1), &[], &[], None).unwrap();
+        drop(first);
+        for stale in ["accuracy_matrix.png", "accuracy_matrix.svg", "report.md", "ledger.json"] {
+            std::fs::write(dir.join(stale), "old").unwrap();
+        }
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+
+        let err = Recorder::new(Console::Silent, Some(&dir), &config(3), StopFlag::default()).err().unwrap();
+        let err = format!("{err:#}");
+        assert!(err.contains("already holds another run (its rounds = 5, this run's rounds = 3)"), "{err}");
+        assert_eq!(std::fs::read_to_string(dir.join("report.md")).unwrap(), "old", "refused: nothing touched");
+
+        // The same configuration again: the earlier run is replaced, nothing of it stays.
+        let again = Recorder::new(Console::Silent, Some(&dir), &config(5), StopFlag::default()).unwrap();
+        drop(again);
+        for stale in ["accuracy_matrix.png", "accuracy_matrix.svg", "report.md", "ledger.json", "metrics.json"] {
+            assert!(!dir.join(stale).exists(), "{stale} of the earlier run is still there");
+        }
+        assert_eq!(std::fs::read_to_string(dir.join("rounds.csv")).unwrap().lines().count(), 1, "the header only");
+        assert!(dir.join("notes.txt").exists(), "files that are not the run's stay");
+
+        // Replacing on purpose (`--force`).
+        Recorder::new_replacing(Console::Silent, Some(&dir), &config(3), StopFlag::default()).unwrap();
+        assert!(std::fs::read_to_string(dir.join("config.toml")).unwrap().contains("rounds = 3"));
+    }
+
+    /// Item 6 of issue 31: a second Ctrl-C marks a running folder `interrupted`, with every
+    /// round rounds.csv holds; a folder that says how it ended is left alone.
+    #[test]
+    fn a_second_signal_marks_a_running_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        let stop = StopFlag::default();
+        let mut recorder = Recorder::new(Console::Silent, Some(&dir), &config(9), stop.clone()).unwrap();
+        recorder.start("test", Some(0.1), 0.1, 9).unwrap();
+        for round in 1..=3 {
+            recorder.round(&RoundRow::example(round, 0.1 * round as f64, 0.1), &[], &[], None).unwrap();
+        }
+        let before: RunSummary =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
+        assert_eq!(before.status, RunStatus::Running);
+        assert!(before.rounds.len() < 3, "rewritten at most every 2 s: behind rounds.csv");
+        let watched = stop.folder.lock().unwrap().clone().expect("the recorder's folder is watched");
+        assert_eq!(watched.dir, dir);
+
+        assert_eq!(mark_quit(&dir, StopReason::Interrupt).unwrap(), Some(3));
+        let marked: RunSummary =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
+        assert_eq!((marked.status, marked.rounds.len()), (RunStatus::Interrupted, 3));
+        assert!((marked.final_accuracy - 0.3).abs() < 1e-9);
+        assert!(marked.stop_reason.unwrap().starts_with("SIGINT twice: quit at once"));
+        assert_eq!(mark_quit(&dir, StopReason::Interrupt).unwrap(), None, "already says how it ended");
     }
 }

@@ -1,6 +1,6 @@
 //! The server program as a process the tests can `kill -9`: a project CA, the server's
-//! certificate, a server.toml, and the process running on them (`tests/src/bin/server-process.rs`
-//! runs the server's own `main`).
+//! certificate, a server.toml, and the process running on them (the tests package builds
+//! `server/src/main.rs` as its `server-process` binary).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

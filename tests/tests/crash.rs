@@ -291,6 +291,8 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
     }
     // A last run: rounds whose updates were all acked close; then a graceful stop.
     let before = check(&server.db(), &records).rounds_closed;
+    records.drain(&mut rx);
+    let acked_before_last_run = records.acked();
     server.spawn();
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
@@ -342,6 +344,17 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
     let ledger = anchorage_server::store::read_ledger(&server.db()).unwrap();
     let keys: BTreeSet<(String, u64, bool)> = ledger.iter().map(|c| (c.client.clone(), c.round, c.dropped)).collect();
     assert!(!ledger.is_empty() && keys.len() == ledger.len(), "{} ledger rows", ledger.len());
+    // Every acked round's cost record reached the ledger: a record the server never confirmed
+    // (a kill between the ack and the record's commit, or before its `CostAck`) is resent after
+    // the device's next Welcome (issue 30).
+    let costs_missing: Vec<&(String, u64)> =
+        acked_before_last_run.iter().filter(|(id, round)| !keys.contains(&(id.clone(), *round, false))).collect();
+    println!(
+        "cost records: {} acked updates before the last run, {} without a ledger row",
+        acked_before_last_run.len(),
+        costs_missing.len()
+    );
+    assert!(costs_missing.is_empty(), "acked rounds without their cost record: {costs_missing:?}");
     // The client registry holds each device once, with the fingerprint of the certificate it showed.
     let conn = rusqlite::Connection::open_with_flags(server.db(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
     let registered: i64 = conn
@@ -351,8 +364,10 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
         .unwrap();
     assert_eq!(registered, DEVICES as i64, "every device registered with its certificate's fingerprint");
     let state = server.dir.join("state");
-    let files = anchorage_sim::report::write_report(&state).unwrap();
-    let md = std::fs::read_to_string(state.join("report.md")).unwrap();
+    let report_dir = server.dir.join("report");
+    let options = anchorage_sim::report::ReportOptions { out: Some(report_dir.clone()), ..Default::default() };
+    let files = anchorage_sim::report::write_report_with(&state, &options).unwrap().files;
+    let md = std::fs::read_to_string(report_dir.join("report.md")).unwrap();
     assert!(md.contains(&format!("| rounds | {} |", f.rounds_closed)), "{md}");
     assert!(files.iter().any(|p| p.ends_with("bytes_per_round.svg")), "{files:?}");
 }

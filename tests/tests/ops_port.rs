@@ -1,6 +1,8 @@
 //! The server program's metrics port against strangers, over real sockets on loopback: 200 idle
 //! TCP connections held open do not starve `/healthz` and `/readyz`, and `/metrics` names no
-//! device unless server.toml asks for it (`[metrics] device_ids = true`).
+//! device unless server.toml asks for it (`[metrics] device_ids = true`). A real scrape passes
+//! `promtool check metrics` (run when promtool is installed, else a loud SKIPPED line) and the
+//! same checks in Rust.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -49,6 +51,10 @@ fn probes_answer_under_an_idle_flood_and_metrics_name_no_device() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(!text.contains("edge-secret-001"), "no device id on /metrics by default:\n{text}");
+    // What `curl /metrics | promtool check metrics` reads: every family has a help text and a
+    // type, counters end in `_total` (and nothing else does), units are base units.
+    assert_eq!(anchorage_server::metrics::text::lint(&text), Vec::<String>::new(), "{text}");
+    promtool_check_metrics(&text);
 
     // 200 idle connections to the metrics port, held open.
     let idle: Vec<std::net::TcpStream> = (0..200)
@@ -71,4 +77,33 @@ fn probes_answer_under_an_idle_flood_and_metrics_name_no_device() {
     assert!(evicted >= 100.0, "{text}");
     drop(idle);
     runtime.block_on(async { drop(_device) });
+}
+
+/// `promtool check metrics` on an exposition, where promtool is installed; a loud SKIPPED line
+/// with the install command where it is not.
+fn promtool_check_metrics(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            println!(
+                "*** SKIPPED `promtool check metrics` on the scrape: promtool is not installed ({e}); \
+                 install it with `apt-get install prometheus` (Debian/Ubuntu) or from a Prometheus release \
+                 tarball. The Rust lint above ran. ***"
+            );
+            return;
+        }
+    };
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("promtool check metrics: {} {said}", out.status);
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {}\n{said}", out.status);
 }

@@ -3,7 +3,10 @@
 //!   which file and how to make one (the library's `start` and the server program alike);
 //! - a list deleted or damaged while the server runs keeps the last good one: a revoked device
 //!   is still refused, `anchorage_crl_stale` reads 1 and the failures are counted, until a good
-//!   file is back.
+//!   file is back;
+//! - every handshake refused for a revoked certificate counts in
+//!   `anchorage_refusals_total{reason="revoked"}`, and the device learns it from the TLS alert
+//!   certificate_revoked (the client stops on it; tests/refusals.rs runs the client program).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -61,6 +64,8 @@ async fn handshake_accepted(addr: SocketAddr, root: &CertificateDer<'static>, ce
         Ok(Err(_)) => {
             let reason = conn.close_reason();
             assert!(reason.as_ref().is_some_and(client::tls_failure), "a TLS refusal, not another failure: {reason:?}");
+            let refusal = reason.as_ref().and_then(client::definite_refusal).map(|(kind, _)| kind);
+            assert_eq!(refusal, Some(client::RefusalKind::Revoked), "the alert says revoked: {reason:?}");
             false
         }
         Err(_) => panic!("no answer within 10 s"),
@@ -164,5 +169,8 @@ async fn a_crl_deleted_or_damaged_at_run_time_keeps_the_last_good_list() {
     metric_until(&server, "anchorage_crl_stale", |v| v == 0.0).await;
     assert!(!handshake_accepted(addr, &root, &revoked, "edge-2").await, "refused by the restored list");
     assert!(handshake_accepted(addr, &root, &also_good, "edge-3").await, "a valid one still gets in");
+    // Four refused handshakes of the revoked device, four counts (not one per id).
+    let counted = metric_until(&server, "anchorage_refusals_total{reason=\"revoked\"}", |v| v >= 4.0).await;
+    assert_eq!(counted, 4.0);
     server.shutdown().await.unwrap();
 }

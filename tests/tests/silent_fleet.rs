@@ -2,7 +2,7 @@
 //! valid certificates are invited to a round and stay silent (they read nothing and upload
 //! nothing). Its own test binary, so that no other test's connections share the process whose
 //! memory is read. `cargo test -p anchorage-tests --test silent_fleet -- --nocapture` prints the
-//! figures.
+//! figures; `ANCHORAGE_SILENT_FLEET=10000` before it measures 10,000 devices (bound 1 GB).
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,19 +13,24 @@ use anchorage_tests::process::{Ending, ServerProcess, close_peers};
 /// peak, 1.1 GB still held 15 s after they left". Here the round opens when the 1,000th device
 /// says hello and its 4 MiB broadcast goes to every one of them; none reads it or uploads. The
 /// broadcast is one shared buffer (quinn keeps `Bytes` slices of it, not a copy per connection).
-/// Run with `-- --nocapture` for the figures (issue 30's memory row; targets ≤ 200 MB invited,
-/// within 20 MB of the start after they leave, reported).
+/// Run with `-- --nocapture` for the figures (issue 30's memory row: ≤ 200 MB invited, within
+/// 20 MB of the start within a minute after they leave).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_invited_silent_devices_cost_bounded_memory() {
-    const PEERS: usize = 1000;
+    // `ANCHORAGE_SILENT_FLEET=10000` measures issue 30's second figure (a few minutes here).
+    let peers_wanted = std::env::var("ANCHORAGE_SILENT_FLEET").ok().and_then(|v| v.parse().ok());
+    let (peers_n, peak_bound): (usize, u64) = match peers_wanted {
+        Some(n) if n > 1000 => (n, 1_000_000_000),
+        _ => (1000, 200 << 20),
+    };
     let dir = tempfile::tempdir().unwrap();
     let bin = Path::new(env!("CARGO_BIN_EXE_server-process"));
-    let mut server = ServerProcess::new(dir.path(), bin, PEERS);
+    let mut server = ServerProcess::new(dir.path(), bin, peers_n);
     server.spawn();
     assert!(server.wait_listening(Duration::from_secs(30)), "{}", server.log_tail());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let start = server.rss_bytes().unwrap();
-    let peers = server.connect_peers("silent", PEERS).await;
+    let peers = server.connect_peers("silent", peers_n).await;
     // The round is open and broadcasting to all of them; sample the peak for a few seconds.
     let mut peak = 0;
     for _ in 0..20 {
@@ -33,20 +38,26 @@ async fn a_thousand_invited_silent_devices_cost_bounded_memory() {
         peak = peak.max(server.rss_bytes().unwrap());
     }
     close_peers(peers).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let soon = server.rss_bytes().unwrap();
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let after = server.rss_bytes().unwrap();
-    println!("server RSS 4 s after they left: {:.1} MiB", soon as f64 / (1 << 20) as f64);
+    let left = std::time::Instant::now();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    // Memory comes back as the server notices each departure and jemalloc purges (about a
+    // second); 10,000 departures take longer to notice than 1,000. Poll for a minute at most.
+    let target = start + 20_000_000;
+    let mut after = server.rss_bytes().unwrap();
+    while after >= target && left.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        after = server.rss_bytes().unwrap();
+    }
     println!(
-        "server RSS: {:.1} MiB at start, {:.1} MiB peak with {PEERS} invited silent devices, {:.1} MiB 12 s after they left",
+        "server RSS: {:.1} MiB at start, {:.1} MiB peak with {peers_n} invited silent devices, {:.1} MiB {:.0} s after they left",
         mib(start),
         mib(peak),
-        mib(after)
+        mib(after),
+        left.elapsed().as_secs_f64()
     );
     server.stop(Ending::Term);
-    assert!(peak < 200 << 20, "{PEERS} invited devices hold {:.1} MiB", mib(peak));
-    // Issue 30 also asks for memory within 20 MB of the start after they leave: not met yet
-    // (see the figures printed above and the issue's note), so it is reported, not asserted.
+    assert!(peak < peak_bound, "{peers_n} invited devices hold {:.1} MiB", mib(peak));
+    // Issue 30: back within 20 MB of the start after they leave (jemalloc's background purge;
+    // glibc's malloc still held 79 MiB against 21 MiB here after 12 s, malloc_trim or not).
+    assert!(after < target, "{:.1} MiB held after they left, {:.1} MiB at start", mib(after), mib(start));
 }

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use anchorage_shared::protocol::{Broadcast, Capabilities, Hello, Message, RefusalReason, Update};
+use anchorage_shared::protocol::{Broadcast, Capabilities, Hello, Message, Refusal, RefusalReason, Update};
 
 /// What the session asks its shell to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +73,8 @@ pub struct Session {
     pending: Option<Update>,
     /// The newest round this client trained for.
     last_trained: Option<u64>,
+    /// The server's refusal that ended the session, if one did.
+    refused: Option<Refusal>,
     actions: VecDeque<SessionAction>,
 }
 
@@ -93,6 +95,7 @@ impl Session {
             connected: false,
             pending,
             last_trained,
+            refused: None,
             actions: VecDeque::new(),
         }
     }
@@ -103,6 +106,12 @@ impl Session {
 
     pub fn client_id(&self) -> &str {
         &self.client_id
+    }
+
+    /// The server's refusal that ended the session (`NotEnrolled`, `VersionMismatch`,
+    /// `UnknownMethod`): the shell stops the client with it as an error, not as a finished run.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        self.refused.as_ref()
     }
 
     /// The update waiting for an acknowledgement, if any.
@@ -173,7 +182,10 @@ impl Session {
                 tracing::warn!(reason = ?r.reason, detail = %r.detail, "server refused");
                 match r.reason {
                     RefusalReason::VersionMismatch | RefusalReason::UnknownMethod | RefusalReason::NotEnrolled => {
-                        self.finish(format!("refused: {:?}: {}", r.reason, r.detail));
+                        if self.state != SessionState::Finished {
+                            self.finish(format!("refused: {:?}: {}", r.reason, r.detail));
+                            self.refused = Some(r);
+                        }
                     }
                     RefusalReason::ShapeMismatch
                     | RefusalReason::BadTensor

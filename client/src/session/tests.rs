@@ -137,9 +137,13 @@ fn refusals_drop_hopeless_updates_or_end_the_session() {
     );
     assert_eq!(s.state(), SessionState::Idle);
     assert!(s.pending().is_none());
+    assert!(s.refusal().is_none(), "a refused update does not end the session");
     s.handle_message(refuse(RefusalReason::VersionMismatch)).unwrap();
     assert!(matches!(&drain(&mut s)[..], [SessionAction::Finished { .. }]));
     assert_eq!(s.state(), SessionState::Finished);
+    assert_eq!(s.refusal().map(|r| r.reason), Some(RefusalReason::VersionMismatch), "the shell stops on it");
+    s.handle_message(refuse(RefusalReason::NotEnrolled)).unwrap();
+    assert!(drain(&mut s).is_empty(), "the session ends once");
     s.handle_message(Message::Broadcast(broadcast(2))).unwrap();
     assert!(drain(&mut s).is_empty(), "a finished session trains no more");
 }
@@ -152,6 +156,7 @@ fn goodbye_finishes_and_unexpected_messages_are_errors() {
     assert!(s.handle_message(Message::Update(update(1))).is_err());
     s.handle_message(Message::Goodbye(Goodbye { reason: "federation finished".into() })).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Finished { reason: "federation finished".into() }]);
+    assert!(s.refusal().is_none(), "a goodbye is the end of the run, not a refusal");
     s.connected();
     assert!(drain(&mut s).is_empty(), "no hello after the end");
 }

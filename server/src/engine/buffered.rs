@@ -310,6 +310,7 @@ impl Engine {
             started,
             closed: now,
             influence,
+            held_out_accuracy: None,
         };
         self.close_version(report);
         // Keep only the versions a non-stale update can still have trained on.

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 pub use buffered::{AggregationMode, staleness_weight};
 pub use config::EngineConfig;
 pub use persist::{AcceptedUpdate, OpenedRound, Persist, Recovered};
-pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport};
+pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport, preview};
 
 use crate::aggregate::{InfluenceReport, RoundScreen, Screened};
 use crate::methods::ServerMethod;
@@ -62,7 +62,9 @@ pub enum Action {
     RoundClosed(Arc<RoundReport>, Arc<Checkpoint>),
     /// Append one record to the cost ledger (a client's measured round, or a dropped client).
     Ledger(CostRecord),
-    /// All configured rounds are done; goodbyes have been queued.
+    /// All configured rounds are done; goodbyes have been queued. An engine recovered from a
+    /// finished federation queues it first thing, so that its owner can say the run is over
+    /// instead of waiting for rounds that will never open.
     Finished,
 }
 
@@ -200,6 +202,14 @@ impl Engine {
                     }
                 }
             }
+        }
+        if engine.finished {
+            tracing::info!(
+                round = engine.last_round,
+                rounds = engine.config.rounds,
+                "resumed a finished federation: every configured round has closed"
+            );
+            engine.actions.push_back(Action::Finished);
         }
         if engine.is_buffered() {
             engine.buffered_restore(pending);
@@ -582,7 +592,14 @@ impl Engine {
         let sampled: BTreeSet<ClientId> =
             self.rng.sample_indices(available.len(), invited).into_iter().map(|i| available[i].clone()).collect();
         let round = self.last_round + 1;
-        tracing::info!(round, available = available.len(), target, invited = sampled.len(), "round opened");
+        tracing::info!(
+            round,
+            available = available.len(),
+            target,
+            invited = sampled.len(),
+            invited_ids = %report::preview(sampled.iter(), 5),
+            "round opened"
+        );
         let open = self.open_round_record(now, round, target, sampled);
         self.note_invited(round, open.sampled.iter().cloned());
         // The invitations are durable before anyone trains on them.
@@ -680,6 +697,7 @@ impl Engine {
             started: open.started,
             closed: now,
             influence,
+            held_out_accuracy: None,
         };
         self.close_version(report);
     }
@@ -751,7 +769,8 @@ impl Engine {
         self.last_round = report.round;
         self.rng = Rng::derive(self.config.seed, self.last_round);
         let report = Arc::new(report);
-        tracing::info!(round = report.round, aggregated = report.updates.len(), missing = report.missing.len(), outcome = ?report.outcome, "round closed");
+        // The owner logs the round's line (with its quality); this one is for debugging the engine.
+        tracing::debug!(round = report.round, aggregated = report.updates.len(), missing = report.missing.len(), outcome = ?report.outcome, "round closed");
         let checkpoint = Arc::new(self.checkpoint());
         self.actions
             .push_back(Action::Persist(Persist::Closed { checkpoint: checkpoint.clone(), report: report.clone() }));

@@ -47,6 +47,9 @@ pub struct UpdateReport {
     pub metrics: Vec<(String, f64)>,
 }
 
+/// The metric in which a device reports its own evaluation of the model it trained.
+pub const DEVICE_ACCURACY: &str = "local_accuracy";
+
 /// The record of one closed round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoundReport {
@@ -71,6 +74,10 @@ pub struct RoundReport {
     /// What the influence bounds of `[engine.robust]` did, and which rules did not run.
     #[serde(default)]
     pub influence: InfluenceReport,
+    /// The new global model's accuracy on the operator's held-out set (`[evaluation]` in
+    /// server.toml), when the server evaluates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out_accuracy: Option<f64>,
 }
 
 impl RoundReport {
@@ -86,6 +93,13 @@ impl RoundReport {
         (weight > 0.0).then(|| sum / weight)
     }
 
+    /// The devices' own evaluation of the round: the sample-weighted mean of the `local_accuracy`
+    /// their updates carry, and how many reported one.
+    pub fn device_accuracy(&self) -> Option<(f64, usize)> {
+        let reported = self.updates.iter().filter(|u| u.metrics.iter().any(|(n, _)| n == DEVICE_ACCURACY)).count();
+        self.weighted_metric(DEVICE_ACCURACY).map(|a| (a, reported))
+    }
+
     /// Total payload bytes uploaded in the round.
     pub fn payload_up(&self) -> u64 {
         self.updates.iter().map(|u| u.payload_up).sum()
@@ -94,5 +108,30 @@ impl RoundReport {
     /// Seconds from open to close.
     pub fn seconds(&self) -> f64 {
         self.closed.saturating_sub(self.started).as_secs_f64()
+    }
+}
+
+/// The first `n` ids and how many more: `edge-002, edge-007 (+3 more)`; `-` for none. What the
+/// log lines of a round name.
+pub fn preview<'a>(ids: impl ExactSizeIterator<Item = &'a ClientId>, n: usize) -> String {
+    let total = ids.len();
+    if total == 0 {
+        return "-".into();
+    }
+    let shown: Vec<&str> = ids.take(n).map(String::as_str).collect();
+    let shown = shown.join(", ");
+    if total > n { format!("{shown} (+{} more)", total - n) } else { shown }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_preview_names_the_first_ids_and_counts_the_rest() {
+        let ids: Vec<ClientId> = (0..7).map(|i| format!("edge-{i}")).collect();
+        assert_eq!(preview(ids.iter(), 5), "edge-0, edge-1, edge-2, edge-3, edge-4 (+2 more)");
+        assert_eq!(preview(ids[..2].iter(), 5), "edge-0, edge-1");
+        assert_eq!(preview([].iter(), 5), "-");
     }
 }

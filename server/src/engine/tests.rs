@@ -917,3 +917,57 @@ fn cost_records_beyond_physical_ranges_are_dropped_and_counted() {
     e.handle_message(secs(1), "a", Message::Cost(CostRecord { round: 1, joules: 12.5, ..CostRecord::default() }));
     assert!(drain(&mut e).iter().any(|a| matches!(a, Action::Ledger(r) if r.joules == 12.5)), "a real one is");
 }
+
+#[test]
+fn a_federation_resumed_after_its_last_round_says_it_is_finished_at_once() {
+    let mut e = engine(EngineConfig { rounds: 1, ..config(1, 1) });
+    join(&mut e, secs(0), &["a"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
+    let checkpoint = drain(&mut e)
+        .into_iter()
+        .find_map(|a| match a {
+            Action::Persist(Persist::Closed { checkpoint, .. }) => Some(checkpoint),
+            _ => None,
+        })
+        .expect("round 1 closed");
+    // Restarted on its state: the owner hears that the run is over before anyone connects
+    // (before, the engine said nothing and its owner listened for rounds that never came).
+    let mut done =
+        Engine::resume(EngineConfig { rounds: 1, ..config(1, 1) }, Box::new(FedAvg::default()), (*checkpoint).clone());
+    assert!(done.is_finished());
+    assert!(matches!(drain(&mut done).as_slice(), [Action::Finished]));
+    // A device that connects is told so.
+    let actions = join(&mut done, secs(0), &["a"]);
+    assert!(actions.iter().any(|a| matches!(a, Action::Send { msg: Message::Goodbye(_), .. })), "{actions:?}");
+    assert!(broadcast_targets(&actions).is_empty());
+    // With more rounds configured it is not finished, and says nothing of the kind.
+    let mut more =
+        Engine::resume(EngineConfig { rounds: 2, ..config(1, 1) }, Box::new(FedAvg::default()), (*checkpoint).clone());
+    assert!(drain(&mut more).is_empty());
+}
+
+#[test]
+fn a_round_report_carries_the_devices_own_evaluation_and_who_was_missing() {
+    let mut e = engine(EngineConfig { min_updates: 1, ..config(3, 3) });
+    join(&mut e, secs(0), &["a", "b", "c"]);
+    let evaluated = |round, values: &[f32], n, accuracy: Option<f64>| {
+        let Message::Update(mut u) = update(round, values, n) else { unreachable!() };
+        u.metrics = accuracy
+            .iter()
+            .map(|a| anchorage_shared::protocol::Metric { name: "local_accuracy".into(), value: *a })
+            .collect();
+        Message::Update(u)
+    };
+    e.handle_message(secs(1), "a", evaluated(1, &[1.0, 1.0], 100, Some(0.5)));
+    e.handle_message(secs(2), "b", evaluated(1, &[1.0, 1.0], 300, Some(0.9)));
+    drain(&mut e);
+    // c never answers: the round closes at its deadline without it.
+    e.handle_timeout(secs(0) + DEADLINE);
+    let r = reports(&drain(&mut e)).pop().expect("the round closed at its deadline");
+    assert_eq!(r.outcome, RoundOutcome::Aggregated);
+    assert_eq!((r.sampled, r.target, r.updates.len()), (3, 3, 2));
+    assert_eq!(r.missing, vec!["c".to_string()]);
+    let (accuracy, reporting) = r.device_accuracy().expect("two devices reported their accuracy");
+    assert!((accuracy - 0.8).abs() < 1e-9 && reporting == 2, "{accuracy} from {reporting}");
+    assert_eq!(r.held_out_accuracy, None, "the engine does not evaluate: its owner does");
+}

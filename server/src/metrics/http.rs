@@ -1,8 +1,17 @@
-//! The metrics port, served by hyper: `GET /metrics` (OpenMetrics text: the server's metrics,
-//! the process's, `anchorage_build_info`), `GET /healthz` (200 while the process runs) and
-//! `GET /readyz` (200 once the store is open and the QUIC endpoint listens, 503 before that and
-//! from the start of a shutdown). The port comes up before the store is opened, so a probe can
-//! tell a server that is still checking a large database from one that is down.
+//! The metrics port, served by hyper: `GET /metrics` (the server's metrics, the process's,
+//! `anchorage_build_info`: OpenMetrics to a client that asks for it in `Accept`, as Prometheus
+//! does, else Prometheus' text format, which `curl | promtool check metrics` reads), `GET /healthz`
+//! (200 while the process runs) and `GET /readyz` (200 once the store is open and the QUIC
+//! endpoint listens, 503 before that and from the start of a shutdown). The port comes up before
+//! the store is opened, so a probe can tell a server that is still checking a large database from
+//! one that is down.
+//!
+//! `/readyz` stays 200 while the server is stalled (short of devices for longer than a round's
+//! deadline) or its run is over, and says so in the body below `ready`: readiness means "send it
+//! traffic", and a stalled server needs exactly that (on Kubernetes a 503 would take the pod out
+//! of its Service, and the devices it waits for could no longer reach it); a finished one tells
+//! the devices that connect that the federation finished. Alerts watch the stall
+//! (`anchorage_waiting_for_devices`, `AnchorageStalled`).
 //!
 //! A flood of idle or slow connections cannot starve the probes: at most [`MAX_CONNECTIONS`] are
 //! held, a request's head must arrive within [`HEADER_TIME`], and when the port is full the
@@ -133,7 +142,8 @@ impl Exporter {
         self.state.load(Ordering::SeqCst) == READY
     }
 
-    /// The whole exposition: the server's metrics (once attached), the port's and the process's.
+    /// The whole exposition in OpenMetrics: the server's metrics (once attached), the port's and
+    /// the process's.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(16 << 10);
         if let Some(server) = self.server.get() {
@@ -144,10 +154,18 @@ impl Exporter {
         out
     }
 
-    /// The answer to one request.
-    pub fn answer(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+    /// The whole exposition in Prometheus' text format (version 0.0.4).
+    pub fn render_text(&self) -> String {
+        super::text::to_text_format(&self.render())
+    }
+
+    /// The answer to one request; `accept` is its `Accept` header.
+    pub fn answer(&self, method: &Method, path: &str, accept: Option<&str>) -> Response<Full<Bytes>> {
         let (label, (status, content_type, body)) = match path {
-            "/metrics" => ("/metrics", (StatusCode::OK, OPENMETRICS, self.render())),
+            "/metrics" if accept.is_some_and(|a| a.contains("application/openmetrics-text")) => {
+                ("/metrics", (StatusCode::OK, OPENMETRICS, self.render()))
+            }
+            "/metrics" => ("/metrics", (StatusCode::OK, super::text::TEXT_FORMAT, self.render_text())),
             "/healthz" => ("/healthz", (StatusCode::OK, "text/plain; charset=utf-8", "ok\n".to_string())),
             "/readyz" => ("/readyz", self.readiness()),
             _ => (
@@ -187,7 +205,10 @@ impl Exporter {
     fn readiness(&self) -> (StatusCode, &'static str, String) {
         let text = "text/plain; charset=utf-8";
         match self.state.load(Ordering::SeqCst) {
-            READY => (StatusCode::OK, text, "ready\n".into()),
+            READY => {
+                let note = self.server.get().and_then(|m| m.status_note());
+                (StatusCode::OK, text, note.map_or_else(|| "ready\n".into(), |n| format!("ready\n{n}\n")))
+            }
             STARTING => (StatusCode::SERVICE_UNAVAILABLE, text, "starting: opening the store\n".into()),
             _ => (StatusCode::SERVICE_UNAVAILABLE, text, "shutting down\n".into()),
         }
@@ -272,7 +293,8 @@ async fn connection(
     let flag = answering.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         flag.store(true, Ordering::SeqCst);
-        let response = served.answer(req.method(), req.uri().path());
+        let accept = req.headers().get(header::ACCEPT).and_then(|a| a.to_str().ok());
+        let response = served.answer(req.method(), req.uri().path(), accept);
         async move { Ok::<_, Infallible>(response) }
     });
     let connection = hyper::server::conn::http1::Builder::new()
@@ -326,7 +348,10 @@ mod tests {
         assert!(starting.starts_with("HTTP/1.1 503") && starting.contains("starting"), "{starting}");
         let early = get(addr, &req("/metrics")).await;
         assert!(early.starts_with("HTTP/1.1 200") && early.contains("anchorage_ready 0"), "{early}");
-        assert!(early.contains("anchorage_build_info{version=\"") && early.contains("# EOF"), "{early}");
+        assert!(
+            early.contains("anchorage_build_info{version=\"") && early.contains("# TYPE anchorage_ready gauge"),
+            "{early}"
+        );
         assert!(!early.contains("anchorage_rounds_closed_total"), "{early}");
 
         let metrics = Arc::new(ServerMetrics::new());
@@ -335,18 +360,27 @@ mod tests {
         exporter.set_ready();
         let ok = get(addr, &req("/readyz")).await;
         assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ready\n"), "{ok}");
+        // Prometheus asks for OpenMetrics and gets it; anyone else gets the text format, which
+        // `promtool check metrics` reads.
+        let open = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n").await;
+        assert!(open.contains(OPENMETRICS) && open.contains("# TYPE anchorage_updates counter"), "{open}");
+        assert_eq!(open.matches("# EOF").count(), 1);
         let full = get(addr, &req("/metrics")).await;
         assert!(
-            full.contains(OPENMETRICS) && full.contains("anchorage_updates_total{outcome=\"accepted\"} 1"),
+            full.contains(super::super::text::TEXT_FORMAT)
+                && full.contains("# TYPE anchorage_updates_total counter\n")
+                && full.contains("\nanchorage_updates_total{outcome=\"accepted\"} 1\n"),
             "{full}"
         );
         assert!(full.contains("anchorage_ready 1"), "{full}");
+        let body = full.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        assert_eq!(super::super::text::lint(body), Vec::<String>::new(), "{body}");
         if cfg!(target_os = "linux") {
             assert!(full.contains("process_resident_memory_bytes ") && full.contains("process_cpu_seconds_total "));
         }
         // The HTTP Date header, which `anchorage-client doctor` reads the server's clock from.
         assert!(full.to_ascii_lowercase().contains("\r\ndate: "), "{full}");
-        assert_eq!(full.matches("# EOF").count(), 1);
+        assert_eq!(full.matches("# EOF").count(), 0, "no OpenMetrics end marker in the text format");
 
         // Bad input: an answer, a count, no crash.
         assert!(get(addr, &req("/")).await.starts_with("HTTP/1.1 404"));
@@ -366,6 +400,35 @@ mod tests {
         assert!(stopping.starts_with("HTTP/1.1 503") && stopping.contains("shutting down"), "{stopping}");
         assert!(!exporter.is_ready());
         let _ = stop.send(true);
+    }
+
+    #[test]
+    fn readiness_stays_200_and_says_when_the_server_is_stalled_or_finished() {
+        let exporter = Exporter::new();
+        let metrics = Arc::new(ServerMetrics::new());
+        exporter.attach(metrics.clone());
+        exporter.set_ready();
+        assert_eq!(exporter.readiness(), (StatusCode::OK, "text/plain; charset=utf-8", "ready\n".to_string()));
+        // Short of devices for longer than the stall threshold (here: at once): still ready, the
+        // body says why no round opens.
+        metrics.expect_devices(super::super::rounds::Opening {
+            min_available: 2,
+            stall_after: Duration::ZERO,
+            rounds: 3,
+            between_rounds: true,
+            round_open: false,
+        });
+        metrics.set_connected(1);
+        let (status, _, body) = exporter.readiness();
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.starts_with("ready\nstalled: waiting for 1 device since 20"), "{body}");
+        assert!(body.contains("1 of min_available = 2 connected"), "{body}");
+        metrics.set_connected(2);
+        assert_eq!(exporter.readiness().2, "ready\n");
+        metrics.set_run_finished();
+        let (status, _, body) = exporter.readiness();
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.starts_with("ready\nfinished: the run is over: all 3 configured rounds have closed"), "{body}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use check::CheckReport;
 pub use ledger::read_ledger;
-pub use rounds::read_round_reports;
+pub use rounds::{read_round_reports, record_held_out_accuracy};
 pub use schema::SCHEMA_VERSION;
 pub use witness::{WITNESS_FILE, Witness, read_witness};
 

@@ -306,6 +306,50 @@ pub(super) fn report_checksum(round: u64, json: &str) -> Vec<u8> {
     checksum(&[b"report", &round.to_le_bytes(), json.as_bytes()])
 }
 
+/// Adds the held-out accuracy of round `round`'s new model (`[evaluation]`, computed after the
+/// round's close was committed) to its stored report, with a new checksum. A second connection
+/// beside the server's (WAL lets them take turns); a report that fails its checksum is left as
+/// it is.
+pub fn record_held_out_accuracy(db: &std::path::Path, round: u64, accuracy: f64) -> Result<(), StoreError> {
+    let sql = |source| StoreError::Sqlite { path: db.into(), error: source };
+    let mut conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(sql)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(sql)?;
+    conn.execute_batch("PRAGMA synchronous = FULL;").map_err(sql)?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(sql)?;
+    let row: Option<(String, Option<Vec<u8>>)> = tx
+        .query_row(
+            "SELECT report, report_checksum FROM rounds WHERE round = ?1 AND report IS NOT NULL",
+            [int(round)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(sql)?;
+    let Some((json, sum)) = row else {
+        return Err(StoreError::Corrupt {
+            path: db.into(),
+            detail: format!("round {round} has no report to annotate"),
+        });
+    };
+    if sum.is_some_and(|sum| sum != report_checksum(round, &json)) {
+        return Err(StoreError::Corrupt {
+            path: db.into(),
+            detail: format!("round {round}'s report fails its checksum"),
+        });
+    }
+    let mut report: RoundReport = serde_json::from_str(&json)
+        .map_err(|e| StoreError::Corrupt { path: db.into(), detail: format!("round {round}'s report: {e}") })?;
+    report.held_out_accuracy = Some(accuracy);
+    let json = serde_json::to_string(&report)
+        .map_err(|e| StoreError::Corrupt { path: db.into(), detail: format!("round {round}'s report: {e}") })?;
+    tx.execute(
+        "UPDATE rounds SET report = ?2, report_checksum = ?3 WHERE round = ?1",
+        params![int(round), json, report_checksum(round, &json)],
+    )
+    .map_err(sql)?;
+    tx.commit().map_err(sql)
+}
+
 /// The reports of a state folder's closed rounds, read without taking the folder's lock. A
 /// report whose checksum does not match is left out with an error line (`anchorage-server check`
 /// lists it); one written before schema 2 has no checksum and is read as it is.

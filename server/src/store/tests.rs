@@ -60,6 +60,7 @@ fn report(round: u64) -> Arc<RoundReport> {
         started: Duration::ZERO,
         closed: Duration::from_secs(1),
         influence: Default::default(),
+        held_out_accuracy: None,
     })
 }
 

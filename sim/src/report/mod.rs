@@ -1,9 +1,13 @@
-//! `anchorage report <run-folder>`: plots and a Markdown summary from a run folder's
-//! `metrics.json` and `ledger.json` (written by both clocks), and the task accuracy matrix from
-//! `accuracy.csv` when a continual run wrote one. Charts are SVG and PNG.
+//! `anchorage report <run-folder|state_dir>`: plots and a Markdown summary of a run folder (its
+//! `metrics.json` and `ledger.json`, written by both clocks, or the tables it appended round by
+//! round when the run did not write its final record) or of a server's state folder (read only:
+//! the report goes elsewhere), and the task accuracy matrix from `accuracy.csv` when a continual
+//! run wrote one. Charts are SVG and PNG.
 
 pub(crate) mod png;
 mod run_info;
+mod server;
+mod source;
 pub(crate) mod svg;
 
 pub use crate::accuracy::{
@@ -11,6 +15,8 @@ pub use crate::accuracy::{
     accuracy_matrix, final_average, load_accuracy, task_starts,
 };
 pub use run_info::RunInfo;
+pub use server::{Holder, ServerRun};
+pub use source::{Kind, Source};
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -19,50 +25,16 @@ use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 
 use crate::accuracy;
-use crate::record::{RoundRow, RunSummary, SummaryInputs, human_bytes};
-use svg::{Series, heat_map, line_chart, line_chart_marked, stacked_bars, task_marks};
+use crate::record::{RunSummary, human_bytes};
+use svg::{Series, grouped_bars, heat_map, line_chart, line_chart_marked, stacked_bars, task_marks};
 
 /// Reads a run folder's summary and ledger. A server's state folder (`anchorage.db`) works too:
-/// the ledger is read from its database (without taking the running server's lock), and without
-/// a `metrics.json` the summary is made from the rounds the database closed (the server does not
-/// evaluate, so there is no accuracy).
+/// the ledger is read from its database (without taking the running server's lock), and the
+/// summary is made from the rounds the database closed. A run folder whose run did not write its
+/// final record is read from its tables (see [`Source::read`]).
 pub fn load(dir: &Path) -> anyhow::Result<(RunSummary, Vec<CostRecord>)> {
-    let read = |name: &str| {
-        let path = dir.join(name);
-        std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {} (is {} a run folder?)", path.display(), dir.display()))
-    };
-    let db = dir.join(anchorage_server::store::DB_FILE);
-    if !db.exists() {
-        let summary: RunSummary = serde_json::from_str(&read("metrics.json")?).context("parsing metrics.json")?;
-        let ledger: Vec<CostRecord> = serde_json::from_str(&read("ledger.json")?).context("parsing ledger.json")?;
-        return Ok((summary, ledger));
-    }
-    let ledger = anchorage_server::store::read_ledger(&db)?;
-    if dir.join("metrics.json").exists() {
-        return Ok((serde_json::from_str(&read("metrics.json")?).context("parsing metrics.json")?, ledger));
-    }
-    let reports = anchorage_server::store::read_round_reports(&db)?;
-    let rows: Vec<RoundRow> = reports
-        .iter()
-        .map(|r| {
-            let costs: Vec<CostRecord> = ledger.iter().filter(|c| c.round == r.round).cloned().collect();
-            RoundRow::from_report(r, f64::NAN, &costs)
-        })
-        .collect();
-    let inputs = SummaryInputs {
-        initial_accuracy: f64::NAN,
-        chance: f64::NAN,
-        late_updates: reports.last().map_or(0, |r| r.late_total),
-        refused: reports.iter().map(|r| r.refused).sum(),
-        decode_errors: 0,
-        wall_seconds: rows.iter().map(|r| r.seconds).sum(),
-        local_eval: Default::default(),
-    };
-    let mut summary = RunSummary::new(inputs, rows, &ledger, &[]);
-    // A server does not finish: its folder shows the rounds closed so far.
-    summary.status = crate::RunStatus::Running;
-    Ok((summary, ledger))
+    let source = Source::read(dir, None)?;
+    Ok((source.summary, source.ledger))
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -76,18 +48,189 @@ struct Plot {
     stem: String,
 }
 
-/// Writes the plots and `report.md` into `dir`; returns the files written.
+/// Every chart a report may draw (`<stem>.svg` and `.png`): a report removes those it does not
+/// draw again, so no picture of an earlier report stays behind.
+pub const PLOTS: [&str; 7] = [
+    "accuracy_by_round",
+    "accuracy_by_time",
+    "bytes_per_round",
+    "round_time_breakdown",
+    "round_time_cdf",
+    "accuracy_matrix",
+    "accuracy_matrix_clients",
+];
+
+/// The files a report writes: `report.md` and every chart of [`PLOTS`].
+pub fn report_files() -> Vec<String> {
+    let mut files = vec!["report.md".to_string()];
+    files.extend(PLOTS.iter().flat_map(|stem| [format!("{stem}.svg"), format!("{stem}.png")]));
+    files
+}
+
+/// Bar charts up to this many rounds; beyond, lines.
+const MAX_BAR_ROUNDS: usize = 30;
+
+/// What `anchorage report` was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct ReportOptions {
+    /// Where the report goes. Default: the run folder itself; for a server's state folder, a new
+    /// folder `report-<name>-<UTC date>T<time>` in the current folder (never the state folder).
+    pub out: Option<PathBuf>,
+    /// Write into an `out` that holds another run or another folder's report (its report files
+    /// are replaced; nothing else in it is touched).
+    pub force: bool,
+    /// A state folder's server.toml, for the rounds its server was set to run.
+    pub server_config: Option<PathBuf>,
+}
+
+/// What [`write_report_with`] wrote.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The folder the report is in.
+    pub out: PathBuf,
+    pub files: Vec<PathBuf>,
+}
+
+/// Writes the plots and `report.md` into the run folder `dir` itself; returns the files written.
+/// A server's state folder is refused: [`write_report_with`] (`anchorage report`) puts its
+/// report elsewhere.
 pub fn write_report(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let (summary, ledger) = load(dir)?;
-    let info = RunInfo::read(dir)?;
-    let rows = load_accuracy(dir)?;
+    let source = Source::read(dir, None)?;
+    if matches!(source.kind, Kind::StateFolder) {
+        anyhow::bail!(
+            "{} is a server's state folder: its report goes elsewhere (write_report_with and --out)",
+            dir.display()
+        );
+    }
+    render(&source, dir)
+}
+
+/// `anchorage report`: reads `dir` (a run folder or a server's state folder) and writes the
+/// report where `options` say. A state folder is never written into: its report goes to
+/// `--out` or a new folder in the current one. An `--out` that holds something else (another
+/// run, another folder's report) is refused unless `force`.
+pub fn write_report_with(dir: &Path, options: &ReportOptions) -> anyhow::Result<Written> {
+    let source = Source::read(dir, options.server_config.as_deref())?;
+    let here = std::fs::canonicalize(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let out = match (&options.out, source.kind) {
+        (Some(out), _) => out.clone(),
+        (None, Kind::RunFolder) => dir.to_path_buf(),
+        (None, Kind::StateFolder) => {
+            let name = here.file_name().map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
+            let name = crate::record::run_folder_name("report", 0, std::time::SystemTime::now()).replacen(
+                "report-0",
+                &format!("report-{name}"),
+                1,
+            );
+            let cwd = std::env::current_dir().context("the current folder")?;
+            refuse_state_folder(&here, &cwd, "the current folder")?;
+            crate::record::claim_run_folder(&cwd, &name)
+                .with_context(|| format!("creating a report folder in {}: give --out", cwd.display()))?
+        }
+    };
+    check_out(&source, &here, &out, options.force)?;
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let files = render(&source, &out)?;
+    Ok(Written { out, files })
+}
+
+/// Refuses a place inside a state folder (or any state folder) for the report.
+fn refuse_state_folder(state: &Path, place: &Path, what: &str) -> anyhow::Result<()> {
+    let place = nearest_existing(place);
+    let inside = place.starts_with(state)
+        || place.ancestors().any(|a| a.join(anchorage_server::store::DB_FILE).exists() && a != Path::new("/"));
+    anyhow::ensure!(
+        !inside,
+        "{what} ({}) is inside a server's state folder ({}): the report is never written there; give --out DIR \
+         elsewhere",
+        place.display(),
+        state.display()
+    );
+    Ok(())
+}
+
+/// `path` made absolute through its nearest existing ancestor (symbolic links resolved).
+fn nearest_existing(path: &Path) -> PathBuf {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut rest = Vec::new();
+    let mut at = path.as_path();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(at) {
+            return rest.iter().rev().fold(real, |p: PathBuf, part| p.join(part));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            _ => return path,
+        }
+    }
+}
+
+/// Where the report may go: never into a state folder; into a folder that is empty, is the run
+/// folder itself, or holds an earlier report of the same folder; elsewhere only with `force`.
+fn check_out(source: &Source, here: &Path, out: &Path, force: bool) -> anyhow::Result<()> {
+    match source.kind {
+        Kind::StateFolder => refuse_state_folder(here, out, "--out")?,
+        Kind::RunFolder => {
+            // A run folder's report goes into the run folder, but never into a state folder
+            // inside or around it (`anchorage fleet --local` keeps one in `state/`).
+            let real = nearest_existing(out);
+            anyhow::ensure!(
+                !real.join(anchorage_server::store::DB_FILE).exists(),
+                "--out {} is a server's state folder: the report is never written there",
+                out.display()
+            );
+        }
+    }
+    let real = nearest_existing(out);
+    if real == here {
+        return Ok(());
+    }
+    let entries: Vec<String> = match std::fs::read_dir(out) {
+        Ok(entries) => entries.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => return Ok(()), // not there yet (or not readable: creating it will say)
+    };
+    if entries.is_empty() || previous_source(out).is_some_and(|s| s == here) {
+        return Ok(());
+    }
+    if force {
+        return Ok(());
+    }
+    let what = if out.join("metrics.json").exists() || out.join("rounds.csv").exists() {
+        "another run".to_string()
+    } else if let Some(other) = previous_source(out) {
+        format!("the report of {}", other.display())
+    } else {
+        format!("{} other files", entries.len())
+    };
+    anyhow::bail!(
+        "--out {} already holds {what}: give an empty or new folder, or --force to replace its report files \
+         (report.md and the charts; nothing else is touched)",
+        out.display()
+    )
+}
+
+/// The folder an earlier `report.md` in `out` was made from (its `**Source:**` line).
+fn previous_source(out: &Path) -> Option<PathBuf> {
+    let md = std::fs::read_to_string(out.join("report.md")).ok()?;
+    let line = md.lines().find_map(|l| l.strip_prefix("**Source:** `"))?;
+    Some(PathBuf::from(line.split('`').next()?))
+}
+
+/// Draws the charts and writes `report.md` into `out`; returns the files written. Charts of an
+/// earlier report that this one does not draw are removed.
+fn render(source: &Source, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let (summary, ledger, info) = (&source.summary, &source.ledger, &source.info);
+    let rows = source.accuracy.as_deref();
     let rounds: Vec<u64> = summary.rounds.iter().map(|r| r.round).collect();
     let by_round = |round: u64| ledger.iter().filter(move |c| c.round == round);
     let mut files = Vec::new();
     let mut plots = Vec::new();
     // Every chart is written as SVG and as PNG.
     let mut put = |stem: &str, title: &str, svg: String| -> anyhow::Result<()> {
-        let path = dir.join(format!("{stem}.svg"));
+        let path = out.join(format!("{stem}.svg"));
         std::fs::write(&path, &svg).with_context(|| format!("writing {}", path.display()))?;
         let png = path.with_extension("png");
         png::write_png(&svg, &png).with_context(|| format!("rendering {}", png.display()))?;
@@ -98,83 +241,108 @@ pub fn write_report(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
     // Where each task after the first begins: at the end of the round before its first.
     let last_round = rounds.last().copied().unwrap_or(0);
-    let starts = info.task_starts(rows.as_deref(), last_round);
-    let tasks = task_count(rows.as_deref(), &summary, &starts);
+    let starts = info.task_starts(rows, last_round);
+    let tasks = task_count(rows, summary, &starts);
 
-    // A server's state folder has no accuracy (the server does not evaluate): no accuracy charts.
-    // A method with no global model has no initial accuracy, and its rounds' accuracy is the mean
-    // of the clients' local models.
-    let evaluated = summary.rounds.iter().any(|r| r.accuracy.is_finite());
-    let global = summary.initial_accuracy.is_finite();
-    let initial = global.then_some((0.0, summary.initial_accuracy * 100.0));
-    let (whose, series) =
-        if global { ("Global accuracy", "global") } else { ("Accuracy of the clients' local models", "clients' mean") };
-    if evaluated {
-        let accuracy: Vec<(f64, f64)> =
-            initial.into_iter().chain(summary.rounds.iter().map(|r| (r.round as f64, r.accuracy * 100.0))).collect();
-        let title = format!("{whose} by round");
-        let marks = task_marks(starts.iter().map(|&(k, r)| (k, r as f64 - 1.0)));
-        put(
-            "accuracy_by_round",
-            &title,
-            line_chart_marked(
+    if let Some(server) = &source.server {
+        server_accuracy_charts(server, summary, &mut put)?;
+    } else {
+        // A method with no global model has no initial accuracy, and its rounds' accuracy is
+        // the mean of the clients' local models.
+        let evaluated = summary.rounds.iter().any(|r| r.accuracy.is_finite());
+        // Without metrics.json (no initial accuracy recorded), accuracy.csv says whose it is.
+        let global = summary.initial_accuracy.is_finite()
+            || (!source.has_metrics && rows.is_some_and(|rows| rows.iter().any(|r| r.model == "global")));
+        let initial = summary.initial_accuracy.is_finite().then_some((0.0, summary.initial_accuracy * 100.0));
+        let (whose, series) = if global {
+            ("Global accuracy", "global")
+        } else {
+            ("Accuracy of the clients' local models", "clients' mean")
+        };
+        if evaluated {
+            let accuracy: Vec<(f64, f64)> = initial
+                .into_iter()
+                .chain(summary.rounds.iter().map(|r| (r.round as f64, r.accuracy * 100.0)))
+                .collect();
+            let title = format!("{whose} by round");
+            let marks = task_marks(starts.iter().map(|&(k, r)| (k, r as f64 - 1.0)));
+            put(
+                "accuracy_by_round",
                 &title,
-                "round",
-                "accuracy (%)",
-                &[Series { name: series.into(), points: accuracy }],
-                Some((0.0, 100.0)),
-                &marks,
-            ),
-        )?;
+                line_chart_marked(
+                    &title,
+                    "round",
+                    "accuracy (%)",
+                    &[Series { name: series.into(), points: accuracy }],
+                    Some((0.0, 100.0)),
+                    &marks,
+                ),
+            )?;
 
-        let mut clock = 0.0;
-        let mut by_time: Vec<(f64, f64)> = initial.into_iter().collect();
-        // The clock when each round began, for the task boundaries.
-        let mut began = std::collections::BTreeMap::new();
-        for r in &summary.rounds {
-            began.insert(r.round, clock);
-            clock += r.seconds;
-            by_time.push((clock, r.accuracy * 100.0));
+            let mut clock = 0.0;
+            let mut by_time: Vec<(f64, f64)> = initial.into_iter().collect();
+            // The clock when each round began, for the task boundaries.
+            let mut began = std::collections::BTreeMap::new();
+            for r in &summary.rounds {
+                began.insert(r.round, clock);
+                clock += r.seconds;
+                by_time.push((clock, r.accuracy * 100.0));
+            }
+            let marks = task_marks(starts.iter().filter_map(|&(k, r)| Some((k, *began.get(&r)?))));
+            let title = format!("{whose} over time");
+            put(
+                "accuracy_by_time",
+                &title,
+                line_chart_marked(
+                    &title,
+                    "seconds (sum of round durations)",
+                    "accuracy (%)",
+                    &[Series { name: series.into(), points: by_time }],
+                    Some((0.0, 100.0)),
+                    &marks,
+                ),
+            )?;
         }
-        let marks = task_marks(starts.iter().filter_map(|&(k, r)| Some((k, *began.get(&r)?))));
-        let title = format!("{whose} over time");
-        put(
-            "accuracy_by_time",
-            &title,
-            line_chart_marked(
-                &title,
-                "seconds (sum of round durations)",
-                "accuracy (%)",
-                &[Series { name: series.into(), points: by_time }],
-                Some((0.0, 100.0)),
-                &marks,
-            ),
-        )?;
     }
 
-    const MIB: f64 = 1024.0 * 1024.0;
-    let per_client = |f: &dyn Fn(&CostRecord) -> u64| -> Vec<(f64, f64)> {
-        rounds.iter().map(|&r| (r as f64, mean(by_round(r).map(|c| f(c) as f64)) / MIB)).collect()
+    let per_client = |f: &dyn Fn(&CostRecord) -> u64| -> Vec<f64> {
+        rounds.iter().map(|&r| mean(by_round(r).map(|c| f(c) as f64))).collect()
     };
-    let max_up: Vec<(f64, f64)> =
-        rounds.iter().map(|&r| (r as f64, by_round(r).map(|c| c.wire_up).max().unwrap_or(0) as f64 / MIB)).collect();
+    let max_up: Vec<f64> = rounds.iter().map(|&r| by_round(r).map(|c| c.wire_up).max().unwrap_or(0) as f64).collect();
+    let mut bytes = [
+        ("up payload (mean)", per_client(&|c| c.payload_up)),
+        ("up wire (mean)", per_client(&|c| c.wire_up)),
+        ("up wire (max)", max_up),
+        ("down wire (mean)", per_client(&|c| c.wire_down)),
+    ];
+    // In the binary unit of the largest value (as the console's columns are).
+    let top = bytes.iter().flat_map(|(_, v)| v.iter().copied()).fold(0.0, f64::max);
+    let (unit, scale) = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)]
+        .into_iter()
+        .find(|(_, s)| top >= *s as f64)
+        .unwrap_or(("bytes", 1));
+    for (_, values) in &mut bytes {
+        values.iter_mut().for_each(|v| *v /= scale as f64);
+    }
+    // Per client: the console's columns are the round's totals over its clients.
     let title = "Bytes per client per round";
-    put(
-        "bytes_per_round",
-        title,
-        line_chart(
-            title,
-            "round",
-            "MiB (as the console prints)",
-            &[
-                Series { name: "up wire (mean)".into(), points: per_client(&|c| c.wire_up) },
-                Series { name: "up payload (mean)".into(), points: per_client(&|c| c.payload_up) },
-                Series { name: "down wire (mean)".into(), points: per_client(&|c| c.wire_down) },
-                Series { name: "up wire (max)".into(), points: max_up },
-            ],
-            None,
-        ),
-    )?;
+    let y_label = format!("{unit} per client (the console prints round totals)");
+    let y_label = y_label.as_str();
+    let chart = if rounds.len() <= MAX_BAR_ROUNDS {
+        let categories: Vec<String> = rounds.iter().map(|r| r.to_string()).collect();
+        let series: Vec<(&str, Vec<f64>)> = bytes.iter().map(|(n, v)| (*n, v.clone())).collect();
+        grouped_bars(title, "round", y_label, &categories, &series)
+    } else {
+        let series: Vec<Series> = bytes
+            .iter()
+            .map(|(name, values)| Series {
+                name: name.to_string(),
+                points: rounds.iter().zip(values).map(|(&r, &v)| (r as f64, v)).collect(),
+            })
+            .collect();
+        line_chart(title, "round", y_label, &series, None)
+    };
+    put("bytes_per_round", title, chart)?;
 
     let layer =
         |f: &dyn Fn(&CostRecord) -> f64| -> Vec<f64> { rounds.iter().map(|&r| mean(by_round(r).map(f))).collect() };
@@ -215,7 +383,7 @@ pub fn write_report(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     // The task accuracy matrix (more than one task): the global model, and the mean of the
     // clients' local models.
     let (mut global, mut local) = (None, None);
-    if let Some(rows) = rows.as_deref().filter(|_| tasks > 1) {
+    if let Some(rows) = rows.filter(|_| tasks > 1) {
         let (row_label, col_label) = ("after task t", "test task k");
         if rows.iter().any(|r| r.model == "global") {
             let matrix = accuracy_matrix(rows, "global");
@@ -231,21 +399,78 @@ pub fn write_report(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         }
     }
 
-    let clients = rows.as_deref().map_or(!summary.continual.local_matrix.is_empty(), accuracy::has_clients);
+    // Charts of an earlier report that this one did not draw.
+    for stem in PLOTS.iter().filter(|stem| !plots.iter().any(|p| p.stem == **stem)) {
+        for ext in ["svg", "png"] {
+            let stale = out.join(format!("{stem}.{ext}"));
+            match std::fs::remove_file(&stale) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing {} (an earlier report's)", stale.display()));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    let clients = rows.map_or(!summary.continual.local_matrix.is_empty(), accuracy::has_clients);
     let doc = Doc {
-        summary: &summary,
-        ledger: &ledger,
-        info: &info,
+        source,
+        summary,
+        ledger,
+        info,
         tasks,
         clients,
         global: global.as_deref(),
         local: local.as_deref(),
         plots: &plots,
     };
-    let path = dir.join("report.md");
+    let path = out.join("report.md");
     std::fs::write(&path, markdown(&doc)).with_context(|| format!("writing {}", path.display()))?;
     files.push(path);
     Ok(files)
+}
+
+/// A state folder's accuracy charts: the devices' own evaluation and the server's held-out
+/// accuracy, when the rounds carry them (by round, and over the sum of round durations).
+fn server_accuracy_charts(
+    server: &ServerRun,
+    summary: &RunSummary,
+    put: &mut dyn FnMut(&str, &str, String) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    // Per kind of accuracy: its points by round and by time.
+    type Points = Vec<(f64, f64)>;
+    let mut clock = 0.0;
+    let (mut device, mut held_out): ([Points; 2], [Points; 2]) = Default::default();
+    for (r, row) in server.reports.iter().zip(&summary.rounds) {
+        clock += row.seconds;
+        if let Some((a, _)) = r.device_accuracy() {
+            device[0].push((r.round as f64, a * 100.0));
+            device[1].push((clock, a * 100.0));
+        }
+        if let Some(a) = r.held_out_accuracy {
+            held_out[0].push((r.round as f64, a * 100.0));
+            held_out[1].push((clock, a * 100.0));
+        }
+    }
+    let series = |by_time: bool| -> Vec<Series> {
+        let at = usize::from(by_time);
+        [("device accuracy (their own evaluation)", &device[at]), ("held-out accuracy (server)", &held_out[at])]
+            .into_iter()
+            .filter(|(_, points)| !points.is_empty())
+            .map(|(name, points)| Series { name: name.into(), points: points.clone() })
+            .collect()
+    };
+    if series(false).is_empty() {
+        return Ok(());
+    }
+    let title = "Accuracy by round";
+    put("accuracy_by_round", title, line_chart(title, "round", "accuracy (%)", &series(false), Some((0.0, 100.0))))?;
+    let title = "Accuracy over time";
+    put(
+        "accuracy_by_time",
+        title,
+        line_chart(title, "seconds (sum of round durations)", "accuracy (%)", &series(true), Some((0.0, 100.0))),
+    )
 }
 
 /// How many tasks the run trained: from the accuracy records, else the continual metrics'
@@ -261,6 +486,7 @@ fn task_count(rows: Option<&[AccuracyRow]>, summary: &RunSummary, starts: &[(usi
 
 /// What `report.md` is made of.
 struct Doc<'a> {
+    source: &'a Source,
     summary: &'a RunSummary,
     ledger: &'a [CostRecord],
     info: &'a RunInfo,
@@ -278,12 +504,25 @@ fn percent(v: Option<f64>) -> Option<String> {
     v.filter(|v| v.is_finite()).map(|v| format!("{:.2}%", v * 100.0))
 }
 
-/// `report.md`: the status, a summary table, the continual-learning metrics (more than one
-/// task), the task accuracy matrices, every plot, and the rounds.
+/// `report.md`: the status, where it was read from, a summary table, the continual-learning
+/// metrics (more than one task), the task accuracy matrices, every plot, and the rounds.
 fn markdown(doc: &Doc) -> String {
-    let Doc { summary, ledger, info, .. } = doc;
-    let mut md = String::from("# Run report\n\n");
-    let _ = writeln!(md, "**Status:** {}.\n", info.status_text(summary));
+    let Doc { source, summary, ledger, info, .. } = doc;
+    let server = source.server.as_ref();
+    let mut md = String::from(if server.is_some() { "# Server report\n\n" } else { "# Run report\n\n" });
+    let _ = writeln!(md, "**Status:** {}.\n", source.status);
+    let dir = std::fs::canonicalize(&source.dir).unwrap_or_else(|_| source.dir.clone());
+    let what = match (source.kind, server.and_then(|s| s.configured.as_ref())) {
+        (Kind::RunFolder, _) => "a run folder".to_string(),
+        (Kind::StateFolder, Some((_, config))) => {
+            format!("a server's state folder, read only; rounds set in {}", config.display())
+        }
+        (Kind::StateFolder, None) => "a server's state folder, read only".to_string(),
+    };
+    let _ = writeln!(md, "**Source:** `{}` ({what}).\n", dir.display());
+    for note in &source.notes {
+        let _ = writeln!(md, "> {note}\n");
+    }
     let total = |f: &dyn Fn(&CostRecord) -> u64| ledger.iter().map(f).sum::<u64>();
     let _ = writeln!(md, "| | |\n|---|---|");
     if let Some(method) = &info.method {
@@ -292,19 +531,23 @@ fn markdown(doc: &Doc) -> String {
     if let Some(clients) = info.clients {
         let _ = writeln!(md, "| clients | {clients} |");
     }
-    if summary.final_accuracy.is_finite() {
-        let _ = writeln!(
-            md,
-            "| final accuracy | {:.2}% (initial {}, chance {:.0}%) |",
-            summary.final_accuracy * 100.0,
-            percent(Some(summary.initial_accuracy)).unwrap_or_else(|| "– (no global model yet)".into()),
-            summary.chance * 100.0
-        );
+    if let Some(server) = server {
+        server.accuracy_lines(&mut md);
+    } else if summary.final_accuracy.is_finite() {
+        let initial = if source.has_metrics {
+            percent(Some(summary.initial_accuracy)).unwrap_or_else(|| "– (no global model yet)".into())
+        } else {
+            "– (not recorded: no metrics.json)".into()
+        };
+        let chance =
+            if summary.chance.is_finite() { format!(", chance {:.0}%", summary.chance * 100.0) } else { String::new() };
+        let _ = writeln!(md, "| final accuracy | {:.2}% (initial {initial}{chance}) |", summary.final_accuracy * 100.0);
     } else {
-        let _ = writeln!(md, "| final accuracy | not measured (a server's state folder) |");
+        let _ = writeln!(md, "| final accuracy | not measured |");
     }
-    if let Some(best) =
-        summary.rounds.iter().filter(|r| r.accuracy.is_finite()).max_by(|a, b| a.accuracy.total_cmp(&b.accuracy))
+    if server.is_none()
+        && let Some(best) =
+            summary.rounds.iter().filter(|r| r.accuracy.is_finite()).max_by(|a, b| a.accuracy.total_cmp(&b.accuracy))
     {
         let _ = writeln!(md, "| best accuracy | {:.2}% (round {}) |", best.accuracy * 100.0, best.round);
     }
@@ -350,7 +593,8 @@ fn markdown(doc: &Doc) -> String {
         );
     }
     let _ = writeln!(md, "| late updates / refused | {} / {} |", summary.late_updates, summary.refused);
-    let _ = writeln!(md, "| wall time of the run | {:.1} s |", summary.wall_seconds);
+    let wall = if server.is_some() { "time in rounds (sum of round durations)" } else { "wall time of the run" };
+    let _ = writeln!(md, "| {wall} | {:.1} s |", summary.wall_seconds);
     let local = &summary.local_eval;
     if local.every > 1 || local.sampled {
         let _ = writeln!(
@@ -391,6 +635,10 @@ fn markdown(doc: &Doc) -> String {
         }
     }
 
+    if let Some(server) = server {
+        server.rounds_section(&mut md, summary);
+        return md;
+    }
     let _ = writeln!(
         md,
         "\n## Rounds\n\n| round | accuracy | updates | dropped | up wire | down wire | seconds | mean compute s | mean transfer s | mean wait s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -398,11 +646,11 @@ fn markdown(doc: &Doc) -> String {
     for r in &summary.rounds {
         let costs: Vec<&CostRecord> = ledger.iter().filter(|c| c.round == r.round).collect();
         let m = |f: &dyn Fn(&CostRecord) -> f64| mean(costs.iter().map(|c| f(c)));
+        let accuracy = percent(Some(r.accuracy)).unwrap_or_else(|| "–".into());
         let _ = writeln!(
             md,
-            "| {} | {:.2}% | {}/{} | {} | {} | {} | {:.2} | {:.3} | {:.3} | {:.3} |",
+            "| {} | {accuracy} | {}/{} | {} | {} | {} | {:.2} | {:.3} | {:.3} | {:.3} |",
             r.round,
-            r.accuracy * 100.0,
             r.aggregated,
             r.sampled,
             r.dropped,
@@ -455,7 +703,7 @@ fn continual_section(md: &mut String, doc: &Doc) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::SummaryInputs;
+    use crate::record::{RoundRow, SummaryInputs};
 
     /// A run folder of `rounds` rounds with no ledger, `config.toml` as given and `accuracy.csv`
     /// from `csv` when given; the summary's continual metrics come from the same rows.
@@ -589,5 +837,133 @@ mod tests {
         assert!(md.contains("| method | fedavg |"), "no [method]: the default: {md}");
         assert!(md.contains("| forgetting (best earlier − final, old tasks) | 30.00% |"), "{md}");
         assert!(!md.contains("A^loc") && !md.contains("KR_s"), "{md}");
+    }
+
+    /// Writes `rows` under `header` as the run appends them (header first, a newline each).
+    fn table<T: serde::Serialize>(path: &Path, header: &[&str], rows: &[T]) {
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+        w.write_record(header).unwrap();
+        for r in rows {
+            w.serialize(r).unwrap();
+        }
+        std::fs::write(path, w.into_inner().unwrap()).unwrap();
+    }
+
+    /// The issue's folder after a second Ctrl-C: config.toml, the tables appended round by round,
+    /// metrics.json from an earlier round saying `running`, and no ledger.json.
+    fn stopped_folder(dir: &Path) {
+        std::fs::write(dir.join("config.toml"), "clients = 2\nrounds = 10\n").unwrap();
+        let rows: Vec<RoundRow> = (1..=3).map(|r| RoundRow::example(r, 0.4 + 0.1 * r as f64, 0.5)).collect();
+        table(&dir.join(crate::record::ROUNDS_FILE), &crate::record::ROUNDS_HEADER, &rows);
+        let costs: Vec<CostRecord> = (1..=3u64)
+            .flat_map(|round| {
+                (0..2).map(move |c| CostRecord {
+                    client: format!("client-{c}"),
+                    round,
+                    wire_up: 1000,
+                    payload_up: 900,
+                    compute_seconds: 0.25,
+                    wall_seconds: 0.4,
+                    ..CostRecord::default()
+                })
+            })
+            .collect();
+        let header: Vec<&str> = anchorage_shared::ledger::CSV_HEADER.split(',').collect();
+        table(&dir.join(crate::record::LEDGER_CSV_FILE), &header, &costs);
+        std::fs::write(
+            dir.join(accuracy::FILE),
+            format!("{}\n1,0,global,0,0.5\n2,0,global,0,0.6\n3,0,global,0,0.7\n", accuracy::HEADER),
+        )
+        .unwrap();
+        let mut running = RunSummary::new(SummaryInputs::example(), rows[..1].to_vec(), &[], &[]);
+        running.status = crate::RunStatus::Running;
+        std::fs::write(dir.join("metrics.json"), serde_json::to_string(&running).unwrap()).unwrap();
+        let _ = std::fs::remove_file(dir.join("ledger.json"));
+    }
+
+    /// Item 6 of issue 31: a folder whose run never wrote its final record is reported from its
+    /// tables, with an honest status.
+    #[test]
+    fn a_run_that_did_not_finish_is_reported_from_its_tables() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        stopped_folder(dir);
+        let files = write_report(dir).unwrap();
+        assert!(files.contains(&dir.join("report.md")) && files.contains(&dir.join("accuracy_by_round.png")));
+        let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        let status = "**Status:** stopped without finishing (or still running): last round 3 of 10 at ";
+        assert!(md.contains(status) && md.contains(" UTC."), "{md}");
+        assert!(md.contains("metrics.json still says `running`") && md.contains("read from rounds.csv"), "{md}");
+        assert!(md.contains("| 3 | 70.00% | 3/3 |"), "all three rounds, from rounds.csv: {md}");
+        assert!(md.contains("| final accuracy | 70.00% (initial 10.00%, chance 10%) |"), "{md}");
+        assert!(
+            md.contains("| rounds | 3 |") && md.contains("| bytes up (payload / wire) | 5.27 KiB / 5.86 KiB |"),
+            "{md}"
+        );
+        // A last line cut short by the kill is left out, and said so.
+        let rounds = dir.join(crate::record::ROUNDS_FILE);
+        let mut text = std::fs::read_to_string(&rounds).unwrap();
+        text.push_str("4,0.8");
+        std::fs::write(&rounds, text).unwrap();
+        write_report(dir).unwrap();
+        let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        assert!(md.contains("last round 3 of 10") && md.contains("rounds.csv was cut short (`4,0.8`)"), "{md}");
+
+        // No metrics.json at all.
+        std::fs::remove_file(dir.join("metrics.json")).unwrap();
+        write_report(dir).unwrap();
+        let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        assert!(md.contains("last round 3 of 10") && md.contains("there is no metrics.json"), "{md}");
+        assert!(md.contains("| final accuracy | 70.00% (initial – (not recorded: no metrics.json)) |"), "{md}");
+        assert!(md.contains("![Global accuracy by round](accuracy_by_round.png)"), "accuracy.csv says global: {md}");
+
+        // A second Ctrl-C's mark: interrupted, still no ledger.json.
+        let mut marked = RunSummary::new(SummaryInputs::example(), vec![RoundRow::example(1, 0.5, 0.5)], &[], &[]);
+        marked.status = crate::RunStatus::Interrupted;
+        marked.stop_reason = Some("SIGINT twice: quit at once".into());
+        std::fs::write(dir.join("metrics.json"), serde_json::to_string(&marked).unwrap()).unwrap();
+        write_report(dir).unwrap();
+        let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        assert!(md.contains("**Status:** interrupted after round 3 (SIGINT twice: quit at once)."), "{md}");
+        let (summary, ledger) = load(dir).unwrap();
+        assert_eq!((summary.rounds.len(), ledger.len()), (3, 6));
+    }
+
+    /// Item 10 of issue 31: `--out` into a folder that holds another run is refused unless
+    /// forced, and no chart of an earlier report stays behind.
+    #[test]
+    fn out_holding_another_run_is_refused_and_no_old_chart_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        for dir in [&a, &b] {
+            std::fs::create_dir(dir).unwrap();
+        }
+        folder(&a, "rounds = 12\nrounds_per_task = 3\n", 12, Some(&four_tasks()));
+        folder(&b, "rounds = 2\n", 2, None);
+        write_report(&a).unwrap();
+        assert!(a.join("accuracy_matrix.png").exists());
+        let to = |out: &Path, force: bool| {
+            write_report_with(&b, &ReportOptions { out: Some(out.to_path_buf()), force, server_config: None })
+        };
+        let err = format!("{:#}", to(&a, false).unwrap_err());
+        assert!(err.contains("already holds another run") && err.contains("--force"), "{err}");
+        let written = to(&a, true).unwrap();
+        assert_eq!(written.out, a);
+        assert!(!a.join("accuracy_matrix.png").exists() && !a.join("accuracy_matrix.svg").exists(), "a stale chart");
+        let md = std::fs::read_to_string(a.join("report.md")).unwrap();
+        let b_real = std::fs::canonicalize(&b).unwrap();
+        assert!(md.contains(&format!("**Source:** `{}` (a run folder).", b_real.display())), "{md}");
+        assert!(a.join("metrics.json").exists() && a.join("accuracy.csv").exists(), "the run's own files stay");
+        // A new folder, then the same again (its earlier report of the same run): no --force.
+        let fresh = tmp.path().join("reports/b");
+        to(&fresh, false).unwrap();
+        to(&fresh, false).unwrap();
+        std::fs::write(tmp.path().join("reports/notes.txt"), "mine").unwrap();
+        let err = format!("{:#}", to(&tmp.path().join("reports"), false).unwrap_err());
+        assert!(err.contains("already holds 2 other files"), "{err}");
+        // In place, a report that draws fewer charts removes the others.
+        folder(&a, "rounds = 2\n", 2, None);
+        write_report(&a).unwrap();
+        assert!(!a.join("accuracy_matrix.png").exists());
     }
 }

@@ -66,9 +66,11 @@ impl RunInfo {
             RunStatus::Finished => format!("finished ({done}{of} rounds)"),
             RunStatus::Interrupted => after("interrupted"),
             RunStatus::Failed => after("failed"),
+            // metrics.json never said how the run ended (the report adds when its last round
+            // was written, from the run folder's tables).
             RunStatus::Running => match summary.rounds.last() {
-                Some(last) => format!("running, or stopped without a word (round {} is the last closed)", last.round),
-                None => "running, or stopped without a word (no round closed yet)".into(),
+                Some(last) => format!("stopped without finishing (or still running): last round {}{of}", last.round),
+                None => "stopped without finishing (or still running): no round closed".into(),
             },
         }
     }
@@ -127,7 +129,10 @@ mod tests {
         assert_eq!(status(RunStatus::Finished, None, 6), "finished (6 of 6 rounds)");
         assert_eq!(status(RunStatus::Interrupted, Some("SIGINT"), 3), "interrupted after round 3 (SIGINT)");
         assert_eq!(status(RunStatus::Failed, None, 0), "failed before any round closed");
-        assert!(status(RunStatus::Running, None, 2).contains("round 2 is the last closed"));
+        assert_eq!(
+            status(RunStatus::Running, None, 2),
+            "stopped without finishing (or still running): last round 2 of 6"
+        );
         std::fs::write(dir.path().join("config.toml"), "clients = [").unwrap();
         let err = format!("{:#}", RunInfo::read(dir.path()).unwrap_err());
         assert!(err.contains("parsing") && err.contains("config.toml"), "{err}");

@@ -1,14 +1,28 @@
 //! Minimal SVG charts (no plotting dependency): line charts (with task boundaries where asked),
-//! stacked bars, with axes and a legend; heat maps with a colour scale.
+//! stacked and grouped bars, with axes and a legend; heat maps with a colour scale.
+//!
+//! The plot area is the same in every chart; the right margin grows with the legend's longest
+//! name (measured with the font the PNGs are drawn with), so a legend is never clipped.
 
 use std::fmt::Write;
 
-const W: f64 = 720.0;
 const H: f64 = 400.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 160.0;
+/// The plot area's width.
+const PLOT_W: f64 = 490.0;
+/// The right margin (the legend's) when the names are short, and at most.
+const MIN_RIGHT: f64 = 160.0;
+const MAX_RIGHT: f64 = 420.0;
+/// From the plot's right edge to a legend name's start (its line or swatch before it).
+const LEGEND_TEXT: f64 = 32.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 50.0;
+/// A chart's labels' font size (px).
+const FONT: f64 = 12.0;
+/// Category labels under bars, at most (more categories: every k-th is labelled).
+const MAX_CATEGORY_LABELS: usize = 12;
+/// Markers drawn along one line, at most (a longer series marks every k-th point).
+const MAX_MARKERS: usize = 40;
 const COLOURS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
 
 /// One named series of (x, y) points.
@@ -82,14 +96,65 @@ fn dash(i: usize) -> &'static str {
     ["", "7 4", "2 3", "9 3 2 3", "4 4"][i % 5]
 }
 
+/// ` stroke-dasharray="…"` for the `i`-th line, or nothing for a solid one.
+fn dash_attr(i: usize) -> String {
+    match dash(i) {
+        "" => String::new(),
+        d => format!(r#" stroke-dasharray="{d}""#),
+    }
+}
+
+/// The `i`-th series' marker at (x, y): a filled dot for the first, then hollow shapes (square,
+/// triangle, diamond, ring), so markers of series that coincide all stay visible.
+fn marker(svg: &mut String, i: usize, x: f64, y: f64, colour: &str) {
+    let hollow = format!(r#"fill="none" stroke="{colour}" stroke-width="1.5""#);
+    let _ = match i % 5 {
+        0 => write!(svg, r#"<circle class="marker" cx="{x:.1}" cy="{y:.1}" r="3" fill="{colour}"/>"#),
+        1 => {
+            write!(svg, r#"<rect class="marker" x="{:.1}" y="{:.1}" width="7" height="7" {hollow}/>"#, x - 3.5, y - 3.5)
+        }
+        2 => write!(
+            svg,
+            r#"<path class="marker" d="M{x:.1} {:.1}L{:.1} {:.1}L{:.1} {:.1}Z" {hollow}/>"#,
+            y - 4.5,
+            x + 4.5,
+            y + 3.5,
+            x - 4.5,
+            y + 3.5
+        ),
+        3 => write!(
+            svg,
+            r#"<path class="marker" d="M{x:.1} {:.1}L{:.1} {y:.1}L{x:.1} {:.1}L{:.1} {y:.1}Z" {hollow}/>"#,
+            y - 5.0,
+            x + 5.0,
+            y + 5.0,
+            x - 5.0
+        ),
+        _ => write!(svg, r#"<circle class="marker" cx="{x:.1}" cy="{y:.1}" r="5" {hollow}/>"#),
+    };
+}
+
+/// A chart's geometry: the data ranges and the right margin its legend needs.
 struct Frame {
     x: (f64, f64),
     y: (f64, f64),
+    right: f64,
 }
 
 impl Frame {
+    fn new(x: (f64, f64), y: (f64, f64), legend: &Legend) -> Self {
+        Self { x, y, right: legend.right }
+    }
+    /// The chart's width.
+    fn w(&self) -> f64 {
+        LEFT + PLOT_W + self.right
+    }
+    /// The plot area's right edge.
+    fn plot_right(&self) -> f64 {
+        LEFT + PLOT_W
+    }
     fn px(&self, x: f64) -> f64 {
-        LEFT + (x - self.x.0) / (self.x.1 - self.x.0).max(1e-12) * (W - LEFT - RIGHT)
+        LEFT + (x - self.x.0) / (self.x.1 - self.x.0).max(1e-12) * PLOT_W
     }
     fn py(&self, y: f64) -> f64 {
         H - BOTTOM - (y - self.y.0) / (self.y.1 - self.y.0).max(1e-12) * (H - TOP - BOTTOM)
@@ -106,10 +171,11 @@ enum XTicks {
 }
 
 fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &str, x_ticks: XTicks) {
+    let (w, r) = (frame.w(), frame.plot_right());
     let _ = write!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        (W - RIGHT + LEFT) / 2.0,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{H}" viewBox="0 0 {w} {H}" font-family="sans-serif" font-size="{FONT}"><rect width="100%" height="100%" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
+        (r + LEFT) / 2.0,
         escape(title)
     );
     let y_ticks = ticks(frame.y.0, frame.y.1);
@@ -117,8 +183,7 @@ fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &s
         let y = frame.py(*t);
         let _ = write!(
             svg,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            W - RIGHT,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{r:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
             LEFT - 6.0,
             y + 4.0,
             text
@@ -130,8 +195,7 @@ fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &s
         XTicks::Whole => ticks(frame.x.0, frame.x.1).into_iter().filter(|t| t.fract() == 0.0).collect(),
     };
     for (t, text) in x_ticks.iter().zip(labels(&x_ticks)) {
-        let x = frame.px(*t);
-        let _ = write!(svg, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{text}</text>"#, H - BOTTOM + 16.0);
+        x_tick(svg, frame.px(*t), &text);
     }
     let _ = write!(
         svg,
@@ -139,45 +203,126 @@ fn open(svg: &mut String, title: &str, frame: &Frame, x_label: &str, y_label: &s
         escape(x_label),
         escape(y_label),
         b = H - BOTTOM,
-        r = W - RIGHT,
-        cx = (W - RIGHT + LEFT) / 2.0,
+        cx = (r + LEFT) / 2.0,
         xl = H - 10.0,
         cy = (H - BOTTOM + TOP) / 2.0,
     );
 }
 
-/// The legend: a swatch per name (bars), or a stretch of the line as it is drawn (`lines`).
-fn legend(svg: &mut String, names: &[&str], lines: bool) {
-    for (i, name) in names.iter().enumerate() {
-        let y = TOP + 10.0 + i as f64 * 18.0;
-        let colour = COLOURS[i % COLOURS.len()];
-        let x = W - RIGHT + 8.0;
-        let _ = if lines {
-            write!(
-                svg,
-                r#"<line x1="{x:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{colour}" stroke-width="2" stroke-dasharray="{}"/>"#,
-                y - 4.0,
-                x + 20.0,
-                y - 4.0,
-                dash(i)
-            )
-        } else {
-            write!(svg, r#"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{colour}"/>"#, x + 4.0, y - 10.0)
-        };
-        let _ = write!(svg, r#"<text x="{:.1}" y="{y:.1}">{}</text>"#, W - RIGHT + 32.0, escape(&fit_legend(name)));
+/// A labelled tick under the x axis at `x`.
+fn x_tick(svg: &mut String, x: f64, text: &str) {
+    let b = H - BOTTOM;
+    let _ = write!(
+        svg,
+        r#"<line x1="{x:.1}" y1="{b}" x2="{x:.1}" y2="{:.1}" stroke="black"/><text class="x-tick" x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        b + 4.0,
+        b + 16.0,
+        escape(text)
+    );
+}
+
+/// Which categories under bars get a label: all of them up to [`MAX_CATEGORY_LABELS`]; beyond,
+/// those whose number is a multiple of a round step (rounds 10, 20, 30, …), or every k-th when
+/// they are not numbers.
+fn labelled_categories(categories: &[String]) -> Vec<usize> {
+    let n = categories.len();
+    if n <= MAX_CATEGORY_LABELS {
+        return (0..n).collect();
+    }
+    let numbers: Option<Vec<u64>> = categories.iter().map(|c| c.parse().ok()).collect();
+    let nice = |span: f64| {
+        let raw = (span / MAX_CATEGORY_LABELS as f64).max(1.0);
+        let mag = 10f64.powf(raw.log10().floor());
+        let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
+        step.round().max(1.0) as u64
+    };
+    match numbers {
+        Some(numbers) => {
+            let (lo, hi) = (numbers.iter().min().copied().unwrap_or(0), numbers.iter().max().copied().unwrap_or(0));
+            let step = nice((hi - lo) as f64 + 1.0);
+            let picked: Vec<usize> = (0..n).filter(|&i| numbers[i] % step == 0).collect();
+            // Labels never crowd: gaps in the numbers could put many multiples side by side.
+            thin(picked, n)
+        }
+        None => {
+            let step = nice(n as f64) as usize;
+            (0..n).filter(|i| i % step == 0).collect()
+        }
     }
 }
 
-/// A legend name that fits the right margin: a long one keeps its end (where run folder names
-/// differ: seed, time), after an ellipsis.
-fn fit_legend(name: &str) -> String {
-    const MAX: usize = 18;
-    let n = name.chars().count();
-    if n <= MAX { name.to_string() } else { format!("…{}", name.chars().skip(n - (MAX - 1)).collect::<String>()) }
+/// At most [`MAX_CATEGORY_LABELS`] of `picked` (every k-th), of `n` categories.
+fn thin(picked: Vec<usize>, n: usize) -> Vec<usize> {
+    if picked.is_empty() {
+        return (0..n).step_by(n.div_ceil(MAX_CATEGORY_LABELS).max(1)).collect();
+    }
+    let k = picked.len().div_ceil(MAX_CATEGORY_LABELS).max(1);
+    picked.into_iter().step_by(k).collect()
+}
+
+/// A legend's names, fitted to the right margin, and that margin.
+struct Legend {
+    names: Vec<String>,
+    right: f64,
+}
+
+impl Legend {
+    /// The margin the longest name needs (at least [`MIN_RIGHT`]); a name longer than
+    /// [`MAX_RIGHT`] allows keeps its end (where run folder names differ: seed, time) after an
+    /// ellipsis.
+    fn new(names: &[&str]) -> Self {
+        let room = MAX_RIGHT - LEGEND_TEXT - 12.0;
+        let names: Vec<String> = names.iter().map(|n| fit_legend(n, room)).collect();
+        let widest = names.iter().map(|n| super::png::text_width(n, FONT)).fold(0.0, f64::max);
+        Self { right: (LEGEND_TEXT + widest + 12.0).clamp(MIN_RIGHT, MAX_RIGHT), names }
+    }
+}
+
+/// The legend: a swatch per name (bars), or a stretch of the line with its marker as it is
+/// drawn (`lines`).
+fn legend(svg: &mut String, frame: &Frame, legend: &Legend, lines: bool) {
+    for (i, name) in legend.names.iter().enumerate() {
+        let y = TOP + 10.0 + i as f64 * 18.0;
+        let colour = COLOURS[i % COLOURS.len()];
+        let x = frame.plot_right() + 8.0;
+        if lines {
+            let _ = write!(
+                svg,
+                r#"<line x1="{x:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{colour}" stroke-width="2"{}/>"#,
+                y - 4.0,
+                x + 20.0,
+                y - 4.0,
+                dash_attr(i)
+            );
+            marker(svg, i, x + 10.0, y - 4.0, colour);
+        } else {
+            let _ =
+                write!(svg, r#"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{colour}"/>"#, x + 4.0, y - 10.0);
+        }
+        let _ = write!(
+            svg,
+            r#"<text class="legend" x="{:.1}" y="{y:.1}">{}</text>"#,
+            frame.plot_right() + LEGEND_TEXT,
+            escape(name)
+        );
+    }
+}
+
+/// A legend name that fits `room` pixels: a longer one keeps its end after an ellipsis.
+fn fit_legend(name: &str, room: f64) -> String {
+    if super::png::text_width(name, FONT) <= room {
+        return name.to_string();
+    }
+    let chars: Vec<char> = name.chars().collect();
+    (1..chars.len())
+        .map(|skip| format!("…{}", chars[skip..].iter().collect::<String>()))
+        .find(|n| super::png::text_width(n, FONT) <= room)
+        .unwrap_or_else(|| "…".into())
 }
 
 fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
+    let (lo, hi) =
+        values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
     if !lo.is_finite() {
         (0.0, 1.0)
     } else if hi - lo < 1e-12 {
@@ -194,6 +339,10 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], 
 
 /// [`line_chart`] with a thin dashed vertical line at each mark inside the x range, labelled
 /// above the plot (labels that would overlap their left neighbour are left out).
+///
+/// Each series is a line (from two points on: one point is only its marker) with a marker per
+/// point, a different shape per series; a long series marks every k-th point, each series
+/// starting at another offset, so that series that run together still show one another's marks.
 pub fn line_chart_marked(
     title: &str,
     x_label: &str,
@@ -207,7 +356,8 @@ pub fn line_chart_marked(
         let (lo, hi) = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
         (lo.min(0.0), hi * 1.05)
     });
-    let frame = Frame { x, y };
+    let names = Legend::new(&series.iter().map(|s| s.name.as_str()).collect::<Vec<_>>());
+    let frame = Frame::new(x, y, &names);
     let mut svg = String::new();
     let whole = series.iter().all(|s| s.points.iter().all(|p| p.0.fract() == 0.0));
     open(&mut svg, title, &frame, x_label, y_label, if whole { XTicks::Whole } else { XTicks::Any });
@@ -235,19 +385,33 @@ pub fn line_chart_marked(
     }
     for (i, s) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
-        let path: Vec<String> =
-            s.points.iter().map(|(a, b)| format!("{:.1},{:.1}", frame.px(*a), frame.py(*b))).collect();
-        let _ = write!(
-            svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{}" points="{}"/>"#,
-            dash(i),
-            path.join(" ")
-        );
-        for (a, b) in &s.points {
-            let _ = write!(svg, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"/>"#, frame.px(*a), frame.py(*b));
+        let points: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .map(|&(a, b)| (frame.px(a), frame.py(b)))
+            .collect();
+        // A polyline needs two points (a lone point is only its marker).
+        if points.len() >= 2 {
+            let path: Vec<String> = points.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
+            let _ = write!(
+                svg,
+                r#"<polyline fill="none" stroke="{colour}" stroke-width="2"{} points="{}"/>"#,
+                dash_attr(i),
+                path.join(" ")
+            );
+        }
+        // A long series marks every k-th point, k at least the number of series, each series
+        // from its own offset: lines that run together show every series' marks.
+        let every = if points.len() > MAX_MARKERS { points.len().div_ceil(MAX_MARKERS).max(series.len()) } else { 1 };
+        let offset = i % every;
+        for (j, (a, b)) in points.iter().enumerate() {
+            if (j + offset) % every == 0 || points.len() == 1 {
+                marker(&mut svg, i, *a, *b, colour);
+            }
         }
     }
-    legend(&mut svg, &series.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), true);
+    legend(&mut svg, &frame, &names, true);
     svg.push_str("</svg>\n");
     svg
 }
@@ -262,13 +426,14 @@ pub fn stacked_bars(
 ) -> String {
     let totals: Vec<f64> =
         (0..categories.len()).map(|c| layers.iter().map(|(_, v)| v.get(c).copied().unwrap_or(0.0)).sum()).collect();
-    let hi = totals.iter().cloned().fold(0.0, f64::max).max(1e-9) * 1.05;
+    let hi = totals.iter().cloned().filter(|v| v.is_finite()).fold(0.0, f64::max).max(1e-9) * 1.05;
     let n = categories.len().max(1) as f64;
-    let frame = Frame { x: (0.0, n), y: (0.0, hi) };
+    let names = Legend::new(&layers.iter().map(|(n, _)| *n).collect::<Vec<_>>());
+    let frame = Frame::new((0.0, n), (0.0, hi), &names);
     let mut svg = String::new();
-    open(&mut svg, title, &Frame { x: (0.5, n + 0.5), y: (0.0, hi) }, x_label, y_label, XTicks::None);
-    let width = (W - LEFT - RIGHT) / n * 0.7;
-    for (c, name) in categories.iter().enumerate() {
+    open(&mut svg, title, &Frame::new((0.5, n + 0.5), (0.0, hi), &names), x_label, y_label, XTicks::None);
+    let width = (PLOT_W / n * 0.7).min(60.0);
+    for c in 0..categories.len() {
         let x = frame.px(c as f64 + 0.5) - width / 2.0;
         let mut base = 0.0;
         for (l, (_, values)) in layers.iter().enumerate() {
@@ -285,17 +450,56 @@ pub fn stacked_bars(
             );
             base += v;
         }
-        if categories.len() <= 30 {
+    }
+    for c in labelled_categories(categories) {
+        x_tick(&mut svg, frame.px(c as f64 + 0.5), &categories[c]);
+    }
+    legend(&mut svg, &frame, &names, false);
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Grouped ("dodged") bars: per category, one bar per named series side by side, so series of
+/// equal values stay told apart.
+pub fn grouped_bars(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    categories: &[String],
+    series: &[(&str, Vec<f64>)],
+) -> String {
+    let hi = series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|v| v.is_finite()).fold(0.0, f64::max).max(1e-9)
+        * 1.05;
+    let n = categories.len().max(1) as f64;
+    let names = Legend::new(&series.iter().map(|(n, _)| *n).collect::<Vec<_>>());
+    let frame = Frame::new((0.0, n), (0.0, hi), &names);
+    let mut svg = String::new();
+    open(&mut svg, title, &frame, x_label, y_label, XTicks::None);
+    // A few rounds do not make slabs: bars at most 40 px wide.
+    let group = (PLOT_W / n * 0.8).min(40.0 * series.len().max(1) as f64);
+    let bar = group / series.len().max(1) as f64;
+    for c in 0..categories.len() {
+        let left = frame.px(c as f64 + 0.5) - group / 2.0;
+        for (s, (_, values)) in series.iter().enumerate() {
+            let v = values.get(c).copied().unwrap_or(0.0);
+            if !(v.is_finite() && v > 0.0) {
+                continue;
+            }
+            let (y0, y1) = (frame.py(0.0), frame.py(v));
             let _ = write!(
                 svg,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                x + width / 2.0,
-                H - BOTTOM + 16.0,
-                escape(name)
+                r#"<rect class="bar" x="{:.1}" y="{y1:.1}" width="{:.1}" height="{:.1}" fill="{}"/>"#,
+                left + s as f64 * bar,
+                (bar - 1.0).max(0.5),
+                (y0 - y1).max(0.0),
+                COLOURS[s % COLOURS.len()]
             );
         }
     }
-    legend(&mut svg, &layers.iter().map(|(n, _)| *n).collect::<Vec<_>>(), false);
+    for c in labelled_categories(categories) {
+        x_tick(&mut svg, frame.px(c as f64 + 0.5), &categories[c]);
+    }
+    legend(&mut svg, &frame, &names, false);
     svg.push_str("</svg>\n");
     svg
 }
@@ -456,7 +660,7 @@ mod tests {
         assert!(three.contains(">task 1<") && three.contains(">task 2<") && !three.contains(">task 0<"));
         assert!(three.contains("stroke-dasharray=\"5 4\""), "dashed");
         // Task 1 starts with round 4: the line stands at x = 3, where its first round begins.
-        let frame = Frame { x: (0.0, 9.0), y: (0.0, 100.0) };
+        let frame = Frame { x: (0.0, 9.0), y: (0.0, 100.0), right: MIN_RIGHT };
         assert!(three.contains(&format!(r#"class="task-boundary" x1="{:.1}""#, frame.px(3.0))), "{three}");
         let one = chart(1);
         assert!(!one.contains("task-boundary") && !one.contains(">task "), "{one}");
@@ -471,8 +675,97 @@ mod tests {
 
     #[test]
     fn long_legend_names_keep_their_end() {
-        assert_eq!(fit_legend("global"), "global");
-        assert_eq!(fit_legend("sim-4-1700000000-run-b"), "…-1700000000-run-b");
+        let room = 150.0;
+        assert_eq!(fit_legend("global", room), "global");
+        let fitted = fit_legend("a-long-prefix-sim-4-1700000000-run-b", room);
+        assert!(fitted.starts_with('…') && fitted.ends_with("1700000000-run-b"), "{fitted}");
+        assert!(super::super::png::text_width(&fitted, FONT) <= room);
+    }
+
+    /// The issue's clipped legend: run folder names are drawn whole, the chart made wider for
+    /// them, and the longest name ends inside the picture.
+    #[test]
+    fn a_legend_is_never_clipped() {
+        let names = ["r4", "sim-7-20261125T101229-long-name-b", "r1"];
+        let series: Vec<Series> =
+            names.iter().map(|n| Series { name: n.to_string(), points: vec![(0.0, 10.0), (1.0, 50.0)] }).collect();
+        let s = line_chart("Global accuracy by round", "round", "accuracy (%)", &series, Some((0.0, 100.0)));
+        assert!(s.contains(">sim-7-20261125T101229-long-name-b<"), "the whole name: {s}");
+        let width: f64 = s.split("width=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        let start = LEFT + PLOT_W + LEGEND_TEXT;
+        let text = super::super::png::text_width("sim-7-20261125T101229-long-name-b", FONT);
+        assert!(start + text < width, "legend ends at {} of {width}", start + text);
+        // Short names keep the usual width.
+        let short = line_chart("t", "x", "y", &series[..1], None);
+        assert!(short.contains(&format!("width=\"{}\"", LEFT + PLOT_W + MIN_RIGHT)), "{short}");
+    }
+
+    /// The issue's usvg warnings: a one-round run's charts had polylines of one point.
+    #[test]
+    fn a_single_point_is_a_marker_not_a_polyline() {
+        let one = vec![Series { name: "up".into(), points: vec![(1.0, 2.0)] }];
+        let s = line_chart("t", "round", "MiB", &one, None);
+        assert!(!s.contains("<polyline"), "{s}");
+        assert_eq!(s.matches(r#"class="marker""#).count(), 2, "the point and the legend's: {s}");
+        assert!(!line_chart("t", "x", "y", &[Series { name: "e".into(), points: vec![] }], None).contains("<polyline"));
+    }
+
+    /// Series that coincide are told apart: each has its own marker shape, and long series
+    /// stagger their markers.
+    #[test]
+    fn coinciding_series_stay_visible() {
+        let same =
+            |name: &str, n: u64| Series { name: name.into(), points: (1..=n).map(|r| (r as f64, 1.0)).collect() };
+        let s = line_chart("t", "round", "MiB", &[same("a", 4), same("b", 4), same("c", 4)], None);
+        assert!(s.contains("<circle class=\"marker\"") && s.contains("<rect class=\"marker\""), "{s}");
+        assert!(s.contains("<path class=\"marker\""), "{s}");
+        let long = line_chart("t", "round", "MiB", &[same("a", 100), same("b", 100)], None);
+        let at = |tag: &str, attr: &str| -> Vec<f64> {
+            long.match_indices(tag)
+                .map(|(i, _)| {
+                    let rest = &long[i..];
+                    let v = rest.split(&format!(" {attr}=\"")).nth(1).unwrap();
+                    v.split('"').next().unwrap().parse().unwrap()
+                })
+                .collect()
+        };
+        let first = at("<circle class=\"marker\"", "cx");
+        let second: Vec<f64> = at("<rect class=\"marker\"", "x").iter().map(|x| x + 3.5).collect();
+        // Each at most MAX_MARKERS along the line (and one in the legend), at other rounds.
+        assert!((20..=MAX_MARKERS + 1).contains(&first.len()) && (20..=MAX_MARKERS + 1).contains(&second.len()));
+        let shared = first.iter().filter(|x| second.iter().any(|y| (*x - y).abs() < 0.5)).count();
+        assert!(shared <= 1, "staggered: {first:?} {second:?}");
+    }
+
+    /// The issue's 100-round server report: bars over many rounds still label the x axis, with
+    /// round numbers at a round step.
+    #[test]
+    fn bars_over_many_rounds_have_x_labels() {
+        let rounds: Vec<String> = (1..=100).map(|r| r.to_string()).collect();
+        let labelled: Vec<&str> = labelled_categories(&rounds).into_iter().map(|i| rounds[i].as_str()).collect();
+        assert_eq!(labelled, ["10", "20", "30", "40", "50", "60", "70", "80", "90", "100"]);
+        let s = stacked_bars("t", "round", "s", &rounds, &[("a", vec![1.0; 100])]);
+        assert_eq!(s.matches(r#"class="x-tick""#).count(), 10, "{s}");
+        let few: Vec<String> = (1..=5).map(|r| r.to_string()).collect();
+        assert_eq!(labelled_categories(&few), [0, 1, 2, 3, 4]);
+        // Rounds that do not start at 1 (a server keeps numbering), and names.
+        let late: Vec<String> = (995..=1040).map(|r| r.to_string()).collect();
+        let l: Vec<&str> = labelled_categories(&late).into_iter().map(|i| late[i].as_str()).collect();
+        assert!(l.len() >= 4 && l.len() <= MAX_CATEGORY_LABELS && l.contains(&"1000"), "{l:?}");
+        let names: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
+        assert!(labelled_categories(&names).len() <= MAX_CATEGORY_LABELS);
+    }
+
+    #[test]
+    fn grouped_bars_put_equal_values_side_by_side() {
+        let rounds: Vec<String> = (1..=3).map(|r| r.to_string()).collect();
+        let s = grouped_bars("t", "round", "MiB", &rounds, &[("a", vec![1.0; 3]), ("b", vec![1.0; 3])]);
+        let xs: Vec<f64> = s
+            .match_indices(r#"<rect class="bar" x=""#)
+            .map(|(i, m)| s[i + m.len()..].split('"').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(xs.len(), 6);
+        assert!(xs[1] > xs[0] && xs[1] < xs[2], "side by side, per round: {xs:?}");
     }
 
     #[test]
