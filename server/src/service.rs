@@ -242,7 +242,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     // new model (on a blocking thread), so that this loop keeps answering signals meanwhile.
     let (rounds_tx, rounds_rx) = mpsc::unbounded_channel();
     let db = config.state_dir.join(crate::store::DB_FILE);
-    let reporter = RoundLog { metrics: metrics.clone(), held_out, rounds: engine.rounds, db };
+    let reporter = RoundLog { metrics: metrics.clone(), held_out, rounds: engine.rounds, db: Some(db) };
     let mut reporter = tokio::spawn(reporter.run(rounds_rx));
     let mut waits = WaitLog::default();
     let second = Duration::from_secs(1);
@@ -354,7 +354,7 @@ struct RoundLog {
     /// Rounds of the run (0: until stopped): the last one is always evaluated.
     rounds: u64,
     /// The store's database, where a held-out accuracy joins its round's report.
-    db: PathBuf,
+    db: Option<PathBuf>,
 }
 
 impl RoundLog {
@@ -381,8 +381,9 @@ impl RoundLog {
                             report.held_out_accuracy = Some(accuracy);
                             self.metrics.held_out_evaluated(report.round, accuracy);
                             let (db, round) = (self.db.clone(), report.round);
-                            let stored = tokio::task::spawn_blocking(move || {
-                                crate::store::record_held_out_accuracy(&db, round, accuracy)
+                            let stored = tokio::task::spawn_blocking(move || match db {
+                                Some(db) => crate::store::record_held_out_accuracy(&db, round, accuracy),
+                                None => Ok(()),
                             })
                             .await;
                             if let Ok(Err(e)) = stored {
@@ -555,7 +556,8 @@ mod round_log_tests {
     async fn rounds_are_logged_in_order_with_their_held_out_accuracy() {
         let metrics = Arc::new(ServerMetrics::new());
         let evaluate: Evaluate = Arc::new(|blocks: &[ParamBlock]| Ok(Some(0.25 * blocks.len() as f64)));
-        let log = RoundLog { metrics: metrics.clone(), held_out: Some(HeldOut { evaluate, every: 2 }), rounds: 0 };
+        let log =
+            RoundLog { metrics: metrics.clone(), held_out: Some(HeldOut { evaluate, every: 2 }), rounds: 0, db: None };
         let (tx, rx) = mpsc::unbounded_channel();
         let checkpoint = |r| {
             let block = ParamBlock::encode("head.weight", &[1], &[0.0], anchorage_shared::tensor::Encoding::F32);
