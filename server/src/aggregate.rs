@@ -516,15 +516,22 @@ impl RobustConfig {
         true
     }
 
+    /// Checks only the values: every block and prototype decodes to finite values within
+    /// `max_abs_value`. What a late update (its round closed) must pass before its ack.
+    pub fn screen_values(&self, update: &Update) -> Result<(), ScreenReason> {
+        let largest = largest_magnitude(update)?;
+        if largest > self.max_abs_value {
+            return Err(ScreenReason::Value { value: largest, bound: self.max_abs_value });
+        }
+        Ok(())
+    }
+
     /// Checks one update on its own: every block and prototype decodes to finite values within
     /// `max_abs_value`, and the L2 norm of its blocks' delta from `reference` (the global it
     /// trained on; a block the reference lacks counts from zero) is finite and within `max_norm`.
     /// Returns that norm.
     pub fn screen_update(&self, update: &Update, reference: &[ParamBlock]) -> Result<f64, ScreenReason> {
-        let largest = largest_magnitude(update)?;
-        if largest > self.max_abs_value {
-            return Err(ScreenReason::Value { value: largest, bound: self.max_abs_value });
-        }
+        self.screen_values(update)?;
         let norm = delta_norm(update, reference)?;
         if !norm.is_finite() {
             return Err(ScreenReason::Norm { norm, bound: self.max_norm.unwrap_or(f64::INFINITY) });

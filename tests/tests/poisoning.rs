@@ -1,8 +1,8 @@
 //! Poisoning over real QUIC on loopback: a device with a valid certificate of the project CA that
 //! answers every round with a hostile update or floods the cost ledger. Two honest devices train
 //! beside it on a server with the default `[engine.robust]`; each attack must fail:
-//! - values of 1e30 claiming 10¹⁸ samples: refused before the ack, the model stays finite and
-//!   every round aggregates the honest devices;
+//! - values of 1e30 claiming 10¹⁸ samples: refused before the ack (in its round or late), the model
+//!   stays finite and every round aggregates the honest devices;
 //! - a model of another layout in round 1 (what a stranger answering first used to impose): refused,
 //!   round 1 aggregates the operator's layout;
 //! - 20,000 cost records for made-up rounds and repeats for real ones: at most one ledger row per
@@ -86,14 +86,17 @@ async fn run(dir: &Path, attack: Attack) -> Outcome {
     write(&mut control, &hello(ATTACKER)).await.unwrap();
     let (welcome, _) = read_frame(&mut control_rx, DEFAULT_MAX_FRAME).await.unwrap().unwrap();
     assert!(matches!(welcome, Message::Welcome(_)), "{welcome:?}");
-    let (replies_tx, mut replies_rx) = mpsc::unbounded_channel();
+    let replies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader_replies = replies.clone();
     let reader = tokio::spawn(async move {
         while let Ok(Some((msg, _))) = read_frame(&mut control_rx, DEFAULT_MAX_FRAME).await {
             if matches!(msg, Message::Ack(_) | Message::Refusal(_)) {
-                let _ = replies_tx.send(msg);
+                reader_replies.lock().unwrap().push(msg);
             }
         }
     });
+    let updates_sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let attacker_sent = updates_sent.clone();
     let attacker_conn = conn.clone();
     let attacker = tokio::spawn(async move {
         while let Ok(mut stream) = attacker_conn.accept_uni().await {
@@ -105,6 +108,7 @@ async fn run(dir: &Path, attack: Attack) -> Outcome {
                 let mut uni = attacker_conn.open_uni().await.unwrap();
                 write(&mut uni, &Message::Update(update)).await.unwrap();
                 uni.finish().unwrap();
+                attacker_sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             for record in costs {
                 write(&mut control, &Message::Cost(record)).await.unwrap();
@@ -134,14 +138,18 @@ async fn run(dir: &Path, attack: Attack) -> Outcome {
     while let Ok(e) = events.try_recv() {
         honest_aggregated += matches!(e, ClientEvent::Acked { aggregated: true, .. }) as usize;
     }
+    // Every update the attacker sent gets its reply before the server goes (10 s at most).
+    for _ in 0..100 {
+        if replies.lock().unwrap().len() >= updates_sent.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     attacker.abort();
     conn.close(0u32.into(), b"done");
     server.shutdown().await.unwrap();
     reader.abort();
-    let mut replies = Vec::new();
-    while let Ok(m) = replies_rx.try_recv() {
-        replies.push(m);
-    }
+    let replies = std::mem::take(&mut *replies.lock().unwrap());
     Outcome { rounds, replies, honest_aggregated }
 }
 

@@ -165,6 +165,10 @@ impl Engine {
         // a buffer filling up now would make one version more than the federation asked for.
         if self.finished {
             self.buffered.in_flight.remove(client);
+            if let Err(reason) = self.config.robust.screen_values(&update) {
+                self.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
+                return;
+            }
             tracing::info!(client, round = update.round, "buffered: update after the last version, not aggregated");
             self.actions.push_back(Action::Send {
                 to: client.into(),

@@ -402,7 +402,12 @@ impl Engine {
                 self.actions
                     .push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
             } else if round <= self.last_round {
-                // Late: its round already closed. Acknowledge so the client stops resending.
+                // Late: its round already closed. Acknowledge so the client stops resending, but
+                // only values that would have passed the screen: an ack never covers garbage.
+                if let Err(reason) = self.config.robust.screen_values(&update) {
+                    self.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
+                    return;
+                }
                 self.stats.late_updates += 1;
                 tracing::info!(client, round, "late update counted, not aggregated");
                 self.actions

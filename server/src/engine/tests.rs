@@ -630,6 +630,24 @@ fn a_nan_or_huge_update_is_refused_and_the_next_honest_round_aggregates() {
 }
 
 #[test]
+fn a_late_update_is_acked_not_aggregated_only_if_its_values_pass_the_screen() {
+    use crate::aggregate::RobustConfig;
+    let mut e = engine(robust(RobustConfig::default(), 2));
+    join(&mut e, secs(0), &["a", "b", "c"]);
+    e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 10));
+    e.handle_message(secs(1), "b", update(1, &[2.0, 2.0], 10));
+    let r = reports(&drain(&mut e));
+    assert_eq!((r[0].round, &r[0].outcome), (1, &RoundOutcome::Aggregated), "round 1 closed on two updates");
+    // Round 1 is closed: c's garbage arrives late.
+    e.handle_message(secs(2), "c", update(1, &[1e30, 1e30], 10));
+    let actions = drain(&mut e);
+    assert_eq!(refusals(&actions, "c"), vec![RefusalReason::BadTensor], "late garbage is refused");
+    assert!(acks(&actions, "c").is_empty(), "an ack never covers values the screen refuses");
+    e.handle_message(secs(2), "c", update(1, &[1.5, 1.5], 10));
+    assert_eq!(acks(&drain(&mut e), "c"), vec![(1, false)], "a sane late update: acked, not aggregated");
+}
+
+#[test]
 fn a_huge_update_with_a_huge_sample_count_is_bounded_in_the_aggregate_it_was_acked_into() {
     use crate::aggregate::RobustConfig;
     let mut e = engine(robust(RobustConfig { max_norm_z: Some(3.5), ..RobustConfig::default() }, 5));
