@@ -27,7 +27,7 @@ fi
 "$venv/bin/python" -c "import flwr, torch, ray, numpy; print(f'flwr {flwr.__version__}, torch {torch.__version__}, ray {ray.__version__}, numpy {numpy.__version__}')"
 
 echo "building anchorage (release)"
-(cd "$root" && cargo build --release --quiet -p anchorage-sim)
+(cd "$root" && cargo build --release --quiet -p anchorage)
 target="${CARGO_TARGET_DIR:-$root/target}"
 anchorage="$target/release/anchorage"
 

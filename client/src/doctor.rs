@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use anchorage_pki::{CertInfo, cert_info};
 use anyhow::Context;
 use http_body_util::Empty;
 use hyper::body::Bytes;
@@ -274,36 +275,6 @@ fn tempfile_in(dir: &Path) -> std::io::Result<()> {
     let written = std::fs::write(&probe, b"ok");
     let _ = std::fs::remove_file(&probe);
     written
-}
-
-/// What a certificate says.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CertInfo {
-    /// The first DNS subject alternative name: the id the server knows the holder by (as
-    /// `anchorage_server::ca::peer_id` reads it).
-    pub id: Option<String>,
-    pub not_before: i64,
-    pub not_after: i64,
-    pub not_after_text: String,
-}
-
-/// Reads a DER certificate.
-pub fn cert_info(der: &[u8]) -> anyhow::Result<CertInfo> {
-    let (_, x509) =
-        x509_parser::parse_x509_certificate(der).map_err(|e| anyhow::anyhow!("not a DER certificate: {e}"))?;
-    let id = x509.subject_alternative_name().ok().flatten().and_then(|san| {
-        san.value.general_names.iter().find_map(|n| match n {
-            x509_parser::extensions::GeneralName::DNSName(s) => Some(s.to_string()),
-            _ => None,
-        })
-    });
-    let v = x509.validity();
-    Ok(CertInfo {
-        id,
-        not_before: v.not_before.timestamp(),
-        not_after: v.not_after.timestamp(),
-        not_after_text: v.not_after.to_string(),
-    })
 }
 
 /// Whether `info` is valid at `now`, in words, with the status it deserves.
@@ -569,7 +540,7 @@ mod tests {
     use super::*;
 
     fn info(not_before: i64, not_after: i64) -> CertInfo {
-        CertInfo { id: Some("edge-1".into()), not_before, not_after, not_after_text: "then".into() }
+        CertInfo { id: Some("edge-1".into()), serial: "1".into(), not_before, not_after, not_after_text: "then".into() }
     }
 
     #[test]

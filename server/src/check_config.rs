@@ -28,7 +28,8 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::config::ServerConfig;
 use crate::tls::{self, Trust};
-use crate::{ca, methods, model_file};
+use crate::{methods, model_file};
+use anchorage_pki::{CertInfo, cert_info};
 
 /// A certificate with fewer days left than this is a warning.
 pub const WARN_DAYS: i64 = 30;
@@ -191,7 +192,7 @@ fn check_bind(config: &ServerConfig) -> Check {
 
 /// `insecure_dev`: the self-signed pair, or that the first start makes one.
 fn check_dev_identity(config: &ServerConfig) -> Check {
-    match tls::load_identity(&config.tls_dir) {
+    match anchorage_pki::load_identity(&config.tls_dir) {
         Ok(Some(identity)) => match tls::server_crypto(&identity, None) {
             Ok(_) => check(
                 "certificate",
@@ -217,37 +218,8 @@ fn check_dev_identity(config: &ServerConfig) -> Check {
     }
 }
 
-/// What a certificate says: its subject alternative names' first DNS name (an id), serial and
-/// validity.
-struct CertFacts {
-    id: Option<String>,
-    serial: String,
-    not_before: i64,
-    not_after: i64,
-    not_after_text: String,
-}
-
-fn cert_facts(der: &[u8]) -> anyhow::Result<CertFacts> {
-    let (_, x509) =
-        x509_parser::parse_x509_certificate(der).map_err(|e| anyhow::anyhow!("not a DER certificate: {e}"))?;
-    let id = x509.subject_alternative_name().ok().flatten().and_then(|san| {
-        san.value.general_names.iter().find_map(|n| match n {
-            x509_parser::extensions::GeneralName::DNSName(s) => Some(s.to_string()),
-            _ => None,
-        })
-    });
-    let v = x509.validity();
-    Ok(CertFacts {
-        id,
-        serial: ca::serial_hex(x509.tbs_certificate.raw_serial()),
-        not_before: v.not_before.timestamp(),
-        not_after: v.not_after.timestamp(),
-        not_after_text: v.not_after.to_string(),
-    })
-}
-
 /// A certificate's validity at `now`, in words.
-fn validity(what: &str, facts: &CertFacts, now: i64) -> (Status, String) {
+fn validity(what: &str, facts: &CertInfo, now: i64) -> (Status, String) {
     if now < facts.not_before {
         return (
             Status::Fail,
@@ -271,7 +243,7 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
     let dir = &dir.components().collect::<std::path::PathBuf>();
     let mut checks = Vec::new();
     let hint = "`anchorage provision project.toml` (or `anchorage ca issue server <id>`) writes it";
-    let ca_path = dir.join(ca::CA_CERT);
+    let ca_path = dir.join(anchorage_pki::CA_CERT);
     let ca_der = match std::fs::read(&ca_path)
         .with_context(|| format!("reading the project CA {}: {hint}", ca_path.display()))
     {
@@ -281,7 +253,7 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
             return checks;
         }
     };
-    match cert_facts(ca_der.as_ref()) {
+    match cert_info(ca_der.as_ref()) {
         Ok(facts) => {
             let (status, detail) = validity("the project CA", &facts, now);
             checks.push(check("ca", status, format!("{detail}; {}", ca_path.display())));
@@ -291,7 +263,7 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
             return checks;
         }
     }
-    let identity = match tls::load_identity(dir) {
+    let identity = match anchorage_pki::load_identity(dir) {
         Ok(Some(identity)) => identity,
         Ok(None) => {
             checks.push(check(
@@ -306,8 +278,8 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
             return checks;
         }
     };
-    let cert_path = dir.join(tls::CERT_FILE);
-    let facts = match cert_facts(identity.cert.as_ref()) {
+    let cert_path = dir.join(anchorage_pki::CERT_FILE);
+    let facts = match cert_info(identity.cert.as_ref()) {
         Ok(facts) => facts,
         Err(e) => {
             checks.push(check("certificate", Status::Fail, format!("{}: {e:#}", cert_path.display())));
@@ -365,8 +337,8 @@ fn chains_to(cert: &CertificateDer<'static>, ca: &CertificateDer<'static>, name:
 }
 
 /// The key is the certificate's (rustls refuses a mismatched pair) and private to its owner.
-fn check_key(dir: &Path, identity: &tls::Identity) -> Check {
-    let key_path = dir.join(tls::KEY_FILE);
+fn check_key(dir: &Path, identity: &anchorage_pki::Identity) -> Check {
+    let key_path = dir.join(anchorage_pki::KEY_FILE);
     if let Err(e) = tls::server_crypto(identity, None) {
         return check(
             "key",
@@ -374,7 +346,7 @@ fn check_key(dir: &Path, identity: &tls::Identity) -> Check {
             format!(
                 "{} is not the key of {} ({e:#}): copy the pair from the same `anchorage ca issue` / provision run",
                 key_path.display(),
-                dir.join(tls::CERT_FILE).display()
+                dir.join(anchorage_pki::CERT_FILE).display()
             ),
         );
     }
@@ -395,7 +367,7 @@ fn check_key(dir: &Path, identity: &tls::Identity) -> Check {
 
 /// `revoked.crl` parses, was issued by the project CA, and does not list the server itself.
 fn check_crl(dir: &Path, ca_der: &CertificateDer<'static>, own_serial: &str) -> Check {
-    let path = dir.join(ca::CRL);
+    let path = dir.join(anchorage_pki::CRL);
     let trust = Trust::ProjectCa { ca: ca_der.clone(), crl: Some(path.clone()) };
     let crl = match trust.read_crl() {
         Ok(Some(crl)) => crl,
@@ -422,7 +394,7 @@ fn check_crl(dir: &Path, ca_der: &CertificateDer<'static>, own_serial: &str) -> 
         }
         Err(e) => return check("crl", Status::Fail, format!("{}: {e:#}", path.display())),
     }
-    let revoked = match ca::revoked_serials(crl.as_ref()) {
+    let revoked = match anchorage_pki::revoked_serials(crl.as_ref()) {
         Ok(revoked) => revoked,
         Err(e) => return check("crl", Status::Fail, format!("{}: {e:#}", path.display())),
     };
@@ -689,7 +661,7 @@ fn check_evaluation(_: &crate::config::EvaluationSection) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ca::{Kind, ProjectCa};
+    use anchorage_pki::{Kind, ProjectCa};
     use anchorage_shared::tensor::Encoding;
 
     fn block(name: &str) -> ParamBlock {
@@ -701,9 +673,9 @@ mod tests {
         let mut ca = ProjectCa::init(&dir.join("ca"), "check", 30).unwrap();
         let site = dir.join("server");
         let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 300).unwrap();
-        tls::save_identity(&site, &identity).unwrap();
-        std::fs::write(site.join(ca::CA_CERT), ca.cert().as_ref()).unwrap();
-        std::fs::write(site.join(ca::CRL), ca.crl().unwrap().as_ref()).unwrap();
+        anchorage_pki::save_identity(&site, &identity).unwrap();
+        std::fs::write(site.join(anchorage_pki::CA_CERT), ca.cert().as_ref()).unwrap();
+        std::fs::write(site.join(anchorage_pki::CRL), ca.crl().unwrap().as_ref()).unwrap();
         model_file::save(&site.join("initial-model.bin"), &[block("body.weight"), block("head.weight")]).unwrap();
         let config = site.join("server.toml");
         std::fs::write(
@@ -762,16 +734,16 @@ mod tests {
         std::fs::write(folder.join("key.der"), &good_key).unwrap();
         // A client certificate in the server's place.
         let client = ca.issue(Kind::Client, "server", &[], 30).unwrap();
-        tls::save_identity(&folder, &client).unwrap();
+        anchorage_pki::save_identity(&folder, &client).unwrap();
         assert!(failing("certificate").contains("does not chain to"));
         std::fs::write(folder.join("cert.der"), &good_cert).unwrap();
         std::fs::write(folder.join("key.der"), &good_key).unwrap();
         // A damaged or foreign revocation list.
-        std::fs::write(folder.join(ca::CRL), b"not a crl").unwrap();
+        std::fs::write(folder.join(anchorage_pki::CRL), b"not a crl").unwrap();
         assert!(failing("crl").contains("revoked.crl"));
-        std::fs::write(folder.join(ca::CRL), other.crl().unwrap().as_ref()).unwrap();
+        std::fs::write(folder.join(anchorage_pki::CRL), other.crl().unwrap().as_ref()).unwrap();
         assert!(failing("crl").contains("another CA"));
-        std::fs::write(folder.join(ca::CRL), ca.crl().unwrap().as_ref()).unwrap();
+        std::fs::write(folder.join(anchorage_pki::CRL), ca.crl().unwrap().as_ref()).unwrap();
         // A model for another method, or a damaged one.
         std::fs::write(&config, std::fs::read_to_string(&config).unwrap().replace("fedavg", "fedrep")).unwrap();
         let detail = failing("model");
@@ -788,7 +760,7 @@ mod tests {
         assert!(failing("state").contains("not a folder"));
         std::fs::remove_file(folder.join("state")).unwrap();
         // A missing CA stops the TLS checks at the first one.
-        std::fs::remove_file(folder.join(ca::CA_CERT)).unwrap();
+        std::fs::remove_file(folder.join(anchorage_pki::CA_CERT)).unwrap();
         let report = run(&config);
         assert_eq!(report.get("ca").unwrap().status, Status::Fail);
         assert!(report.get("certificate").is_none(), "{}", report.render());

@@ -8,12 +8,13 @@
 //! - [`service`]: the `anchorage-server` program (config, logging, signals, systemd notifications).
 //! - [`metrics`]: counters and their Prometheus exposition over HTTP.
 //! - [`check_config`]: `anchorage-server check-config`, every file of a server.toml checked before a start.
-//! - [`ca`]: the project CA (issue, revoke, verify; ids from certificates).
-//! - [`tls`]: identities on disk, rustls configs, the development mode's self-signed certificate.
+//! - [`tls`]: rustls configs and client-certificate verification (the CA, ids from certificates
+//!   and identities on disk are `anchorage_pki`'s).
 //! - `sikf` (feature `sikf`): FedTA's distillation on burn, for the standalone server.
 
 pub mod aggregate;
-pub mod ca;
+// Transitional while the transport is being split: the CA lives in anchorage-pki.
+pub(crate) use anchorage_pki as ca;
 pub mod check_config;
 pub mod config;
 pub mod engine;

@@ -583,20 +583,20 @@ mod round_log_tests {
 /// The server's certificate and who it lets in: the project CA's files in `tls_dir` (mutual
 /// TLS), or, with `insecure_dev`, a self-signed development certificate and no client
 /// certificates.
-fn identity_and_trust(config: &ServerConfig) -> anyhow::Result<(tls::Identity, tls::Trust)> {
+fn identity_and_trust(config: &ServerConfig) -> anyhow::Result<(anchorage_pki::Identity, tls::Trust)> {
     let dir = &config.tls_dir;
     if config.insecure_dev {
         let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
-        return Ok((tls::load_or_create(dir, &names)?, tls::Trust::InsecureDev));
+        return Ok((anchorage_pki::identity::load_or_create(dir, &names)?, tls::Trust::InsecureDev));
     }
     let hint = "make the project's certificates with `anchorage ca init` and `anchorage ca issue server <name>` \
                 (or `anchorage provision project.toml`), or set `insecure_dev = true` for a development run";
-    let identity =
-        tls::load_identity(dir)?.with_context(|| format!("{} holds no cert.der / key.der: {hint}", dir.display()))?;
-    let ca_path = dir.join(crate::ca::CA_CERT);
+    let identity = anchorage_pki::load_identity(dir)?
+        .with_context(|| format!("{} holds no cert.der / key.der: {hint}", dir.display()))?;
+    let ca_path = dir.join(anchorage_pki::CA_CERT);
     let ca =
         std::fs::read(&ca_path).with_context(|| format!("reading the project CA {}: {hint}", ca_path.display()))?;
-    let trust = tls::Trust::ProjectCa { ca: ca.into(), crl: Some(dir.join(crate::ca::CRL)) };
+    let trust = tls::Trust::ProjectCa { ca: ca.into(), crl: Some(dir.join(anchorage_pki::CRL)) };
     // Fail closed: no revocation list, no start.
     trust.read_crl()?;
     Ok((identity, trust))

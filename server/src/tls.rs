@@ -1,14 +1,13 @@
 //! TLS for the QUIC endpoint: rustls with the `ring` provider only, TLS 1.3, ALPN `anchorage/1`.
 //!
-//! By default the server presents a certificate signed by the project CA ([`crate::ca`]) and asks
+//! By default the server presents a certificate signed by the project CA ([`anchorage_pki::ca`]) and asks
 //! every client for one (mutual TLS). In the explicit development mode it presents a self-signed
 //! certificate that clients pin, and asks for none.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
 use rustls::server::danger::ClientCertVerifier;
 
 /// What to do about a missing or damaged `revoked.crl`.
@@ -19,17 +18,7 @@ pub const CRL_HINT: &str = "Copy the project CA's revoked.crl there (`anchorage 
 /// ALPN protocol id of Anchorage v1.
 pub const ALPN: &[u8] = b"anchorage/1";
 
-/// A certificate and its private key.
-pub struct Identity {
-    pub cert: CertificateDer<'static>,
-    pub key: PrivateKeyDer<'static>,
-}
-
-impl Clone for Identity {
-    fn clone(&self) -> Self {
-        Self { cert: self.cert.clone(), key: self.key.clone_key() }
-    }
-}
+pub use anchorage_pki::Identity;
 
 /// How the server decides who a peer is.
 #[derive(Debug, Clone)]
@@ -59,7 +48,7 @@ impl Trust {
             ),
             Err(e) => return Err(e).with_context(|| format!("reading the revocation list {}", path.display())),
         };
-        crate::ca::revoked_serials(&bytes)
+        anchorage_pki::revoked_serials(&bytes)
             .with_context(|| format!("the revocation list {} is not a CRL. {CRL_HINT}", path.display()))?;
         Ok(Some(bytes.into()))
     }
@@ -96,103 +85,8 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// A fresh self-signed development certificate for `names` (e.g. `localhost`).
-pub fn self_signed(names: &[&str]) -> anyhow::Result<Identity> {
-    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-    let certified = rcgen::generate_simple_self_signed(names).context("generating a development certificate")?;
-    Ok(Identity {
-        cert: certified.cert.der().clone(),
-        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der())),
-    })
-}
-
-/// The certificate and key files of a TLS folder.
-pub const CERT_FILE: &str = "cert.der";
-pub const KEY_FILE: &str = "key.der";
-
-/// Loads `cert.der` and `key.der` from `dir`. A certificate without its key, or a key without
-/// its certificate, is an error that says what to do: an identity is never made again silently
-/// (devices that trust the old one would be locked out).
-pub fn load_identity(dir: &Path) -> anyhow::Result<Option<Identity>> {
-    let (cert_path, key_path) = (dir.join(CERT_FILE), dir.join(KEY_FILE));
-    match (cert_path.exists(), key_path.exists()) {
-        (false, false) => Ok(None),
-        (true, true) => {
-            let cert = std::fs::read(&cert_path).with_context(|| format!("reading {}", cert_path.display()))?;
-            let key = std::fs::read(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
-            warn_if_readable_by_others(&key_path);
-            Ok(Some(Identity {
-                cert: CertificateDer::from(cert),
-                key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key)),
-            }))
-        }
-        (true, false) => anyhow::bail!(
-            "{} is missing but {} exists: restore the key from a backup, or issue a new certificate \
-             (`anchorage ca issue`) and give every device the new one; a new key is not made silently",
-            key_path.display(),
-            cert_path.display()
-        ),
-        (false, true) => anyhow::bail!(
-            "{} exists without its certificate {}: restore the certificate or issue a new pair",
-            key_path.display(),
-            cert_path.display()
-        ),
-    }
-}
-
-/// Writes an identity into `dir`: the key with mode 0600, then the certificate.
-pub fn save_identity(dir: &Path, identity: &Identity) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    write_private(&dir.join(KEY_FILE), identity.key.secret_der())?;
-    let cert_path = dir.join(CERT_FILE);
-    anchorage_shared::io::write_atomic(&cert_path, identity.cert.as_ref())
-        .with_context(|| format!("writing {}", cert_path.display()))
-}
-
-/// Development mode: loads `cert.der` and `key.der` from `dir`, creating a self-signed pair
-/// there only when neither exists.
-pub fn load_or_create(dir: &Path, names: &[&str]) -> anyhow::Result<Identity> {
-    if let Some(id) = load_identity(dir)? {
-        return Ok(id);
-    }
-    let id = self_signed(names)?;
-    save_identity(dir, &id)?;
-    tracing::info!(cert = %dir.join(CERT_FILE).display(), "created a self-signed development certificate; clients pin this file");
-    Ok(id)
-}
-
-/// Writes a secret atomically with mode 0600 from the start (never world-readable, not even
-/// for a moment).
-pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let context = || format!("writing {}", path.display());
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(context)?;
-    file.write_all(bytes).with_context(context)?;
-    file.sync_all().with_context(context)?;
-    std::fs::rename(&tmp, path).with_context(context)?;
-    Ok(())
-}
-
-/// A private key others can read is logged (it still works: refusing would take a device down).
-fn warn_if_readable_by_others(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(path)
-        && meta.permissions().mode() & 0o077 != 0
-    {
-        tracing::warn!(key = %path.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "a private key is readable by other users; chmod 600 it");
-    }
-}
-
 /// Mutual TLS: accepts only client certificates chained to `ca`, in their validity period, not
-/// on `crl`, and naming a device id ([`crate::ca::peer_id`]). Refusals are logged to a fresh
+/// on `crl`, and naming a device id ([`anchorage_pki::peer_id`]). Refusals are logged to a fresh
 /// [`RefusalLog`]; the server passes its own to [`client_verifier_logged`].
 pub fn client_verifier(
     ca: &CertificateDer<'static>,
@@ -277,7 +171,7 @@ impl DeviceVerifier {
         };
         let reason = alert_reason(alert);
         // The id the certificate claims (not proven: it may be a foreign CA's).
-        let (who, serial) = match crate::ca::peer_id(cert) {
+        let (who, serial) = match anchorage_pki::peer_id(cert) {
             Ok((id, serial)) => (id, serial),
             Err(_) => ("(a certificate without an id)".to_string(), "-".to_string()),
         };
@@ -332,7 +226,7 @@ impl ClientCertVerifier for DeviceVerifier {
             self.inner.verify_client_cert(end_entity, intermediates, now).map_err(|e| self.refused(end_entity, e))?;
         // A certificate of the project CA that names no device cannot be told apart from another:
         // refused here (access_denied), not after the handshake.
-        if crate::ca::peer_id(end_entity).is_err() {
+        if anchorage_pki::peer_id(end_entity).is_err() {
             let e = rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure);
             return Err(self.refused(end_entity, e));
         }

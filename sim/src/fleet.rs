@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport as client_transport;
-use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_pki::{Kind, ProjectCa};
 use anchorage_server::store::{ServerStore, read_ledger};
 use anchorage_server::tls;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerOptions};

@@ -14,7 +14,6 @@ pub mod fleet;
 pub mod microbench;
 pub mod network;
 pub mod progress;
-pub mod provision;
 mod record;
 pub mod recorder;
 pub mod report;

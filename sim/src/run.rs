@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport::{self as client_transport, ClientCert, ClientEvent, ClientOptions, SocketWrapper};
-use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_pki::{Kind, ProjectCa};
 use anchorage_server::tls;
 use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerOptions};
 use anchorage_shared::ledger::CostRecord;

@@ -8,8 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
-use anchorage_server::ca::{Kind, ProjectCa};
-use anchorage_server::tls;
+use anchorage_pki::{Kind, ProjectCa};
 use rustls::pki_types::CertificateDer;
 
 /// How a server process ends.
@@ -41,10 +40,10 @@ impl ServerProcess {
         let tls_dir = dir.join("tls");
         let mut ca = ProjectCa::init(&dir.join("ca"), "crash-test", 30).unwrap();
         let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
-        tls::save_identity(&tls_dir, &identity).unwrap();
-        std::fs::write(tls_dir.join(anchorage_server::ca::CA_CERT), ca.cert().as_ref()).unwrap();
+        anchorage_pki::save_identity(&tls_dir, &identity).unwrap();
+        std::fs::write(tls_dir.join(anchorage_pki::CA_CERT), ca.cert().as_ref()).unwrap();
         // The CA's revocation list: a CA-mode server does not start without it.
-        std::fs::write(tls_dir.join(anchorage_server::ca::CRL), ca.crl().unwrap().as_ref()).unwrap();
+        std::fs::write(tls_dir.join(anchorage_pki::CRL), ca.crl().unwrap().as_ref()).unwrap();
         // The operator's initial model: the devices' own (the tests' FedAvg device).
         let model = dir.join("initial-model.bin");
         let blocks = crate::fedavg_client(0).initial_blocks().expect("the device's model");
@@ -95,7 +94,7 @@ deadline_ms = 0
 
     /// The server's copy of the revocation list (`tls_dir/revoked.crl`).
     pub fn crl(&self) -> PathBuf {
-        self.dir.join("tls").join(anchorage_server::ca::CRL)
+        self.dir.join("tls").join(anchorage_pki::CRL)
     }
 
     /// Appends `text` (a TOML table, e.g. `[metrics]\ndevice_ids = true`) to server.toml.

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
-use anchorage_server::tls;
 use anchorage_server::transport::{self, Limits, ServerEvent, ServerOptions};
 use anchorage_shared::frame::{DEFAULT_MAX_FRAME, LEN_BYTES};
 use anchorage_shared::io::read_frame;
@@ -27,7 +26,7 @@ fn refusal_reason(msg: Option<Message>) -> RefusalReason {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_refuses_bad_input_and_keeps_serving() {
-    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let identity = anchorage_pki::identity::self_signed(&["localhost"]).unwrap();
     let cert = identity.cert.clone();
     let global = vec![ParamBlock::encode("head.weight", &[2, 2], &[0.0; 4], Encoding::F32)];
     let max_frame = 1 << 20;

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport::ClientCert;
-use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_pki::{Kind, ProjectCa};
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
 use anchorage_server::tls::Trust;

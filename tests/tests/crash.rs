@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::store::ClientStore;
 use anchorage_client::transport::{self as client, Backoff, ClientCert, ClientEvent, ClientOptions};
-use anchorage_server::ca::Kind;
+use anchorage_pki::Kind;
 use anchorage_shared::rng::Rng;
 use anchorage_tests::process::{Ending, ServerProcess};
 

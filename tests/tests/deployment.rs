@@ -14,7 +14,6 @@ use anchorage_client::share::scenario_context;
 use anchorage_client::transport::{self as client, ClientOptions};
 use anchorage_server::config::ServerConfig;
 use anchorage_server::methods::{Distilled, FedTaServer, InputDistiller};
-use anchorage_server::tls;
 use anchorage_server::transport::{self as server, ServerEvent, ServerOptions};
 use anchorage_shared::tensor::ParamBlock;
 use anchorage_tests::{data_dir, fedta_data_table};
@@ -80,7 +79,7 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
         devices.push((config, method));
     }
     let initial = devices[0].1.initial_blocks().unwrap();
-    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let identity = anchorage_pki::identity::self_signed(&["localhost"]).unwrap();
     let mut srv = server::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity: identity.clone(),

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_pki::{Kind, ProjectCa};
 use anchorage_tests::process::{free_udp_port, http_get};
 
 /// Kills the server if the test fails before it stops it.
@@ -76,7 +76,7 @@ id = "edge-002"
         ),
     )
     .unwrap();
-    anchorage_sim::provision::provision(&project, None).unwrap();
+    anchorage::provision::provision(&project, None).unwrap();
     let sites = dir.path().join("sites");
     let log_path = dir.path().join("server.log");
     let log = std::fs::File::create(&log_path).unwrap();
@@ -116,7 +116,7 @@ id = "edge-002"
     let mut ca = ProjectCa::open(&dir.path().join("ca")).unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
     let expired = ca.issue_valid(Kind::Client, "edge-002", &[], now - 10 * 86_400, now - 86_400).unwrap();
-    anchorage_server::tls::save_identity(&sites.join("edge-002"), &expired).unwrap();
+    anchorage_pki::save_identity(&sites.join("edge-002"), &expired).unwrap();
     let (out, text) = doctor(&sites.join("edge-002"), &health);
     assert_eq!(out.status.code(), Some(1), "{text}");
     let cert = line(&text, "certificate");

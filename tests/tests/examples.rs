@@ -76,7 +76,7 @@ fn the_field_example_provisions_checks_federates_and_reports() {
     assert_eq!(example.matches(":47433\"").count(), 2, "the address and the bind carry run.sh's port");
     let project = dir.path().join("project.toml");
     std::fs::write(&project, example.replace(":47433\"", &format!(":{port}\""))).unwrap();
-    let done = anchorage_sim::provision::provision(&project, None).unwrap();
+    let done = anchorage::provision::provision(&project, None).unwrap();
     let sites = dir.path().join("sites");
     assert_eq!(done.out, sites);
     let server_toml = sites.join("server/server.toml");

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::transport::{self as client, ClientCert, ClientEvent, ClientOptions};
+use anchorage_pki::{Kind, ProjectCa};
 use anchorage_server::aggregate::RobustConfig;
-use anchorage_server::ca::{Kind, ProjectCa};
 use anchorage_server::engine::{EngineConfig, RoundOutcome, RoundReport};
 use anchorage_server::methods::FedAvg;
 use anchorage_server::store::ServerStore;

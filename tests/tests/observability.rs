@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport::{self as client, Backoff, ClientCert, ClientEvent, ClientOptions};
-use anchorage_server::ca::Kind;
+use anchorage_pki::Kind;
 use anchorage_tests::process::{Ending, ServerProcess, http_get};
 
 /// The sample names of an exposition, and the names its `# TYPE` lines declare.

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport::ClientCert;
-use anchorage_server::ca::Kind;
+use anchorage_pki::Kind;
 use anchorage_shared::protocol::Message;
 use anchorage_tests::process::{ServerProcess, http_get};
 use anchorage_tests::{hello, raw_connect_as, send_raw_and_read_reply};

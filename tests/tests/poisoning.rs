@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::transport::{self as client, ClientCert, ClientEvent, ClientOptions};
-use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_pki::{Kind, ProjectCa};
 use anchorage_server::engine::{EngineConfig, RoundOutcome};
 use anchorage_server::methods::FedAvg;
 use anchorage_server::store::{ServerStore, read_ledger};

@@ -76,7 +76,7 @@ id = "edge-002"
         ),
     )
     .unwrap();
-    let done = anchorage_sim::provision::provision(&project, None).unwrap();
+    let done = anchorage::provision::provision(&project, None).unwrap();
     let sites = dir.path().join("sites");
     assert_eq!(done.out, sites);
 
@@ -162,7 +162,7 @@ id = "edge-002"
         .iter()
         .map(|site| {
             let cert = std::fs::read(field.join(site).join("cert.der")).unwrap();
-            anchorage_server::ca::peer_id(&cert.into()).unwrap().0
+            anchorage_pki::peer_id(&cert.into()).unwrap().0
         })
         .collect();
     assert_eq!(clients, from_certs, "the stored ids are the certificates'");

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anchorage_client::methods::{ClientMethod, FedAvgClient, MethodContext};
 use anchorage_client::transport::{self as client, Backoff, ClientCert, ClientEvent, ClientOptions};
 use anchorage_data::{SyntheticConfig, synthetic};
-use anchorage_server::ca::Kind;
+use anchorage_pki::Kind;
 use anchorage_tests::process::{Ending, ServerProcess, close_peers, http_get};
 
 /// The seed of the embedded synthetic set the devices share and the server holds out.

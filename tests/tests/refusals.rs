@@ -16,8 +16,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anchorage_client::transport::{ClientCert, EXIT_REFUSED, RefusalKind, definite_refusal};
-use anchorage_server::ca::{Kind, ProjectCa};
-use anchorage_server::tls::Identity;
+use anchorage_pki::Identity;
+use anchorage_pki::{Kind, ProjectCa};
 use anchorage_tests::process::{ServerProcess, free_udp_port, http_get};
 
 /// A device's folder as `anchorage provision` writes one: client.toml, ca.der, cert.der and
@@ -35,7 +35,7 @@ impl Device {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("ca.der"), ca).unwrap();
         std::fs::write(dir.join("cert.der"), identity.cert.as_ref()).unwrap();
-        anchorage_server::tls::write_private(&dir.join("key.der"), identity.key.secret_der()).unwrap();
+        anchorage_pki::write_private(&dir.join("key.der"), identity.key.secret_der()).unwrap();
         std::fs::write(
             dir.join("client.toml"),
             format!(

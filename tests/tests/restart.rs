@@ -11,11 +11,11 @@ use anchorage_client::store::ClientStore;
 use anchorage_client::transport::{self as client, ClientOptions};
 use anchorage_model::train::OptimizerKind;
 use anchorage_model::{BlockLayout, ModelSpec, Trainable};
+use anchorage_pki::Identity;
 use anchorage_server::RoundReport;
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
 use anchorage_server::store::ServerStore;
-use anchorage_server::tls::{self, Identity};
 use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHandle, ServerOptions};
 use anchorage_shared::method::FedTaConfig;
 use anchorage_shared::protocol::{Metric, RoundConfig, Update};
@@ -83,7 +83,7 @@ async fn reports_until_finished(server: &mut ServerHandle) -> Vec<RoundReport> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_server_resumes_from_its_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
-    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let identity = anchorage_pki::identity::self_signed(&["localhost"]).unwrap();
     let state_dir = temp_dir(&tmp, "server-restart");
     let store = ServerStore::open(&state_dir).unwrap();
     let initial =
@@ -135,7 +135,7 @@ async fn restarted_server_resumes_from_its_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_client_resends_its_unacknowledged_update_once() {
     let tmp = tempfile::tempdir().unwrap();
-    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let identity = anchorage_pki::identity::self_signed(&["localhost"]).unwrap();
     let spec = ModelSpec::embedded_default();
     let initial = Trainable::new(&spec.net(), &Device::flex()).to_blocks(Encoding::F32).unwrap();
     let mut server =
@@ -182,7 +182,7 @@ async fn restarted_client_resends_its_unacknowledged_update_once() {
 /// binary), whether it is connecting or backing off between attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_while_the_server_is_unreachable() {
-    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let identity = anchorage_pki::identity::self_signed(&["localhost"]).unwrap();
     // A port nothing listens on: bind a UDP socket, note its port, drop it.
     let addr = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut options = ClientOptions::new(addr, identity.cert.clone(), "lonely");
@@ -211,7 +211,7 @@ async fn stop_while_the_server_is_unreachable() {
 async fn restarted_fedta_client_keeps_its_anchors_and_heads() {
     let tmp = tempfile::tempdir().unwrap();
     use anchorage_server::methods::FedTaServer;
-    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let identity = anchorage_pki::identity::self_signed(&["localhost"]).unwrap();
     let method =
         FedTaConfig { ie_pool: 3, ie_length: 2, ie_top_n: 2, anchors: 4, anchor_dim: 4, ..FedTaConfig::default() };
     let initial = fedta_client(&method).initial_blocks().unwrap();

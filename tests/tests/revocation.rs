@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::transport::{self as client, ClientCert};
-use anchorage_server::ca::{self, Kind, ProjectCa};
+use anchorage_pki::{CRL, Identity, Kind, ProjectCa};
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
-use anchorage_server::tls::{Identity, Trust};
+use anchorage_server::tls::Trust;
 use anchorage_server::transport::{self as server, Limits, ServerHandle, ServerOptions};
 use anchorage_shared::protocol::{Message, RoundConfig};
 use anchorage_tests::process::ServerProcess;
@@ -96,7 +96,7 @@ async fn a_ca_server_without_its_revocation_list_does_not_start() {
     let dir = tempfile::tempdir().unwrap();
     let mut ca = ProjectCa::init(&dir.path().join("ca"), "revocation-test", 30).unwrap();
     // Missing.
-    let missing = dir.path().join("tls").join(ca::CRL);
+    let missing = dir.path().join("tls").join(CRL);
     let err = format!("{:#}", start(&mut ca, missing.clone()).await.err().expect("no start without revoked.crl"));
     println!("missing: {err}");
     assert!(err.contains(&missing.display().to_string()) && err.contains("missing"), "names the file: {err}");
@@ -108,7 +108,7 @@ async fn a_ca_server_without_its_revocation_list_does_not_start() {
     println!("damaged: {err}");
     assert!(err.contains(&garbage.display().to_string()) && err.contains("not a CRL"), "{err}");
     // The CA's own list, empty, is enough.
-    let server = start(&mut ca, dir.path().join("ca").join(ca::CRL)).await.expect("an empty CRL is a CRL");
+    let server = start(&mut ca, dir.path().join("ca").join(CRL)).await.expect("an empty CRL is a CRL");
     server.shutdown().await.unwrap();
     // The server program (anchorage-server --config): refuses with the same message, exit 1.
     let mut process =
@@ -135,7 +135,7 @@ async fn a_ca_server_without_its_revocation_list_does_not_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crl_deleted_or_damaged_at_run_time_keeps_the_last_good_list() {
     let dir = tempfile::tempdir().unwrap();
-    let crl = dir.path().join("ca").join(ca::CRL);
+    let crl = dir.path().join("ca").join(CRL);
     let mut ca = ProjectCa::init(&dir.path().join("ca"), "revocation-test", 30).unwrap();
     let server = start(&mut ca, crl.clone()).await.unwrap();
     let (addr, root) = (server.local_addr, ca.cert().clone());

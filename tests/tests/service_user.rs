@@ -253,7 +253,7 @@ fn the_documented_copy_runs_three_rounds_as_service_users() {
         .replace("\nrounds = 100 ", "\nrounds = 3 ");
     assert!(edited.contains("\nrounds = 3 "), "deploy/project.toml's rounds line:\n{edited}");
     std::fs::write(&project, edited).unwrap();
-    let done = anchorage_sim::provision::provision(&project, None).unwrap();
+    let done = anchorage::provision::provision(&project, None).unwrap();
     let sites = done.out;
 
     // deploy/README.md sections 2 and 3 on three "machines": scp -r, the package's /etc/anchorage

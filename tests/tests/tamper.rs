@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::transport::{self as client, ClientOptions};
+use anchorage_pki::Identity;
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
 use anchorage_server::store::{DB_FILE, SHM_FILE, ServerStore, StoreError, WAL_FILE, WITNESS_FILE};
-use anchorage_server::tls::{self, Identity};
+use anchorage_server::tls;
 use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHandle, ServerOptions};
 use anchorage_shared::protocol::RoundConfig;
 use anchorage_tests::fedavg_client;
@@ -67,7 +68,7 @@ async fn a_rolled_back_folder_is_refused_then_witnessed_by_the_devices_and_numbe
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("state");
     let backup = tmp.path().join("round-2.db");
-    let identity = tls::self_signed(&["localhost"]).unwrap();
+    let identity = anchorage_pki::identity::self_signed(&["localhost"]).unwrap();
 
     let store = ServerStore::open(&dir).unwrap();
     let mut first = start(&identity, SocketAddr::from(([127, 0, 0, 1], 0)), 100, &store).await;

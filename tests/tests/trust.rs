@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
 use anchorage_client::transport::{self as client, Backoff, ClientCert, ClientEvent, ClientOptions};
-use anchorage_server::ca::{Kind, ProjectCa};
+use anchorage_pki::Identity;
+use anchorage_pki::{Kind, ProjectCa};
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
-use anchorage_server::tls::{Identity, Trust};
+use anchorage_server::tls::Trust;
 use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerHandle, ServerOptions};
 use anchorage_shared::protocol::{Message, RefusalReason, RoundConfig};
 use anchorage_tests::{fedavg_client, hello, raw_connect_as, send_raw_and_read_reply};
@@ -40,10 +41,7 @@ impl Project {
         let server = server::start(ServerOptions {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             identity,
-            trust: Trust::ProjectCa {
-                ca: ca.cert().clone(),
-                crl: Some(dir.join("ca").join(anchorage_server::ca::CRL)),
-            },
+            trust: Trust::ProjectCa { ca: ca.cert().clone(), crl: Some(dir.join("ca").join(anchorage_pki::CRL)) },
             engine: EngineConfig {
                 rounds,
                 min_available: 1,

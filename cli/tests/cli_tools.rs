@@ -64,20 +64,20 @@ fn renewing_a_revoked_id_is_refused_unless_forced() {
     let refused = anchorage(dir.path(), &["ca", "renew", "edge-001"]);
     assert!(!refused.status.success());
     let err = stderr(&refused);
-    let today = anchorage_sim::provision::date(
+    let today = anchorage_pki::site::date(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64,
     );
     assert!(err.contains("`edge-001` was revoked on") && err.contains(&today), "{err}");
     assert!(err.contains("--force") && err.contains("un-revoke"), "{err}");
     assert_eq!(std::fs::read(dir.path().join("edge-001/cert.der")).unwrap(), cert, "nothing issued");
-    let ca = anchorage_server::ca::ProjectCa::open(&dir.path().join("ca")).unwrap();
+    let ca = anchorage_pki::ProjectCa::open(&dir.path().join("ca")).unwrap();
     assert_eq!(ca.issued().iter().filter(|i| i.id == "edge-001").count(), 1);
 
     // A live id renews as before; --force renews a revoked one, and says so.
     ok(&["ca", "renew", "edge-002"]);
     let forced = ok(&["ca", "renew", "edge-001", "--force"]);
     assert!(stderr(&forced).contains("was revoked on"), "{}", stderr(&forced));
-    let ca = anchorage_server::ca::ProjectCa::open(&dir.path().join("ca")).unwrap();
+    let ca = anchorage_pki::ProjectCa::open(&dir.path().join("ca")).unwrap();
     let edge: Vec<_> = ca.issued().iter().filter(|i| i.id == "edge-001").collect();
     assert_eq!(edge.len(), 2);
     assert!(edge[0].revoked_at.is_some() && edge[1].revoked_at.is_none(), "the old one stays revoked");

@@ -1,5 +1,5 @@
-//! `anchorage ca …` and `anchorage provision project.toml`: the project CA's chores and one
-//! ready folder per site.
+//! `anchorage provision project.toml`: one ready folder per site (the identity files are
+//! `anchorage_pki::site`'s; this writes the configs around them).
 //!
 //! A site folder holds the site's certificate (`cert.der`), its private key (`key.der`, mode
 //! 0600), the project CA's certificate (`ca.der`) and a complete config (`server.toml` or
@@ -14,9 +14,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anchorage_client::config::ClientConfig;
-use anchorage_server::ca::{self, Issued, Kind, ProjectCa};
+use anchorage_pki::site::{PUBLIC_MODE, SITE_DIR_MODE, set_mode, write_public};
+use anchorage_pki::{CA_CERT, CERT_FILE, CRL, Kind, ProjectCa, cert};
 use anchorage_server::config::ServerConfig;
-use anchorage_server::tls::{self, Identity};
 use anyhow::Context;
 use serde::Deserialize;
 
@@ -26,177 +26,6 @@ pub const DEFAULT_CA_DAYS: u32 = 3650;
 pub const DEFAULT_DAYS: u32 = 365;
 /// The server's id (its certificate's first name) unless `project.toml` names another.
 pub const DEFAULT_SERVER_ID: &str = "server";
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
-/// `YYYY-MM-DD` (UTC) of a unix time.
-pub fn date(unix: i64) -> String {
-    // Days to civil date (Howard Hinnant's algorithm).
-    let z = unix.div_euclid(86_400) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
-}
-
-// ---------------------------------------------------------------------------------------------
-// `anchorage ca …`
-// ---------------------------------------------------------------------------------------------
-
-/// Mode of what a site's service reads but need not hide: certificates, the revocation list,
-/// configs and the initial model. Only `key.der` is a secret (0600, written so from the start).
-pub const PUBLIC_MODE: u32 = 0o644;
-/// Mode of a site folder: listable by the service's user wherever the folder is mounted as it is
-/// (a container's `-v site:/etc/anchorage:ro`); its key stays 0600.
-pub const SITE_DIR_MODE: u32 = 0o755;
-
-/// Sets `path`'s mode, whatever the umask or an older provision left.
-fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {} to {mode:04o}", path.display()))
-}
-
-/// Writes a file every local user may read (mode [`PUBLIC_MODE`]).
-fn write_public(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
-    set_mode(path, PUBLIC_MODE)
-}
-
-/// Writes `identity` and the CA's certificate into the site folder `out`: `cert.der`, `key.der`
-/// (mode 0600) and `ca.der` (both 0644, the folder 0755).
-pub fn write_site_identity(out: &Path, identity: &Identity, ca_cert: &[u8]) -> anyhow::Result<()> {
-    tls::save_identity(out, identity)?;
-    set_mode(out, SITE_DIR_MODE)?;
-    set_mode(&out.join(tls::CERT_FILE), PUBLIC_MODE)?;
-    write_public(&out.join(ca::CA_CERT), ca_cert)
-}
-
-/// `anchorage ca issue`: signs a certificate for `id` and writes it, its key and `ca.der` into
-/// `out`. Refuses a folder that already holds a key or certificate (`renew` replaces them).
-pub fn issue(
-    ca: &mut ProjectCa,
-    kind: Kind,
-    id: &str,
-    names: &[String],
-    days: u32,
-    out: &Path,
-) -> anyhow::Result<Issued> {
-    for file in [tls::CERT_FILE, tls::KEY_FILE] {
-        anyhow::ensure!(
-            !out.join(file).exists(),
-            "{} already exists: `anchorage ca renew {id}` replaces a site's certificate and key on purpose",
-            out.join(file).display()
-        );
-    }
-    let identity = ca.issue(kind, id, names, days)?;
-    write_site_identity(out, &identity, ca.cert().as_ref())?;
-    if kind == Kind::Server {
-        write_server_crl(ca, out)?;
-    }
-    ca.issued().last().cloned().context("the CA recorded no certificate just issued")
-}
-
-/// A server's folder gets the CA's revocation list as it is now (even an empty one): a CA-mode
-/// server does not start without it.
-fn write_server_crl(ca: &ProjectCa, out: &Path) -> anyhow::Result<()> {
-    let path = out.join(ca::CRL);
-    anchorage_shared::io::write_atomic(&path, ca.crl()?.as_ref())
-        .with_context(|| format!("writing {}", path.display()))?;
-    set_mode(&path, PUBLIC_MODE)
-}
-
-/// `anchorage ca renew`: a new certificate and key for an id the CA issued before (same kind),
-/// valid for `days` from now, written into `out` over the old pair. A server's DNS names are
-/// `names`, or when none are given those of the certificate now in `out`. The old certificate
-/// stays valid until it expires (revoke it to end it sooner).
-pub fn renew(ca: &mut ProjectCa, id: &str, names: &[String], days: u32, out: &Path) -> anyhow::Result<Issued> {
-    let previous = ca
-        .issued()
-        .iter()
-        .rev()
-        .find(|i| i.id == id)
-        .cloned()
-        .with_context(|| format!("the CA never issued a certificate to `{id}` (see `anchorage ca list`)"))?;
-    let names = if names.is_empty() {
-        match std::fs::read(out.join(tls::CERT_FILE)) {
-            Ok(der) => cert_names(&der)?.into_iter().filter(|n| n != id).collect(),
-            Err(_) => Vec::new(),
-        }
-    } else {
-        names.to_vec()
-    };
-    let identity = ca.issue(previous.kind, id, &names, days)?;
-    write_site_identity(out, &identity, ca.cert().as_ref())?;
-    if previous.kind == Kind::Server {
-        write_server_crl(ca, out)?;
-    }
-    ca.issued().last().cloned().context("the CA recorded no certificate just issued")
-}
-
-/// The DNS names and IP addresses a certificate is issued for.
-pub fn cert_names(der: &[u8]) -> anyhow::Result<Vec<String>> {
-    use x509_parser::extensions::GeneralName;
-    let (_, cert) = x509_parser::parse_x509_certificate(der).context("the certificate does not parse")?;
-    let Some(san) = cert.subject_alternative_name().context("the certificate's names")? else {
-        return Ok(Vec::new());
-    };
-    Ok(san
-        .value
-        .general_names
-        .iter()
-        .filter_map(|n| match n {
-            GeneralName::DNSName(s) => Some(s.to_string()),
-            GeneralName::IPAddress(b) => match b.len() {
-                4 => Some(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).ok()?).to_string()),
-                16 => Some(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).ok()?).to_string()),
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect())
-}
-
-/// Whether the certificate `der` was signed by the CA certificate `ca_der` (by name).
-fn issued_by(der: &[u8], ca_der: &[u8]) -> anyhow::Result<bool> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).context("the certificate does not parse")?;
-    let (_, root) = x509_parser::parse_x509_certificate(ca_der).context("the CA certificate does not parse")?;
-    Ok(cert.issuer().as_raw() == root.subject().as_raw())
-}
-
-/// `anchorage ca list`: one line per certificate the CA issued.
-pub fn list_table(issued: &[Issued]) -> String {
-    let now = unix_now();
-    let mut rows = vec![["id".to_string(), "kind".into(), "serial".into(), "expires".into(), "revoked".into()]];
-    for i in issued {
-        let expires = if i.not_after < now { format!("{} (expired)", date(i.not_after)) } else { date(i.not_after) };
-        let kind = match i.kind {
-            Kind::Server => "server",
-            Kind::Client => "client",
-        };
-        let revoked = i.revoked_at.map_or_else(|| "-".to_string(), date);
-        rows.push([i.id.clone(), kind.into(), i.serial.clone(), expires, revoked]);
-    }
-    let widths: Vec<usize> = (0..5).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for row in &rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------------------------
-// `anchorage provision project.toml`
-// ---------------------------------------------------------------------------------------------
 
 /// `project.toml`: the whole federation in one file (see `deploy/project.toml`). Relative paths
 /// in it (`ca`, `out`) are taken from the file's own folder.
@@ -535,9 +364,9 @@ impl Project {
         let mut t = toml::Table::new();
         t.insert("server".into(), self.server.address.clone().into());
         t.insert("server_name".into(), server_name.into());
-        t.insert("server_cert".into(), ca::CA_CERT.into());
-        t.insert("cert".into(), tls::CERT_FILE.into());
-        t.insert("key".into(), tls::KEY_FILE.into());
+        t.insert("server_cert".into(), CA_CERT.into());
+        t.insert("cert".into(), CERT_FILE.into());
+        t.insert("key".into(), anchorage_pki::KEY_FILE.into());
         t.insert("client_id".into(), device.id.clone().into());
         t.insert("state_dir".into(), "state".into());
         t.insert("max_memory_mb".into(), i64::from(DEFAULT_MAX_MEMORY_MB).into());
@@ -625,33 +454,33 @@ fn site_identity(
     days: u32,
     dir: &Path,
 ) -> anyhow::Result<SiteKey> {
-    match tls::load_identity(dir).with_context(|| format!("site `{id}`"))? {
+    match anchorage_pki::load_identity(dir).with_context(|| format!("site `{id}`"))? {
         Some(identity) => {
             anyhow::ensure!(
-                issued_by(identity.cert.as_ref(), ca.cert().as_ref())?,
+                cert::issued_by(identity.cert.as_ref(), ca.cert().as_ref())?,
                 "{} was not issued by this project's CA: move the folder away to provision `{id}` anew",
-                dir.join(tls::CERT_FILE).display()
+                dir.join(CERT_FILE).display()
             );
             if kind == Kind::Server {
-                let have = cert_names(identity.cert.as_ref())?;
+                let have = cert::cert_names(identity.cert.as_ref())?;
                 if let Some(missing) = names.iter().find(|n| !have.contains(n)) {
                     anyhow::bail!(
                         "{} does not carry the name `{missing}` that project.toml now gives the server: \
                          `anchorage ca renew {id} --dir <ca> --out {}` issues one that does",
-                        dir.join(tls::CERT_FILE).display(),
+                        dir.join(CERT_FILE).display(),
                         dir.display()
                     );
                 }
             }
             set_mode(dir, SITE_DIR_MODE)?;
-            set_mode(&dir.join(tls::CERT_FILE), PUBLIC_MODE)?;
+            set_mode(&dir.join(CERT_FILE), PUBLIC_MODE)?;
             Ok(SiteKey::Kept)
         }
         None => {
             let identity = ca.issue(kind, id, names, days)?;
-            tls::save_identity(dir, &identity)?;
+            anchorage_pki::save_identity(dir, &identity)?;
             set_mode(dir, SITE_DIR_MODE)?;
-            set_mode(&dir.join(tls::CERT_FILE), PUBLIC_MODE)?;
+            set_mode(&dir.join(CERT_FILE), PUBLIC_MODE)?;
             Ok(SiteKey::Issued)
         }
     }
@@ -672,7 +501,7 @@ pub fn provision(project_path: &Path, out: Option<&Path>) -> anyhow::Result<Prov
     let client_tomls =
         (0..project.devices.len()).map(|n| project.client_toml(n)).collect::<anyhow::Result<Vec<_>>>()?;
 
-    let ca_created = !ca_dir.join(ca::CA_KEY).exists() && !ca_dir.join(ca::CA_CERT).exists();
+    let ca_created = !ca_dir.join(anchorage_pki::CA_KEY).exists() && !ca_dir.join(CA_CERT).exists();
     let mut ca =
         if ca_created { ProjectCa::init(&ca_dir, &project.name, project.ca_days)? } else { ProjectCa::open(&ca_dir)? };
     let ca_cert = ca.cert().as_ref().to_vec();
@@ -683,16 +512,16 @@ pub fn provision(project_path: &Path, out: Option<&Path>) -> anyhow::Result<Prov
     let (names, _) = project.server_names()?;
     let dir = out.join("server");
     let key = site_identity(&mut ca, Kind::Server, &project.server.id, &names, project.days, &dir)?;
-    write_public(&dir.join(ca::CA_CERT), &ca_cert)?;
+    write_public(&dir.join(CA_CERT), &ca_cert)?;
     // The CA's revocation list as it is now; `anchorage ca revoke` later rewrites the CA's copy.
-    write_public(&dir.join(ca::CRL), ca.crl()?.as_ref())?;
+    write_public(&dir.join(CRL), ca.crl()?.as_ref())?;
     write_public(&dir.join("server.toml"), server_toml.as_bytes())?;
     sites.push(Site { id: project.server.id.clone(), kind: Kind::Server, config: dir.join("server.toml"), dir, key });
 
     for (device, text) in project.devices.iter().zip(&client_tomls) {
         let dir = out.join(&device.id);
         let key = site_identity(&mut ca, Kind::Client, &device.id, &[], project.days, &dir)?;
-        write_public(&dir.join(ca::CA_CERT), &ca_cert)?;
+        write_public(&dir.join(CA_CERT), &ca_cert)?;
         write_public(&dir.join("client.toml"), text.as_bytes())?;
         sites.push(Site { id: device.id.clone(), kind: Kind::Client, config: dir.join("client.toml"), dir, key });
     }
@@ -752,13 +581,6 @@ id = "edge-002"
     }
 
     #[test]
-    fn dates_are_civil() {
-        assert_eq!(date(0), "1970-01-01");
-        assert_eq!(date(951_782_400), "2000-02-29");
-        assert_eq!(date(1_767_225_599), "2025-12-31");
-    }
-
-    #[test]
     fn provision_writes_one_ready_folder_per_site_and_keeps_keys_when_run_again() {
         let dir = tempfile::tempdir().unwrap();
         let project = dir.path().join("project.toml");
@@ -772,7 +594,7 @@ id = "edge-002"
             assert_eq!(site.key, SiteKey::Issued);
             assert_eq!(mode(&site.dir.join("key.der")), 0o600, "{}: the key is private", site.id);
             assert_eq!(std::fs::read(site.dir.join("ca.der")).unwrap(), ca_der);
-            let (id, _) = ca::peer_id(&std::fs::read(site.dir.join("cert.der")).unwrap().into()).unwrap();
+            let (id, _) = anchorage_pki::peer_id(&std::fs::read(site.dir.join("cert.der")).unwrap().into()).unwrap();
             assert_eq!(id, site.id, "the certificate names the site");
         }
 
@@ -793,7 +615,7 @@ id = "edge-002"
         assert!(!server.insecure_dev, "mutual TLS");
         assert_eq!((server.engine.rounds, server.engine.min_fit), (2, 2));
         assert!(server.tls_dir.join("cert.der").exists() && server.tls_dir.join("revoked.crl").exists());
-        let names = cert_names(&std::fs::read(server.tls_dir.join("cert.der")).unwrap()).unwrap();
+        let names = cert::cert_names(&std::fs::read(server.tls_dir.join("cert.der")).unwrap()).unwrap();
         assert_eq!(names, ["server", "server.example.org", "localhost"]);
 
         let client = ClientConfig::load(&moved.path().join("edge-002/client.toml")).unwrap();
@@ -1051,59 +873,5 @@ id = "edge-002"
         let port = refused(PROJECT.replace("server.example.org:4433", "server.example.org"));
         assert!(port.contains("not host:port"), "{port}");
         assert!(!dir.path().join("ca").exists() && !dir.path().join("sites").exists(), "nothing written");
-    }
-
-    #[test]
-    fn ca_issue_list_revoke_and_renew() {
-        let dir = tempfile::tempdir().unwrap();
-        let ca_dir = dir.path().join("ca");
-        let mut ca = ProjectCa::init(&ca_dir, "unit", 100).unwrap();
-        let out = dir.path().join("server");
-        let first = issue(&mut ca, Kind::Server, "server", &["fl.example.org".into()], 10, &out).unwrap();
-        assert_eq!(mode(&out.join("key.der")), 0o600);
-        for public in ["cert.der", "ca.der", ca::CRL] {
-            assert_eq!(mode(&out.join(public)), 0o644, "{public}: the service's user reads it after a copy");
-        }
-        assert_eq!(mode(&out), 0o755);
-        assert_eq!(std::fs::read(out.join("ca.der")).unwrap(), ca.cert().as_ref());
-        // A server's folder gets the CA's (empty) revocation list: the server does not start without it.
-        let crl = std::fs::read(out.join(ca::CRL)).expect("`ca issue server` writes revoked.crl");
-        assert!(ca::revoked_serials(&crl).unwrap().is_empty());
-        let err = issue(&mut ca, Kind::Server, "server", &[], 10, &out).unwrap_err().to_string();
-        assert!(err.contains("ca renew server"), "an issued pair is not overwritten: {err}");
-        let edge = dir.path().join("edge-001");
-        issue(&mut ca, Kind::Client, "edge-001", &[], 10, &edge).unwrap();
-        assert!(!edge.join(ca::CRL).exists(), "a device needs no revocation list");
-
-        // Renew: same id and kind, a later expiry, a new key, the server's names kept.
-        let old_key = std::fs::read(out.join("key.der")).unwrap();
-        let mut ca = ProjectCa::open(&ca_dir).unwrap();
-        let renewed = renew(&mut ca, "server", &[], 60, &out).unwrap();
-        assert_eq!((renewed.kind, renewed.id.as_str()), (Kind::Server, "server"));
-        assert!(renewed.not_after > first.not_after + 40 * 86_400 && renewed.serial != first.serial);
-        assert_ne!(std::fs::read(out.join("key.der")).unwrap(), old_key);
-        assert_eq!(mode(&out.join("key.der")), 0o600);
-        for public in ["cert.der", "ca.der", ca::CRL] {
-            assert_eq!(mode(&out.join(public)), 0o644, "{public} after renew");
-        }
-        let cert = std::fs::read(out.join("cert.der")).unwrap();
-        assert_eq!(cert_names(&cert).unwrap(), ["server", "fl.example.org"]);
-        assert!(renew(&mut ca, "nobody", &[], 10, &out).is_err());
-
-        // Revoke: the CRL lists every certificate of the id; list shows it.
-        let revoked = ca.revoke("server").unwrap();
-        assert_eq!(revoked.len(), 2);
-        let crl = std::fs::read(ca_dir.join(ca::CRL)).unwrap();
-        let serials = ca::revoked_serials(&crl).unwrap();
-        assert!(serials.contains(&first.serial) && serials.contains(&renewed.serial));
-        let table = list_table(ProjectCa::open(&ca_dir).unwrap().issued());
-        let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 4, "{table}");
-        assert!(lines[0].starts_with("id") && lines[0].contains("expires") && lines[0].ends_with("revoked"));
-        let today = date(unix_now());
-        let edge_line = lines.iter().find(|l| l.starts_with("edge-001")).unwrap();
-        assert!(edge_line.contains("client") && edge_line.trim_end().ends_with('-'), "{edge_line}");
-        assert!(lines.iter().filter(|l| l.starts_with("server") && l.ends_with(&today)).count() == 2, "{table}");
-        assert!(lines[1].contains(&first.serial) && lines[1].contains(&date(first.not_after)));
     }
 }
