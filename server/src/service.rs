@@ -193,11 +193,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let store = ServerStore::open_with(&config.state_dir, config.store.clone())
         .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
     let method_config = config.method.config()?;
-    let mut parts = methods::Parts::default();
-    if let (Some(section), anchorage_shared::method::MethodConfig::FedTa(fedta)) = (&config.sikf, &method_config) {
-        parts.distiller = Some(sikf_distiller(section, fedta)?);
-    }
-    let method = methods::build_with(&method_config, parts);
+    let method = server_method(&config, &method_config)?;
     let held_out = config.evaluation.as_ref().map(held_out_evaluator).transpose()?;
     // Where the store stands, for the rule of `anchorage_waiting_for_devices`: a round the
     // engine resumes open, and (buffered mode) whether a version exists.
@@ -602,24 +598,32 @@ fn identity_and_trust(config: &ServerConfig) -> anyhow::Result<(anchorage_pki::I
     Ok((identity, trust))
 }
 
-/// FedTA's distiller from `[sikf]`.
+/// The method's server half; FedTA's distiller on `[sikf]`'s surrogate set
+/// ([`crate::sikf::server_method`]).
 #[cfg(feature = "sikf")]
-fn sikf_distiller(
-    section: &crate::config::SikfSection,
-    method: &anchorage_shared::method::FedTaConfig,
-) -> anyhow::Result<Box<dyn methods::InputDistiller>> {
-    Ok(Box::new(crate::sikf::distiller(section, method)?))
+fn server_method(
+    config: &crate::config::ServerConfig,
+    method: &anchorage_shared::method::MethodConfig,
+) -> anyhow::Result<Box<dyn methods::ServerMethod>> {
+    let surrogate = match (&config.sikf, method) {
+        (Some(section), anchorage_shared::method::MethodConfig::FedTa(_)) => Some(crate::sikf::surrogate(section)?),
+        _ => None,
+    };
+    crate::sikf::server_method(method, surrogate)
 }
 
 /// Without the `sikf` feature a `[sikf]` section cannot be honoured: refuse to start rather than
 /// silently average.
 #[cfg(not(feature = "sikf"))]
-fn sikf_distiller(
-    _: &crate::config::SikfSection,
-    _: &anchorage_shared::method::FedTaConfig,
-) -> anyhow::Result<Box<dyn methods::InputDistiller>> {
-    anyhow::bail!(
-        "server.toml has a [sikf] section, but this anchorage-server was built without SIKF: \
-         build it with `cargo build --release -p anchorage-server --features sikf`"
-    )
+fn server_method(
+    config: &crate::config::ServerConfig,
+    method: &anchorage_shared::method::MethodConfig,
+) -> anyhow::Result<Box<dyn methods::ServerMethod>> {
+    if let (Some(_), anchorage_shared::method::MethodConfig::FedTa(_)) = (&config.sikf, method) {
+        anyhow::bail!(
+            "server.toml has a [sikf] section, but this anchorage-server was built without SIKF: \
+             build it with `cargo build --release -p anchorage-server --features sikf`"
+        );
+    }
+    Ok(methods::build(method))
 }

@@ -8,11 +8,9 @@ use std::time::Duration;
 use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
 use anchorage_data::partition::FederatedSplit;
 use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
-use anchorage_model::prompts::fusion::Sikf;
 use anchorage_model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 use anchorage_server::engine::EngineConfig;
-use anchorage_server::methods::{self as server_methods, ServerMethod};
-use anchorage_shared::method::MethodConfig;
+use anchorage_server::methods::ServerMethod;
 use anchorage_shared::protocol::{Broadcast, RoundConfig};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::ParamBlock;
@@ -105,6 +103,301 @@ struct Prepared {
     source: String,
 }
 
+/// How the clients' tasks form a stream: FedProK's class-incremental tasks revealed one by one,
+/// or FedEvolve's evolving shifts (every source domain from the start, the last
+/// `target_domains` held out as the target). The one place that tells the two protocols apart.
+#[derive(Clone, Copy)]
+enum Protocol {
+    ClassIncremental {
+        num_tasks: usize,
+    },
+    /// Domains `first_target..num_tasks` together form the target.
+    Evolving {
+        num_tasks: usize,
+        first_target: usize,
+    },
+}
+
+impl Protocol {
+    fn of(config: &SimConfig, split: &FederatedSplit) -> anyhow::Result<Self> {
+        let num_tasks = split.clients.iter().map(|c| c.tasks.len()).max().unwrap_or(0);
+        anyhow::ensure!(num_tasks > 0, "the split gives the clients no tasks");
+        if !config.evolving {
+            return Ok(Self::ClassIncremental { num_tasks });
+        }
+        let held_out = config.target_domains.max(1);
+        anyhow::ensure!(
+            num_tasks > held_out,
+            "evolving shifts need more domains ({num_tasks}) than target domains ({held_out}): at least one source"
+        );
+        Ok(Self::Evolving { num_tasks, first_target: num_tasks - held_out })
+    }
+
+    fn num_tasks(self) -> usize {
+        match self {
+            Self::ClassIncremental { num_tasks } | Self::Evolving { num_tasks, .. } => num_tasks,
+        }
+    }
+
+    fn is_evolving(self) -> bool {
+        matches!(self, Self::Evolving { .. })
+    }
+
+    /// The global test sets: per task the union of the clients' test data of that task, or (evolving)
+    /// one set, the target domains' rows, under the last task's number.
+    fn global_rows(self, split: &FederatedSplit) -> Vec<GlobalRows> {
+        let num_tasks = self.num_tasks();
+        let tasks: Vec<(usize, std::ops::Range<usize>)> = match self {
+            Self::ClassIncremental { .. } => (0..num_tasks).map(|k| (k, k..k + 1)).collect(),
+            Self::Evolving { first_target, .. } => vec![(num_tasks - 1, first_target..num_tasks)],
+        };
+        tasks.into_iter().map(|(k, targets)| self.global_rows_of(split, k, targets)).collect()
+    }
+
+    /// One global test set. Rows of one pool only: the test pool when every client of the task has
+    /// test rows, else the clients' local tests (train-pool rows); mixing the two would index one
+    /// pool with the other's rows.
+    fn global_rows_of(self, split: &FederatedSplit, k: usize, targets: std::ops::Range<usize>) -> GlobalRows {
+        let holders: Vec<_> =
+            split.clients.iter().flat_map(|c| targets.clone().filter_map(|j| c.tasks.get(j))).collect();
+        let in_train = self.is_evolving() || holders.iter().any(|t| t.test.is_empty());
+        let mut idx: Vec<usize> = Vec::new();
+        // Clients of one class set share one test list (`TaskSplit::test`): add each list
+        // once, not once per client (100,000 clients of an IID split: 800 MB of repeats).
+        let mut lists_seen = std::collections::HashSet::new();
+        for t in holders {
+            if self.is_evolving() {
+                idx.extend(t.train.iter().chain(&t.local_test));
+            } else if in_train {
+                idx.extend(&t.local_test);
+            } else if lists_seen.insert(Arc::as_ptr(&t.test) as *const usize) {
+                idx.extend(t.test.iter());
+            }
+        }
+        idx.sort_unstable();
+        idx.dedup();
+        GlobalRows { task: k as u32, in_train, idx }
+    }
+
+    /// The engine's rounds per task: the stream's, or none under evolving shifts (the target is
+    /// fixed from the start).
+    fn rounds_per_task(self, config: &SimConfig) -> u64 {
+        if self.is_evolving() { 0 } else { config.rounds_per_task }
+    }
+}
+
+/// A global test set: its task, its pool (train or test) and its rows.
+struct GlobalRows {
+    task: u32,
+    in_train: bool,
+    idx: Vec<usize>,
+}
+
+/// The frozen backbone's features of both pools (computed once per sample), and the labels.
+struct Features {
+    backbone: InputBackbone,
+    train: FeatureCache,
+    test: FeatureCache,
+    train_labels: Vec<u32>,
+    test_labels: Vec<u32>,
+    num_classes: usize,
+    train_len: usize,
+    test_len: usize,
+}
+
+impl Features {
+    /// Runs `config.model.backbone` over both pools. The raw samples stay beside the features only
+    /// for a method that reads them (FedTA's input enhancement, and its server's SIKF); for the
+    /// others they are let go once their features exist, and under the identity backbone the
+    /// samples' buffer becomes the features (issue 20: data held once).
+    fn build(config: &SimConfig, train: Dataset, test: Dataset, plain: &Device) -> anyhow::Result<Self> {
+        let backbone: anchorage_model::prompts::SharedBackbone =
+            zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), plain)
+                .context("building the frozen backbone")?
+                .into();
+        let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
+        let (train_len, test_len, num_classes) = (train.len(), test.len(), train.num_classes as usize);
+        let (train_labels, test_labels) = (train.labels.clone(), test.labels.clone());
+        let keep_inputs = config.method.info().reads_raw_samples;
+        let features = |data: Dataset, what: &str| {
+            if config.model.backbone == "identity" && !keep_inputs {
+                return (FeatureCache::of_samples(data, plain), None);
+            }
+            let bar = crate::progress::bar(data.len() as u64, &format!("{what} features ({})", config.model.backbone));
+            let cache = FeatureCache::build_with_progress(backbone.as_ref(), &data, 256, plain, &|n| bar.inc(n as u64));
+            bar.finish_and_clear();
+            (cache, keep_inputs.then(|| Arc::new(data)))
+        };
+        let (mut train_features, train_inputs) = features(train, "train");
+        let (mut test_features, test_inputs) = features(test, "test");
+        if let (Some(train), Some(test)) = (train_inputs, test_inputs) {
+            train_features = train_features.with_inputs(Inputs::all(train));
+            test_features = test_features.with_inputs(Inputs::all(test));
+        }
+        Ok(Self {
+            backbone: input_backbone,
+            train: train_features,
+            test: test_features,
+            train_labels,
+            test_labels,
+            num_classes,
+            train_len,
+            test_len,
+        })
+    }
+}
+
+/// Row subsets of the feature pools, one copy per distinct row set: clients that share a test set
+/// (the embedded default's global test set, a class-incremental task's test-pool samples) share
+/// its tensor, so memory per simulated client stays small (burn tensors clone by reference).
+struct Rows<'a> {
+    features: &'a Features,
+    shared: std::cell::RefCell<std::collections::HashMap<(bool, Vec<usize>), FeatureCache>>,
+}
+
+impl<'a> Rows<'a> {
+    fn new(features: &'a Features) -> Self {
+        Self { features, shared: Default::default() }
+    }
+
+    /// The features of rows `idx` of the train pool (`in_train`) or the test pool.
+    fn get(&self, in_train: bool, idx: &[usize]) -> FeatureCache {
+        let key = (in_train, idx.to_vec());
+        if let Some(cached) = self.shared.borrow().get(&key) {
+            return cached.clone();
+        }
+        let cache = if in_train { self.features.train.subset(idx) } else { self.features.test.subset(idx) };
+        self.shared.borrow_mut().insert(key, cache.clone());
+        cache
+    }
+}
+
+/// `eval_fraction`: clients evaluate their local model on a seeded sample of each task's test
+/// rows, the same sample for the same rows (clients sharing a test set share it).
+fn eval_rows(config: &SimConfig, k: usize, idx: &[usize]) -> Vec<usize> {
+    if config.eval_fraction >= 1.0 || idx.is_empty() {
+        return idx.to_vec();
+    }
+    let keep = ((idx.len() as f64 * config.eval_fraction.max(0.0)).ceil() as usize).clamp(1, idx.len());
+    let mut rng = anchorage_shared::rng::Rng::derive(config.seed ^ k as u64, 0xE7A1);
+    let mut picked: Vec<usize> = rng.sample_indices(idx.len(), keep).into_iter().map(|i| idx[i]).collect();
+    picked.sort_unstable();
+    picked
+}
+
+/// Builds each client's task stream from the split, the global tests and the feature rows.
+struct Streams<'a> {
+    config: &'a SimConfig,
+    protocol: Protocol,
+    rows: &'a Rows<'a>,
+    global: &'a [GlobalRows],
+}
+
+impl Streams<'_> {
+    /// Client `client`'s stream: its tasks revealed one by one, or (evolving) its source domains
+    /// all at once and the target domains' rows as the target.
+    fn of(&self, client: &anchorage_data::partition::ClientSplit) -> TaskStream {
+        let eval_every = self.config.eval_every;
+        match self.protocol {
+            Protocol::ClassIncremental { .. } => TaskStream {
+                tasks: client.tasks.iter().enumerate().map(|(k, t)| self.task_data(k, t)).collect(),
+                reveal: Reveal::ByTask,
+                target: None,
+                eval_every,
+            },
+            Protocol::Evolving { num_tasks, first_target } => {
+                let (sources, target) = client.tasks.split_at(first_target.min(client.tasks.len()));
+                let mut all: Vec<usize> =
+                    target.iter().flat_map(|t| t.train.iter().chain(&t.local_test)).copied().collect();
+                all.sort_unstable();
+                TaskStream {
+                    tasks: sources.iter().enumerate().map(|(k, t)| self.task_data(k, t)).collect(),
+                    reveal: Reveal::All,
+                    target: Some(self.rows.get(true, &eval_rows(self.config, num_tasks, &all))),
+                    eval_every,
+                }
+            }
+        }
+    }
+
+    /// Task `k` of a client: its training rows, its (sampled) local test rows and, for A^sel, the
+    /// task's global test rows of the classes this client trains on.
+    fn task_data(&self, k: usize, t: &anchorage_data::partition::TaskSplit) -> TaskData {
+        let (idx, in_train) = t.local_test_rows();
+        let idx = &eval_rows(self.config, k, idx)[..];
+        let selected = self.config.selected_accuracy.then(|| self.selected_rows(k, t)).flatten();
+        TaskData {
+            classes: t.classes.clone(),
+            train: self.rows.get(true, &t.train),
+            test: self.rows.get(in_train, idx),
+            selected,
+        }
+    }
+
+    fn selected_rows(&self, k: usize, t: &anchorage_data::partition::TaskSplit) -> Option<FeatureCache> {
+        let features = self.rows.features;
+        let own: std::collections::BTreeSet<u32> = t.train.iter().map(|&i| features.train_labels[i]).collect();
+        let global = self.global.iter().find(|g| g.task as usize == k)?;
+        let pool = if global.in_train { &features.train_labels } else { &features.test_labels };
+        let idx: Vec<usize> = global.idx.iter().copied().filter(|&i| own.contains(&pool[i])).collect();
+        Some(self.rows.get(global.in_train, &idx))
+    }
+}
+
+/// The engine's configuration for `config`'s federation.
+fn engine_config(config: &SimConfig, protocol: Protocol) -> EngineConfig {
+    EngineConfig {
+        rounds: config.rounds,
+        rounds_per_task: protocol.rounds_per_task(config),
+        min_available: config.min_available.unwrap_or(config.clients),
+        fraction: config.fraction,
+        min_fit: 1,
+        over_selection: config.over_selection,
+        min_updates: 1,
+        round_deadline: Duration::from_secs_f64(config.round_deadline_secs),
+        round: RoundConfig {
+            local_epochs: config.local_epochs,
+            batch_size: config.batch_size,
+            learning_rate: config.learning_rate,
+            deadline_ms: 0,
+        },
+        seed: config.seed,
+        mode: config.aggregation.clone(),
+        robust: config.robust.clone(),
+        ..EngineConfig::default()
+    }
+}
+
+/// The run's headline: method, data, sizes.
+fn headline(config: &SimConfig, source: &str, features: &Features, num_tasks: usize) -> String {
+    format!(
+        "{} clients, {} rounds, {}, {} ({} train / {} test, {} classes, {} task{}), backbone {}, seed {}",
+        config.clients,
+        config.rounds,
+        config.method.name(),
+        source,
+        features.train_len,
+        features.test_len,
+        features.num_classes,
+        num_tasks,
+        if num_tasks == 1 { "" } else { "s" },
+        config.model.backbone,
+        config.seed
+    )
+}
+
+/// The data before features: the embedded synthetic set, or the scenario's `[data]`.
+fn prepare_data(config: &SimConfig) -> anyhow::Result<Prepared> {
+    let Some(spec) = &config.data else { return embedded_data(config) };
+    let dir = config.data_dir.as_deref();
+    let pools = anchorage_data::label_pools(spec, dir).context("reading the scenario's labels")?;
+    let split = anchorage_data::build_split(spec, &pools).context("partitioning the scenario's data")?;
+    let loading = crate::progress::spinner(format!("loading {}", spec.dataset.name()));
+    let loaded = anchorage_data::load(spec, dir).context("loading the scenario's data")?;
+    loading.finish_and_clear();
+    Ok(Prepared { train: loaded.train, test: loaded.test, split, source: loaded.source })
+}
+
 impl Setup {
     /// The whole federation, every client built.
     pub fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
@@ -113,7 +406,9 @@ impl Setup {
 
     /// The federation with only the clients of `client_range` built (a fleet worker's shard; an
     /// empty range for a server that only evaluates). The split is computed in full, the same
-    /// way on every shard, so client i gets the same data wherever it runs.
+    /// way on every shard, so client i gets the same data wherever it runs. Steps, low-level to
+    /// high-level: data, features, the stream protocol, the global tests, the clients' streams,
+    /// the evaluator and the server half, the devices, the engine.
     pub fn for_clients(
         config: &SimConfig,
         charge: Charge,
@@ -128,85 +423,23 @@ impl Setup {
         let encoding = anchorage_client::encoding::parse(&config.encoding)?;
         let plain = Device::flex();
         let train_device = Device::flex().autodiff();
-        let prepared = match &config.data {
-            None => embedded_data(config)?,
-            Some(spec) => {
-                let dir = config.data_dir.as_deref();
-                let pools = anchorage_data::label_pools(spec, dir).context("reading the scenario's labels")?;
-                let split = anchorage_data::build_split(spec, &pools).context("partitioning the scenario's data")?;
-                let loading = crate::progress::spinner(format!("loading {}", spec.dataset.name()));
-                let loaded = anchorage_data::load(spec, dir).context("loading the scenario's data")?;
-                loading.finish_and_clear();
-                Prepared { train: loaded.train, test: loaded.test, split, source: loaded.source }
-            }
-        };
-        let Prepared { train, test, split, source } = prepared;
+        let Prepared { train, test, split, source } = prepare_data(config)?;
         anyhow::ensure!(
             split.num_clients() == config.clients,
             "the data split has {} clients, the federation {}",
             split.num_clients(),
             config.clients
         );
-        let backbone: anchorage_model::prompts::SharedBackbone =
-            zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), &plain)
-                .context("building the frozen backbone")?
-                .into();
-        let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
-        let (train_len, test_len, num_classes) = (train.len(), test.len(), train.num_classes as usize);
-        let (train_labels, test_labels) = (train.labels.clone(), test.labels.clone());
-        // The raw samples stay beside the features only for a method that reads them (FedTA's input
-        // enhancement, and its server's SIKF); for the others they are let go once their features
-        // exist, and under the identity backbone the samples' buffer becomes the features (issue
-        // 20: data held once).
-        let keep_inputs = config.method.info().reads_raw_samples;
-        let features = |data: anchorage_data::Dataset, what: &str| {
-            if config.model.backbone == "identity" && !keep_inputs {
-                return (FeatureCache::of_samples(data, &plain), None);
-            }
-            let bar = crate::progress::bar(data.len() as u64, &format!("{what} features ({})", config.model.backbone));
-            let cache =
-                FeatureCache::build_with_progress(backbone.as_ref(), &data, 256, &plain, &|n| bar.inc(n as u64));
-            bar.finish_and_clear();
-            (cache, keep_inputs.then(|| Arc::new(data)))
-        };
-        let (mut train_features, train_inputs) = features(train, "train");
-        let (mut test_features, test_inputs) = features(test, "test");
-        if let (Some(train), Some(test)) = (train_inputs, test_inputs) {
-            train_features = train_features.with_inputs(Inputs::all(train));
-            test_features = test_features.with_inputs(Inputs::all(test));
-        }
-        // One copy per distinct row set: clients that share a test set (the embedded default's
-        // global test set, a class-incremental task's test-pool samples) share its tensor, so
-        // memory per simulated client stays small (burn tensors clone by reference).
-        let shared_rows: std::cell::RefCell<std::collections::HashMap<(bool, Vec<usize>), FeatureCache>> =
-            Default::default();
-        let rows = |in_train: bool, idx: &[usize]| {
-            let key = (in_train, idx.to_vec());
-            if let Some(cached) = shared_rows.borrow().get(&key) {
-                return cached.clone();
-            }
-            let cache = if in_train { train_features.subset(idx) } else { test_features.subset(idx) };
-            shared_rows.borrow_mut().insert(key, cache.clone());
-            cache
-        };
+        let features = Features::build(config, train, test, &plain)?;
         let net = NetSpec {
-            input_dim: backbone.feature_dim(),
+            input_dim: features.backbone.net.feature_dim(),
             hidden: config.model.hidden.clone(),
-            num_classes,
+            num_classes: features.num_classes,
             seed: config.seed ^ 0x5EED,
             residual: config.model.residual,
         };
         net.check().map_err(|e| anyhow::anyhow!("[model] residual: {e}"))?;
-        let evolving = config.evolving;
-        let num_tasks = split.clients.iter().map(|c| c.tasks.len()).max().unwrap_or(0);
-        anyhow::ensure!(num_tasks > 0, "the split gives the clients no tasks");
-        let held_out = config.target_domains.max(1);
-        anyhow::ensure!(
-            !evolving || num_tasks > held_out,
-            "evolving shifts need more domains ({num_tasks}) than target domains ({held_out}): at least one source"
-        );
-        // Evolving: the last `held_out` domains together form the target.
-        let first_target = num_tasks - held_out.min(num_tasks);
+        let protocol = Protocol::of(config, &split)?;
         let context = |stream: TaskStream, seed: u64| MethodContext {
             net: net.clone(),
             stream,
@@ -214,107 +447,23 @@ impl Setup {
             optimizer: config.optimizer,
             encoding,
             seed,
-            backbone: Some(input_backbone.clone()),
+            backbone: Some(features.backbone.clone()),
         };
-
-        // Global tests: per task, the union of the clients' test data of that task.
-        let mut global_rows: Vec<(u32, bool, Vec<usize>)> = Vec::new();
-        for k in 0..num_tasks {
-            if evolving && k + 1 < num_tasks {
-                continue;
-            }
-            let targets = if evolving { first_target..num_tasks } else { k..k + 1 };
-            // Rows of one pool only: the test pool when every client of the task has test rows,
-            // else the clients' local tests (train-pool rows); mixing the two would index one
-            // pool with the other's rows.
-            let holders: Vec<_> =
-                split.clients.iter().flat_map(|c| targets.clone().filter_map(|j| c.tasks.get(j))).collect();
-            let in_train = evolving || holders.iter().any(|t| t.test.is_empty());
-            let mut idx: Vec<usize> = Vec::new();
-            // Clients of one class set share one test list (`TaskSplit::test`): add each list
-            // once, not once per client (100,000 clients of an IID split: 800 MB of repeats).
-            let mut lists_seen = std::collections::HashSet::new();
-            for t in holders {
-                if evolving {
-                    idx.extend(t.train.iter().chain(&t.local_test));
-                } else if in_train {
-                    idx.extend(&t.local_test);
-                } else if lists_seen.insert(Arc::as_ptr(&t.test) as *const usize) {
-                    idx.extend(t.test.iter());
-                }
-            }
-            idx.sort_unstable();
-            idx.dedup();
-            global_rows.push((k as u32, in_train, idx));
-        }
-
-        // `eval_fraction`: clients evaluate their local model on a seeded sample of each task's
-        // test rows, the same sample for the same rows (clients sharing a test set share it).
-        let eval_rows = |k: usize, idx: &[usize]| -> Vec<usize> {
-            if config.eval_fraction >= 1.0 || idx.is_empty() {
-                return idx.to_vec();
-            }
-            let keep = ((idx.len() as f64 * config.eval_fraction.max(0.0)).ceil() as usize).clamp(1, idx.len());
-            let mut rng = anchorage_shared::rng::Rng::derive(config.seed ^ k as u64, 0xE7A1);
-            let mut picked: Vec<usize> = rng.sample_indices(idx.len(), keep).into_iter().map(|i| idx[i]).collect();
-            picked.sort_unstable();
-            picked
-        };
-        let mut streams = Vec::with_capacity(client_range.len());
-        for client in &split.clients[client_range.clone()] {
-            let task_data = |(k, t): (usize, &anchorage_data::partition::TaskSplit)| {
-                let (idx, in_train) = t.local_test_rows();
-                let idx = &eval_rows(k, idx)[..];
-                // A^sel: the task's global test rows of the classes this client trains on.
-                let selected = config.selected_accuracy.then(|| {
-                    let own: std::collections::BTreeSet<u32> = t.train.iter().map(|&i| train_labels[i]).collect();
-                    let (_, in_train, all) = global_rows.iter().find(|(g, _, _)| *g as usize == k)?;
-                    let pool = if *in_train { &train_labels } else { &test_labels };
-                    let idx: Vec<usize> = all.iter().copied().filter(|&i| own.contains(&pool[i])).collect();
-                    Some(rows(*in_train, &idx))
-                });
-                TaskData {
-                    classes: t.classes.clone(),
-                    train: rows(true, &t.train),
-                    test: rows(in_train, idx),
-                    selected: selected.flatten(),
-                }
-            };
-            let stream = if evolving {
-                let (sources, target) = client.tasks.split_at(first_target.min(client.tasks.len()));
-                let mut all: Vec<usize> =
-                    target.iter().flat_map(|t| t.train.iter().chain(&t.local_test)).copied().collect();
-                all.sort_unstable();
-                TaskStream {
-                    tasks: sources.iter().enumerate().map(task_data).collect(),
-                    reveal: Reveal::All,
-                    target: Some(rows(true, &eval_rows(num_tasks, &all))),
-                    eval_every: config.eval_every,
-                }
-            } else {
-                TaskStream {
-                    tasks: client.tasks.iter().enumerate().map(task_data).collect(),
-                    reveal: Reveal::ByTask,
-                    target: None,
-                    eval_every: config.eval_every,
-                }
-            };
-            streams.push(stream);
-        }
-
-        let tests: Vec<(u32, FeatureCache)> =
-            global_rows.iter().map(|(k, in_train, idx)| (*k, rows(*in_train, idx))).collect();
-
+        let global = protocol.global_rows(&split);
+        let rows = Rows::new(&features);
+        let builder = Streams { config, protocol, rows: &rows, global: &global };
+        let streams: Vec<TaskStream> = split.clients[client_range.clone()].iter().map(|c| builder.of(c)).collect();
+        let tests = global.iter().map(|g| (g.task, rows.get(g.in_train, &g.idx))).collect();
         let evaluator = Evaluator {
             method: methods::build(&config.method, context(TaskStream::default(), config.seed))?,
             tests,
-            target_only: evolving,
+            target_only: protocol.is_evolving(),
         };
         let initial = evaluator.method.initial_blocks()?;
-        let server_method = server_method(config, &input_backbone, &test_features, &split, &train_device)?;
+        let server_method = server_method(config, &features, &split)?;
         let devices = device::assign(&config.devices, config.clients, config.seed);
         let mut clients = Vec::with_capacity(client_range.len());
-        for (i, stream) in client_range.clone().zip(streams) {
+        for (i, stream) in client_range.zip(streams) {
             let seed = config.seed.wrapping_add(i as u64);
             let method = methods::build(&config.method, context(stream, seed))?;
             let mut device = SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed);
@@ -323,71 +472,35 @@ impl Setup {
             }
             clients.push(device);
         }
-        let engine = EngineConfig {
-            rounds: config.rounds,
-            rounds_per_task: if evolving { 0 } else { config.rounds_per_task },
-            min_available: config.min_available.unwrap_or(config.clients),
-            fraction: config.fraction,
-            min_fit: 1,
-            over_selection: config.over_selection,
-            min_updates: 1,
-            round_deadline: Duration::from_secs_f64(config.round_deadline_secs),
-            round: RoundConfig {
-                local_epochs: config.local_epochs,
-                batch_size: config.batch_size,
-                learning_rate: config.learning_rate,
-                deadline_ms: 0,
-            },
-            seed: config.seed,
-            mode: config.aggregation.clone(),
-            robust: config.robust.clone(),
-            ..EngineConfig::default()
-        };
-        let headline = format!(
-            "{} clients, {} rounds, {}, {} ({} train / {} test, {} classes, {} task{}), backbone {}, seed {}",
-            config.clients,
-            config.rounds,
-            config.method.name(),
-            source,
-            train_len,
-            test_len,
-            num_classes,
-            num_tasks,
-            if num_tasks == 1 { "" } else { "s" },
-            config.model.backbone,
-            config.seed
-        );
-        Ok(Self { engine, initial, clients, devices, num_classes, evaluator, headline, server_method })
+        Ok(Self {
+            engine: engine_config(config, protocol),
+            initial,
+            clients,
+            devices,
+            num_classes: features.num_classes,
+            evaluator,
+            headline: headline(config, &source, &features, protocol.num_tasks()),
+            server_method,
+        })
     }
 }
 
-/// The server half `config.method` names; FedTA gets a distiller on the split's surrogate set
-/// (the frozen backbone the clients have), or none when the split has no surrogate set.
+/// The server half `config.method` names; FedTA's distiller runs on the split's surrogate set
+/// (the frozen backbone the clients have), wired by [`anchorage_server::sikf::server_method`].
 fn server_method(
     config: &SimConfig,
-    backbone: &InputBackbone,
-    test_features: &FeatureCache,
+    features: &Features,
     split: &FederatedSplit,
-    device: &Device,
 ) -> anyhow::Result<Box<dyn ServerMethod>> {
-    let mut parts = server_methods::Parts::default();
-    if let MethodConfig::FedTa(fedta) = &config.method
-        && fedta.sikf
-        && !split.surrogate.is_empty()
-    {
-        let surrogate = test_features.subset(&split.surrogate);
-        let sikf = Sikf::for_method(
-            fedta,
-            backbone,
-            surrogate,
-            config.batch_size as usize,
-            device.clone(),
-            config.seed ^ 0x51CF,
-        )
-        .context("building FedTA's SIKF distiller")?;
-        parts.distiller = Some(Box::new(sikf));
-    }
-    Ok(server_methods::build_with(&config.method, parts))
+    let fedta = matches!(config.method, anchorage_shared::method::MethodConfig::FedTa(_));
+    let surrogate = (fedta && !split.surrogate.is_empty()).then(|| anchorage_server::sikf::Surrogate {
+        backbone: features.backbone.clone(),
+        features: features.test.subset(&split.surrogate),
+        batch_size: config.batch_size as usize,
+        seed: config.seed ^ 0x51CF,
+        source: "the split's surrogate set".into(),
+    });
+    anchorage_server::sikf::server_method(&config.method, surrogate)
 }
 
 /// The embedded default: procedural images, a Dirichlet label skew (α = inf: IID), one task, a

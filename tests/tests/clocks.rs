@@ -3,9 +3,9 @@
 //! durations agree within 15%; on a lossy link the bytes on the wire agree (wall time there is a
 //! measurement, `--ignored`); compute seconds agree (thread CPU time).
 
+use anchorage_shared::ledger::CostRecord;
 use anchorage_sim::network::{DuplexProfile, LinkProfile};
 use anchorage_sim::virtual_clock::run_virtual;
-use anchorage_shared::ledger::CostRecord;
 use anchorage_sim::{ClientLink, SimConfig, run};
 
 /// One comparison at a time: the real clock measures wall time, and a second federation training
