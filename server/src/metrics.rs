@@ -178,7 +178,22 @@ impl ServerMetrics {
     pub fn new() -> Self {
         let mut root = Registry::default();
         let r = root.sub_registry_with_prefix("anchorage");
-        let m = Self {
+        let m = Self::unregistered();
+        m.register_protocol(r);
+        m.register_rounds(r);
+        m.register_clients(r);
+        m.register_trust(r);
+
+        r.register_collector(Box::new(m.devices.clone()));
+        r.register_collector(Box::new(m.status.clone()));
+
+        m.create_fixed_series();
+        Self { registry: root, ..m }
+    }
+
+    /// Every metric at zero, registered nowhere yet.
+    fn unregistered() -> Self {
+        Self {
             registry: Registry::default(),
             connections: Counter::default(),
             frames: Family::default(),
@@ -207,136 +222,156 @@ impl ServerMetrics {
             influence_bounded: Family::default(),
             devices: std::sync::Arc::new(Devices::default()),
             status: std::sync::Arc::new(rounds::RoundStatus::default()),
-        };
-        r.register("connections", "QUIC connections accepted for a handshake.", m.connections.clone());
-        r.register("frames", "Protocol frames read from (up) and written to (down) clients.", m.frames.clone());
+        }
+    }
+
+    /// Connections, frames, refusals, acknowledged updates, store errors.
+    fn register_protocol(&self, r: &mut Registry) {
+        r.register("connections", "QUIC connections accepted for a handshake.", self.connections.clone());
+        r.register("frames", "Protocol frames read from (up) and written to (down) clients.", self.frames.clone());
         r.register_with_unit(
             "frame",
             "Bytes of protocol frames read from (up) and written to (down) clients.",
             Unit::Bytes,
-            m.frame_bytes.clone(),
+            self.frame_bytes.clone(),
         );
-        r.register("decode_errors", "Frames from clients that could not be read.", m.decode_errors.clone());
+        r.register("decode_errors", "Frames from clients that could not be read.", self.decode_errors.clone());
         r.register(
             "refusals",
             "Messages and connections refused, by reason (protocol refusals, limits, certificates).",
-            m.refusals.clone(),
+            self.refusals.clone(),
         );
         r.register(
             "updates",
             "Updates acknowledged, by outcome: accepted for their round, late (their round had closed), \
              duplicate (a resend of an accepted one).",
-            m.updates.clone(),
+            self.updates.clone(),
         );
-        r.register("store_errors", "Failed writes of durable state.", m.store_errors.clone());
-        r.register("rounds_closed", "Rounds closed since this process started, by outcome.", m.rounds_closed.clone());
-        r.register("last_round", "The last round that closed.", m.last_round.clone());
+        r.register("store_errors", "Failed writes of durable state.", self.store_errors.clone());
+    }
+
+    /// The rounds: closed, last, duration, who was connected and sampled, influence bounds, dropped cost records.
+    fn register_rounds(&self, r: &mut Registry) {
+        r.register(
+            "rounds_closed",
+            "Rounds closed since this process started, by outcome.",
+            self.rounds_closed.clone(),
+        );
+        r.register("last_round", "The last round that closed.", self.last_round.clone());
         r.register_with_unit(
             "last_round_closed_timestamp",
             "When the last round closed (Unix time; kept across restarts).",
             Unit::Seconds,
-            m.last_round_closed.clone(),
+            self.last_round_closed.clone(),
         );
         r.register_with_unit(
             "round_duration",
             "Time from a round's opening to its close.",
             Unit::Seconds,
-            m.round_duration.clone(),
+            self.round_duration.clone(),
         );
-        r.register("clients_connected", "Clients connected now (a valid hello).", m.clients_connected.clone());
-        r.register("clients_sampled", "Clients invited to the round opened last.", m.clients_sampled.clone());
+        r.register("clients_connected", "Clients connected now (a valid hello).", self.clients_connected.clone());
+        r.register("clients_sampled", "Clients invited to the round opened last.", self.clients_sampled.clone());
+        r.register(
+            "cost_records_dropped",
+            "Cost records dropped since the federation began (not invited, repeated, beyond the frame limits or physical ranges).",
+            self.cost_records_dropped.clone(),
+        );
+        r.register(
+            "influence_bounded",
+            "Updates whose weight or change the round's influence bounds lowered, by bound.",
+            self.influence_bounded.clone(),
+        );
+    }
+
+    /// What clients reported in their cost records: rounds, traffic, time, energy.
+    fn register_clients(&self, r: &mut Registry) {
         r.register(
             "client_rounds",
             "Rounds of sampled clients as clients reported them: completed, late (after the close), \
              dropped (nothing before the deadline).",
-            m.client_rounds.clone(),
+            self.client_rounds.clone(),
         );
         r.register_with_unit(
             "client_traffic",
             "Bytes clients reported, by direction and kind (payload: parameter and prototype values; \
              wire: UDP bytes, QUIC overhead and retransmissions included).",
             Unit::Bytes,
-            m.client_bytes.clone(),
+            self.client_bytes.clone(),
         );
         r.register_with_unit(
             "client_time",
             "Client seconds reported, by phase (compute, transfer, wait).",
             Unit::Seconds,
-            m.client_seconds.clone(),
+            self.client_seconds.clone(),
         );
         r.register_with_unit(
             "client_energy",
             "Estimated energy of clients' rounds (compute and radio).",
             Unit::Joules,
-            m.client_energy.clone(),
+            self.client_energy.clone(),
         );
         r.register_with_unit(
             "client_round_duration",
             "A client's time in one round: compute + transfer + wait, as it reported it.",
             Unit::Seconds,
-            m.client_round_duration.clone(),
+            self.client_round_duration.clone(),
         );
+    }
+
+    /// Revocation list, rollback witnesses, certificate conflicts.
+    fn register_trust(&self, r: &mut Registry) {
         r.register(
             "crl_stale",
             "1 while revoked.crl is missing or does not parse and the server keeps its last good list, else 0.",
-            m.crl_stale.clone(),
+            self.crl_stale.clone(),
         );
         r.register(
             "devices_ahead",
             "Devices whose hello named a round this server never announced (the store may have been rolled back).",
-            m.devices_ahead.clone(),
+            self.devices_ahead.clone(),
         );
         r.register(
             "rounds_halted",
             "1 while no round opens because devices witnessed a rollback (anchorage-server accept-rollback), else 0.",
-            m.rounds_halted.clone(),
+            self.rounds_halted.clone(),
         );
         r.register(
             "certificate_conflicts",
             "Times two live connections kept presenting one certificate (both refused; revoke it).",
-            m.certificate_conflicts.clone(),
-        );
-        r.register(
-            "cost_records_dropped",
-            "Cost records dropped since the federation began (not invited, repeated, beyond the frame limits or physical ranges).",
-            m.cost_records_dropped.clone(),
-        );
-        r.register(
-            "influence_bounded",
-            "Updates whose weight or change the round's influence bounds lowered, by bound.",
-            m.influence_bounded.clone(),
+            self.certificate_conflicts.clone(),
         );
         r.register(
             "crl_reload_failures",
             "Changes of revoked.crl that could not be loaded (missing or not a CRL).",
-            m.crl_reload_failures.clone(),
+            self.crl_reload_failures.clone(),
         );
-        r.register_collector(Box::new(m.devices.clone()));
-        r.register_collector(Box::new(m.status.clone()));
-        // Every series of a fixed label set exists from the start, at 0.
+    }
+
+    /// Every series of a fixed label set exists from the start, at 0.
+    fn create_fixed_series(&self) {
         for direction in ["up", "down"] {
-            let _ = m.frames.get_or_create(&[("direction", direction)]);
-            let _ = m.frame_bytes.get_or_create(&[("direction", direction)]);
+            let _ = self.frames.get_or_create(&[("direction", direction)]);
+            let _ = self.frame_bytes.get_or_create(&[("direction", direction)]);
             for kind in ["payload", "wire"] {
-                let _ = m.client_bytes.get_or_create(&[("direction", direction), ("kind", kind)]);
+                let _ = self.client_bytes.get_or_create(&[("direction", direction), ("kind", kind)]);
             }
         }
         for r in PROTOCOL_REASONS.map(refusal_reason).iter().chain(&reason::TRANSPORT) {
-            let _ = m.refusals.get_or_create(&[("reason", r)]);
+            let _ = self.refusals.get_or_create(&[("reason", r)]);
         }
         for o in outcome::ALL {
-            let _ = m.updates.get_or_create(&[("outcome", o)]);
+            let _ = self.updates.get_or_create(&[("outcome", o)]);
         }
         for o in ["aggregated", "failed"] {
-            let _ = m.rounds_closed.get_or_create(&[("outcome", o)]);
+            let _ = self.rounds_closed.get_or_create(&[("outcome", o)]);
         }
         for r in ["completed", "late", "dropped"] {
-            let _ = m.client_rounds.get_or_create(&[("result", r)]);
+            let _ = self.client_rounds.get_or_create(&[("result", r)]);
         }
         for p in ["compute", "transfer", "wait"] {
-            let _ = m.client_seconds.get_or_create(&[("phase", p)]);
+            let _ = self.client_seconds.get_or_create(&[("phase", p)]);
         }
-        Self { registry: root, ..m }
     }
 
     /// The exposition, without OpenMetrics' closing `# EOF` (so that several registries can be

@@ -173,32 +173,59 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     // /readyz 503) while a large database is checked.
     let exporter = Arc::new(Exporter::new());
     let (_metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
-    if let Some(bind) = config.metrics_address() {
-        let addr = http::serve(bind, exporter.clone(), metrics_stop_rx)
-            .await
-            .with_context(|| format!("binding the metrics port {bind}"))?;
-        tracing::info!(%addr, "metrics port: http://{addr}/metrics, /healthz, /readyz");
-        if addr.ip().is_unspecified() {
-            tracing::warn!(%addr, "the metrics port listens on every interface: anyone who reaches it reads /metrics; \
-                bind it to 127.0.0.1 or one address and firewall it (on Kubernetes: the pod IP and a NetworkPolicy)");
-        } else if !addr.ip().is_loopback() {
-            tracing::info!(%addr, "the metrics port is reachable beyond this host: restrict it to Prometheus and the probes");
-        }
+    start_metrics_port(&config, exporter.clone(), metrics_stop_rx).await?;
+    let (mut server, held_out, stored) = start_federation(&config).await?;
+    // Device ids on /metrics only when asked for: whoever reads the port would learn the fleet.
+    server.metrics.set_device_series(if config.metrics.device_ids { config.metrics.device_series } else { 0 });
+    exporter.attach(server.metrics.clone());
+    let opening = OpeningRule::of(&config.engine);
+    let (stored_round, open_at_start) = stored.map_or((0, false), |w| (w.round, !w.closed && w.round > 0));
+    server.metrics.expect_devices(opening.at(stored_round, open_at_start));
+    exporter.set_ready();
+    // Under a Type=notify unit: ready now that QUIC (and the metrics port) listen; the watchdog
+    // is pinged from this runtime until it ends.
+    let _watchdog = systemd::ready(&format!("listening on {}", server.local_addr));
+    serve_rounds(&config, &mut server, held_out, opening).await?;
+    exporter.set_stopping();
+    systemd::stopping("shutting down: closing connections and the store");
+    server.shutdown().await
+}
+
+/// Binds `[metrics]`'s port (if any) and says who can reach it.
+async fn start_metrics_port(
+    config: &ServerConfig,
+    exporter: Arc<Exporter>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Some(bind) = config.metrics_address() else { return Ok(()) };
+    let addr = http::serve(bind, exporter, stop).await.with_context(|| format!("binding the metrics port {bind}"))?;
+    tracing::info!(%addr, "metrics port: http://{addr}/metrics, /healthz, /readyz");
+    if addr.ip().is_unspecified() {
+        tracing::warn!(%addr, "the metrics port listens on every interface: anyone who reaches it reads /metrics; \
+            bind it to 127.0.0.1 or one address and firewall it (on Kubernetes: the pod IP and a NetworkPolicy)");
+    } else if !addr.ip().is_loopback() {
+        tracing::info!(%addr, "the metrics port is reachable beyond this host: restrict it to Prometheus and the probes");
     }
-    // Then the database: a state folder that cannot be written, is locked by another server, is
-    // corrupt or comes from a newer server stops us here, before QUIC listens.
-    // The certificates and the revocation list first: a server that would not start anyway
-    // leaves no state folder behind.
-    let (identity, trust) = identity_and_trust(&config)?;
+    Ok(())
+}
+
+/// The certificates and the revocation list first (a server that would not start anyway leaves
+/// no state folder behind), then the database (a state folder that cannot be written, is locked
+/// by another server, is corrupt or comes from a newer server stops us here, before QUIC
+/// listens), the method, the held-out set, and QUIC. Also returns where the store stood.
+async fn start_federation(
+    config: &ServerConfig,
+) -> anyhow::Result<(transport::ServerHandle, Option<HeldOut>, Option<crate::store::Witness>)> {
+    let (identity, trust) = identity_and_trust(config)?;
     let store = ServerStore::open_with(&config.state_dir, config.store.clone())
         .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
     let method_config = config.method.config()?;
-    let method = server_method(&config, &method_config)?;
+    let method = server_method(config, &method_config)?;
     let held_out = config.evaluation.as_ref().map(held_out_evaluator).transpose()?;
     // Where the store stands, for the rule of `anchorage_waiting_for_devices`: a round the
     // engine resumes open, and (buffered mode) whether a version exists.
     let stored = store.stored_witness().ok();
-    let mut server = transport::start(ServerOptions {
+    let server = transport::start(ServerOptions {
         bind: config.bind,
         identity,
         trust,
@@ -213,32 +240,56 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     })
     .await?;
     tracing::info!(addr = %server.local_addr, method = %method_config.name(), "listening");
-    // Device ids on /metrics only when asked for: whoever reads the port would learn the fleet.
-    server.metrics.set_device_series(if config.metrics.device_ids { config.metrics.device_series } else { 0 });
-    exporter.attach(server.metrics.clone());
-    let metrics = server.metrics.clone();
-    let engine = &config.engine;
-    let synchronous = !matches!(engine.mode, AggregationMode::Buffered { .. });
-    // Buffered mode needs `min_available` devices only for its first version.
-    let opening = |versions: u64, round_open: bool| rounds::Opening {
-        min_available: if synchronous || versions == 0 { engine.min_available.max(1) } else { 1 },
-        stall_after: engine.round_deadline,
-        rounds: engine.rounds,
-        between_rounds: synchronous,
-        round_open,
-    };
-    let (stored_round, open_at_start) = stored.map_or((0, false), |w| (w.round, !w.closed && w.round > 0));
-    metrics.expect_devices(opening(stored_round, open_at_start));
-    exporter.set_ready();
+    Ok((server, held_out, stored))
+}
+
+/// When devices count as missing (`anchorage_waiting_for_devices`): synchronous rounds need
+/// `min_available` devices for every round, buffered mode only for its first version.
+#[derive(Clone, Copy)]
+struct OpeningRule {
+    min_available: usize,
+    stall_after: Duration,
+    rounds: u64,
+    synchronous: bool,
+}
+
+impl OpeningRule {
+    fn of(engine: &crate::engine::EngineConfig) -> Self {
+        Self {
+            min_available: engine.min_available.max(1),
+            stall_after: engine.round_deadline,
+            rounds: engine.rounds,
+            synchronous: !matches!(engine.mode, AggregationMode::Buffered { .. }),
+        }
+    }
+
+    /// The rule after `versions` closed rounds (versions), with a round open or not.
+    fn at(self, versions: u64, round_open: bool) -> rounds::Opening {
+        rounds::Opening {
+            min_available: if self.synchronous || versions == 0 { self.min_available } else { 1 },
+            stall_after: self.stall_after,
+            rounds: self.rounds,
+            between_rounds: self.synchronous,
+            round_open,
+        }
+    }
+}
+
+/// The serving loop: signals, then the engine's events, then a one-second tick for the waiting
+/// log. Closed rounds are logged in order by their own task ([`RoundLog`]), after the held-out
+/// evaluation of the new model (on a blocking thread), so that this loop keeps answering
+/// signals meanwhile.
+async fn serve_rounds(
+    config: &ServerConfig,
+    server: &mut transport::ServerHandle,
+    held_out: Option<HeldOut>,
+    opening: OpeningRule,
+) -> anyhow::Result<()> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    // Under a Type=notify unit: ready now that QUIC (and the metrics port) listen; the watchdog
-    // is pinged from this runtime until it ends.
-    let _watchdog = systemd::ready(&format!("listening on {}", server.local_addr));
-    // Closed rounds are logged in order by their own task, after the held-out evaluation of the
-    // new model (on a blocking thread), so that this loop keeps answering signals meanwhile.
+    let metrics = server.metrics.clone();
     let (rounds_tx, rounds_rx) = mpsc::unbounded_channel();
     let db = config.state_dir.join(crate::store::DB_FILE);
-    let reporter = RoundLog { metrics: metrics.clone(), held_out, rounds: engine.rounds, db: Some(db) };
+    let reporter = RoundLog { metrics: metrics.clone(), held_out, rounds: config.engine.rounds, db: Some(db) };
     let mut reporter = tokio::spawn(reporter.run(rounds_rx));
     let mut waits = WaitLog::default();
     let second = Duration::from_secs(1);
@@ -253,8 +304,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
             _ = terminate.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
             event = server.events.recv() => match event {
                 Some(ServerEvent::RoundClosed { report, checkpoint }) => {
-                    if !closed_here && !synchronous {
-                        metrics.expect_devices(opening(report.round, false));
+                    if !closed_here && !opening.synchronous {
+                        metrics.expect_devices(opening.at(report.round, false));
                     }
                     closed_here = true;
                     systemd::status(&format!(
@@ -266,18 +317,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
                     let _ = rounds_tx.send((report, checkpoint));
                 }
                 Some(ServerEvent::Finished) if !closed_here => {
-                    // Restarted on the state of a run whose rounds are all done: say so, and stay
-                    // up to tell the devices that connect (they stop instead of retrying).
                     metrics.set_run_finished();
-                    let rounds = engine.rounds;
-                    tracing::warn!(
-                        rounds,
-                        state_dir = %config.state_dir.display(),
-                        "the run is over: all {rounds} configured rounds closed before this start, so no round will open; \
-                         devices that connect are told that the federation finished. To train more rounds raise \
-                         [engine] rounds in server.toml and restart; to begin a new federation give it a new state_dir"
-                    );
-                    systemd::status(&format!("run finished ({rounds} rounds); listening on {}", server.local_addr));
+                    say_run_is_over(config, server.local_addr);
                 }
                 Some(ServerEvent::Finished) => {
                     metrics.set_run_finished();
@@ -299,9 +340,21 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         }
     }
     reporter.abort();
-    exporter.set_stopping();
-    systemd::stopping("shutting down: closing connections and the store");
-    server.shutdown().await
+    Ok(())
+}
+
+/// Restarted on the state of a run whose rounds are all done: say so, and stay up to tell the
+/// devices that connect (they stop instead of retrying).
+fn say_run_is_over(config: &ServerConfig, addr: std::net::SocketAddr) {
+    let rounds = config.engine.rounds;
+    tracing::warn!(
+        rounds,
+        state_dir = %config.state_dir.display(),
+        "the run is over: all {rounds} configured rounds closed before this start, so no round will open; \
+         devices that connect are told that the federation finished. To train more rounds raise \
+         [engine] rounds in server.toml and restart; to begin a new federation give it a new state_dir"
+    );
+    systemd::status(&format!("run finished ({rounds} rounds); listening on {addr}"));
 }
 
 /// The held-out evaluation of `[evaluation]`: the global model's blocks in, its accuracy out.

@@ -125,8 +125,19 @@ impl ServerStore {
     /// store opened, and the folder's lock keeps anyone else from changing them since).
     pub fn recover(&self, method: &str) -> Result<Option<Recovered>, StoreError> {
         let round_floor = self.round_floor()?;
-        let conn = self.conn();
-        let row: Option<(i64, String, Vec<u8>, Vec<u8>)> = conn
+        let Some((version, checkpoint)) = self.recover_checkpoint(method)? else { return Ok(None) };
+        let open = self.recover_open_round()?;
+        let pending = self.recover_pending()?;
+        let last_accepted =
+            self.strings("SELECT client FROM updates WHERE closed_in = ?1 AND round = ?1 ORDER BY client", version)?;
+        let invitations = self.recover_invitations()?;
+        Ok(Some(Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations }))
+    }
+
+    /// The newest global version, checked against its checksum, the method and its round.
+    fn recover_checkpoint(&self, method: &str) -> Result<Option<(i64, Checkpoint)>, StoreError> {
+        let row: Option<(i64, String, Vec<u8>, Vec<u8>)> = self
+            .conn()
             .query_row("SELECT version, method, state, checksum FROM versions ORDER BY version DESC LIMIT 1", [], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })
@@ -150,7 +161,12 @@ impl ServerStore {
         for block in &checkpoint.global {
             block.validate().map_err(|e| self.corrupt(format!("global version {version}: {e}")))?;
         }
-        let open = conn
+        Ok(Some((version, checkpoint)))
+    }
+
+    /// The round left open, with its invitations.
+    fn recover_open_round(&self) -> Result<Option<OpenedRound>, StoreError> {
+        self.conn()
             .query_row("SELECT round, task, target, sampled FROM rounds WHERE status = 'open'", [], |r| {
                 Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
             })
@@ -159,14 +175,14 @@ impl ServerStore {
             .map(|(round, task, target, sampled)| {
                 let sampled: Vec<String> = serde_json::from_str(&sampled)
                     .map_err(|e| self.corrupt(format!("round {round}'s invitations: {e}")))?;
-                Ok::<_, StoreError>(OpenedRound {
-                    round: round as u64,
-                    task: task as u32,
-                    target: target as usize,
-                    sampled,
-                })
+                Ok(OpenedRound { round: round as u64, task: task as u32, target: target as usize, sampled })
             })
-            .transpose()?;
+            .transpose()
+    }
+
+    /// The accepted updates no version holds yet, each checked against its checksum and round.
+    fn recover_pending(&self) -> Result<Vec<AcceptedUpdate>, StoreError> {
+        let conn = self.conn();
         let mut stmt = conn
             .prepare(
                 "SELECT round, client, staleness, arrived_after_ms, body, checksum FROM updates
@@ -205,34 +221,40 @@ impl ServerStore {
                 arrived_after: std::time::Duration::from_millis(arrived_ms as u64),
             });
         }
-        let mut stmt = conn
-            .prepare("SELECT client FROM updates WHERE closed_in = ?1 AND round = ?1 ORDER BY client")
-            .map_err(|e| self.classify(e))?;
-        let last_accepted = stmt
-            .query_map([version], |r| r.get::<_, String>(0))
+        Ok(pending)
+    }
+
+    /// The recent rounds' invitations, oldest first, each with the clients that reported its cost.
+    fn recover_invitations(&self) -> Result<Vec<(u64, Vec<String>, Vec<String>)>, StoreError> {
+        // The connection is let go before `strings` takes it again.
+        let recent = {
+            let conn = self.conn();
+            let mut stmt = conn
+                .prepare("SELECT round, sampled FROM rounds WHERE sampled != '[]' ORDER BY round DESC LIMIT ?1")
+                .map_err(|e| self.classify(e))?;
+            stmt.query_map([crate::engine::INVITATIONS_KEPT as i64], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-            .map_err(|e| self.classify(e))?;
-        let mut stmt = conn
-            .prepare("SELECT round, sampled FROM rounds WHERE sampled != '[]' ORDER BY round DESC LIMIT ?1")
-            .map_err(|e| self.classify(e))?;
-        let recent = stmt
-            .query_map([crate::engine::INVITATIONS_KEPT as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-            .map_err(|e| self.classify(e))?;
-        let mut costed = conn
-            .prepare("SELECT client FROM ledger WHERE round = ?1 AND kind = 'reported'")
-            .map_err(|e| self.classify(e))?;
+            .map_err(|e| self.classify(e))?
+        };
         let mut invitations = Vec::with_capacity(recent.len());
         for (round, sampled) in recent.into_iter().rev() {
             let invited: Vec<String> = serde_json::from_str(&sampled)
                 .map_err(|e| self.corrupt(format!("round {round}'s invitations: {e}")))?;
-            let reported = costed
-                .query_map([round], |r| r.get::<_, String>(0))
-                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-                .map_err(|e| self.classify(e))?;
+            let reported = self.strings("SELECT client FROM ledger WHERE round = ?1 AND kind = 'reported'", round)?;
             invitations.push((round.max(0) as u64, invited, reported));
         }
-        Ok(Some(Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations }))
+        Ok(invitations)
+    }
+
+    /// The first column of `sql`'s rows, with `?1` bound to `param`.
+    fn strings(&self, sql: &str, param: i64) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(sql).map_err(|e| self.classify(e))?;
+        stmt.query_map([param], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.classify(e))
     }
 
     /// Rounds and versions must tell one story: the newest version is the newest closed round,
