@@ -237,38 +237,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
     set(file, "--seed", args.seed, &["seed"], &mut config.seed);
     set(file, "--epochs", args.epochs, &["local_epochs"], &mut config.local_epochs);
     if let Some(v) = args.alpha {
-        let key = ["data", "partition", "alpha"];
-        match config.data.as_mut().map(|d| &mut d.partition) {
-            None => {
-                overrides(file, "--alpha", v, &["alpha"]);
-                config.alpha = v;
-            }
-            Some(PartitionSpec::Dirichlet { alpha, .. }) => {
-                overrides(file, "--alpha", v, &key);
-                *alpha = v;
-            }
-            Some(PartitionSpec::LongTail { alpha, .. }) => {
-                overrides(file, "--alpha", v, &key);
-                *alpha = Some(v);
-            }
-            Some(PartitionSpec::FedprokSync(c)) => {
-                overrides(file, "--alpha", v, &key);
-                c.alpha = v;
-            }
-            Some(PartitionSpec::FedprokAsync(c)) => {
-                overrides(file, "--alpha", v, &key);
-                c.alpha = v;
-            }
-            Some(_) => {
-                let kind = file.and_then(|f| f.get(&["data", "partition", "kind"])).map(|k| k.to_string());
-                anyhow::bail!(
-                    "--alpha: [data.partition] kind = {} in {} has no Dirichlet α to set; set kind = \"dirichlet\" \
-                     and alpha in its [data.partition] instead",
-                    kind.as_deref().unwrap_or("?"),
-                    from()
-                );
-            }
-        }
+        apply_alpha(v, config, file)?;
     }
     set(file, "--encoding", args.encoding.clone(), &["encoding"], &mut config.encoding);
     set(file, "--clock", args.clock, &["clock"], &mut config.clock);
@@ -294,6 +263,45 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         })?;
         overrides(file, "--test-scale", v, &["data", "test_scale"]);
         data.test_scale = Some(v);
+    }
+    Ok(())
+}
+
+/// `--alpha`: the embedded data's `alpha`, or the Dirichlet α of the scenario's partition; a
+/// partition without one is refused, naming the key to change.
+fn apply_alpha(v: f64, config: &mut SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
+    let from = || file.map_or("the embedded default".to_string(), |f| f.path.display().to_string());
+    let key = ["data", "partition", "alpha"];
+    match config.data.as_mut().map(|d| &mut d.partition) {
+        None => {
+            overrides(file, "--alpha", v, &["alpha"]);
+            config.alpha = v;
+        }
+        Some(PartitionSpec::Dirichlet { alpha, .. }) => {
+            overrides(file, "--alpha", v, &key);
+            *alpha = v;
+        }
+        Some(PartitionSpec::LongTail { alpha, .. }) => {
+            overrides(file, "--alpha", v, &key);
+            *alpha = Some(v);
+        }
+        Some(PartitionSpec::FedprokSync(c)) => {
+            overrides(file, "--alpha", v, &key);
+            c.alpha = v;
+        }
+        Some(PartitionSpec::FedprokAsync(c)) => {
+            overrides(file, "--alpha", v, &key);
+            c.alpha = v;
+        }
+        Some(_) => {
+            let kind = file.and_then(|f| f.get(&["data", "partition", "kind"])).map(|k| k.to_string());
+            anyhow::bail!(
+                "--alpha: [data.partition] kind = {} in {} has no Dirichlet α to set; set kind = \"dirichlet\" \
+                 and alpha in its [data.partition] instead",
+                kind.as_deref().unwrap_or("?"),
+                from()
+            );
+        }
     }
     Ok(())
 }
