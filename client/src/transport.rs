@@ -2,6 +2,7 @@
 //! reconnects with exponential backoff and jitter, runs training off the async threads, uploads
 //! on uni streams, and measures what every round cost (payload and wire bytes, seconds).
 
+use anchorage_shared::MetricKey;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -688,7 +689,7 @@ impl Client {
                     Ok(update) => {
                         let cost = self.costs.entry(round).or_default();
                         cost.record.compute_seconds = update.compute_seconds;
-                        let accuracy = update.metrics.iter().find(|m| m.name == "local_accuracy").map(|m| m.value);
+                        let accuracy = update.metrics.iter().find(|m| m.key() == MetricKey::LocalAccuracy).map(|m| m.value);
                         cost.trained = Some((update.num_samples, accuracy));
                         self.session.trained(update);
                     }

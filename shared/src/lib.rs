@@ -9,6 +9,7 @@
 //! - [`prototype`]: class prototypes as they travel.
 //! - [`prototype_rules`]: the papers' prototype rules (fusion, evolving prototype, translation, BGPS).
 //! - [`method`]: every method's typed config and the one registry both halves and the simulator read.
+//! - [`metric`]: the typed names of the metrics a device reports.
 //! - [`math`]: weighted means and cosine similarity, the one copy used everywhere.
 //! - [`ledger`]: the cost record of one client in one round.
 //! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.
@@ -28,6 +29,7 @@ pub mod ledger;
 pub mod logging;
 pub mod math;
 pub mod method;
+pub mod metric;
 pub mod protocol;
 pub mod prototype;
 pub mod prototype_rules;
@@ -38,6 +40,7 @@ pub mod tensor;
 
 pub use frame::{FrameError, FrameReader, encode_frame};
 pub use method::MethodConfig;
+pub use metric::MetricKey;
 pub use protocol::{DecodeError, Message, PROTOCOL_VERSION};
 pub use prototype::Prototype;
 pub use tensor::{EncodedTensor, Encoding, ParamBlock, TensorError};

@@ -6,6 +6,7 @@
 //! time — on the real clock by sleeping the difference, on the virtual clock by advancing
 //! simulated time (the wrapper only reports the charged seconds).
 
+use anchorage_shared::MetricKey;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -529,8 +530,8 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
                 *block = ParamBlock::encode(block.name.clone(), &block.tensor.shape, &values, block.tensor.encoding);
             }
         }
-        update.metrics.push(Metric { name: "local_epochs".into(), value: epochs as f64 });
-        update.metrics.push(Metric { name: "straggler".into(), value: if straggles { 1.0 } else { 0.0 } });
+        update.metrics.push(Metric::new(MetricKey::LocalEpochs, epochs as f64));
+        update.metrics.push(Metric::new(MetricKey::Straggler, if straggles { 1.0 } else { 0.0 }));
         Ok(update)
     }
 }

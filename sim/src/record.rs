@@ -1,5 +1,6 @@
 //! The run record: one row per round, the cost ledger, a summary, and the run folder on disk.
 
+use anchorage_shared::MetricKey;
 use std::path::{Path, PathBuf};
 
 use anchorage_shared::ledger::CostRecord;
@@ -225,12 +226,11 @@ pub fn accuracy_records(report: &anchorage_server::RoundReport, task: u32, globa
         .collect();
     for u in &report.updates {
         for (name, value) in &u.metrics {
-            let (test_task, model) = if let Some(k) = name.strip_prefix("acc.task.") {
-                (k.parse::<usize>().ok(), u.client.clone())
-            } else if let Some(k) = name.strip_prefix("acc.sel.") {
-                (k.parse::<usize>().ok(), format!("{SELECTED_PREFIX}{}", u.client))
-            } else {
-                ((name == "acc.target").then_some(target as usize), u.client.clone())
+            let (test_task, model) = match MetricKey::parse(name) {
+                MetricKey::TaskAccuracy(k) => (Some(k as usize), u.client.clone()),
+                MetricKey::SelectedAccuracy(k) => (Some(k as usize), format!("{SELECTED_PREFIX}{}", u.client)),
+                MetricKey::TargetAccuracy => (Some(target as usize), u.client.clone()),
+                _ => (None, u.client.clone()),
             };
             if let Some(k) = test_task.filter(|_| value.is_finite() && (0.0..=1.0).contains(value)) {
                 out.push(AccuracyRow {
@@ -291,7 +291,7 @@ impl RoundRow {
         Self {
             round: report.round,
             accuracy,
-            train_loss: report.weighted_metric("train_loss"),
+            train_loss: report.weighted_metric(&MetricKey::TrainLoss),
             aggregated: report.updates.len(),
             sampled: report.sampled,
             late_total: report.late_total,

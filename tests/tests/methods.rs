@@ -3,8 +3,11 @@
 //! what the method shares: prototypes for the prototype methods and none for the others, no head
 //! blocks from GLDP and FedRep (their personal layers never leave the device), no blocks at all
 //! from Local-only, and from FedTA its input enhancement (IE) and prototypes only (its anchors and
-//! heads stay on the device).
+//! heads stay on the device). What each method uploads and whether its global model is
+//! evaluated come from the method registry (`shared`, `predicts_with`), so every method is held to
+//! its entry.
 
+use anchorage_shared::method::{Prediction, Shared};
 use anchorage_sim::{SimConfig, SimResult};
 
 const ROUNDS: u64 = 4;
@@ -70,7 +73,22 @@ fn run(config: SimConfig) -> SimResult {
 const ADAPTER_BYTES: u64 = (64 * 512 + 64) * 4;
 const HEAD_BYTES: u64 = (64 * 4 + 4) * 4;
 
-fn check(method: &str, prototypes: bool, upload: u64) {
+/// What the registry says `method` uploads each round (block bytes on this test's net, and
+/// whether prototypes travel): every method is held to its registry entry.
+fn registered_upload(method: &str) -> (u64, bool) {
+    let info = anchorage_shared::method::info(method).expect("a registered method");
+    match info.shared {
+        Shared::Net => (ADAPTER_BYTES + HEAD_BYTES, false),
+        Shared::NetAndPrototypes => (ADAPTER_BYTES + HEAD_BYTES, true),
+        Shared::Body => (ADAPTER_BYTES, false),
+        Shared::BodyAndPrototypes => (ADAPTER_BYTES, true),
+        Shared::PromptsAndPrototypes => (FEDTA_IE_BYTES, true),
+        Shared::Nothing => (0, false),
+    }
+}
+
+fn check(method: &str) {
+    let (upload, prototypes) = registered_upload(method);
     check_config(config(method), prototypes, upload);
 }
 
@@ -78,6 +96,7 @@ fn check_config(config: SimConfig, prototypes: bool, upload: u64) {
     let method = config.method.name();
     let selected = config.selected_accuracy;
     let result = run(config);
+    assert_predicts_as_registered(method, &result);
     let s = &result.summary;
     assert_eq!(s.rounds.len() as u64, ROUNDS, "{method}: every round closed");
     // Chance on the two tasks' classes: the final row averages tasks of 2 classes each out of 4.
@@ -107,41 +126,54 @@ fn check_config(config: SimConfig, prototypes: bool, upload: u64) {
     }
 }
 
+/// The registry's `predicts_with`: a method with a global predictor has its global model
+/// evaluated every round; one without has only its clients' models in the accuracy record.
+fn assert_predicts_as_registered(method: &str, result: &SimResult) {
+    let info = anchorage_shared::method::info(method).expect("a registered method");
+    let global = result.accuracy.iter().filter(|r| r.model == "global").count();
+    let predicts = info.predicts_with != Prediction::None;
+    assert_eq!(global > 0, predicts, "{method}: {global} global accuracy rows, registry: {:?}", info.predicts_with);
+}
+
 #[test]
 fn fedavg() {
-    check("fedavg", false, ADAPTER_BYTES + HEAD_BYTES);
+    check("fedavg");
 }
 
 #[test]
 fn fedavgm() {
-    check("fedavgm", false, ADAPTER_BYTES + HEAD_BYTES);
+    check("fedavgm");
 }
 
 #[test]
 fn fedprox() {
-    check("fedprox", false, ADAPTER_BYTES + HEAD_BYTES);
+    check("fedprox");
 }
 
 #[test]
 fn fedrep_keeps_its_head() {
-    check("fedrep", false, ADAPTER_BYTES);
+    assert_eq!(registered_upload("fedrep"), (ADAPTER_BYTES, false));
+    check("fedrep");
 }
 
 #[test]
 fn local_only_shares_nothing() {
-    check("local", false, 0);
+    assert_eq!(registered_upload("local"), (0, false));
+    check("local");
 }
 
 #[test]
 fn gldp_keeps_its_personal_layer_and_shares_prototypes() {
+    assert_eq!(registered_upload("gldp"), (ADAPTER_BYTES, true));
     let mut config = config("gldp");
     config.selected_accuracy = true;
-    check_config(config, true, ADAPTER_BYTES);
+    let (upload, prototypes) = registered_upload("gldp");
+    check_config(config, prototypes, upload);
 }
 
 #[test]
 fn fedprok_shares_weights_and_prototypes() {
-    check("fedprok", true, ADAPTER_BYTES + HEAD_BYTES);
+    check("fedprok");
 }
 
 /// Evolving domains (FedEvolve's protocol): the synthetic set in 3 rotated domains (0°, 15°,
@@ -162,6 +194,8 @@ fn check_evolving(method: &str, upload: u64) {
     let mut config = config_with(method, DOMAINS);
     config.evolving = true;
     let result = run(config);
+    assert_predicts_as_registered(method, &result);
+    assert!(registered_upload(method).1, "{method}: the registry says prototypes travel");
     let s = &result.summary;
     assert_eq!(s.rounds.len() as u64, ROUNDS, "{method}: every round closed");
     let last = s.rounds.last().unwrap();
@@ -210,8 +244,8 @@ fn fedevolve_shares_both_maps_and_the_last_domains_prototypes() {
 
 #[test]
 fn fedevp_shares_weights_and_prototypes() {
-    check("fedevp", true, ADAPTER_BYTES + HEAD_BYTES);
-    check_evolving("fedevp", ADAPTER_BYTES + HEAD_BYTES);
+    check("fedevp");
+    check_evolving("fedevp", registered_upload("fedevp").0);
 }
 
 /// FedTA's IE with the defaults on the embedded backbone (512 features) and 1×16×16 images:
@@ -221,7 +255,8 @@ const FEDTA_IE_BYTES: u64 = (10 * 512 + 10 * 256) * 4;
 
 #[test]
 fn fedta_shares_its_input_enhancement_and_prototypes_only() {
-    check_config(config_with("fedta", FEDTA), true, FEDTA_IE_BYTES);
+    let (upload, prototypes) = registered_upload("fedta");
+    check_config(config_with("fedta", FEDTA), prototypes, upload);
 }
 
 /// With `share_tail` the anchors and head travel beside the IE: 100 anchors (keys of 512, values

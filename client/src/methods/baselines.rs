@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use anchorage_shared::method::{MethodConfig, MethodInfo, Personal, Prediction, Shared};
+use anchorage_shared::method::{MethodConfig, MethodInfo, Prediction, Shared};
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
@@ -139,7 +139,9 @@ impl ClientMethod for Baseline {
         }
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&model, t, 512));
         let blocks = self.shared_blocks(model.to_blocks(self.ctx.encoding)?);
-        if self.info.personal != Personal::Nothing {
+        // What it does not share stays on the device for the next round (FedRep's head, the
+        // local-only net).
+        if self.info.shared != Shared::Net {
             self.own = Some(model);
         }
         Ok(Update {

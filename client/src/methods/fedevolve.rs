@@ -222,6 +222,7 @@ mod tests {
     use crate::methods::stream::{Reveal, TaskStream};
     use anchorage_model::train::OptimizerKind;
     use anchorage_model::{Identity, NetSpec};
+    use anchorage_shared::MetricKey;
 
     fn split(d: &Dataset) -> (Dataset, Dataset) {
         let cut = d.len() * 4 / 5;
@@ -276,9 +277,9 @@ mod tests {
                 prototypes: vec![],
             };
             let u = client.train(&b).unwrap();
-            let m = |n: &str| u.metrics.iter().find(|m| m.name == n).map_or(f64::NAN, |m| m.value);
-            losses.push(m("train_loss"));
-            accuracies.push(m("acc.target"));
+            let m = |k: MetricKey| u.metrics.iter().find(|m| m.key() == k).map_or(f64::NAN, |m| m.value);
+            losses.push(m(MetricKey::TrainLoss));
+            accuracies.push(m(MetricKey::TargetAccuracy));
             blocks = u.blocks;
         }
         (losses, accuracies)

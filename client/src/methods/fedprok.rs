@@ -10,6 +10,7 @@
 //!   labelled p and replayed into the classifier beside the real features: loss = CE(real) +
 //!   CE(pseudo). At most `replay_ratio` × batch pseudo-features per batch.
 
+use anchorage_shared::MetricKey;
 use std::time::Instant;
 
 use anchorage_shared::method::ReplayInto;
@@ -222,9 +223,9 @@ impl ClientMethod for FedProKClient {
         }
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&net, t, 512));
         let mut metrics = common_metrics(loss, accuracies);
-        metrics.push(anchorage_shared::protocol::Metric { name: "pseudo_classes".into(), value: table.len() as f64 });
+        metrics.push(anchorage_shared::protocol::Metric::new(MetricKey::PseudoClasses, table.len() as f64));
         if let Some(d) = drift {
-            metrics.push(anchorage_shared::protocol::Metric { name: "prototype_drift".into(), value: d });
+            metrics.push(anchorage_shared::protocol::Metric::new(MetricKey::PrototypeDrift, d));
         }
         Ok(Update {
             round: broadcast.round,

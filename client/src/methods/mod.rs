@@ -11,6 +11,7 @@ mod gldp;
 pub mod protos;
 pub mod stream;
 
+use anchorage_shared::MetricKey;
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
 use anchorage_shared::tensor::{Encoding, ParamBlock};
@@ -208,15 +209,15 @@ pub fn build(method: &MethodConfig, context: MethodContext) -> Result<Box<dyn Cl
 /// Metrics every update carries besides the method's own: the train loss, the local model's
 /// accuracies and the process's peak memory. Non-finite values are dropped.
 pub(crate) fn common_metrics(train_loss: f64, mut accuracies: Vec<Metric>) -> Vec<Metric> {
-    let mut metrics = vec![Metric { name: "train_loss".into(), value: train_loss }];
+    let mut metrics = vec![Metric::new(MetricKey::TrainLoss, train_loss)];
     // `local_accuracy`: the mean over the seen tasks (or the target), for the round table.
     if !accuracies.is_empty() {
         let mean = accuracies.iter().map(|m| m.value).sum::<f64>() / accuracies.len() as f64;
-        metrics.push(Metric { name: "local_accuracy".into(), value: mean });
+        metrics.push(Metric::new(MetricKey::LocalAccuracy, mean));
     }
     metrics.append(&mut accuracies);
     if let Some(peak) = crate::memory::peak_rss_bytes() {
-        metrics.push(Metric { name: "peak_rss_mb".into(), value: peak as f64 / (1 << 20) as f64 });
+        metrics.push(Metric::new(MetricKey::PeakRssMb, peak as f64 / (1 << 20) as f64));
     }
     metrics.retain(|m| m.value.is_finite());
     metrics

@@ -1,6 +1,7 @@
 //! A client's task stream: per task, the frozen-backbone features of its training and test data.
 //! The broadcast's task index says where in the stream the federation is.
 
+use anchorage_shared::MetricKey;
 use std::sync::Arc;
 
 use anchorage_data::Dataset;
@@ -135,15 +136,15 @@ impl TaskStream {
         if self.target.is_none() {
             for (k, t) in self.seen(task).iter().enumerate() {
                 if let Some(a) = accuracy(&t.test) {
-                    out.push(Metric { name: format!("acc.task.{k}"), value: a });
+                    out.push(Metric::new(MetricKey::TaskAccuracy(k as u32), a));
                 }
                 if let Some(a) = t.selected.as_ref().and_then(&accuracy) {
-                    out.push(Metric { name: format!("acc.sel.{k}"), value: a });
+                    out.push(Metric::new(MetricKey::SelectedAccuracy(k as u32), a));
                 }
             }
         }
         if let Some(a) = self.target.as_ref().and_then(&accuracy) {
-            out.push(Metric { name: "acc.target".into(), value: a });
+            out.push(Metric::new(MetricKey::TargetAccuracy, a));
         }
         out
     }

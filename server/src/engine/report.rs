@@ -1,5 +1,6 @@
 //! What the engine reports about rounds: per round, and counters over the whole federation.
 
+use anchorage_shared::MetricKey;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -47,9 +48,6 @@ pub struct UpdateReport {
     pub metrics: Vec<(String, f64)>,
 }
 
-/// The metric in which a device reports its own evaluation of the model it trained.
-pub const DEVICE_ACCURACY: &str = "local_accuracy";
-
 /// The record of one closed round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoundReport {
@@ -82,12 +80,16 @@ pub struct RoundReport {
 
 impl RoundReport {
     /// Sample-weighted mean of a metric the clients reported, if any reported it.
-    pub fn weighted_metric(&self, name: &str) -> Option<f64> {
+    pub fn weighted_metric(&self, key: &MetricKey) -> Option<f64> {
+        let name = key.name();
         let (sum, weight) = self
             .updates
             .iter()
             .filter_map(|u| {
-                u.metrics.iter().find(|(n, _)| n == name).map(|(_, v)| (v * u.num_samples as f64, u.num_samples as f64))
+                u.metrics
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (v * u.num_samples as f64, u.num_samples as f64))
             })
             .fold((0.0, 0.0), |(s, w), (v, n)| (s + v, w + n));
         (weight > 0.0).then(|| sum / weight)
@@ -96,8 +98,9 @@ impl RoundReport {
     /// The devices' own evaluation of the round: the sample-weighted mean of the `local_accuracy`
     /// their updates carry, and how many reported one.
     pub fn device_accuracy(&self) -> Option<(f64, usize)> {
-        let reported = self.updates.iter().filter(|u| u.metrics.iter().any(|(n, _)| n == DEVICE_ACCURACY)).count();
-        self.weighted_metric(DEVICE_ACCURACY).map(|a| (a, reported))
+        let name = MetricKey::LocalAccuracy.name();
+        let reported = self.updates.iter().filter(|u| u.metrics.iter().any(|(n, _)| *n == name)).count();
+        self.weighted_metric(&MetricKey::LocalAccuracy).map(|a| (a, reported))
     }
 
     /// Total payload bytes uploaded in the round.

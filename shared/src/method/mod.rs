@@ -87,18 +87,6 @@ pub enum Shared {
     Nothing,
 }
 
-/// What a method keeps on the device and never uploads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Personal {
-    Nothing,
-    /// The classifier head.
-    Head,
-    /// The whole trainable net.
-    Net,
-    /// The tail anchors and the head (unless `share_tail`).
-    TailAndHead,
-}
-
 /// How the method's global model predicts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prediction {
@@ -114,10 +102,11 @@ pub enum Prediction {
 #[derive(Debug, Clone, Copy)]
 pub struct MethodInfo {
     pub name: &'static str,
-    /// Its paper, for reports.
+    /// Its paper, for reports (`report.md` names it beside the method).
     pub paper: &'static str,
+    /// What it uploads (everything else of its trainable net stays on the device; the
+    /// cross-crate methods test checks every method's uploads against this).
     pub shared: Shared,
-    pub personal: Personal,
     pub predicts_with: Prediction,
     /// Whether its client half reads the raw samples behind the cached features (FedTA's input
     /// enhancement runs the frozen backbone on them); a simulator may drop them otherwise.
@@ -132,7 +121,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "fedavg",
         paper: "McMahan et al. 2017",
         shared: Shared::Net,
-        personal: Personal::Nothing,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         defaults: || MethodConfig::FedAvg(FedAvgConfig::default()),
@@ -141,7 +129,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "fedavgm",
         paper: "Hsu et al. 2019",
         shared: Shared::Net,
-        personal: Personal::Nothing,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         defaults: || MethodConfig::FedAvgM(FedAvgMConfig::default()),
@@ -150,7 +137,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "fedprox",
         paper: "Li et al. 2020",
         shared: Shared::Net,
-        personal: Personal::Nothing,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         defaults: || MethodConfig::FedProx(FedProxConfig::default()),
@@ -159,7 +145,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "fedrep",
         paper: "Collins et al. 2021",
         shared: Shared::Body,
-        personal: Personal::Head,
         predicts_with: Prediction::None,
         reads_raw_samples: false,
         defaults: || MethodConfig::FedRep(FedRepConfig::default()),
@@ -168,7 +153,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "local",
         paper: "local training only",
         shared: Shared::Nothing,
-        personal: Personal::Net,
         predicts_with: Prediction::None,
         reads_raw_samples: false,
         defaults: || MethodConfig::Local(LocalConfig::default()),
@@ -177,7 +161,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "gldp",
         paper: "GLDP / STHFL (Guo et al.)",
         shared: Shared::BodyAndPrototypes,
-        personal: Personal::Head,
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: false,
         defaults: || MethodConfig::Gldp(GldpConfig::default()),
@@ -186,7 +169,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "fedprok",
         paper: "FedProK (Gao et al.)",
         shared: Shared::NetAndPrototypes,
-        personal: Personal::Nothing,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         defaults: || MethodConfig::FedProK(FedProKConfig::default()),
@@ -195,7 +177,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "fedevolve",
         paper: "FedEvolve (evolving shifts)",
         shared: Shared::NetAndPrototypes,
-        personal: Personal::Nothing,
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: false,
         defaults: || MethodConfig::FedEvolve(FedEvolveConfig::default()),
@@ -204,7 +185,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "fedevp",
         paper: "FedEvp (evolving shifts)",
         shared: Shared::NetAndPrototypes,
-        personal: Personal::Head,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         defaults: || MethodConfig::FedEvp(FedEvpConfig::default()),
@@ -213,7 +193,6 @@ pub const REGISTRY: &[MethodInfo] = &[
         name: "fedta",
         paper: "FedTA (Yu et al.)",
         shared: Shared::PromptsAndPrototypes,
-        personal: Personal::TailAndHead,
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: true,
         defaults: || MethodConfig::FedTa(FedTaConfig::default()),

@@ -28,6 +28,7 @@
 
 pub mod anchors;
 
+use anchorage_shared::MetricKey;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -301,7 +302,7 @@ impl ClientMethod for FedTaClient {
         }
         self.tail = Some(tail);
         let mut metrics = common_metrics(loss, accuracies);
-        metrics.push(Metric { name: "ie_loss".into(), value: stage1_loss });
+        metrics.push(Metric::new(MetricKey::IeLoss, stage1_loss));
         if let Some(anchors) = &valid_tail.anchors {
             // How often the key match (inference) takes the sample's own class anchor (training).
             let by_key = anchors.anchor(plain_features).1;
@@ -315,7 +316,7 @@ impl ClientMethod for FedTaClient {
                 key_match = rate,
                 "tail anchors taken by key similarity on the training samples"
             );
-            metrics.push(Metric { name: "anchor_key_match".into(), value: rate });
+            metrics.push(Metric::new(MetricKey::AnchorKeyMatch, rate));
         }
         metrics.retain(|m| m.value.is_finite());
         Ok(Update {
