@@ -136,7 +136,8 @@ pub fn layer_shapes(input: usize, widths: impl IntoIterator<Item = usize>) -> Ve
 /// normals each time was two thirds of a 10,000-client simulation.
 pub fn seeded_layers(seed: u64, stream: u64, shapes: &[(usize, usize)]) -> Arc<Vec<(Vec<f32>, Vec<f32>)>> {
     type Key = (u64, u64, Vec<(usize, usize)>);
-    static DRAWN: Mutex<Vec<(Key, Arc<Vec<(Vec<f32>, Vec<f32>)>>)>> = Mutex::new(Vec::new());
+    type Layers = Arc<Vec<(Vec<f32>, Vec<f32>)>>;
+    static DRAWN: Mutex<Vec<(Key, Layers)>> = Mutex::new(Vec::new());
     let key = (seed, stream, shapes.to_vec());
     let mut drawn = DRAWN.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, layers)) = drawn.iter().find(|(k, _)| *k == key) {
@@ -204,18 +205,18 @@ mod tests {
         let device = Device::flex();
         let x = Tensor::<2>::from_floats([[0.5, -1.0, 2.0, 0.0, 3.0, -0.25], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], &device);
         let net = Net::new(&spec(vec![4, 6], true), &device);
-        let z: Vec<f32> = net.represent(x.clone()).into_data().to_vec().unwrap();
-        assert_eq!(z, x.clone().into_data().to_vec::<f32>().unwrap());
+        let z: Vec<f32> = net.represent(x.clone()).into_data().try_to_vec().unwrap();
+        assert_eq!(z, x.clone().into_data().try_to_vec::<f32>().unwrap());
         // The plain adapter of the same sizes is not the identity (ReLU and He-normal weights).
         let plain: Vec<f32> =
-            Net::new(&spec(vec![4, 6], false), &device).represent(x.clone()).into_data().to_vec().unwrap();
+            Net::new(&spec(vec![4, 6], false), &device).represent(x.clone()).into_data().try_to_vec().unwrap();
         assert_ne!(plain, z);
         // Moving the last layer off zero moves the representation off the features.
         let mut moved = net;
         let last = moved.adapter.layers.last_mut().unwrap();
         last.bias = last.bias.take().map(|b| b.map(|t| t + 1.0));
-        let z: Vec<f32> = moved.represent(x.clone()).into_data().to_vec().unwrap();
-        let x: Vec<f32> = x.into_data().to_vec().unwrap();
+        let z: Vec<f32> = moved.represent(x.clone()).into_data().try_to_vec().unwrap();
+        let x: Vec<f32> = x.into_data().try_to_vec().unwrap();
         assert!(z.iter().zip(&x).all(|(a, b)| (a - b - 1.0).abs() < 1e-6), "{z:?}");
     }
 

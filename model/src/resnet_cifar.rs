@@ -35,7 +35,7 @@ impl ResNetCifarConfig {
 
     /// Blocks per stage, `None` when `depth` is not 6n + 2.
     pub fn blocks_per_stage(&self) -> Option<usize> {
-        (self.depth >= 8 && (self.depth - 2) % 6 == 0).then(|| (self.depth - 2) / 6)
+        (self.depth >= 8 && (self.depth - 2).is_multiple_of(6)).then(|| (self.depth - 2) / 6)
     }
 
     /// A randomly initialised network (panics only on a depth that is not 6n + 2).

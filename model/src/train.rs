@@ -139,6 +139,7 @@ impl Trainer {
 }
 
 /// Minibatch training of `model` on cached features with cross-entropy.
+#[expect(clippy::too_many_arguments, reason = "the loop's settings, passed as the callers hold them")]
 pub fn fit(
     mut model: Trainable,
     cache: &FeatureCache,

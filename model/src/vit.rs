@@ -73,10 +73,10 @@ impl VitConfig {
 
     /// Why the shape is invalid, if it is.
     pub fn check(&self) -> Result<(), String> {
-        if self.patch_size == 0 || self.image_size % self.patch_size != 0 {
+        if self.patch_size == 0 || !self.image_size.is_multiple_of(self.patch_size) {
             return Err(format!("image size {} is not a multiple of patch size {}", self.image_size, self.patch_size));
         }
-        if self.heads == 0 || self.width % self.heads != 0 {
+        if self.heads == 0 || !self.width.is_multiple_of(self.heads) {
             return Err(format!("width {} is not a multiple of {} heads", self.width, self.heads));
         }
         Ok(())

@@ -106,7 +106,7 @@ fn nearest_class_mean_separates_tiny_imagenet() {
     let f_train = features(&model, &train, 100, &device);
     let f_val = features(&model, &val, 100, &device);
     let mut means = vec![0.0f64; CLASSES * dim];
-    let mut counts = vec![0usize; CLASSES];
+    let mut counts = [0usize; CLASSES];
     for (i, &l) in train.labels.iter().enumerate() {
         counts[l as usize] += 1;
         for d in 0..dim {

@@ -78,7 +78,7 @@ impl Sikf {
     }
 
     fn pool(&self, blocks: &[ParamBlock], device: &Device) -> Result<InputEnhancement, ModelError> {
-        Ok(InputEnhancement::new(&self.shape, 0.0, 0, device).load_blocks(blocks, device)?)
+        InputEnhancement::new(&self.shape, 0.0, 0, device).load_blocks(blocks, device)
     }
 
     /// Each teacher's enhanced features of the whole surrogate set.
