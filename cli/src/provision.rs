@@ -628,7 +628,7 @@ id = "edge-002"
         assert_eq!(client.cert.as_deref(), Some(moved.path().join("edge-002/cert.der").as_path()));
         assert_eq!(client.key.as_deref(), Some(moved.path().join("edge-002/key.der").as_path()));
         assert_eq!(client.state_dir, moved.path().join("edge-002/state"));
-        assert_eq!((client.encoding.as_str(), client.connection.keep_alive_ms), ("f16", 1000));
+        assert_eq!((client.encoding.name(), client.connection.keep_alive_ms), ("f16", 1000));
         assert_eq!(client.method.name(), "fedavg");
         assert!(matches!(client.data, anchorage_client::config::DataSource::Synthetic { clients: 2, index: 1, .. }));
         assert!(client.server_cert.exists() && client.cert.unwrap().exists() && client.key.unwrap().exists());

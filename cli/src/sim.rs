@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anchorage_data::PartitionSpec;
 use anchorage_sim::device::DeviceProfile;
-use anchorage_sim::network::DuplexProfile;
+use anchorage_sim::network::LinkPreset;
 use anchorage_sim::recorder::{Console, Recorder, StopFlag};
 use anchorage_sim::scenario::{self, ConfigFile};
 use anchorage_sim::{Clock, SimConfig};
@@ -38,8 +38,8 @@ pub(crate) struct SimArgs {
     #[arg(long, value_parser = positive)]
     alpha: Option<f64>,
     /// Upload encoding.
-    #[arg(long, value_parser = ["f32", "f16", "bf16", "int8"])]
-    encoding: Option<String>,
+    #[arg(long, value_enum)]
+    encoding: Option<anchorage_client::encoding::UploadEncoding>,
     /// `real`: QUIC on loopback in real time; `virtual`: the discrete-event clock (no sockets,
     /// simulated time charged by the link and device models). Default: real.
     #[arg(long, value_enum)]
@@ -172,8 +172,8 @@ pub(crate) struct SharedArgs {
     #[arg(long, value_parser = fraction)]
     fraction: Option<f64>,
     /// Every client's link: a preset shaping real QUIC (or the virtual clock's link model).
-    #[arg(long, value_parser = PossibleValuesParser::new(DuplexProfile::PRESETS.iter().copied()))]
-    link: Option<String>,
+    #[arg(long, value_enum)]
+    link: Option<LinkPreset>,
     /// Folder of the real datasets and weights (`../shared/data`).
     #[arg(long, env = "ANCHORAGE_DATA")]
     data_dir: Option<PathBuf>,
@@ -199,7 +199,7 @@ pub(crate) fn set_shared_flags(config: &mut SimConfig, file: Option<&ConfigFile>
         for key in ["link", "link_mix", "client_links"] {
             overrides(file, "--link", v, &[key]);
         }
-        config.link = Some(v.clone());
+        config.link = Some(*v);
         config.link_mix.clear();
         config.client_links.clear();
     }
@@ -239,7 +239,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
     if let Some(v) = args.alpha {
         apply_alpha(v, config, file)?;
     }
-    set(file, "--encoding", args.encoding.clone(), &["encoding"], &mut config.encoding);
+    set(file, "--encoding", args.encoding, &["encoding"], &mut config.encoding);
     set(file, "--clock", args.clock, &["clock"], &mut config.clock);
     if let Some(name) = &args.device {
         overrides(file, "--device", name, &["devices"]);

@@ -154,8 +154,8 @@ pub struct ClientConfig {
     #[serde(default)]
     pub max_memory_mb: Option<u32>,
     /// Upload encoding: f32, f16, bf16, int8.
-    #[serde(default = "default_encoding")]
-    pub encoding: String,
+    #[serde(default)]
+    pub encoding: crate::encoding::UploadEncoding,
     #[serde(default)]
     pub optimizer: OptimizerKind,
     pub data: DataSource,
@@ -176,9 +176,6 @@ fn default_device() -> String {
 }
 fn default_memory() -> u32 {
     1024
-}
-fn default_encoding() -> String {
-    "f32".into()
 }
 
 impl ClientConfig {

@@ -11,9 +11,9 @@ use anyhow::Context;
 use crate::config::{ClientConfig, DataSource};
 use crate::memory::{self, MemoryNeeds, MemoryPlan};
 use crate::methods::{self, BatchCap, ClientMethod, MethodContext};
+use crate::share;
 use crate::store::ClientStore;
 use crate::transport::{self, Backoff, ClientCert, ClientOptions};
-use crate::{encoding, share};
 use anchorage_model::ModelSpec;
 use anchorage_model::device;
 use anchorage_model::train::OptimizerKind;
@@ -45,7 +45,7 @@ pub async fn run_configured(
 
 /// The method's client half on this device's local data.
 pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn ClientMethod>> {
-    let enc = encoding::parse(&config.encoding)?;
+    let enc = config.encoding.encoding();
     Ok(match &config.data {
         DataSource::Synthetic { seed, clients, index, alpha } => {
             let (train, test) = synthetic_share(*seed, *clients, *index, *alpha)?;

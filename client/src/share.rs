@@ -146,7 +146,7 @@ pub fn scenario_context(config: &ClientConfig, device: &Device) -> anyhow::Resul
         stream: share.stream,
         device: device.clone().autodiff(),
         optimizer: config.optimizer,
-        encoding: crate::encoding::parse(&config.encoding)?,
+        encoding: config.encoding.encoding(),
         seed: *client as u64,
         backbone: Some(share.backbone),
     })

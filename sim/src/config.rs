@@ -9,10 +9,9 @@ use anchorage_server::engine::AggregationMode;
 use anchorage_shared::method::MethodConfig;
 use serde::{Deserialize, Serialize};
 
-use anyhow::Context;
 
 use crate::device::{DeviceProfile, deal_by_share};
-use crate::network::DuplexProfile;
+use crate::network::{DuplexProfile, LinkPreset};
 
 /// A client to kill (abort, no goodbye) when the broadcast of `round` reaches it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,11 +49,11 @@ pub struct SimConfig {
     /// 1.0, is harder than the data crate's, so the table shows the model learning over rounds.
     pub noise: f32,
     /// Upload encoding: f32, f16, bf16 or int8.
-    pub encoding: String,
+    pub encoding: anchorage_client::encoding::UploadEncoding,
     pub kill: Vec<KillAt>,
     /// Link of every client, by preset name (`ethernet`, `wifi`, `lte`, `3g`, `satellite`, `iot`);
     /// none: plain loopback.
-    pub link: Option<String>,
+    pub link: Option<LinkPreset>,
     /// A fleet of mixed links: presets dealt to clients by share (overrides `link`).
     pub link_mix: Vec<LinkShare>,
     /// Explicit links for single clients (override `link` and `link_mix`).
@@ -161,7 +160,7 @@ pub struct Attack {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinkShare {
-    pub preset: String,
+    pub preset: LinkPreset,
     pub share: f64,
 }
 
@@ -178,14 +177,9 @@ impl SimConfig {
     /// Every client's link, in client order: an entry of `client_links` first, else a preset
     /// dealt from `link_mix` by share, else `link`, else none (plain loopback).
     pub fn links(&self) -> anyhow::Result<Vec<Option<DuplexProfile>>> {
-        let preset = |name: &str| {
-            DuplexProfile::preset(name)
-                .with_context(|| format!("unknown link preset `{name}` (known: {})", DuplexProfile::PRESETS.join(", ")))
-        };
-        let mix: Vec<(DuplexProfile, f64)> =
-            self.link_mix.iter().map(|m| Ok((preset(&m.preset)?, m.share))).collect::<anyhow::Result<_>>()?;
+        let mix: Vec<(DuplexProfile, f64)> = self.link_mix.iter().map(|m| (m.preset.profile(), m.share)).collect();
         let dealt = deal_by_share(&mix, self.clients, self.seed ^ 0x11AC);
-        let default = self.link.as_deref().map(preset).transpose()?;
+        let default = self.link.map(LinkPreset::profile);
         Ok((0..self.clients)
             .map(|i| match self.client_links.iter().find(|l| l.client == i) {
                 Some(l) => Some(l.profile.clone()),
@@ -213,7 +207,7 @@ impl Default for SimConfig {
             train_per_class: 300,
             test_per_class: 100,
             noise: 1.0,
-            encoding: "f32".into(),
+            encoding: Default::default(),
             kill: Vec::new(),
             link: None,
             link_mix: Vec::new(),

@@ -689,8 +689,8 @@ mod deal_tests {
         let config = crate::SimConfig {
             clients: 10,
             link_mix: vec![
-                crate::LinkShare { preset: "wifi".into(), share: 0.7 },
-                crate::LinkShare { preset: "3g".into(), share: 0.3 },
+                crate::LinkShare { preset: crate::network::LinkPreset::Wifi, share: 0.7 },
+                crate::LinkShare { preset: crate::network::LinkPreset::ThreeG, share: 0.3 },
             ],
             client_links: vec![crate::ClientLink { client: 0, profile: Default::default() }],
             ..Default::default()
@@ -700,8 +700,8 @@ mod deal_tests {
         assert_eq!(links[0], Some(Default::default()), "an explicit client link wins");
         let slow = links.iter().filter(|l| l.as_ref().is_some_and(|p| p.up.bandwidth_bps == 0.5e6)).count();
         assert!((2..=3).contains(&slow), "30% of the fleet on 3g (one slot taken by the explicit link): {slow}");
-        let bad = crate::SimConfig { link: Some("carrier-pigeon".into()), ..Default::default() };
-        assert!(format!("{:#}", bad.links().unwrap_err()).contains("unknown link preset"));
+        let bad = toml::from_str::<crate::SimConfig>("link = \"carrier-pigeon\"").unwrap_err().to_string();
+        assert!(bad.contains("unknown variant `carrier-pigeon`") && bad.contains("`lte`"), "{bad}");
         assert!(deal_by_share::<u8>(&[], 3, 1).is_empty());
     }
 }

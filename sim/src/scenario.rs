@@ -8,7 +8,6 @@ use anchorage_shared::method::MethodConfig;
 use anyhow::Context;
 
 use crate::SimConfig;
-use crate::network::DuplexProfile;
 
 /// Reads the `[data]` table of a scenario file.
 pub fn data_spec(path: &Path) -> anyhow::Result<DataSpec> {
@@ -178,19 +177,6 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
     )?;
     ensure(c.eval_every >= 1, &["eval_every"], &c.eval_every, "must be at least 1")?;
     ensure(c.eval_fraction > 0.0 && c.eval_fraction <= 1.0, &["eval_fraction"], &c.eval_fraction, "must be in (0, 1]")?;
-    let encoding = format!("{:?}", c.encoding);
-    ensure(
-        anchorage_client::encoding::parse(&c.encoding).is_ok(),
-        &["encoding"],
-        &encoding,
-        "known: f32, f16, bf16, int8",
-    )?;
-    let presets = DuplexProfile::PRESETS;
-    let link_rule = format!("known presets: {}", presets.join(", "));
-    for name in c.link.iter().chain(c.link_mix.iter().map(|m| &m.preset)) {
-        let key: &[&str] = if c.link.as_ref() == Some(name) { &["link"] } else { &["link_mix"] };
-        ensure(presets.contains(&name.as_str()), key, &format!("{name:?}"), &link_rule)?;
-    }
     match &c.data {
         None => ensure(c.alpha > 0.0, &["alpha"], &c.alpha, "must be above 0 (inf: IID)"),
         Some(data) => {

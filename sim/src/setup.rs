@@ -420,7 +420,7 @@ impl Setup {
             "clients {client_range:?} are outside the federation's {}",
             config.clients
         );
-        let encoding = anchorage_client::encoding::parse(&config.encoding)?;
+        let encoding = config.encoding.encoding();
         let plain = Device::flex();
         let train_device = Device::flex().autodiff();
         let Prepared { train, test, split, source } = prepare_data(config)?;

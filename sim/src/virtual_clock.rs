@@ -757,6 +757,7 @@ fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &
 mod tests {
     use super::*;
     use crate::device::{self, OnOff};
+    use crate::network::LinkPreset;
 
     fn config(flaky: DeviceProfile) -> SimConfig {
         let steady =
@@ -769,7 +770,7 @@ mod tests {
             train_per_class: 20,
             test_per_class: 5,
             min_available: Some(2),
-            link: Some("lte".into()),
+            link: Some(LinkPreset::Lte),
             devices: vec![steady, DeviceProfile { name: "flaky".into(), compute_scale: 0.0, share: 1.0, ..flaky }],
             ..SimConfig::default()
         }

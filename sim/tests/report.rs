@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use anchorage_sim::network::LinkPreset;
 use anchorage_sim::report::write_report;
 use anchorage_sim::virtual_clock::run_virtual;
 use anchorage_sim::{SimConfig, write_run_folder};
@@ -56,7 +57,7 @@ fn a_run_folder_gets_plots_and_a_summary() {
         local_epochs: 1,
         train_per_class: 20,
         test_per_class: 5,
-        link: Some("wifi".into()),
+        link: Some(LinkPreset::Wifi),
         ..SimConfig::default()
     };
     let result = run_into(dir, &config);

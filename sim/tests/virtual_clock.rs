@@ -1,12 +1,12 @@
 //! The virtual clock drives the real engine and sessions with no sockets.
 
 use anchorage_sim::SimConfig;
-use anchorage_sim::network::DuplexProfile;
+use anchorage_sim::network::LinkPreset;
 use anchorage_sim::virtual_clock::{run_virtual, wire_bytes};
 
 #[test]
 fn a_virtual_federation_learns_and_charges_its_links() {
-    let link = DuplexProfile::preset("lte").unwrap();
+    let link = LinkPreset::Lte.profile();
     let config = SimConfig {
         clients: 4,
         rounds: 3,
@@ -14,7 +14,7 @@ fn a_virtual_federation_learns_and_charges_its_links() {
         local_epochs: 1,
         train_per_class: 40,
         test_per_class: 20,
-        link: Some("lte".into()),
+        link: Some(LinkPreset::Lte),
         ..SimConfig::default()
     };
     let result = run_virtual(&config).expect("virtual run");
@@ -56,7 +56,7 @@ fn the_same_seed_gives_the_same_simulated_times() {
         local_epochs: 1,
         train_per_class: 30,
         test_per_class: 10,
-        link: Some("3g".into()),
+        link: Some(LinkPreset::ThreeG),
         devices: vec![anchorage_sim::device::DeviceProfile { compute_scale: 0.0, ..Default::default() }],
         ..SimConfig::default()
     };
@@ -139,7 +139,7 @@ fn buffered_aggregation_runs_on_the_virtual_clock() {
         train_per_class: 60,
         test_per_class: 10,
         alpha: 100.0,
-        link: Some("lte".into()),
+        link: Some(LinkPreset::Lte),
         aggregation: AggregationMode::Buffered { buffer: 2, concurrency: 4, max_staleness: 3 },
         ..SimConfig::default()
     };
@@ -213,7 +213,7 @@ fn devices_on_an_availability_cycle_come_and_go() {
         test_per_class: 5,
         alpha: f64::INFINITY,
         min_available: Some(1),
-        link: Some("wifi".into()),
+        link: Some(LinkPreset::Wifi),
         round_deadline_secs: 6.0,
         devices: vec![DeviceProfile { share: 1.0, ..sleepy }, DeviceProfile { share: 1.0, ..always }],
         ..SimConfig::default()
@@ -236,7 +236,7 @@ fn one_thread_and_four_give_the_same_run() {
         local_epochs: 1,
         train_per_class: 40,
         test_per_class: 20,
-        link: Some("wifi".into()),
+        link: Some(LinkPreset::Wifi),
         threads,
         ..SimConfig::default()
     };

@@ -4,7 +4,7 @@
 //! measurement, `--ignored`); compute seconds agree (thread CPU time).
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_sim::network::{DuplexProfile, LinkProfile};
+use anchorage_sim::network::{DuplexProfile, LinkPreset, LinkProfile};
 use anchorage_sim::virtual_clock::run_virtual;
 use anchorage_sim::{ClientLink, SimConfig, run};
 
@@ -86,7 +86,7 @@ async fn real_and_virtual_agree_on_a_lossy_link() {
 }
 
 fn lossy_link_job() -> SimConfig {
-    SimConfig { clients: 4, rounds: 3, seed: 11, link: Some("lte".into()), ..SimConfig::default() }
+    SimConfig { clients: 4, rounds: 3, seed: 11, link: Some(LinkPreset::Lte), ..SimConfig::default() }
 }
 
 /// A measurement, not a check (wall time grows with whatever else the machine runs): mean round

@@ -97,10 +97,48 @@ impl Default for DuplexProfile {
     }
 }
 
-impl DuplexProfile {
-    /// Named presets (typical figures, not measurements): `loopback`, `ethernet`, `wifi`, `lte`,
-    /// `3g`, `satellite`, `iot` (a constrained LPWAN-class uplink).
-    pub fn preset(name: &str) -> Option<Self> {
+/// A named link (typical figures, not measurements), as configs (`link = "lte"`, a `link_mix`
+/// share's `preset`) and `--link` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkPreset {
+    Loopback,
+    Ethernet,
+    Wifi,
+    Lte,
+    #[serde(rename = "3g")]
+    #[value(name = "3g")]
+    ThreeG,
+    Satellite,
+    /// A constrained LPWAN-class uplink.
+    Iot,
+}
+
+impl LinkPreset {
+    /// Every preset, in the order help texts list them.
+    pub const ALL: [LinkPreset; 7] =
+        [Self::Loopback, Self::Ethernet, Self::Wifi, Self::Lte, Self::ThreeG, Self::Satellite, Self::Iot];
+
+    /// The name configs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Loopback => "loopback",
+            Self::Ethernet => "ethernet",
+            Self::Wifi => "wifi",
+            Self::Lte => "lte",
+            Self::ThreeG => "3g",
+            Self::Satellite => "satellite",
+            Self::Iot => "iot",
+        }
+    }
+
+    /// The preset of `name`, if there is one.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Its two directions.
+    pub fn profile(self) -> DuplexProfile {
         let side = |mbps: f64, latency_ms: f64, jitter_ms: f64, loss: f64, buffer_kib: u64| LinkProfile {
             bandwidth_bps: mbps * 1e6,
             latency_ms,
@@ -109,20 +147,23 @@ impl DuplexProfile {
             buffer_bytes: buffer_kib * 1024,
             ..LinkProfile::default()
         };
-        Some(match name {
-            "loopback" => Self::default(),
-            "ethernet" => Self { up: side(100.0, 1.0, 0.1, 0.0, 512), down: side(100.0, 1.0, 0.1, 0.0, 512) },
-            "wifi" => Self { up: side(20.0, 5.0, 2.0, 0.001, 256), down: side(50.0, 5.0, 2.0, 0.001, 256) },
-            "lte" => Self { up: side(5.0, 25.0, 8.0, 0.002, 256), down: side(20.0, 25.0, 8.0, 0.002, 512) },
-            "3g" => Self { up: side(0.5, 75.0, 20.0, 0.01, 64), down: side(2.0, 75.0, 20.0, 0.01, 128) },
-            "satellite" => Self { up: side(3.0, 300.0, 10.0, 0.005, 512), down: side(25.0, 300.0, 10.0, 0.005, 1024) },
-            "iot" => Self { up: side(0.25, 100.0, 30.0, 0.02, 32), down: side(0.25, 100.0, 30.0, 0.02, 32) },
-            _ => return None,
-        })
+        type D = DuplexProfile;
+        match self {
+            Self::Loopback => D::default(),
+            Self::Ethernet => D { up: side(100.0, 1.0, 0.1, 0.0, 512), down: side(100.0, 1.0, 0.1, 0.0, 512) },
+            Self::Wifi => D { up: side(20.0, 5.0, 2.0, 0.001, 256), down: side(50.0, 5.0, 2.0, 0.001, 256) },
+            Self::Lte => D { up: side(5.0, 25.0, 8.0, 0.002, 256), down: side(20.0, 25.0, 8.0, 0.002, 512) },
+            Self::ThreeG => D { up: side(0.5, 75.0, 20.0, 0.01, 64), down: side(2.0, 75.0, 20.0, 0.01, 128) },
+            Self::Satellite => D { up: side(3.0, 300.0, 10.0, 0.005, 512), down: side(25.0, 300.0, 10.0, 0.005, 1024) },
+            Self::Iot => D { up: side(0.25, 100.0, 30.0, 0.02, 32), down: side(0.25, 100.0, 30.0, 0.02, 32) },
+        }
     }
+}
 
-    /// Names accepted by [`DuplexProfile::preset`].
-    pub const PRESETS: &'static [&'static str] = &["loopback", "ethernet", "wifi", "lte", "3g", "satellite", "iot"];
+impl std::fmt::Display for LinkPreset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Why a datagram did not get through.
@@ -378,10 +419,14 @@ mod tests {
 
     #[test]
     fn presets_exist_and_parse_from_toml() {
-        for name in DuplexProfile::PRESETS {
-            assert!(DuplexProfile::preset(name).is_some(), "{name}");
+        for preset in LinkPreset::ALL {
+            assert_eq!(LinkPreset::named(preset.name()), Some(preset));
+            let text = format!("link = \"{preset}\"");
+            let read: std::collections::BTreeMap<String, LinkPreset> = toml::from_str(&text).unwrap();
+            assert_eq!(read["link"], preset, "{text}");
         }
-        assert!(DuplexProfile::preset("carrier-pigeon").is_none());
+        assert!(LinkPreset::named("carrier-pigeon").is_none());
+        assert!(LinkPreset::ThreeG.profile().up.bandwidth_bps < LinkPreset::Lte.profile().up.bandwidth_bps);
         let p: DuplexProfile =
             toml::from_str("[up]\nbandwidth_bps = 1e6\nlatency_ms = 20\n[down]\nloss = 0.1\n").unwrap();
         assert_eq!(p.up.bandwidth_bps, 1e6);

@@ -4,5 +4,5 @@
 pub mod link;
 pub mod socket;
 
-pub use link::{BurstLoss, DuplexProfile, Link, LinkProfile, LinkStats, Outage};
+pub use link::{BurstLoss, DuplexProfile, Link, LinkPreset, LinkProfile, LinkStats, Outage};
 pub use socket::{DuplexStats, LinkHandle, ShapedSocket};
