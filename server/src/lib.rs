@@ -13,8 +13,6 @@
 //! - `sikf` (feature `sikf`): FedTA's distillation on burn, for the standalone server.
 
 pub mod aggregate;
-// Transitional while the transport is being split: the CA lives in anchorage-pki.
-pub(crate) use anchorage_pki as ca;
 pub mod check_config;
 pub mod config;
 pub mod engine;

@@ -18,7 +18,7 @@ pub const CRL_HINT: &str = "Copy the project CA's revoked.crl there (`anchorage 
 /// ALPN protocol id of Anchorage v1.
 pub const ALPN: &[u8] = b"anchorage/1";
 
-pub use anchorage_pki::Identity;
+use anchorage_pki::Identity;
 
 /// How the server decides who a peer is.
 #[derive(Debug, Clone)]

@@ -10,45 +10,56 @@
 //! for FedAvg. A version is a "round" everywhere else (broadcasts, reports, checkpoints).
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anchorage_shared::protocol::{Ack, Broadcast, Message, RefusalReason, Update};
+use anchorage_shared::protocol::{Broadcast, Message, RefusalReason, Update};
 use anchorage_shared::tensor::{ParamBlock, TensorError, payload_bytes};
 use serde::{Deserialize, Serialize};
 
-use super::{AcceptedUpdate, Action, ClientId, Engine, Persist, RoundOutcome, RoundReport, UpdateReport, same_layout};
+use super::common::{Core, same_layout};
+use super::rounds::OpenRound;
+use super::{
+    AcceptedUpdate, Action, ClientId, ModeState, OpenedRound, Persist, RoundOutcome, RoundReport, UpdateReport,
+};
+use crate::aggregate::{InfluenceReport, Screened};
 
 /// How the engine turns updates into new global models.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum AggregationMode {
     /// Rounds: sample, wait for the target or the deadline, aggregate (Flower, FedScale).
+    #[default]
     Synchronous,
     /// FedBuff: `concurrency` clients always training, a new version every `buffer` updates.
     Buffered { buffer: usize, concurrency: usize, max_staleness: u64 },
 }
 
-impl Default for AggregationMode {
-    fn default() -> Self {
-        Self::Synchronous
-    }
-}
-
 /// A client training for the buffered engine.
 #[derive(Debug, Clone)]
-pub(super) struct InFlight {
+struct InFlight {
     /// The version it trains on.
     version: u64,
     since: Duration,
 }
 
-/// State of the buffered mode.
-#[derive(Debug, Default)]
-pub(super) struct Buffered {
+/// An accepted update waiting in the buffer: client, update (as it trained it), staleness,
+/// arrival.
+type Buffered = (ClientId, Update, u64, Duration);
+
+/// State of the buffered mode: its parameters, the clients training, the buffer, and the recent
+/// versions stale updates are rebased from.
+#[derive(Debug)]
+pub(super) struct BufferedState {
+    /// Updates that make a new version (at least 1).
+    buffer_size: usize,
+    /// Clients kept training (at least 1).
+    concurrency: usize,
+    max_staleness: u64,
     in_flight: BTreeMap<ClientId, InFlight>,
-    /// Accepted updates: client, update rebased onto the version it trained on, staleness, arrival.
-    buffer: Vec<(ClientId, Update, u64, Duration)>,
+    /// Accepted updates no version has aggregated yet.
+    buffer: Vec<Buffered>,
     /// Recent global versions, for the deltas of stale updates.
     history: BTreeMap<u64, Arc<Vec<ParamBlock>>>,
     /// When the version now current was made.
@@ -76,195 +87,258 @@ fn rebase(current: &[ParamBlock], base: &[ParamBlock], update: &[ParamBlock]) ->
     Ok(out)
 }
 
-impl Engine {
-    fn buffered_params(&self) -> Option<(usize, usize, u64)> {
-        match self.config.mode {
-            AggregationMode::Buffered { buffer, concurrency, max_staleness } => {
-                Some((buffer.max(1), concurrency.max(1), max_staleness))
-            }
-            AggregationMode::Synchronous => None,
-        }
-    }
-
-    pub(super) fn is_buffered(&self) -> bool {
-        self.buffered_params().is_some()
+impl ModeState for BufferedState {
+    /// Buffered mode opens no rounds.
+    fn open(&self) -> Option<&OpenRound> {
+        None
     }
 
     /// Earliest time a training client is given up on.
-    pub(super) fn buffered_timeout(&self) -> Option<Duration> {
-        self.buffered.in_flight.values().map(|f| f.since + self.config.round_deadline).min()
+    fn timeout(&self, core: &Core) -> Option<Duration> {
+        self.in_flight.values().map(|f| f.since + core.config.round_deadline).min()
     }
 
     /// Drops clients that trained past the deadline (their slot goes to another), then dispatches.
-    pub(super) fn buffered_timeout_fired(&mut self, now: Duration) {
-        let deadline = self.config.round_deadline;
+    fn on_timeout(&mut self, core: &mut Core, now: Duration) {
+        let deadline = core.config.round_deadline;
         let expired: Vec<ClientId> =
-            self.buffered.in_flight.iter().filter(|(_, f)| now >= f.since + deadline).map(|(c, _)| c.clone()).collect();
+            self.in_flight.iter().filter(|(_, f)| now >= f.since + deadline).map(|(c, _)| c.clone()).collect();
         for client in expired {
-            self.buffered.in_flight.remove(&client);
-            self.stats.dropped += 1;
+            self.in_flight.remove(&client);
+            core.stats.dropped += 1;
             tracing::info!(%client, "buffered: client gave no update within the deadline; its slot is reused");
         }
-        self.dispatch(now);
+        self.dispatch(core, now);
+    }
+
+    /// Starts training once the first version may go out (enough clients connected, no
+    /// rollback witnessed); after that, whenever a client is idle.
+    fn start(&mut self, core: &mut Core, now: Duration) {
+        if core.finished || core.rollback_suspected().is_some() {
+            return;
+        }
+        if core.last_round > 0 || core.connected() >= core.config.min_available.max(1) {
+            self.dispatch(core, now);
+        }
+    }
+
+    /// An update in buffered mode: `update.round − 1` is the version it trained on.
+    fn on_update(&mut self, core: &mut Core, now: Duration, client: &str, mut update: Update) {
+        // After the last version, updates still in flight are acknowledged and not aggregated:
+        // a buffer filling up now would make one version more than the federation asked for.
+        if core.finished {
+            self.update_after_last_version(core, client, &update);
+            return;
+        }
+        // Version v's training comes back as round v + 1: round 0 names no version (a device that
+        // sent it would otherwise pass as version 0's and break the rebase below).
+        if update.round == 0 {
+            core.refuse(client, RefusalReason::Malformed, "round 0 is no training's round (rounds start at 1)".into());
+            return;
+        }
+        let trained_on = update.round - 1;
+        if self.in_flight.get(client).is_none_or(|f| f.version != trained_on) {
+            self.update_not_dispatched(core, client, &update, trained_on);
+            return;
+        }
+        if let Err((reason, detail)) = self.check_update(core, &update, trained_on) {
+            self.in_flight.remove(client);
+            core.refuse(client, reason, detail);
+            self.dispatch(core, now);
+            return;
+        }
+        core.config.robust.cap_samples(client, &mut update);
+        self.in_flight.remove(client);
+        let staleness = core.last_round - trained_on;
+        if staleness > self.max_staleness || update.num_samples == 0 {
+            core.stats.late_updates += 1;
+            tracing::info!(client, staleness, "buffered: stale update counted, not aggregated");
+            core.ack(client, update.round, false);
+            self.dispatch(core, now);
+            return;
+        }
+        self.accept(core, now, client, update, staleness);
+        self.dispatch(core, now);
+    }
+
+    /// After a restart: the accepted updates no version aggregated yet go back into the buffer.
+    /// Their base versions are gone from memory, so they are aggregated as they are (no rebase),
+    /// which is exact for staleness 0 and an approximation for older ones.
+    fn restore(
+        &mut self,
+        core: &mut Core,
+        _open: Option<OpenedRound>,
+        pending: Vec<AcceptedUpdate>,
+        _last_accepted: Vec<ClientId>,
+    ) {
+        if !pending.is_empty() {
+            tracing::info!(updates = pending.len(), version = core.last_round, "buffered: restoring accepted updates");
+        }
+        for p in pending {
+            self.buffer.push((p.client, p.update, p.staleness, p.arrived_after));
+        }
+    }
+}
+
+impl BufferedState {
+    /// The buffered mode's state, before any client trained.
+    pub(super) fn new(buffer: usize, concurrency: usize, max_staleness: u64) -> Self {
+        Self {
+            buffer_size: buffer.max(1),
+            concurrency: concurrency.max(1),
+            max_staleness,
+            in_flight: BTreeMap::new(),
+            buffer: Vec::new(),
+            history: BTreeMap::new(),
+            version_started: Duration::ZERO,
+        }
     }
 
     /// Keeps `concurrency` clients training on the current version.
-    pub(super) fn dispatch(&mut self, now: Duration) {
-        let Some((_, concurrency, _)) = self.buffered_params() else { return };
-        if self.finished {
+    fn dispatch(&mut self, core: &mut Core, now: Duration) {
+        if core.finished {
             return;
         }
-        let version = self.last_round;
-        if !self.buffered.history.contains_key(&version) {
-            self.buffered.history.insert(version, Arc::new(self.global.clone()));
-            self.buffered.version_started = now;
+        let version = core.last_round;
+        if let Entry::Vacant(entry) = self.history.entry(version) {
+            entry.insert(Arc::new(core.global.clone()));
+            self.version_started = now;
         }
-        let idle: Vec<ClientId> = self
+        let idle: Vec<ClientId> = core
             .clients
             .iter()
             .filter(|(id, c)| {
-                c.connected && !self.buffered.in_flight.contains_key(*id) && c.last_version.is_none_or(|v| v < version)
+                c.connected && !self.in_flight.contains_key(*id) && c.last_version.is_none_or(|v| v < version)
             })
             .map(|(id, _)| id.clone())
             .collect();
-        let free = concurrency.saturating_sub(self.buffered.in_flight.len()).min(idle.len());
+        let free = self.concurrency.saturating_sub(self.in_flight.len()).min(idle.len());
         if free == 0 {
             return;
         }
         let picked: Vec<ClientId> =
-            self.rng.sample_indices(idle.len(), free).into_iter().map(|i| idle[i].clone()).collect();
-        let mut config = self.config.round.clone();
-        config.deadline_ms = self.config.round_deadline.as_millis() as u64;
+            core.rng.sample_indices(idle.len(), free).into_iter().map(|i| idle[i].clone()).collect();
+        let mut config = core.config.round.clone();
+        config.deadline_ms = core.config.round_deadline.as_millis() as u64;
         let broadcast = Arc::new(Message::Broadcast(Broadcast {
             round: version + 1,
-            task: self.config.task_of(version + 1),
+            task: core.config.task_of(version + 1),
             config,
-            blocks: self.global.clone(),
-            prototypes: self.method.prototypes(),
+            blocks: core.global.clone(),
+            prototypes: core.method.prototypes(),
         }));
-        self.note_invited(version + 1, picked.iter().cloned());
+        core.note_invited(version + 1, picked.iter().cloned());
         for client in &picked {
-            self.buffered.in_flight.insert(client.clone(), InFlight { version, since: now });
-            if let Some(c) = self.clients.get_mut(client) {
+            self.in_flight.insert(client.clone(), InFlight { version, since: now });
+            if let Some(c) = core.clients.get_mut(client) {
                 c.last_version = Some(version);
             }
         }
         tracing::debug!(
             version,
             dispatched = picked.len(),
-            in_flight = self.buffered.in_flight.len(),
+            in_flight = self.in_flight.len(),
             "buffered: clients dispatched"
         );
-        self.actions.push_back(Action::Broadcast { to: picked, msg: broadcast });
+        core.actions.push_back(Action::Broadcast { to: picked, msg: broadcast });
     }
 
-    /// An update in buffered mode: `update.round − 1` is the version it trained on.
-    pub(super) fn buffered_update(&mut self, now: Duration, client: &str, mut update: Update) {
-        let Some((buffer, _, max_staleness)) = self.buffered_params() else { return };
-        // After the last version, updates still in flight are acknowledged and not aggregated:
-        // a buffer filling up now would make one version more than the federation asked for.
-        if self.finished {
-            self.buffered.in_flight.remove(client);
-            if let Err(reason) = self.config.robust.screen_values(&update) {
-                self.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
-                return;
-            }
-            tracing::info!(client, round = update.round, "buffered: update after the last version, not aggregated");
-            self.actions.push_back(Action::Send {
-                to: client.into(),
-                msg: Message::Ack(Ack { round: update.round, aggregated: false }),
-            });
+    /// An update after the last version: acknowledged (if its values pass the screen), not
+    /// aggregated.
+    fn update_after_last_version(&mut self, core: &mut Core, client: &str, update: &Update) {
+        self.in_flight.remove(client);
+        if let Err(reason) = core.config.robust.screen_values(update) {
+            core.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
             return;
         }
-        let trained_on = update.round.saturating_sub(1);
-        match self.buffered.in_flight.get(client) {
-            Some(f) if f.version == trained_on => {}
-            _ => {
-                if update.round <= self.last_round + 1
-                    && self.buffered.buffer.iter().any(|(c, u, _, _)| c == client && u.round == update.round)
-                {
-                    self.stats.duplicate_updates += 1;
-                    self.actions.push_back(Action::Send {
-                        to: client.into(),
-                        msg: Message::Ack(Ack { round: update.round, aggregated: true }),
-                    });
-                } else {
-                    self.refuse(
-                        client,
-                        RefusalReason::NotSampled,
-                        format!("no training of version {trained_on} was dispatched to this client"),
-                    );
-                }
-                return;
-            }
+        tracing::info!(client, round = update.round, "buffered: update after the last version, not aggregated");
+        core.ack(client, update.round, false);
+    }
+
+    /// An update from a client not training on the version it names: a copy of one in the
+    /// buffer is a duplicate (acked again), anything else is refused.
+    fn update_not_dispatched(&mut self, core: &mut Core, client: &str, update: &Update, trained_on: u64) {
+        if update.round <= core.last_round + 1
+            && self.buffer.iter().any(|(c, u, _, _)| c == client && u.round == update.round)
+        {
+            core.stats.duplicate_updates += 1;
+            core.ack(client, update.round, true);
+        } else {
+            core.refuse(
+                client,
+                RefusalReason::NotSampled,
+                format!("no training of version {trained_on} was dispatched to this client"),
+            );
         }
-        if let Err(detail) = same_layout(&self.global, &update.blocks) {
-            self.buffered.in_flight.remove(client);
-            self.refuse(client, RefusalReason::ShapeMismatch, detail);
-            self.dispatch(now);
-            return;
-        }
-        // Screening (`[engine.robust]`): finite values and a bounded delta from the version the
-        // client trained on, before the ack.
-        let base = self.buffered.history.get(&trained_on).cloned();
-        let reference = base.as_deref().map_or(self.global.as_slice(), Vec::as_slice);
-        let robust = &self.config.robust;
-        let screened = robust
-            .screen_update(&update, reference)
-            .and_then(|norm| robust.screen_change(&update, reference, norm, self.last_median_norm));
-        if let Err(reason) = screened {
-            self.buffered.in_flight.remove(client);
-            self.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
-            self.dispatch(now);
-            return;
-        }
-        self.config.robust.cap_samples(client, &mut update);
-        self.buffered.in_flight.remove(client);
-        let staleness = self.last_round - trained_on;
-        if staleness > max_staleness || update.num_samples == 0 {
-            self.stats.late_updates += 1;
-            tracing::info!(client, staleness, "buffered: stale update counted, not aggregated");
-            self.actions.push_back(Action::Send {
-                to: client.into(),
-                msg: Message::Ack(Ack { round: update.round, aggregated: false }),
-            });
-            self.dispatch(now);
-            return;
-        }
-        let arrived_after = now.saturating_sub(self.buffered.version_started);
+    }
+
+    /// The model's layout, then the screens of `[engine.robust]`: finite values and a bounded
+    /// delta from the version the client trained on, before the ack.
+    fn check_update(&self, core: &Core, update: &Update, trained_on: u64) -> Result<(), (RefusalReason, String)> {
+        same_layout(&core.global, &update.blocks).map_err(|detail| (RefusalReason::ShapeMismatch, detail))?;
+        let base = self.history.get(&trained_on).cloned();
+        let reference = base.as_deref().map_or(core.global.as_slice(), Vec::as_slice);
+        core.screen(update, reference)
+            .map_err(|reason| (RefusalReason::BadTensor, format!("update screened out: {reason}")))
+    }
+
+    /// Puts an accepted update into the buffer (persisted before its ack); a full buffer makes
+    /// a new version.
+    fn accept(&mut self, core: &mut Core, now: Duration, client: &str, update: Update, staleness: u64) {
+        let arrived_after = now.saturating_sub(self.version_started);
         let round = update.round;
         let accepted = Arc::new(AcceptedUpdate { client: client.into(), update, staleness, arrived_after });
-        self.buffered.buffer.push((client.into(), accepted.update.clone(), staleness, now));
+        self.buffer.push((client.into(), accepted.update.clone(), staleness, now));
         // Ack after commit.
-        self.actions.push_back(Action::Persist(Persist::Accepted(accepted)));
-        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(Ack { round, aggregated: true }) });
-        if self.buffered.buffer.len() >= buffer {
-            self.buffered_aggregate(now);
-        }
-        self.dispatch(now);
-    }
-
-    /// After a restart: the accepted updates no version aggregated yet go back into the buffer.
-    /// Their base versions are gone from memory, so they are aggregated as they are (no rebase),
-    /// which is exact for staleness 0 and an approximation for older ones.
-    pub(super) fn buffered_restore(&mut self, pending: Vec<AcceptedUpdate>) {
-        if !pending.is_empty() {
-            tracing::info!(updates = pending.len(), version = self.last_round, "buffered: restoring accepted updates");
-        }
-        for p in pending {
-            self.buffered.buffer.push((p.client, p.update, p.staleness, p.arrived_after));
+        core.actions.push_back(Action::Persist(Persist::Accepted(accepted)));
+        core.ack(client, round, true);
+        if self.buffer.len() >= self.buffer_size {
+            self.aggregate(core, now);
         }
     }
 
     /// Makes a new version from the buffer.
-    fn buffered_aggregate(&mut self, now: Duration) {
-        let entries = std::mem::take(&mut self.buffered.buffer);
+    fn aggregate(&mut self, core: &mut Core, now: Duration) {
+        let entries = std::mem::take(&mut self.buffer);
+        let (outcome, screened, influence) = self.aggregate_entries(core, &entries);
+        let started = self.version_started;
+        let report = RoundReport {
+            round: core.last_round + 1,
+            outcome,
+            sampled: entries.len(),
+            target: entries.len(),
+            updates: update_reports(&entries, &screened, started),
+            missing: Vec::new(),
+            duplicates: 0,
+            refused: screened.len() as u64,
+            late_total: core.stats.late_updates,
+            payload_down: payload_bytes(&core.global) as u64,
+            started,
+            closed: now,
+            influence,
+            held_out_accuracy: None,
+        };
+        core.close_version(report);
+        // Keep only the versions a non-stale update can still have trained on.
+        let oldest = core.last_round.saturating_sub(self.max_staleness);
+        self.history.retain(|v, _| *v >= oldest);
+        self.history.insert(core.last_round, Arc::new(core.global.clone()));
+        self.version_started = now;
+    }
+
+    /// Rebases each buffered update onto the current model, weighs it by its staleness, and
+    /// runs the shared aggregation on them.
+    fn aggregate_entries(
+        &self,
+        core: &mut Core,
+        entries: &[Buffered],
+    ) -> (RoundOutcome, Vec<Screened>, InfluenceReport) {
         let mut rebased = Vec::with_capacity(entries.len());
         let mut failure = None;
-        for (client, u, staleness, _) in &entries {
-            let base = self.buffered.history.get(&(u.round - 1)).cloned();
+        for (client, u, staleness, _) in entries {
+            let base = self.history.get(&u.round.saturating_sub(1)).cloned();
             let blocks = match base {
-                Some(base) => rebase(&self.global, &base, &u.blocks),
+                Some(base) => rebase(&core.global, &base, &u.blocks),
                 None => Ok(u.blocks.clone()),
             };
             match blocks {
@@ -275,55 +349,35 @@ impl Engine {
                 Err(e) => failure = Some(format!("rebasing {client}'s update: {e}")),
             }
         }
-        let (outcome, screened, influence) = match failure {
+        match failure {
             Some(reason) => (RoundOutcome::Failed { reason }, Vec::new(), Default::default()),
             None => {
                 let inputs: Vec<(&str, &Update)> = rebased.iter().map(|(c, u)| (c.as_str(), u)).collect();
-                self.aggregate(&inputs)
+                core.aggregate(&inputs)
             }
-        };
-        let started = self.buffered.version_started;
-        let updates = entries
-            .iter()
-            .filter(|(client, ..)| !screened.iter().any(|s| &s.client == client))
-            .map(|(client, u, staleness, at)| {
-                let mut metrics: Vec<(String, f64)> = u.metrics.iter().map(|m| (m.name.clone(), m.value)).collect();
-                metrics.push(("staleness".into(), *staleness as f64));
-                UpdateReport {
-                    client: client.clone(),
-                    num_samples: u.num_samples,
-                    payload_up: payload_bytes(&u.blocks) as u64,
-                    prototypes: u.prototypes.len(),
-                    compute_seconds: u.compute_seconds,
-                    arrived_after: at.saturating_sub(started),
-                    metrics,
-                }
-            })
-            .collect();
-        let report = RoundReport {
-            round: self.last_round + 1,
-            outcome,
-            sampled: entries.len(),
-            target: entries.len(),
-            updates,
-            missing: Vec::new(),
-            duplicates: 0,
-            refused: screened.len() as u64,
-            late_total: self.stats.late_updates,
-            payload_down: payload_bytes(&self.global) as u64,
-            started,
-            closed: now,
-            influence,
-            held_out_accuracy: None,
-        };
-        self.close_version(report);
-        // Keep only the versions a non-stale update can still have trained on.
-        let (_, _, max_staleness) = self.buffered_params().unwrap_or((1, 1, 0));
-        let oldest = self.last_round.saturating_sub(max_staleness);
-        self.buffered.history.retain(|v, _| *v >= oldest);
-        self.buffered.history.insert(self.last_round, Arc::new(self.global.clone()));
-        self.buffered.version_started = now;
+        }
     }
+}
+
+/// The report's line for each buffered update the version aggregated, with its staleness.
+fn update_reports(entries: &[Buffered], screened: &[Screened], started: Duration) -> Vec<UpdateReport> {
+    entries
+        .iter()
+        .filter(|(client, ..)| !screened.iter().any(|s| &s.client == client))
+        .map(|(client, u, staleness, at)| {
+            let mut metrics: Vec<(String, f64)> = u.metrics.iter().map(|m| (m.name.clone(), m.value)).collect();
+            metrics.push(("staleness".into(), *staleness as f64));
+            UpdateReport {
+                client: client.clone(),
+                num_samples: u.num_samples,
+                payload_up: payload_bytes(&u.blocks) as u64,
+                prototypes: u.prototypes.len(),
+                compute_seconds: u.compute_seconds,
+                arrived_after: at.saturating_sub(started),
+                metrics,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -74,12 +74,12 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// The 0-based task of `round` (1-based).
     pub fn task_of(&self, round: u64) -> u32 {
-        if self.rounds_per_task == 0 { 0 } else { (round.saturating_sub(1) / self.rounds_per_task) as u32 }
+        round.saturating_sub(1).checked_div(self.rounds_per_task).unwrap_or(0) as u32
     }
 
     /// Where `round` sits in the task stream.
     pub fn round_info(&self, round: u64) -> crate::methods::RoundInfo {
-        let last_of_task = (self.rounds_per_task > 0 && round % self.rounds_per_task == 0)
+        let last_of_task = (self.rounds_per_task > 0 && round.is_multiple_of(self.rounds_per_task))
             || (self.rounds > 0 && round >= self.rounds);
         crate::methods::RoundInfo { round, task: self.task_of(round), last_of_task, rule: self.robust.aggregation }
     }

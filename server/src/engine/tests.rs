@@ -1,5 +1,6 @@
 //! Engine tests on a fake clock: the engine owns no clock, so each test passes `now` itself.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
@@ -210,7 +211,7 @@ fn a_late_update_is_acknowledged_and_counted_not_aggregated() {
 fn updates_that_do_not_belong_are_refused() {
     let mut e = engine(EngineConfig { min_fit: 1, fraction: 0.0, ..config(2, 1) });
     join(&mut e, secs(0), &["a", "b"]);
-    let sampled = e.open.as_ref().unwrap().sampled.iter().next().unwrap().clone();
+    let sampled = e.open().unwrap().sampled.iter().next().unwrap().clone();
     let other = if sampled == "a" { "b" } else { "a" };
     e.handle_message(secs(1), other, update(1, &[1.0, 1.0], 1));
     assert_eq!(refusals(&drain(&mut e), other), vec![RefusalReason::NotSampled]);
@@ -248,7 +249,7 @@ fn over_selection_invites_more_and_closes_at_the_target() {
     let actions = join(&mut e, secs(0), &["a", "b", "c", "d"]);
     let invited = broadcast_targets(&actions).remove(0);
     assert_eq!(invited.len(), 3, "target 2, plus 50%");
-    assert_eq!(e.open.as_ref().unwrap().target, 2);
+    assert_eq!(e.open().unwrap().target, 2);
     e.handle_message(secs(1), &invited[0], update(1, &[1.0, 1.0], 1));
     e.handle_message(secs(2), &invited[1], update(1, &[3.0, 3.0], 1));
     let r = reports(&drain(&mut e));
@@ -425,6 +426,25 @@ fn buffered_mode_keeps_clients_busy_and_aggregates_every_k_updates() {
     let a3 = drain(&mut e);
     assert_eq!(acks(&a3, &z), vec![(1, true)]);
     assert_eq!(e.last_round(), 1);
+}
+
+/// A device dispatched to train on version 0 that answers with round 0 (no training's round)
+/// is refused, not taken for version 0's update (whose rebase would read version −1).
+#[test]
+fn buffered_mode_refuses_an_update_for_round_zero() {
+    let mut e = engine(buffered(2, 3, 5));
+    let actions = join(&mut e, secs(0), &["a", "b", "c"]);
+    let first = dispatched(&actions);
+    let (x, y) = (first[0].0.clone(), first[1].0.clone());
+    e.handle_message(secs(1), &x, update(0, &[2.0, 2.0], 1));
+    let a1 = drain(&mut e);
+    assert_eq!(refusals(&a1, &x), vec![RefusalReason::Malformed]);
+    assert!(acks(&a1, &x).is_empty());
+    // x's real update still counts, and the buffer fills as usual.
+    e.handle_message(secs(2), &x, update(1, &[2.0, 2.0], 1));
+    e.handle_message(secs(2), &y, update(1, &[4.0, 4.0], 1));
+    let r = reports(&drain(&mut e));
+    assert_eq!((r.len(), r[0].round), (1, 1), "version 1 from the two round-1 updates");
 }
 
 #[test]

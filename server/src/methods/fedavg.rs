@@ -2,6 +2,7 @@
 //! w_{t+1} = Σ_k n_k/n · w_{t+1}^k. FedProx and FedRep aggregate the same way (their difference
 //! is on the client: a proximal term, a personal head that never travels).
 
+use anchorage_shared::method::{FedAvgConfig, LocalConfig, MethodParams};
 use anchorage_shared::protocol::Update;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 
@@ -18,7 +19,7 @@ pub struct FedAvg {
 
 impl Default for FedAvg {
     fn default() -> Self {
-        Self::named("fedavg")
+        Self::named(FedAvgConfig::NAME)
     }
 }
 
@@ -124,7 +125,7 @@ pub struct LocalOnly;
 
 impl ServerMethod for LocalOnly {
     fn name(&self) -> &'static str {
-        "local"
+        LocalConfig::NAME
     }
 
     fn aggregate(

@@ -6,7 +6,7 @@
 //! with β the server momentum and η the server learning rate (β = 0, η = 1 is FedAvg). The
 //! velocity is the method's durable state: it is saved with every checkpoint.
 
-use anchorage_shared::method::FedAvgMConfig;
+use anchorage_shared::method::{FedAvgMConfig, MethodParams};
 use anchorage_shared::protocol::Update;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use serde::{Deserialize, Serialize};
@@ -34,7 +34,7 @@ impl FedAvgM {
 
 impl ServerMethod for FedAvgM {
     fn name(&self) -> &'static str {
-        "fedavgm"
+        FedAvgMConfig::NAME
     }
 
     fn aggregate(

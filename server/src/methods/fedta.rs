@@ -19,8 +19,8 @@
 use std::collections::BTreeSet;
 
 use anchorage_shared::math::cosine;
-use anchorage_shared::method::FedTaConfig;
 use anchorage_shared::method::fedta_blocks::{IE_PREFIX, TAIL_KEYS, TAIL_TRAINED, TAIL_VALUES};
+use anchorage_shared::method::{FedTaConfig, MethodParams};
 use anchorage_shared::protocol::Update;
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::prototype_rules::{ClassMean, Selection, best_global_prototypes, fuse};
@@ -310,7 +310,7 @@ fn average_tail(
 
 impl ServerMethod for FedTaServer {
     fn name(&self) -> &'static str {
-        "fedta"
+        FedTaConfig::NAME
     }
 
     fn aggregate(

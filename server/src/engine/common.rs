@@ -1,0 +1,366 @@
+//! What both modes of the engine share ([`Core`]): the configuration, the method, the clients,
+//! the global model and its counters, the invitations cost records are checked against, the
+//! devices' rollback witness, and the queue of actions. Also the steps both modes take: refusing,
+//! judging cost records, aggregating a set of updates and closing a version.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::protocol::{Goodbye, Hello, Message, Refusal, RefusalReason, Update};
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::ParamBlock;
+
+use super::{
+    Action, Checkpoint, ClientId, EngineConfig, EngineStats, INVITATIONS_KEPT, Persist, ROLLBACK_QUORUM, RoundOutcome,
+    RoundReport,
+};
+use crate::aggregate::{InfluenceReport, RoundScreen, ScreenReason, Screened};
+use crate::methods::ServerMethod;
+
+#[derive(Debug, Clone)]
+pub(super) struct ClientInfo {
+    pub(super) connected: bool,
+    /// Buffered mode: the last version this client was dispatched to train on.
+    pub(super) last_version: Option<u64>,
+}
+
+/// The engine's state that does not depend on its mode. See the module docs.
+pub(super) struct Core {
+    pub(super) config: EngineConfig,
+    pub(super) method: Box<dyn ServerMethod>,
+    pub(super) rng: Rng,
+    pub(super) clients: BTreeMap<ClientId, ClientInfo>,
+    pub(super) global: Vec<ParamBlock>,
+    pub(super) last_round: u64,
+    /// Who was invited to each of the last [`INVITATIONS_KEPT`] rounds, and whether their cost
+    /// record for it arrived.
+    pub(super) invited: BTreeMap<u64, BTreeMap<ClientId, bool>>,
+    pub(super) stats: EngineStats,
+    /// The last aggregated round's lower median delta norm: the reference of `min_norm_ratio`
+    /// (none after a restart until a round aggregates).
+    pub(super) last_median_norm: Option<f64>,
+    /// Devices whose hello named a round beyond any this engine announced, with that round: the
+    /// devices' witness of a rolled-back store (module `crate::store::witness`).
+    pub(super) ahead: BTreeMap<ClientId, u64>,
+    pub(super) finished: bool,
+    pub(super) actions: VecDeque<Action>,
+}
+
+impl Core {
+    /// The shared state of an engine that continues from `checkpoint`; round numbers continue
+    /// above `round_floor` (an accepted rollback).
+    pub(super) fn resume(
+        config: EngineConfig,
+        method: Box<dyn ServerMethod>,
+        checkpoint: Checkpoint,
+        round_floor: u64,
+    ) -> Self {
+        let rng = Rng::derive(config.seed, checkpoint.round);
+        Self {
+            finished: config.rounds > 0 && checkpoint.round >= config.rounds,
+            config,
+            method,
+            rng,
+            clients: BTreeMap::new(),
+            global: checkpoint.global,
+            // After an accepted rollback, numbering continues above every round ever announced.
+            last_round: checkpoint.round.max(round_floor),
+            invited: BTreeMap::new(),
+            stats: checkpoint.stats,
+            last_median_norm: None,
+            ahead: BTreeMap::new(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The invitations of the last rounds, so that a device's resent cost record is judged
+    /// (and confirmed) as it would have been before the restart.
+    pub(super) fn restore_invitations(&mut self, invitations: Vec<(u64, Vec<ClientId>, Vec<ClientId>)>) {
+        for (round, invited, costed) in invitations {
+            self.note_invited(round, invited);
+            if let Some(flags) = self.invited.get_mut(&round) {
+                for c in costed {
+                    if let Some(f) = flags.get_mut(&c) {
+                        *f = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Number of connected clients.
+    pub(super) fn connected(&self) -> usize {
+        self.clients.values().filter(|c| c.connected).count()
+    }
+
+    /// The connected clients, in id order.
+    pub(super) fn connected_ids(&self) -> Vec<ClientId> {
+        self.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id.clone()).collect()
+    }
+
+    /// The global state as of the last closed round: what a store keeps per version.
+    pub(super) fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            round: self.last_round,
+            method: self.method.name().into(),
+            global: self.global.clone(),
+            stats: self.stats.clone(),
+            method_state: self.method.save_state(),
+            prototypes: self.method.prototypes(),
+        }
+    }
+
+    /// Closes (and counts) a hello that names another client or runs another method; true when
+    /// the hello may go on.
+    pub(super) fn admit_hello(&mut self, client: &str, hello: &Hello) -> bool {
+        let refusal = if hello.client_id != client {
+            Refusal {
+                reason: RefusalReason::NotEnrolled,
+                detail: format!("hello names `{}` but the connection is `{client}`", hello.client_id),
+            }
+        } else if !hello.capabilities.methods.iter().any(|m| m.as_str() == self.method.name()) {
+            Refusal {
+                reason: RefusalReason::UnknownMethod,
+                detail: format!("this federation runs `{}`", self.method.name()),
+            }
+        } else {
+            return true;
+        };
+        self.stats.refused += 1;
+        self.actions.push_back(Action::Close { client: client.into(), refusal });
+        false
+    }
+
+    /// A client's measured cost of a round it took part in: into the ledger under its identity.
+    /// The record is checked against what the server saw: the client must have been invited to
+    /// that round, and each invitation takes one record (so one peer writes at most one row per
+    /// round it was invited to, whatever it sends); its byte counts must fit the frames the
+    /// federation allows. A record that fails is dropped and counted, not answered with a
+    /// refusal (a refusal would make the device set its unsent update aside); the log says so
+    /// for the 1st, 2nd, 4th, 8th, … dropped record, so a flood cannot flood the log either.
+    pub(super) fn on_cost(&mut self, client: &str, mut record: CostRecord) {
+        if !self.clients.contains_key(client) {
+            self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
+            return;
+        }
+        let invitation = self.invited.get_mut(&record.round).and_then(|c| c.get_mut(client));
+        let already_costed = invitation.as_ref().is_some_and(|costed| **costed);
+        let max_payload = u64::from(self.config.max_frame_bytes);
+        let max_wire = max_payload.saturating_mul(8).saturating_add(1 << 20);
+        let why = if invitation.is_none() {
+            Some(format!("round {} is not one this client was invited to lately", record.round))
+        } else if invitation.as_ref().is_some_and(|costed| **costed) {
+            Some(format!("round {} already has this client's cost record", record.round))
+        } else if record.payload_up.max(record.payload_down) > max_payload {
+            Some(format!("payload bytes above the {max_payload}-byte frame limit"))
+        } else if record.wire_up.max(record.wire_down) > max_wire {
+            Some(format!("wire bytes above {max_wire}"))
+        } else {
+            record.check_physical().err()
+        };
+        if let Some(why) = why {
+            self.stats.refused += 1;
+            self.stats.dropped_cost_records += 1;
+            let dropped = self.stats.dropped_cost_records;
+            if dropped.is_power_of_two() {
+                tracing::warn!(client, round = record.round, %why, dropped, "cost record dropped");
+            }
+            if already_costed {
+                // A resend of a record the ledger holds (the confirmation was lost): confirm again.
+                self.actions.push_back(cost_ack(client, record.round));
+            }
+            return;
+        }
+        if let Some(costed) = invitation {
+            *costed = true;
+        }
+        record.client = client.into();
+        let round = record.round;
+        // The shell appends the record to the ledger before it sends the confirmation.
+        self.actions.push_back(Action::Ledger(record));
+        self.actions.push_back(cost_ack(client, round));
+    }
+
+    /// Remembers who was invited to `round` (for checking cost records), for the last few rounds.
+    pub(super) fn note_invited(&mut self, round: u64, clients: impl IntoIterator<Item = ClientId>) {
+        self.invited.entry(round).or_default().extend(clients.into_iter().map(|c| (c, false)));
+        self.invited.retain(|r, _| r + INVITATIONS_KEPT > round);
+    }
+
+    /// A device's last round is a witness of what this server announced: one beyond the newest
+    /// round it knows (`last_round`, plus the open one) means the store lost rounds. One device
+    /// raises the alarm; [`ROLLBACK_QUORUM`] devices (or every known one, if fewer) stop new
+    /// rounds until the operator decides (`anchorage-server accept-rollback`), so that a single
+    /// hostile device cannot halt the federation with a made-up number. `round_open` says
+    /// whether a round is open now (then no new one would open anyway).
+    pub(super) fn compare_witness(&mut self, client: &str, last_round: Option<u64>, round_open: bool) {
+        let Some(seen) = last_round.filter(|r| *r > self.last_round + 1) else { return };
+        if self.ahead.insert(client.into(), seen).is_none() {
+            tracing::error!(
+                client,
+                device_round = seen,
+                server_round = self.last_round,
+                devices = self.ahead.len(),
+                "a device has trained a round this server never announced: the state folder may have been rolled back"
+            );
+        }
+        if self.rollback_suspected().is_some() && !round_open {
+            tracing::error!(
+                devices = self.ahead.len(),
+                highest = self.ahead.values().max().copied().unwrap_or(0),
+                "no new round opens: restore the newest backup, or resume from this store with \
+                 `anchorage-server accept-rollback --config server.toml --seen ROUND` (the highest round the devices report)"
+            );
+        }
+    }
+
+    /// Rollback evidence from the devices that stops new rounds: how many devices reported a
+    /// round beyond this server's, and the highest they reported.
+    pub(super) fn rollback_suspected(&self) -> Option<(usize, u64)> {
+        let quorum = ROLLBACK_QUORUM.min(self.clients.len().max(1));
+        (self.ahead.len() >= quorum).then(|| (self.ahead.len(), self.ahead.values().max().copied().unwrap_or(0)))
+    }
+
+    pub(super) fn refuse(&mut self, client: &str, reason: RefusalReason, detail: String) {
+        self.stats.refused += 1;
+        tracing::warn!(client, ?reason, %detail, "refused");
+        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Refusal(Refusal { reason, detail }) });
+    }
+
+    /// Acknowledges `round`'s update from `client`.
+    pub(super) fn ack(&mut self, client: &str, round: u64, aggregated: bool) {
+        let ack = anchorage_shared::protocol::Ack { round, aggregated };
+        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(ack) });
+    }
+
+    /// The screens of `[engine.robust]` that run before an update's ack, against `reference`
+    /// (the model the client trained on): finite values, a bounded delta and a change of an
+    /// honest shape.
+    pub(super) fn screen(&self, update: &Update, reference: &[ParamBlock]) -> Result<(), ScreenReason> {
+        let robust = &self.config.robust;
+        robust
+            .screen_update(update, reference)
+            .and_then(|norm| robust.screen_change(update, reference, norm, self.last_median_norm))
+    }
+
+    /// Prepares the round's updates (`[engine.robust]`: capped sample counts, then the influence
+    /// bounds, which drop nothing that was acked), then runs the method's aggregation with the
+    /// configured rule; on success the result becomes the global model. A result that is not
+    /// finite is refused and the model stays as it was. Returns the outcome, the updates screened
+    /// out (only one that decodes no more, which the ack-time screen makes impossible) and what
+    /// the bounds did.
+    pub(super) fn aggregate(&mut self, inputs: &[(&str, &Update)]) -> (RoundOutcome, Vec<Screened>, InfluenceReport) {
+        let round = self.last_round + 1;
+        let RoundScreen { kept, screened, mut influence } = self.config.robust.screen_round(inputs, &self.global);
+        if self.config.robust.min_norm_ratio.is_some() && self.last_median_norm.is_none() {
+            influence.skipped.push("min_norm_ratio: no earlier round's median norm to compare with yet".into());
+        }
+        if influence.median_norm.is_some() {
+            self.last_median_norm = influence.median_norm;
+        }
+        if !influence.weight_clipped.is_empty() || !influence.norm_clipped.is_empty() {
+            tracing::info!(
+                round,
+                weight_clipped = ?influence.weight_clipped,
+                norm_clipped = ?influence.norm_clipped,
+                norm_bound = ?influence.norm_bound,
+                "influence bounded"
+            );
+        }
+        self.count_screened(round, &screened);
+        if kept.is_empty() {
+            let reason = format!("all {} updates were screened out", inputs.len());
+            return (RoundOutcome::Failed { reason }, screened, influence);
+        }
+        let kept: Vec<(&str, &Update)> = kept.iter().map(|(c, u)| (*c, u.as_ref())).collect();
+        (self.run_method(round, &kept), screened, influence)
+    }
+
+    /// Counts and logs acked updates that the round's screen took out.
+    fn count_screened(&mut self, round: u64, screened: &[Screened]) {
+        if screened.is_empty() {
+            return;
+        }
+        self.stats.refused += screened.len() as u64;
+        let clients: Vec<&str> = screened.iter().map(|s| s.client.as_str()).collect();
+        let reasons: Vec<String> = screened.iter().map(|s| format!("{}: {}", s.client, s.reason)).collect();
+        tracing::error!(
+            round,
+            screened = screened.len(),
+            ?clients,
+            ?reasons,
+            "acked updates failed the round's screen"
+        );
+    }
+
+    /// The method's aggregation of the kept updates; a usable result becomes the global model.
+    fn run_method(&mut self, round: u64, kept: &[(&str, &Update)]) -> RoundOutcome {
+        let info = self.config.round_info(round);
+        match self.method.aggregate(&info, &self.global, kept) {
+            Ok(global) => match global.iter().find_map(|b| b.decode().err()) {
+                Some(e) => {
+                    tracing::error!(round, error = %e, "the aggregate is not a usable model; the global model stays");
+                    RoundOutcome::Failed { reason: format!("the aggregate is not a usable model: {e}") }
+                }
+                None => {
+                    self.global = global;
+                    RoundOutcome::Aggregated
+                }
+            },
+            Err(e) => RoundOutcome::Failed { reason: format!("aggregation failed: {e}") },
+        }
+    }
+
+    /// A new global version exists (a round closed, or a buffer aggregated): persist it before
+    /// anything is announced, report it, and finish after the last configured round.
+    pub(super) fn close_version(&mut self, report: RoundReport) {
+        if matches!(report.outcome, RoundOutcome::Failed { .. }) {
+            self.stats.failed_rounds += 1;
+        }
+        self.last_round = report.round;
+        self.rng = Rng::derive(self.config.seed, self.last_round);
+        let report = Arc::new(report);
+        // The owner logs the round's line (with its quality); this one is for debugging the engine.
+        tracing::debug!(round = report.round, aggregated = report.updates.len(), missing = report.missing.len(), outcome = ?report.outcome, "round closed");
+        let checkpoint = Arc::new(self.checkpoint());
+        self.actions
+            .push_back(Action::Persist(Persist::Closed { checkpoint: checkpoint.clone(), report: report.clone() }));
+        self.actions.push_back(Action::RoundClosed(report, checkpoint));
+        if self.config.rounds > 0 && self.last_round >= self.config.rounds {
+            self.finished = true;
+            for client in self.connected_ids() {
+                self.actions.push_back(Action::Send { to: client, msg: goodbye("federation finished") });
+            }
+            self.actions.push_back(Action::Finished);
+        }
+    }
+}
+
+fn cost_ack(client: &str, round: u64) -> Action {
+    Action::Send { to: client.into(), msg: Message::CostAck(anchorage_shared::protocol::CostAck { round }) }
+}
+
+pub(super) fn goodbye(reason: &str) -> Message {
+    Message::Goodbye(Goodbye { reason: reason.into() })
+}
+
+/// Checks that `update` has exactly the block names and shapes of `reference`.
+pub(super) fn same_layout(reference: &[ParamBlock], update: &[ParamBlock]) -> Result<(), String> {
+    if reference.len() != update.len() {
+        return Err(format!("expected {} blocks, got {}", reference.len(), update.len()));
+    }
+    for r in reference {
+        match update.iter().find(|u| u.name == r.name) {
+            None => return Err(format!("block `{}` is missing", r.name)),
+            Some(u) if u.tensor.shape != r.tensor.shape => {
+                return Err(format!(
+                    "block `{}` has shape {:?}, expected {:?}",
+                    r.name, u.tensor.shape, r.tensor.shape
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}

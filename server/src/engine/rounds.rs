@@ -1,0 +1,314 @@
+//! Synchronous rounds, as Flower and FedScale run them ([`RoundsState`]): wait for
+//! `min_available` clients, sample `max(min_fit, ⌈fraction·available⌉)` of them, over-select by
+//! `over_selection` (FedScale's over-commitment), close the round when the target number of
+//! updates arrived or when the deadline fires. Updates for a closed round are acknowledged and
+//! counted as late, never aggregated and never silently dropped; a second update from the same
+//! client for the same round is counted once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::protocol::{Broadcast, Message, RefusalReason, Update};
+use anchorage_shared::tensor::payload_bytes;
+
+use super::common::{Core, same_layout};
+use super::{
+    AcceptedUpdate, Action, ClientId, ModeState, OpenedRound, Persist, RoundOutcome, RoundReport, UpdateReport, report,
+};
+use crate::aggregate::InfluenceReport;
+
+/// The round now open.
+#[derive(Debug)]
+pub(super) struct OpenRound {
+    pub(super) round: u64,
+    pub(super) broadcast: Arc<Message>,
+    pub(super) sampled: BTreeSet<ClientId>,
+    pub(super) target: usize,
+    pub(super) started: Duration,
+    pub(super) deadline: Duration,
+    pub(super) updates: BTreeMap<ClientId, (Arc<AcceptedUpdate>, Duration)>,
+    pub(super) duplicates: u64,
+    pub(super) refused: u64,
+}
+
+/// State of the synchronous mode: the open round, and who the last closed round aggregated.
+#[derive(Debug, Default)]
+pub(super) struct RoundsState {
+    open: Option<OpenRound>,
+    /// Clients whose update the last closed round aggregated: a copy arriving later is a
+    /// duplicate, not a late update.
+    last_accepted: BTreeSet<ClientId>,
+}
+
+impl ModeState for RoundsState {
+    fn open(&self) -> Option<&OpenRound> {
+        self.open.as_ref()
+    }
+
+    fn timeout(&self, _core: &Core) -> Option<Duration> {
+        self.open.as_ref().map(|o| o.deadline)
+    }
+
+    /// Closes the open round if its deadline passed, then opens the next if it may.
+    fn on_timeout(&mut self, core: &mut Core, now: Duration) {
+        if self.open.as_ref().is_some_and(|o| now >= o.deadline) {
+            self.close_round(core, now);
+        }
+        self.start(core, now);
+    }
+
+    /// Opens a round when none is open, enough clients are connected and the devices do not
+    /// witness a rollback: samples the clients, persists the invitations, then broadcasts.
+    fn start(&mut self, core: &mut Core, now: Duration) {
+        if core.finished || self.open.is_some() || core.rollback_suspected().is_some() {
+            return;
+        }
+        // Count before collecting: every hello lands here, and fleets have thousands of clients.
+        if core.connected() < core.config.min_available.max(1) {
+            return;
+        }
+        let available = core.connected_ids();
+        let target = core.config.sample_size(available.len());
+        let invited = core.config.invited(target, available.len());
+        let sampled: BTreeSet<ClientId> =
+            core.rng.sample_indices(available.len(), invited).into_iter().map(|i| available[i].clone()).collect();
+        let round = core.last_round + 1;
+        tracing::info!(
+            round,
+            available = available.len(),
+            target,
+            invited = sampled.len(),
+            invited_ids = %report::preview(sampled.iter(), 5),
+            "round opened"
+        );
+        let open = open_round_record(core, now, round, target, sampled);
+        core.note_invited(round, open.sampled.iter().cloned());
+        // The invitations are durable before anyone trains on them.
+        core.actions.push_back(Action::Persist(Persist::Opened(OpenedRound {
+            round,
+            task: core.config.task_of(round),
+            target,
+            sampled: open.sampled.iter().cloned().collect(),
+        })));
+        core.actions
+            .push_back(Action::Broadcast { to: open.sampled.iter().cloned().collect(), msg: open.broadcast.clone() });
+        self.open = Some(open);
+    }
+
+    /// Checks an update for the open round in order (invited, not a second copy, the model's
+    /// layout, at least one sample, the screens), then accepts it: persisted before its ack.
+    fn on_update(&mut self, core: &mut Core, now: Duration, client: &str, mut update: Update) {
+        let round = update.round;
+        let Some(open) = self.open.as_mut().filter(|o| o.round == round) else {
+            self.update_outside_round(core, client, &update);
+            return;
+        };
+        if !open.sampled.contains(client) {
+            open.refused += 1;
+            core.refuse(client, RefusalReason::NotSampled, format!("not sampled for round {round}"));
+            return;
+        }
+        if open.updates.contains_key(client) {
+            open.duplicates += 1;
+            core.stats.duplicate_updates += 1;
+            core.ack(client, round, true);
+            return;
+        }
+        if let Err((reason, detail)) = check_update(core, &update) {
+            open.refused += 1;
+            core.refuse(client, reason, detail);
+            return;
+        }
+        core.config.robust.cap_samples(client, &mut update);
+        let accepted = Arc::new(AcceptedUpdate {
+            client: client.into(),
+            update,
+            staleness: 0,
+            arrived_after: now.saturating_sub(open.started),
+        });
+        open.updates.insert(client.into(), (accepted.clone(), now));
+        // Ack after commit: the shell commits the accepted update before it sends the ack.
+        core.actions.push_back(Action::Persist(Persist::Accepted(accepted)));
+        core.ack(client, round, true);
+        if open.updates.len() >= open.target {
+            self.close_round(core, now);
+            self.start(core, now);
+        }
+    }
+
+    /// Resumes the round that was open at the crash, with the updates it had accepted and a
+    /// fresh deadline; if it already holds its target, it closes at once.
+    fn restore(
+        &mut self,
+        core: &mut Core,
+        open: Option<OpenedRound>,
+        pending: Vec<AcceptedUpdate>,
+        last_accepted: Vec<ClientId>,
+    ) {
+        self.last_accepted = last_accepted.into_iter().collect();
+        let Some(opened) = open.filter(|o| o.round == core.last_round + 1 && !core.finished) else { return };
+        let pending: Vec<AcceptedUpdate> = pending.into_iter().filter(|p| p.update.round == opened.round).collect();
+        tracing::info!(
+            round = opened.round,
+            accepted = pending.len(),
+            target = opened.target,
+            "resuming the open round"
+        );
+        let sampled = opened.sampled.into_iter().collect();
+        let mut round = open_round_record(core, Duration::ZERO, opened.round, opened.target, sampled);
+        for p in pending {
+            let at = p.arrived_after;
+            round.updates.insert(p.client.clone(), (Arc::new(p), at));
+        }
+        core.note_invited(round.round, round.sampled.iter().cloned());
+        let full = round.updates.len() >= round.target;
+        self.open = Some(round);
+        if full {
+            self.close_round(core, Duration::ZERO);
+        }
+    }
+}
+
+impl RoundsState {
+    /// An update for a round that is not open: a copy of one the last round aggregated is a
+    /// duplicate (acked again); one for an older round is late (acked, counted, not aggregated,
+    /// if its values pass the screen); one for a round not yet open is refused.
+    fn update_outside_round(&mut self, core: &mut Core, client: &str, update: &Update) {
+        let round = update.round;
+        if round == core.last_round && self.last_accepted.contains(client) {
+            core.stats.duplicate_updates += 1;
+            core.ack(client, round, true);
+        } else if round <= core.last_round {
+            // Late: its round already closed. Acknowledge so the client stops resending, but
+            // only values that would have passed the screen: an ack never covers garbage.
+            if let Err(reason) = core.config.robust.screen_values(update) {
+                core.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
+                return;
+            }
+            core.stats.late_updates += 1;
+            tracing::info!(client, round, "late update counted, not aggregated");
+            core.ack(client, round, false);
+        } else {
+            core.refuse(client, RefusalReason::NotSampled, format!("round {round} is not open"));
+        }
+    }
+
+    /// Closes the open round: aggregates its updates (or fails with too few), writes a dropped
+    /// cost record for each invited client that sent nothing, and closes the version.
+    fn close_round(&mut self, core: &mut Core, now: Duration) {
+        let Some(open) = self.open.take() else { return };
+        let payload_down = match open.broadcast.as_ref() {
+            Message::Broadcast(b) => payload_bytes(&b.blocks) as u64,
+            _ => 0,
+        };
+        let mut updates = update_reports(&open);
+        let missing: Vec<ClientId> = open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
+        let enough = open.updates.len() >= core.config.min_updates.max(1);
+        let (outcome, screened, influence) = if !enough {
+            let reason =
+                format!("{} of at least {} updates arrived", open.updates.len(), core.config.min_updates.max(1));
+            (RoundOutcome::Failed { reason }, Vec::new(), InfluenceReport::default())
+        } else {
+            let inputs: Vec<(&str, &Update)> =
+                open.updates.iter().map(|(id, (a, _))| (id.as_str(), &a.update)).collect();
+            core.aggregate(&inputs)
+        };
+        // The report lists the updates aggregated: the screened-out ones count as refused.
+        updates.retain(|u| !screened.iter().any(|s| s.client == u.client));
+        core.stats.dropped += missing.len() as u64;
+        for client in &missing {
+            core.actions.push_back(Action::Ledger(CostRecord {
+                client: client.clone(),
+                round: open.round,
+                payload_down,
+                dropped: true,
+                wall_seconds: now.saturating_sub(open.started).as_secs_f64(),
+                ..CostRecord::default()
+            }));
+        }
+        self.last_accepted = open.updates.keys().cloned().collect();
+        let report = RoundReport {
+            round: open.round,
+            outcome,
+            sampled: open.sampled.len(),
+            target: open.target,
+            updates,
+            missing,
+            duplicates: open.duplicates,
+            refused: open.refused + screened.len() as u64,
+            late_total: core.stats.late_updates,
+            payload_down,
+            started: open.started,
+            closed: now,
+            influence,
+            held_out_accuracy: None,
+        };
+        core.close_version(report);
+    }
+}
+
+/// The checks an update for the open round passes before the screens' verdict is final: the
+/// global model's layout (the operator's, never an update's), at least one sample, then the
+/// screens of `[engine.robust]`. The refusal's reason and detail when one fails.
+fn check_update(core: &Core, update: &Update) -> Result<(), (RefusalReason, String)> {
+    // The model's layout is the operator's (the initial model), never an update's: a server
+    // without one aggregates only methods that share no blocks.
+    let layout = if core.global.is_empty() && !update.blocks.is_empty() {
+        Err("this server holds no model: its layout comes from the operator (initial_model in server.toml), \
+             never from an update"
+            .to_string())
+    } else {
+        same_layout(&core.global, &update.blocks)
+    };
+    layout.map_err(|detail| (RefusalReason::ShapeMismatch, detail))?;
+    if update.num_samples == 0 {
+        return Err((RefusalReason::Malformed, "an update must be trained on at least one sample".into()));
+    }
+    // Screening (`[engine.robust]`): finite values, a bounded delta and a change of an honest
+    // shape, all before the ack.
+    core.screen(update, &core.global)
+        .map_err(|reason| (RefusalReason::BadTensor, format!("update screened out: {reason}")))
+}
+
+/// Round `round`'s record, its broadcast made from the current global version.
+fn open_round_record(core: &Core, now: Duration, round: u64, target: usize, sampled: BTreeSet<ClientId>) -> OpenRound {
+    let mut config = core.config.round.clone();
+    config.deadline_ms = core.config.round_deadline.as_millis() as u64;
+    let broadcast = Arc::new(Message::Broadcast(Broadcast {
+        round,
+        task: core.config.task_of(round),
+        config,
+        blocks: core.global.clone(),
+        prototypes: core.method.prototypes(),
+    }));
+    OpenRound {
+        round,
+        broadcast,
+        sampled,
+        target,
+        started: now,
+        deadline: now + core.config.round_deadline,
+        updates: BTreeMap::new(),
+        duplicates: 0,
+        refused: 0,
+    }
+}
+
+/// The report's line for each update the round holds.
+fn update_reports(open: &OpenRound) -> Vec<UpdateReport> {
+    open.updates
+        .iter()
+        .map(|(id, (a, at))| (id, &a.update, at))
+        .map(|(id, u, at)| UpdateReport {
+            client: id.clone(),
+            num_samples: u.num_samples,
+            payload_up: payload_bytes(&u.blocks) as u64,
+            prototypes: u.prototypes.len(),
+            compute_seconds: u.compute_seconds,
+            arrived_after: at.saturating_sub(open.started),
+            metrics: u.metrics.iter().map(|m| (m.name.clone(), m.value)).collect(),
+        })
+        .collect()
+}

@@ -1,0 +1,116 @@
+//! The accept loop: every incoming connection is bounded before any cryptography runs (the
+//! connections open in all, the handshakes in progress per IP address), counted, and handed to
+//! a connection task of its own.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use super::connection::ConnCtx;
+use super::revocation::Revoked;
+use super::{Input, Limits, ServerMetrics};
+use crate::metrics::reason;
+use crate::tls::RefusalLog;
+
+/// Handshakes in progress per IP address.
+type HandshakeCounts = Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>;
+
+/// What the accept loop needs, and hands each connection task.
+pub(super) struct Acceptor {
+    pub(super) endpoint: quinn::Endpoint,
+    pub(super) inputs: mpsc::UnboundedSender<Input>,
+    pub(super) metrics: Arc<ServerMetrics>,
+    pub(super) max_frame: usize,
+    pub(super) limits: Limits,
+    pub(super) revoked: watch::Receiver<Revoked>,
+    /// The rate limit of refusals' log lines.
+    pub(super) refusals: Arc<RefusalLog>,
+}
+
+impl Acceptor {
+    /// Accepts connections until the endpoint closes; each admitted one runs in its own task.
+    pub(super) async fn run(self) {
+        let mut next_conn = 0u64;
+        let handshakes = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        while let Some(incoming) = self.endpoint.accept().await {
+            let Some(slot) = self.admit(&incoming, &handshakes) else {
+                incoming.refuse();
+                continue;
+            };
+            next_conn += 1;
+            self.metrics.connection_accepted();
+            let ctx = ConnCtx {
+                id: next_conn,
+                inputs: self.inputs.clone(),
+                metrics: self.metrics.clone(),
+                max_frame: self.max_frame,
+                limits: self.limits.clone(),
+                revoked: self.revoked.clone(),
+                refusals: self.refusals.clone(),
+            };
+            tokio::spawn(async move {
+                let remote = incoming.remote_address();
+                if let Err(e) = ctx.run(incoming, slot).await {
+                    tracing::debug!(%remote, error = %format!("{e:#}"), "connection ended");
+                }
+            });
+        }
+    }
+
+    /// Bounded before any cryptography runs: connections in all, handshakes per host. Each
+    /// refusal is counted; the log says it at most once a minute per reason and address. The
+    /// handshake's slot when the connection may go on.
+    fn admit(&self, incoming: &quinn::Incoming, handshakes: &HandshakeCounts) -> Option<HandshakeSlot> {
+        let remote = incoming.remote_address();
+        let logged = |reason| self.refusals.note(reason, &remote.ip().to_string(), std::time::Instant::now());
+        if self.endpoint.open_connections() >= self.limits.max_connections {
+            self.metrics.refused(reason::CONNECTION_LIMIT);
+            if let Some(since) = logged(reason::CONNECTION_LIMIT) {
+                let more = RefusalLog::since_text(since);
+                tracing::warn!(%remote, max = self.limits.max_connections, "connection limit reached; refused{more}");
+            }
+            return None;
+        }
+        let Some(slot) = HandshakeSlot::take(handshakes, remote.ip(), self.limits.max_handshakes_per_ip) else {
+            self.metrics.refused(reason::HANDSHAKE_LIMIT);
+            if let Some(since) = logged(reason::HANDSHAKE_LIMIT) {
+                let more = RefusalLog::since_text(since);
+                let max = self.limits.max_handshakes_per_ip;
+                tracing::warn!(%remote, max, "too many handshakes from one address; refused{more}");
+            }
+            return None;
+        };
+        Some(slot)
+    }
+}
+
+/// One handshake in progress from one IP address; the count goes down when it is dropped.
+pub(super) struct HandshakeSlot {
+    counts: HandshakeCounts,
+    ip: std::net::IpAddr,
+}
+
+impl HandshakeSlot {
+    fn take(counts: &HandshakeCounts, ip: std::net::IpAddr, max: usize) -> Option<Self> {
+        let mut map = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Self { counts: counts.clone(), ip })
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}

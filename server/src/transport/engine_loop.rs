@@ -1,0 +1,350 @@
+//! The engine's task: one tokio task owns the sans-IO [`Engine`], feeds it what the connection
+//! tasks report ([`Input`]), sleeps until its next timeout, and carries out its actions in order
+//! (a `Persist` is committed to the store before anything queued after it).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anchorage_shared::frame::encode_frame;
+use anchorage_shared::protocol::{Message, Refusal, RefusalReason};
+use anchorage_shared::tensor::ParamBlock;
+use anyhow::Context;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::flaps::{FLAP_LIMIT, FLAP_QUARANTINE, FLAP_WINDOW, FlapGuard, conflict_refusal};
+use super::{Input, Outbound, ServerEvent, ServerMetrics};
+use crate::engine::{Action, ClientId, Engine, EngineConfig, Persist};
+use crate::methods::ServerMethod;
+use crate::metrics::{outcome, refusal_reason, unix_now};
+use crate::store::ServerStore;
+
+/// The engine a store resumes (the open round and its accepted updates included), and the
+/// metrics that outlive a restart: the totals of its cost ledger, when each client was last
+/// seen, when the last round closed. A new federation's initial version is stored first.
+pub(super) fn recover(
+    store: &ServerStore,
+    config: &EngineConfig,
+    method: Box<dyn ServerMethod>,
+    initial: Vec<ParamBlock>,
+) -> anyhow::Result<(Engine, Arc<ServerMetrics>)> {
+    let engine = match store.recover(method.name())? {
+        Some(recovered) => {
+            tracing::info!(
+                round = recovered.checkpoint.round,
+                open = recovered.open.as_ref().map(|o| o.round),
+                accepted = recovered.pending.len(),
+                db = %store.db_path().display(),
+                "resuming from the database"
+            );
+            Engine::recover(config.clone(), method, recovered)
+        }
+        None => {
+            let engine = Engine::new(config.clone(), method, initial);
+            store.save_initial(&engine.checkpoint())?;
+            engine
+        }
+    };
+    let metrics = Arc::new(ServerMetrics::new());
+    store.load_ledger()?.iter().for_each(|r| metrics.record_cost(r));
+    store.clients_last_seen()?.iter().for_each(|(client, at)| metrics.seen(client, *at));
+    if let Some(at) = store.last_round_closed_at()? {
+        metrics.set_last_round_closed_at(at);
+    }
+    Ok((engine, metrics))
+}
+
+/// Commits one engine state change on a blocking thread; an error stops the server, because
+/// an ack or a broadcast must never run ahead of what the database holds.
+async fn commit(store: &ServerStore, persist: Persist, metrics: &ServerMetrics) -> anyhow::Result<()> {
+    let store = store.clone();
+    let result = tokio::task::spawn_blocking(move || store.commit(&persist)).await.context("store task panicked")?;
+    if let Err(e) = result {
+        metrics.store_error();
+        tracing::error!(error = %e, "could not commit to the database; stopping before anything is acknowledged");
+        return Err(anyhow::Error::new(e).context("committing to the database"));
+    }
+    Ok(())
+}
+
+pub(super) async fn run_engine(
+    engine: Engine,
+    mut inputs: mpsc::UnboundedReceiver<Input>,
+    events: mpsc::UnboundedSender<ServerEvent>,
+    mut shutdown: watch::Receiver<bool>,
+    store: Option<ServerStore>,
+    metrics: Arc<ServerMetrics>,
+    max_frame: usize,
+) -> anyhow::Result<()> {
+    let mut shell = EngineShell {
+        engine,
+        events,
+        store,
+        metrics,
+        max_frame,
+        start: Instant::now(),
+        conns: HashMap::new(),
+        fingerprints: HashMap::new(),
+        departed: Vec::new(),
+        unacked: std::collections::HashSet::new(),
+        opened_since_close: false,
+        flaps: FlapGuard::default(),
+    };
+    let mut departures_tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        // Carry out what the engine asked for first: recovery may already have closed a round.
+        while let Some(action) = shell.engine.poll_action() {
+            shell.act(action).await?;
+        }
+        shell.metrics.set_rollback_evidence(shell.engine.devices_ahead(), shell.engine.rollback_suspected().is_some());
+        shell.metrics.set_engine_drops(shell.engine.stats().dropped_cost_records);
+        let deadline = shell.engine.poll_timeout().map(|t| shell.start + t);
+        tokio::select! {
+            input = inputs.recv() => {
+                let Some(input) = input else { break };
+                shell.on_input(input);
+            }
+            _ = sleep_until(deadline) => shell.engine.handle_timeout(shell.start.elapsed()),
+            _ = departures_tick.tick() => {
+                let _ = touch_clients(&shell.store, std::mem::take(&mut shell.departed));
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    // The clients still connected were heard from until now.
+    let at = unix_now();
+    let mut departed = shell.departed;
+    departed.extend(shell.conns.into_keys().map(|c| (c, at)));
+    if let Some(done) = touch_clients(&shell.store, departed) {
+        let _ = done.await;
+    }
+    Ok(())
+}
+
+/// The engine's task: the sans-IO engine and what its shell keeps around it (connections, the
+/// store, the metrics, acks owed).
+struct EngineShell {
+    engine: Engine,
+    events: mpsc::UnboundedSender<ServerEvent>,
+    store: Option<ServerStore>,
+    metrics: Arc<ServerMetrics>,
+    max_frame: usize,
+    /// The engine's clock starts here.
+    start: Instant,
+    conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)>,
+    fingerprints: HashMap<ClientId, String>,
+    /// Departures' last-seen times, written on the tick in one transaction: a thousand devices
+    /// leaving at once would otherwise queue a thousand blocking threads on the store's mutex
+    /// (each thread's stack and arena held memory after they left).
+    departed: Vec<(ClientId, i64)>,
+    /// Accepted updates whose ack has not gone out yet: an ack for anything else re-acknowledges
+    /// a duplicate.
+    unacked: std::collections::HashSet<(ClientId, u64)>,
+    /// Buffered mode opens no rounds: the sampled gauge follows its versions.
+    opened_since_close: bool,
+    /// When each client's live connection was last replaced by a newer one, and ids refused for
+    /// a while because two holders of one certificate kept evicting each other.
+    flaps: FlapGuard,
+}
+
+impl EngineShell {
+    /// Carries out one of the engine's actions (a state change is committed before its ack goes out).
+    async fn act(&mut self, action: Action) -> anyhow::Result<()> {
+        let metrics = &self.metrics;
+        match action {
+            Action::Send { to, msg } => {
+                match &msg {
+                    Message::Refusal(r) => metrics.refused(refusal_reason(r.reason)),
+                    Message::Ack(ack) if !ack.aggregated => metrics.update(outcome::LATE),
+                    // An ack of an update not accepted since the last one re-acknowledges a duplicate.
+                    Message::Ack(ack) if !self.unacked.remove(&(to.clone(), ack.round)) => {
+                        metrics.update(outcome::DUPLICATE)
+                    }
+                    _ => {}
+                }
+                send(&self.conns, &to, &msg, self.max_frame, Outbound::Control, metrics);
+            }
+            Action::Broadcast { to, msg } => match encode_frame(&msg, self.max_frame) {
+                Ok(frame) => {
+                    let frame = Arc::new(frame);
+                    let mut sent = 0;
+                    for client in to {
+                        if let Some((_, out)) = self.conns.get(&client) {
+                            sent += 1;
+                            let _ = out.send(Outbound::Uni(frame.clone()));
+                        }
+                    }
+                    metrics.frames_out(frame.len(), sent);
+                }
+                Err(e) => tracing::error!(error = %e, "broadcast does not fit in a frame; raise max_frame_bytes"),
+            },
+            Action::Close { client, refusal } => {
+                metrics.refused(refusal_reason(refusal.reason));
+                tracing::warn!(%client, reason = ?refusal.reason, detail = %refusal.detail, "closing client");
+                if let Some((_, out)) = self.conns.remove(&client) {
+                    let _ = out.send(Outbound::Close(refusal));
+                }
+            }
+            Action::Persist(persist) => self.persist(persist).await?,
+            Action::Ledger(record) => append_ledger(self.store.clone(), metrics, record).await,
+            Action::RoundClosed(report, checkpoint) => {
+                metrics.round_closed(&report);
+                if !std::mem::take(&mut self.opened_since_close) {
+                    metrics.set_sampled(report.sampled);
+                }
+                let _ = self.events.send(ServerEvent::RoundClosed { report, checkpoint });
+            }
+            Action::Finished => {
+                let _ = self.events.send(ServerEvent::Finished);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits a state change to the store (the ack that depends on it goes out after).
+    async fn persist(&mut self, mut persist: Persist) -> anyhow::Result<()> {
+        if let Persist::Seen { client, fingerprint } = &mut persist {
+            *fingerprint = self.fingerprints.get(client).cloned();
+        }
+        let counted = match &persist {
+            Persist::Accepted(a) => Some((a.client.clone(), a.update.round)),
+            Persist::Opened(opened) => {
+                self.metrics.set_sampled(opened.sampled.len());
+                self.opened_since_close = true;
+                None
+            }
+            _ => None,
+        };
+        if let Some(store) = &self.store {
+            commit(store, persist, &self.metrics).await?;
+        }
+        if let Some(key) = counted {
+            self.metrics.update(outcome::ACCEPTED);
+            self.unacked.insert(key);
+        }
+        Ok(())
+    }
+
+    /// What a connection task reports: a hello (a newer connection replaces an older one), a
+    /// message, a closed connection.
+    fn on_input(&mut self, input: Input) {
+        let now = self.start.elapsed();
+        match input {
+            Input::Hello { conn, client, fingerprint, msg, out } => {
+                let at = Instant::now();
+                if self.flaps.quarantined(&client, at) {
+                    self.metrics.refused(crate::metrics::reason::CERTIFICATE_CONFLICT);
+                    let _ = out.send(Outbound::Close(conflict_refusal(&client)));
+                    return;
+                }
+                if let Some(f) = fingerprint {
+                    self.fingerprints.insert(client.clone(), f);
+                }
+                if let Some((old, old_out)) = self.conns.insert(client.clone(), (conn, out)) {
+                    tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
+                    let _ = old_out.send(Outbound::Close(Refusal {
+                        reason: RefusalReason::Duplicate,
+                        detail: "replaced by a newer connection".into(),
+                    }));
+                    if self.flaps.replaced(&client, at) {
+                        tracing::error!(
+                            %client,
+                            replacements = FLAP_LIMIT,
+                            window_s = FLAP_WINDOW.as_secs(),
+                            refused_s = FLAP_QUARANTINE.as_secs(),
+                            "SECURITY: two live connections keep presenting the certificate of `{client}`: both are refused. \
+                             The certificate is in two devices' hands: revoke it (`anchorage ca revoke {client}`) and issue the \
+                             real device a new one"
+                        );
+                        self.metrics.certificate_conflict();
+                        if let Some((_, current)) = self.conns.remove(&client) {
+                            let _ = current.send(Outbound::Close(conflict_refusal(&client)));
+                        }
+                        self.metrics.set_connected(self.conns.len());
+                        self.engine.handle_disconnect(now, &client);
+                        return;
+                    }
+                }
+                self.metrics.set_connected(self.conns.len());
+                self.metrics.seen(&client, unix_now());
+                self.engine.handle_message(now, &client, msg);
+            }
+            Input::Message { client, msg } => {
+                self.metrics.seen(&client, unix_now());
+                self.engine.handle_message(now, &client, msg)
+            }
+            Input::Closed { conn, client } => {
+                if self.conns.get(&client).is_some_and(|(c, _)| *c == conn) {
+                    self.conns.remove(&client);
+                    self.metrics.set_connected(self.conns.len());
+                    let at = unix_now();
+                    self.metrics.seen(&client, at);
+                    self.departed.push((client.clone(), at));
+                    self.engine.handle_disconnect(now, &client);
+                }
+            }
+        }
+    }
+}
+
+/// Appends a cost record to the ledger; only records new to it count in the metrics (a resent
+/// report is not counted twice).
+async fn append_ledger(
+    store: Option<ServerStore>,
+    metrics: &ServerMetrics,
+    record: anchorage_shared::ledger::CostRecord,
+) {
+    let Some(store) = store else {
+        metrics.record_cost(&record);
+        return;
+    };
+    match tokio::task::spawn_blocking(move || store.append_ledger(&[record])).await {
+        Ok(Ok(new)) => new.iter().for_each(|r| metrics.record_cost(r)),
+        Ok(Err(e)) => {
+            metrics.store_error();
+            tracing::error!(error = %e, "could not append to the cost ledger");
+        }
+        Err(e) => tracing::error!(error = %e, "ledger task failed"),
+    }
+}
+
+/// Records in the client registry when clients were last heard from (on a blocking thread; a
+/// failure is logged and counted, never fatal: it only makes a last-seen time older).
+fn touch_clients(store: &Option<ServerStore>, seen: Vec<(ClientId, i64)>) -> Option<JoinHandle<()>> {
+    let store = store.clone()?;
+    if seen.is_empty() {
+        return None;
+    }
+    Some(tokio::task::spawn_blocking(move || {
+        if let Err(e) = store.touch_clients(&seen) {
+            tracing::warn!(error = %e, clients = seen.len(), "could not record when clients were last seen");
+        }
+    }))
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn send(
+    conns: &HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)>,
+    to: &str,
+    msg: &Message,
+    max_frame: usize,
+    wrap: fn(Arc<Vec<u8>>) -> Outbound,
+    metrics: &ServerMetrics,
+) {
+    let Some((_, out)) = conns.get(to) else { return };
+    match encode_frame(msg, max_frame) {
+        Ok(frame) => {
+            metrics.frames_out(frame.len(), 1);
+            let _ = out.send(wrap(Arc::new(frame)));
+        }
+        Err(e) => tracing::error!(error = %e, to, "message does not fit in a frame"),
+    }
+}

@@ -1,0 +1,168 @@
+//! The tokio + quinn shell around the [`Engine`](crate::engine::Engine): accepts connections,
+//! turns frames into engine events, carries out the engine's actions. Control messages ride one
+//! bi stream per client (opened by the client, hello first); broadcasts go out and updates come
+//! in on uni streams, so a large block never holds up a control message.
+//!
+//! Bad input never stops the server: a frame that does not decode is refused with a reason
+//! (logged here, counted in [`ServerMetrics`]) and only that client's connection is closed.
+//!
+//! - [`limits`]: the bounds a connection lives within ([`Limits`]).
+//! - [`endpoint`]: the QUIC endpoint, its TLS config and its restart-proof keys.
+//! - [`revocation`]: the revocation list, followed while the server runs.
+//! - [`accept`]: the accept loop and its bounds on connections and handshakes.
+//! - [`connection`]: one connection: handshake, identity, hello, refusals.
+//! - [`streams`]: a connection's stream I/O (control, uploads, broadcasts).
+//! - [`engine_loop`]: the task that drives the engine and carries out its actions.
+//! - [`flaps`]: two devices sharing one certificate.
+
+mod accept;
+mod connection;
+mod endpoint;
+mod engine_loop;
+mod flaps;
+mod limits;
+mod revocation;
+mod streams;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anchorage_shared::protocol::{Message, Refusal};
+use anchorage_shared::tensor::ParamBlock;
+use anyhow::Context;
+use quinn::VarInt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::engine::{Checkpoint, ClientId, Engine, EngineConfig, RoundReport};
+use crate::methods::ServerMethod;
+use crate::store::ServerStore;
+use crate::tls::{RefusalLog, Trust};
+use anchorage_pki::Identity;
+
+pub use limits::Limits;
+pub use revocation::Revoked;
+
+pub use crate::metrics::ServerMetrics;
+
+/// What the running server tells its owner.
+#[derive(Debug, Clone)]
+pub enum ServerEvent {
+    RoundClosed { report: Arc<RoundReport>, checkpoint: Arc<Checkpoint> },
+    Finished,
+}
+
+/// Everything needed to start a server.
+pub struct ServerOptions {
+    pub bind: SocketAddr,
+    pub identity: Identity,
+    /// Who may connect, and where a peer's id comes from.
+    pub trust: Trust,
+    pub engine: EngineConfig,
+    pub method: Box<dyn ServerMethod>,
+    /// Global blocks of round 1 when no checkpoint exists (may be empty).
+    pub initial: Vec<ParamBlock>,
+    pub limits: Limits,
+    /// The database the engine commits to before it acknowledges anything, and resumes from;
+    /// `None` keeps state in memory only (the simulator).
+    pub store: Option<ServerStore>,
+}
+
+/// A running server.
+pub struct ServerHandle {
+    pub local_addr: SocketAddr,
+    pub metrics: Arc<ServerMetrics>,
+    pub events: mpsc::UnboundedReceiver<ServerEvent>,
+    shutdown: watch::Sender<bool>,
+    endpoint: quinn::Endpoint,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting, closes every connection and waits for the engine task.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(true);
+        self.endpoint.close(VarInt::from_u32(0), b"server shutting down");
+        let result = self.task.await.context("engine task panicked")?;
+        tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await.ok();
+        result
+    }
+}
+
+/// What a connection task reports to the engine loop.
+enum Input {
+    Hello {
+        conn: u64,
+        client: ClientId,
+        /// SHA-256 of the certificate the peer showed (mutual TLS).
+        fingerprint: Option<String>,
+        msg: Message,
+        out: mpsc::UnboundedSender<Outbound>,
+    },
+    Message {
+        client: ClientId,
+        msg: Message,
+    },
+    Closed {
+        conn: u64,
+        client: ClientId,
+    },
+}
+
+/// What the engine loop sends a connection task to write.
+#[derive(Debug)]
+enum Outbound {
+    Control(Arc<Vec<u8>>),
+    Uni(Arc<Vec<u8>>),
+    Close(Refusal),
+}
+
+/// Binds the endpoint and starts the engine. Resumes from the store's checkpoint if one exists.
+pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
+    if matches!(options.trust, Trust::InsecureDev) {
+        tracing::warn!(
+            "insecure development mode: clients present no certificate and name themselves; never use this in the field"
+        );
+    }
+    let transport_config = Arc::new(options.limits.transport_config()?);
+    let crl = options.trust.read_crl()?;
+    // One rate limit for the refusal log lines, across revocation-list reloads.
+    let refusals = Arc::new(RefusalLog::default());
+    let endpoint = endpoint::bind(&options, crl.clone(), &transport_config, &refusals)?;
+    let local_addr = endpoint.local_addr()?;
+
+    let (engine, metrics) = match &options.store {
+        Some(store) => engine_loop::recover(store, &options.engine, options.method, options.initial)?,
+        None => (Engine::new(options.engine.clone(), options.method, options.initial), Arc::new(ServerMetrics::new())),
+    };
+    let (input_tx, input_rx) = mpsc::unbounded_channel();
+    let (event_tx, events) = mpsc::unbounded_channel();
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let max_frame = options.engine.max_frame_bytes as usize;
+
+    let revoked = revocation::watch_revocations(
+        &endpoint,
+        &options.trust,
+        &options.identity,
+        &crl,
+        transport_config,
+        metrics.clone(),
+        refusals.clone(),
+    )?;
+    let acceptor = accept::Acceptor {
+        endpoint: endpoint.clone(),
+        inputs: input_tx,
+        metrics: metrics.clone(),
+        max_frame,
+        limits: options.limits.clone(),
+        revoked,
+        refusals,
+    };
+    tokio::spawn(acceptor.run());
+
+    let run =
+        engine_loop::run_engine(engine, input_rx, event_tx, shutdown_rx, options.store, metrics.clone(), max_frame);
+    let task = tokio::spawn(run);
+    Ok(ServerHandle { local_addr, metrics, events, shutdown, endpoint, task })
+}
