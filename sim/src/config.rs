@@ -9,7 +9,6 @@ use anchorage_server::engine::AggregationMode;
 use anchorage_shared::method::MethodConfig;
 use serde::{Deserialize, Serialize};
 
-
 use crate::device::{DeviceProfile, deal_by_share};
 use crate::network::{DuplexProfile, LinkPreset};
 
