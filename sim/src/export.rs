@@ -30,7 +30,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anchorage_model::{FeatureCache, zoo};
+use anchorage_data::partition::FederatedSplit;
+use anchorage_data::{DataSpec, LoadedData};
+use anchorage_model::{Backbone, FeatureCache, zoo};
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::rng::Rng;
 use anyhow::Context;
@@ -112,6 +114,41 @@ fn feature_values(cache: &FeatureCache) -> anyhow::Result<Vec<f32>> {
 /// Writes the federation of `config` (a scenario with a `[data]` table, one task, FedAvg or
 /// FedProx) into `dir`; see the module documentation for the files.
 pub fn export(config: &SimConfig, dir: &Path) -> anyhow::Result<Exported> {
+    let spec = exportable(config)?;
+    std::fs::create_dir_all(dir.join("init")).with_context(|| format!("creating {}", dir.display()))?;
+    let mut out = Export { config, dir, files: Vec::new() };
+    let split = out.split(spec)?;
+    let (feature_dim, test_rows) = out.features(spec, &split)?;
+
+    // Rows per client and the order of each training.
+    let rows: Vec<&Vec<usize>> = split.clients.iter().map(|c| &c.tasks[0].train).collect();
+    out.rows_and_order(&rows)?;
+
+    // The initial model and the engine's sampling, from the simulator's own set-up.
+    let setup = Setup::new(config, Charge::Report)?;
+    let invited = out.selection(&setup)?;
+    let blocks = out.initial_model(&setup)?;
+    let job = Job {
+        feature_dim,
+        num_classes: setup.num_classes,
+        invited,
+        train_samples: rows.iter().map(|r| r.len()).collect(),
+        test_rows,
+    };
+    out.meta(spec, &job, blocks)?;
+    Ok(Exported {
+        dir: dir.to_path_buf(),
+        files: out.files,
+        clients: config.clients,
+        train_rows: rows.iter().map(|r| r.len()).sum(),
+        test_rows,
+        feature_dim,
+    })
+}
+
+/// The scenario's `[data]` table, once `config` is one that [`export`] covers (FedAvg or FedProx,
+/// no evolving shift).
+fn exportable(config: &SimConfig) -> anyhow::Result<&DataSpec> {
     let spec = config.data.as_ref().context("export needs a scenario with a [data] table")?;
     anyhow::ensure!(
         matches!(config.method, MethodConfig::FedAvg(_) | MethodConfig::FedProx(_)),
@@ -119,136 +156,199 @@ pub fn export(config: &SimConfig, dir: &Path) -> anyhow::Result<Exported> {
         config.method.name()
     );
     anyhow::ensure!(!config.evolving, "export covers class-incremental streams, not evolving shifts");
-    std::fs::create_dir_all(dir.join("init")).with_context(|| format!("creating {}", dir.display()))?;
-    let data_dir = config.data_dir.as_deref();
+    Ok(spec)
+}
 
-    // The same split and data as the simulator's set-up (`setup.rs`).
-    let pools = anchorage_data::label_pools(spec, data_dir).context("reading the scenario's labels")?;
-    let split = anchorage_data::build_split(spec, &pools).context("partitioning the scenario's data")?;
-    anyhow::ensure!(
-        split.num_clients() == config.clients,
-        "the data split has {} clients, the federation {}",
-        split.num_clients(),
-        config.clients
-    );
-    let tasks = split.clients.iter().map(|c| c.tasks.len()).max().unwrap_or(0);
-    anyhow::ensure!(tasks == 1, "export covers one-task scenarios (this one has {tasks})");
-    let loaded = anchorage_data::load(spec, data_dir).context("loading the scenario's data")?;
-    let device = Device::flex();
-    let backbone = zoo::load(&config.model.backbone, loaded.train.sample_len(), data_dir, &device)
-        .context("building the frozen backbone")?;
-    let train = FeatureCache::build(backbone.as_ref(), &loaded.train, 256, &device);
-    let feature_dim = backbone.feature_dim();
-    let mut files = Vec::new();
-    let labels = |l: &[u32]| l.iter().map(|&v| v as i64).collect::<Vec<i64>>();
-    files.push(write_npy(&dir.join("x_train.npy"), &[train.len(), feature_dim], &feature_values(&train)?)?);
-    files.push(write_npy(&dir.join("y_train.npy"), &[train.len()], &labels(&train.labels_host))?);
-    drop(train);
+/// Labels as NumPy's int64.
+fn labels(l: &[u32]) -> Vec<i64> {
+    l.iter().map(|&v| v as i64).collect()
+}
 
-    // The global test set: the union of the clients' test rows of the task (as in setup.rs).
-    let in_train = split.clients.iter().any(|c| c.tasks[0].test.is_empty());
-    let mut test_rows: Vec<usize> = split
-        .clients
-        .iter()
-        .flat_map(|c| if in_train { c.tasks[0].local_test.clone() } else { c.tasks[0].test.to_vec() })
-        .collect();
-    test_rows.sort_unstable();
-    test_rows.dedup();
-    let test_pool = if in_train { loaded.train.subset(&test_rows) } else { loaded.test.subset(&test_rows) };
-    let test = FeatureCache::build(backbone.as_ref(), &test_pool, 256, &device);
-    files.push(write_npy(&dir.join("x_test.npy"), &[test.len(), feature_dim], &feature_values(&test)?)?);
-    files.push(write_npy(&dir.join("y_test.npy"), &[test.len()], &labels(&test.labels_host))?);
-    let test_len = test.len();
-    drop((test, test_pool, loaded));
+/// What `meta.json` says of the job besides the configuration.
+struct Job {
+    feature_dim: usize,
+    num_classes: usize,
+    /// Clients invited each round.
+    invited: usize,
+    /// Each client's training rows.
+    train_samples: Vec<usize>,
+    test_rows: usize,
+}
 
-    // Rows per client and the order of each training.
-    let clients = config.clients;
-    let rows: Vec<&Vec<usize>> = split.clients.iter().map(|c| &c.tasks[0].train).collect();
-    let n_max = rows.iter().map(|r| r.len()).max().unwrap_or(0);
-    let rounds = config.rounds as usize;
-    let epochs = config.local_epochs as usize;
-    let mut train_rows = vec![-1i64; clients * n_max];
-    let mut order = vec![-1i64; clients * rounds * epochs * n_max];
-    for (i, r) in rows.iter().enumerate() {
-        for (j, &row) in r.iter().enumerate() {
-            train_rows[i * n_max + j] = row as i64;
-        }
-        let mut rng = Rng::derive(config.seed.wrapping_add(i as u64), 0xBA5E);
-        for k in 0..rounds {
-            for e in 0..epochs {
-                let mut perm: Vec<i64> = (0..r.len() as i64).collect();
-                rng.shuffle(&mut perm);
-                let at = ((i * rounds + k) * epochs + e) * n_max;
-                for (j, &p) in perm.iter().enumerate() {
-                    order[at + j] = r[p as usize] as i64;
+/// An export under way: the job, its folder, and the files written so far.
+struct Export<'a> {
+    config: &'a SimConfig,
+    dir: &'a Path,
+    files: Vec<PathBuf>,
+}
+
+impl Export<'_> {
+    /// Writes `name` (a path in the folder) as a .npy file of `shape`.
+    fn npy<T: NpyElement>(&mut self, name: &str, shape: &[usize], values: &[T]) -> anyhow::Result<()> {
+        self.files.push(write_npy(&self.dir.join(name), shape, values)?);
+        Ok(())
+    }
+
+    /// The same split as the simulator's set-up (`setup.rs`), checked to have the federation's
+    /// clients and one task.
+    fn split(&self, spec: &DataSpec) -> anyhow::Result<FederatedSplit> {
+        let data_dir = self.config.data_dir.as_deref();
+        let pools = anchorage_data::label_pools(spec, data_dir).context("reading the scenario's labels")?;
+        let split = anchorage_data::build_split(spec, &pools).context("partitioning the scenario's data")?;
+        anyhow::ensure!(
+            split.num_clients() == self.config.clients,
+            "the data split has {} clients, the federation {}",
+            split.num_clients(),
+            self.config.clients
+        );
+        let tasks = split.clients.iter().map(|c| c.tasks.len()).max().unwrap_or(0);
+        anyhow::ensure!(tasks == 1, "export covers one-task scenarios (this one has {tasks})");
+        Ok(split)
+    }
+
+    /// Loads the data and the frozen backbone, and writes the features and labels of the
+    /// training pool and of the global test set; returns the feature width and the test rows.
+    fn features(&mut self, spec: &DataSpec, split: &FederatedSplit) -> anyhow::Result<(usize, usize)> {
+        let data_dir = self.config.data_dir.as_deref();
+        let loaded = anchorage_data::load(spec, data_dir).context("loading the scenario's data")?;
+        let device = Device::flex();
+        let backbone = zoo::load(&self.config.model.backbone, loaded.train.sample_len(), data_dir, &device)
+            .context("building the frozen backbone")?;
+        let train = FeatureCache::build(backbone.as_ref(), &loaded.train, 256, &device);
+        let feature_dim = backbone.feature_dim();
+        self.npy("x_train.npy", &[train.len(), feature_dim], &feature_values(&train)?)?;
+        self.npy("y_train.npy", &[train.len()], &labels(&train.labels_host))?;
+        drop(train);
+        let test_rows = self.test_set(backbone.as_ref(), split, loaded, &device)?;
+        Ok((feature_dim, test_rows))
+    }
+
+    /// Writes the global test set, the union of the clients' test rows of the task (as in
+    /// setup.rs), through `backbone`; returns its rows.
+    fn test_set(
+        &mut self,
+        backbone: &(dyn Backbone + Send + Sync),
+        split: &FederatedSplit,
+        loaded: LoadedData,
+        device: &Device,
+    ) -> anyhow::Result<usize> {
+        let in_train = split.clients.iter().any(|c| c.tasks[0].test.is_empty());
+        let mut test_rows: Vec<usize> = split
+            .clients
+            .iter()
+            .flat_map(|c| if in_train { c.tasks[0].local_test.clone() } else { c.tasks[0].test.to_vec() })
+            .collect();
+        test_rows.sort_unstable();
+        test_rows.dedup();
+        let test_pool = if in_train { loaded.train.subset(&test_rows) } else { loaded.test.subset(&test_rows) };
+        let test = FeatureCache::build(backbone, &test_pool, 256, device);
+        let feature_dim = backbone.feature_dim();
+        self.npy("x_test.npy", &[test.len(), feature_dim], &feature_values(&test)?)?;
+        self.npy("y_test.npy", &[test.len()], &labels(&test.labels_host))?;
+        let test_len = test.len();
+        drop((test, test_pool, loaded));
+        Ok(test_len)
+    }
+
+    /// Writes each client's training rows and the order its trainings visit them in (the FedAvg
+    /// client's shuffles).
+    fn rows_and_order(&mut self, rows: &[&Vec<usize>]) -> anyhow::Result<()> {
+        let config = self.config;
+        let clients = config.clients;
+        let n_max = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let rounds = config.rounds as usize;
+        let epochs = config.local_epochs as usize;
+        let mut train_rows = vec![-1i64; clients * n_max];
+        let mut order = vec![-1i64; clients * rounds * epochs * n_max];
+        for (i, r) in rows.iter().enumerate() {
+            for (j, &row) in r.iter().enumerate() {
+                train_rows[i * n_max + j] = row as i64;
+            }
+            let mut rng = Rng::derive(config.seed.wrapping_add(i as u64), 0xBA5E);
+            for k in 0..rounds {
+                for e in 0..epochs {
+                    let mut perm: Vec<i64> = (0..r.len() as i64).collect();
+                    rng.shuffle(&mut perm);
+                    let at = ((i * rounds + k) * epochs + e) * n_max;
+                    for (j, &p) in perm.iter().enumerate() {
+                        order[at + j] = r[p as usize] as i64;
+                    }
                 }
             }
         }
+        self.npy("train_rows.npy", &[clients, n_max], &train_rows)?;
+        self.npy("batch_order.npy", &[clients, rounds, epochs * n_max], &order)
     }
-    files.push(write_npy(&dir.join("train_rows.npy"), &[clients, n_max], &train_rows)?);
-    files.push(write_npy(&dir.join("batch_order.npy"), &[clients, rounds, epochs * n_max], &order)?);
 
-    // The initial model and the engine's sampling, from the simulator's own set-up.
-    let setup = Setup::new(config, Charge::Report)?;
-    let mut ids: Vec<(String, usize)> = (0..clients).map(|i| (client_id(i), i)).collect();
-    ids.sort();
-    let target = setup.engine.sample_size(clients);
-    let invited = setup.engine.invited(target, clients);
-    let mut selection = Vec::with_capacity(rounds * invited);
-    for r in 1..=rounds as u64 {
-        let mut picked: Vec<i64> = Rng::derive(config.seed, r - 1)
-            .sample_indices(clients, invited)
-            .into_iter()
-            .map(|k| ids[k].1 as i64)
-            .collect();
-        picked.sort_unstable();
-        selection.extend(picked);
+    /// Writes the clients the engine invites in each round; returns how many a round.
+    fn selection(&mut self, setup: &Setup) -> anyhow::Result<usize> {
+        let config = self.config;
+        let (clients, rounds) = (config.clients, config.rounds as usize);
+        let mut ids: Vec<(String, usize)> = (0..clients).map(|i| (client_id(i), i)).collect();
+        ids.sort();
+        let target = setup.engine.sample_size(clients);
+        let invited = setup.engine.invited(target, clients);
+        let mut selection = Vec::with_capacity(rounds * invited);
+        for r in 1..=rounds as u64 {
+            let mut picked: Vec<i64> = Rng::derive(config.seed, r - 1)
+                .sample_indices(clients, invited)
+                .into_iter()
+                .map(|k| ids[k].1 as i64)
+                .collect();
+            picked.sort_unstable();
+            selection.extend(picked);
+        }
+        self.npy("selection.npy", &[rounds, invited], &selection)?;
+        Ok(invited)
     }
-    files.push(write_npy(&dir.join("selection.npy"), &[rounds, invited], &selection)?);
-    let mut blocks = Vec::new();
-    for block in &setup.initial {
-        let values = block.decode().with_context(|| format!("decoding block {}", block.name))?;
-        let shape: Vec<usize> = block.tensor.shape.iter().map(|&d| d as usize).collect();
-        let file = format!("init/{}.npy", block.name);
-        files.push(write_npy(&dir.join(&file), &shape, &values)?);
-        blocks.push(json!({ "name": block.name, "shape": shape, "file": file }));
+
+    /// Writes the initial global model, a file per block in `init/`; returns the block list for
+    /// `meta.json`.
+    fn initial_model(&mut self, setup: &Setup) -> anyhow::Result<Vec<serde_json::Value>> {
+        let mut blocks = Vec::new();
+        for block in &setup.initial {
+            let values = block.decode().with_context(|| format!("decoding block {}", block.name))?;
+            let shape: Vec<usize> = block.tensor.shape.iter().map(|&d| d as usize).collect();
+            let file = format!("init/{}.npy", block.name);
+            self.npy(&file, &shape, &values)?;
+            blocks.push(json!({ "name": block.name, "shape": shape, "file": file }));
+        }
+        Ok(blocks)
     }
-    let meta = json!({
-        "clients": clients,
-        "rounds": rounds,
-        "fraction": config.fraction,
-        "sampled_per_round": invited,
-        "local_epochs": epochs,
-        "batch_size": config.batch_size,
-        "learning_rate": config.learning_rate,
-        "optimizer": { "name": "adam", "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-5, "weight_decay": 0.0 },
-        "loss": "cross-entropy, mean over the batch",
-        "model": {
-            "backbone": config.model.backbone,
-            "hidden": config.model.hidden,
-            "activation": if config.model.residual { "relu after every hidden layer but the last; representation = features + adapter(features)" } else { "relu after every hidden layer" },
-            "layout": "a linear layer's weight is [fan_in, fan_out]: y = x W + b",
-        },
-        "feature_dim": feature_dim,
-        "num_classes": setup.num_classes,
-        "train_samples": rows.iter().map(|r| r.len()).collect::<Vec<_>>(),
-        "test_samples": test_len,
-        "seed": config.seed,
-        "blocks": blocks,
-        "data": spec,
-    });
-    let meta_path = dir.join("meta.json");
-    std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)?)
-        .with_context(|| format!("writing {}", meta_path.display()))?;
-    files.push(meta_path);
-    Ok(Exported {
-        dir: dir.to_path_buf(),
-        files,
-        clients,
-        train_rows: rows.iter().map(|r| r.len()).sum(),
-        test_rows: test_len,
-        feature_dim,
-    })
+
+    /// Writes `meta.json`: the job, the optimizer's constants, the model and the block list.
+    fn meta(&mut self, spec: &DataSpec, job: &Job, blocks: Vec<serde_json::Value>) -> anyhow::Result<()> {
+        let config = self.config;
+        let meta = json!({
+            "clients": config.clients,
+            "rounds": config.rounds as usize,
+            "fraction": config.fraction,
+            "sampled_per_round": job.invited,
+            "local_epochs": config.local_epochs as usize,
+            "batch_size": config.batch_size,
+            "learning_rate": config.learning_rate,
+            "optimizer": { "name": "adam", "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-5, "weight_decay": 0.0 },
+            "loss": "cross-entropy, mean over the batch",
+            "model": {
+                "backbone": config.model.backbone,
+                "hidden": config.model.hidden,
+                "activation": if config.model.residual { "relu after every hidden layer but the last; representation = features + adapter(features)" } else { "relu after every hidden layer" },
+                "layout": "a linear layer's weight is [fan_in, fan_out]: y = x W + b",
+            },
+            "feature_dim": job.feature_dim,
+            "num_classes": job.num_classes,
+            "train_samples": job.train_samples,
+            "test_samples": job.test_rows,
+            "seed": config.seed,
+            "blocks": blocks,
+            "data": spec,
+        });
+        let meta_path = self.dir.join("meta.json");
+        std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)?)
+            .with_context(|| format!("writing {}", meta_path.display()))?;
+        self.files.push(meta_path);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

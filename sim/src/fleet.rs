@@ -24,17 +24,22 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::transport as client_transport;
 use anchorage_pki::{Kind, ProjectCa};
+use anchorage_server::RoundReport;
+use anchorage_server::engine::EngineConfig;
+use anchorage_server::methods::ServerMethod;
 use anchorage_server::store::{ServerStore, read_ledger};
 use anchorage_server::tls;
-use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerOptions};
+use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerHandle, ServerOptions};
 use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
 
+use crate::accuracy::AccuracyRow;
 use crate::config::SimConfig;
 use crate::device::{Charge, ComputePool};
 use crate::record::{RoundRow, RunSummary, SimResult, SummaryInputs, initial_of, write_run_folder};
 use crate::run::device_options;
-use crate::setup::Setup;
+use crate::setup::{Evaluator, Setup};
 
 /// The clients of shard `index` of `of`: contiguous, sizes differing by at most one.
 pub fn shard(clients: usize, index: usize, of: usize) -> anyhow::Result<std::ops::Range<usize>> {
@@ -116,17 +121,60 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         Setup::for_clients(&config, Charge::Sleep, 0..0)?;
     let schedule = engine.clone();
     let ca_dir = out.join("ca");
-    let mut ca = ProjectCa::init(&ca_dir, "anchorage-fleet", 7)?;
+    let (mut server, db) = start_server(&config, out, &ca_dir, engine, server_method, initial.clone()).await?;
+    let initial_accuracy = initial_of(&evaluator.evaluate(&initial, &[], 0)?);
+    let scenario = out.join("fleet.toml");
+    std::fs::write(&scenario, toml::to_string_pretty(&config)?)
+        .with_context(|| format!("writing {}", scenario.display()))?;
+    let mut children = start_workers(&scenario, &ca_dir, server.local_addr, workers, out)?;
+    if progress {
+        println!("anchorage fleet: {headline}, {workers} worker processes");
+        println!("initial global accuracy {}", crate::record::percent(initial_accuracy));
+    }
+
+    let closed = follow_rounds(&mut server, &mut children, &schedule, &evaluator, out, progress).await?;
+    wait_for_workers(&mut children).await;
+    let metrics = server.metrics.clone();
+    server.shutdown().await?;
+    if progress {
+        print_usage(workers);
+    }
+
+    // The run's record is the server's: every device's costs as they reached its ledger.
+    let ledger: Vec<CostRecord> = read_ledger(&db)?;
+    let inputs = SummaryInputs {
+        initial_accuracy,
+        chance: 1.0 / num_classes as f64,
+        late_updates: closed.rounds.last().map(|(r, _)| r.late_total).unwrap_or(0),
+        refused: metrics.refusals_total(),
+        decode_errors: metrics.decode_errors_total(),
+        wall_seconds: started.elapsed().as_secs_f64(),
+        local_eval: crate::record::LocalEval::of(&config),
+    };
+    record_run(&config, out, ledger, closed, inputs)
+}
+
+/// Starts the fleet's server on a free port of 127.0.0.1, with a new CA in `ca_dir` and its state
+/// folder in `out/state`; returns it and the path of its database.
+async fn start_server(
+    config: &SimConfig,
+    out: &Path,
+    ca_dir: &Path,
+    engine: EngineConfig,
+    method: Box<dyn ServerMethod>,
+    initial: Vec<ParamBlock>,
+) -> anyhow::Result<(ServerHandle, PathBuf)> {
+    let mut ca = ProjectCa::init(ca_dir, "anchorage-fleet", 7)?;
     let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 7)?;
     let store = ServerStore::open(out.join("state"))?;
     let db = store.db_path().to_path_buf();
-    let mut server = server_transport::start(ServerOptions {
+    let server = server_transport::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity,
         trust: tls::Trust::ProjectCa { ca: ca.cert().clone(), crl: None },
         engine,
-        method: server_method,
-        initial: initial.clone(),
+        method,
+        initial,
         // Every device of a local fleet comes from 127.0.0.1: the per-address handshake cap that
         // guards a field server would make them queue.
         limits: Limits {
@@ -137,11 +185,18 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         store: Some(store),
     })
     .await?;
-    let initial_accuracy = initial_of(&evaluator.evaluate(&initial, &[], 0)?);
-    let scenario = out.join("fleet.toml");
-    std::fs::write(&scenario, toml::to_string_pretty(&config)?)
-        .with_context(|| format!("writing {}", scenario.display()))?;
+    Ok((server, db))
+}
 
+/// Starts `workers` processes of this binary, worker i running shard i of `workers` of the
+/// scenario's clients against `server`, its output in `out/worker-<i>.log`.
+fn start_workers(
+    scenario: &Path,
+    ca_dir: &Path,
+    server: SocketAddr,
+    workers: usize,
+    out: &Path,
+) -> anyhow::Result<Vec<tokio::process::Child>> {
     let exe = std::env::current_exe().context("finding this program to start the workers")?;
     let mut children = Vec::with_capacity(workers);
     for index in 0..workers {
@@ -149,10 +204,10 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         let child = tokio::process::Command::new(&exe)
             .arg("fleet")
             .arg("--scenario")
-            .arg(&scenario)
+            .arg(scenario)
             .args(["--index", &index.to_string(), "--of", &workers.to_string()])
-            .args(["--server", &server.local_addr.to_string(), "--ca"])
-            .arg(&ca_dir)
+            .args(["--server", &server.to_string(), "--ca"])
+            .arg(ca_dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -161,17 +216,30 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
             .with_context(|| format!("starting worker {index} ({})", exe.display()))?;
         children.push(child);
     }
-    if progress {
-        println!("anchorage fleet: {headline}, {workers} worker processes");
-        println!("initial global accuracy {}", crate::record::percent(initial_accuracy));
-    }
+    Ok(children)
+}
 
-    let mut closed = Vec::new();
-    let mut accuracy_rows = Vec::new();
+/// The rounds the server closed, each with its global accuracy, and their accuracy records.
+struct Closed {
+    rounds: Vec<(Arc<RoundReport>, f64)>,
+    accuracy: Vec<AccuracyRow>,
+}
+
+/// Follows the server's rounds until the run ends, evaluating (and with `progress`, printing)
+/// each; a worker that fails first ends the run with an error.
+async fn follow_rounds(
+    server: &mut ServerHandle,
+    children: &mut [tokio::process::Child],
+    schedule: &EngineConfig,
+    evaluator: &Evaluator,
+    out: &Path,
+    progress: bool,
+) -> anyhow::Result<Closed> {
+    let mut closed = Closed { rounds: Vec::new(), accuracy: Vec::new() };
     loop {
         let event = tokio::select! {
             e = server.events.recv() => e,
-            status = first_failure(&mut children) => {
+            status = first_failure(children) => {
                 anyhow::bail!("a worker stopped before the run ended ({status}); see {}/worker-*.log", out.display())
             }
         };
@@ -179,7 +247,7 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
             Some(ServerEvent::RoundClosed { report, checkpoint }) => {
                 let task = schedule.task_of(report.round);
                 let (acc, rows) = evaluator.evaluate_round(&report, &checkpoint, task)?;
-                accuracy_rows.extend(rows);
+                closed.accuracy.extend(rows);
                 if progress {
                     println!(
                         "round {:>4}  accuracy {:>6.2}%  clients {}/{}  {:.2} s",
@@ -190,11 +258,16 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
                         report.seconds()
                     );
                 }
-                closed.push((report, acc));
+                closed.rounds.push((report, acc));
             }
             Some(ServerEvent::Finished) | None => break,
         }
     }
+    Ok(closed)
+}
+
+/// Waits up to 30 s for each worker to leave, stopping one that does not.
+async fn wait_for_workers(children: &mut [tokio::process::Child]) {
     for (index, child) in children.iter_mut().enumerate() {
         match tokio::time::timeout(Duration::from_secs(30), child.wait()).await {
             Ok(Ok(status)) if status.success() => {}
@@ -206,46 +279,48 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
             }
         }
     }
-    let metrics = server.metrics.clone();
-    server.shutdown().await?;
-    if progress && let Some((peak, cpu)) = own_usage() {
+}
+
+/// Prints the peak memory and CPU time of this process and of the `workers` worker processes.
+fn print_usage(workers: usize) {
+    if let Some((peak, cpu)) = own_usage() {
         println!("server process (server and evaluator): peak RSS {:.1} MiB, CPU {cpu:.1} s", peak as f64 / 1048576.0);
     }
-    if progress && let Some((peak, cpu)) = workers_usage() {
+    if let Some((peak, cpu)) = workers_usage() {
         println!(
             "worker processes: largest peak RSS {:.1} MiB, CPU {cpu:.1} s in all ({workers} workers)",
             peak as f64 / 1048576.0
         );
     }
+}
 
-    // The run's record is the server's: every device's costs as they reached its ledger.
-    let ledger: Vec<CostRecord> = read_ledger(&db)?;
+/// The run's summary from the server's `ledger` and the `closed` rounds, written as the run
+/// folder `out`.
+fn record_run(
+    config: &SimConfig,
+    out: &Path,
+    ledger: Vec<CostRecord>,
+    closed: Closed,
+    inputs: SummaryInputs,
+) -> anyhow::Result<SimResult> {
     let rows: Vec<RoundRow> = closed
+        .rounds
         .iter()
         .map(|(report, acc)| {
             let costs: Vec<CostRecord> = ledger.iter().filter(|c| c.round == report.round).cloned().collect();
             RoundRow::from_report(report, *acc, &costs)
         })
         .collect();
-    let inputs = SummaryInputs {
-        initial_accuracy,
-        chance: 1.0 / num_classes as f64,
-        late_updates: closed.last().map(|(r, _)| r.late_total).unwrap_or(0),
-        refused: metrics.refusals_total(),
-        decode_errors: metrics.decode_errors_total(),
-        wall_seconds: started.elapsed().as_secs_f64(),
-        local_eval: crate::record::LocalEval::of(&config),
-    };
-    let summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
-    write_run_folder(out, &crate::scenario::effective_toml(&config)?, &summary, &ledger, &accuracy_rows)?;
-    let reports = closed.iter().map(|(r, _)| (**r).clone()).collect();
+    let summary = RunSummary::new(inputs, rows, &ledger, &closed.accuracy);
+    write_run_folder(out, &crate::scenario::effective_toml(config)?, &summary, &ledger, &closed.accuracy)?;
+    let reports = closed.rounds.iter().map(|(r, _)| (**r).clone()).collect();
     Ok(SimResult {
         summary,
         ledger,
         reports,
         run_dir: Some(out.to_path_buf()),
         link_stats: Vec::new(),
-        accuracy: accuracy_rows,
+        accuracy: closed.accuracy,
     })
 }
 

@@ -361,109 +361,16 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
         (Some(_), false) => "fixed",
     };
     if matches!(console, Console::Human | Console::Quiet) {
-        let data = match data_seed {
-            "varied" => ", the data split's seed with it",
-            "fixed" => ", the data split's seed kept",
-            _ => "",
-        };
-        stop.println(&format!(
-            "sweep folder: {} ({} runs, seeds {}{data})",
-            dir.display(),
-            plan.runs,
-            Sweep::seeds_text(&seeds)
-        ));
+        announce(&stop, dir, plan.runs, &seeds, data_seed);
     }
-    let mut runs = Vec::new();
-    let mut finished = Vec::new();
-    let mut failure = None;
+    let mut runs = Runs { base, plan, dir, console, stop, runs: Vec::new(), finished: Vec::new(), failure: None };
+    // A stop request starts no further seed; a run that fails ends the sweep.
     for i in 0..plan.runs {
-        if stop.requested().is_some() {
+        if runs.stop.requested().is_some() || !runs.run_seed(i)? {
             break;
         }
-        let config = seed_config(base, i, plan.vary_data_seed);
-        let folder = format!("seed-{}", config.seed);
-        let run_dir = dir.join(&folder);
-        let inner = match console {
-            Console::Human => Console::Human,
-            Console::Json => Console::Json,
-            Console::Quiet | Console::Silent => Console::Silent,
-        };
-        let mut recorder = Recorder::new(inner, Some(&run_dir), &config, stop.clone())?;
-        let mut entry = SeedRun {
-            seed: config.seed,
-            data_seed: config.data.as_ref().map(|d| d.seed),
-            folder,
-            status: RunStatus::Failed,
-            rounds: 0,
-        };
-        let result = match crate::run::run_on_clock(config.clone(), &mut recorder) {
-            Ok(result) => result,
-            Err(e) => {
-                recorder.fail(&e);
-                runs.push(entry);
-                failure = Some(e.context(format!(
-                    "the run of seed {} failed; its folder {} says so in metrics.json",
-                    config.seed,
-                    run_dir.display()
-                )));
-                break;
-            }
-        };
-        crate::report::write_report(&run_dir)?;
-        recorder.say(&format!("report: {}", run_dir.join("report.md").display()));
-        let summary = &result.summary;
-        entry.status = summary.status;
-        entry.rounds = summary.rounds.len();
-        if summary.status == RunStatus::Finished {
-            finished.push((config.seed, figures(summary, config.clock)));
-        }
-        let status = match summary.status {
-            RunStatus::Finished => "finished",
-            RunStatus::Interrupted => "interrupted",
-            RunStatus::Running => "running",
-            RunStatus::Failed => "failed",
-        };
-        match console {
-            Console::Silent => {}
-            Console::Human | Console::Quiet => stop.println(&format!(
-                "seed {} ({} of {}): {status} after {} rounds, final accuracy {}, {:.1} s; {}",
-                config.seed,
-                i + 1,
-                plan.runs,
-                summary.rounds.len(),
-                crate::record::percent(summary.final_accuracy),
-                summary.wall_seconds,
-                run_dir.display()
-            )),
-            Console::Json => {
-                #[derive(Serialize)]
-                struct SeedLine<'a> {
-                    event: &'a str,
-                    seed: u64,
-                    index: u64,
-                    of: u64,
-                    status: RunStatus,
-                    rounds: usize,
-                    final_accuracy: Option<f64>,
-                    wall_seconds: f64,
-                    run_folder: String,
-                }
-                let line = SeedLine {
-                    event: "seed",
-                    seed: config.seed,
-                    index: i + 1,
-                    of: plan.runs,
-                    status: summary.status,
-                    rounds: summary.rounds.len(),
-                    final_accuracy: Some(summary.final_accuracy).filter(|a| a.is_finite()),
-                    wall_seconds: summary.wall_seconds,
-                    run_folder: run_dir.display().to_string(),
-                };
-                stop.println(&serde_json::to_string(&line)?);
-            }
-        }
-        runs.push(entry);
     }
+    let Runs { runs, finished, failure, stop, .. } = runs;
 
     let stopped = stop.requested();
     let stop_reason = match (&failure, stopped) {
@@ -487,6 +394,136 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
     };
     write_atomic(&dir.join(SWEEP_JSON), serde_json::to_string_pretty(&sweep)?.as_bytes())?;
     write_atomic(&dir.join(SWEEP_MD), sweep.markdown().as_bytes())?;
+    print_summary(&stop, console, &sweep, dir)?;
+    if let Some(e) = failure {
+        return Err(e.context(format!("the sweep summary in {} covers the seeds before it", dir.display())));
+    }
+    Ok(Outcome { sweep, dir: dir.to_path_buf(), stopped })
+}
+
+/// The sweep's first line on the console: its folder, its runs and their seeds.
+fn announce(stop: &StopFlag, dir: &Path, runs: u64, seeds: &[u64], data_seed: &str) {
+    let data = match data_seed {
+        "varied" => ", the data split's seed with it",
+        "fixed" => ", the data split's seed kept",
+        _ => "",
+    };
+    stop.println(&format!("sweep folder: {} ({runs} runs, seeds {}{data})", dir.display(), Sweep::seeds_text(seeds)));
+}
+
+/// The sweep's runs so far: what each did, the figures of those that finished, and the error
+/// of one that failed.
+struct Runs<'a> {
+    base: &'a SimConfig,
+    plan: Plan,
+    dir: &'a Path,
+    console: Console,
+    stop: StopFlag,
+    runs: Vec<SeedRun>,
+    /// The finished runs' seeds and [`figures`].
+    finished: Vec<(u64, Vec<Option<f64>>)>,
+    failure: Option<anyhow::Error>,
+}
+
+impl Runs<'_> {
+    /// Runs seed `i` into its folder and writes its report; false when the run failed (its error
+    /// kept in `failure`), which ends the sweep.
+    fn run_seed(&mut self, i: u64) -> anyhow::Result<bool> {
+        let config = seed_config(self.base, i, self.plan.vary_data_seed);
+        let folder = format!("seed-{}", config.seed);
+        let run_dir = self.dir.join(&folder);
+        let inner = match self.console {
+            Console::Human => Console::Human,
+            Console::Json => Console::Json,
+            Console::Quiet | Console::Silent => Console::Silent,
+        };
+        let mut recorder = Recorder::new(inner, Some(&run_dir), &config, self.stop.clone())?;
+        let mut entry = SeedRun {
+            seed: config.seed,
+            data_seed: config.data.as_ref().map(|d| d.seed),
+            folder,
+            status: RunStatus::Failed,
+            rounds: 0,
+        };
+        let result = match crate::run::run_on_clock(config.clone(), &mut recorder) {
+            Ok(result) => result,
+            Err(e) => {
+                recorder.fail(&e);
+                self.runs.push(entry);
+                self.failure = Some(e.context(format!(
+                    "the run of seed {} failed; its folder {} says so in metrics.json",
+                    config.seed,
+                    run_dir.display()
+                )));
+                return Ok(false);
+            }
+        };
+        crate::report::write_report(&run_dir)?;
+        recorder.say(&format!("report: {}", run_dir.join("report.md").display()));
+        let summary = &result.summary;
+        entry.status = summary.status;
+        entry.rounds = summary.rounds.len();
+        if summary.status == RunStatus::Finished {
+            self.finished.push((config.seed, figures(summary, config.clock)));
+        }
+        self.print_seed(config.seed, i, summary, &run_dir)?;
+        self.runs.push(entry);
+        Ok(true)
+    }
+
+    /// The console's line on seed `seed` (run `i`), as `console` says.
+    fn print_seed(&self, seed: u64, i: u64, summary: &RunSummary, run_dir: &Path) -> anyhow::Result<()> {
+        let status = match summary.status {
+            RunStatus::Finished => "finished",
+            RunStatus::Interrupted => "interrupted",
+            RunStatus::Running => "running",
+            RunStatus::Failed => "failed",
+        };
+        match self.console {
+            Console::Silent => {}
+            Console::Human | Console::Quiet => self.stop.println(&format!(
+                "seed {seed} ({} of {}): {status} after {} rounds, final accuracy {}, {:.1} s; {}",
+                i + 1,
+                self.plan.runs,
+                summary.rounds.len(),
+                crate::record::percent(summary.final_accuracy),
+                summary.wall_seconds,
+                run_dir.display()
+            )),
+            Console::Json => {
+                #[derive(Serialize)]
+                struct SeedLine<'a> {
+                    event: &'a str,
+                    seed: u64,
+                    index: u64,
+                    of: u64,
+                    status: RunStatus,
+                    rounds: usize,
+                    final_accuracy: Option<f64>,
+                    wall_seconds: f64,
+                    run_folder: String,
+                }
+                let line = SeedLine {
+                    event: "seed",
+                    seed,
+                    index: i + 1,
+                    of: self.plan.runs,
+                    status: summary.status,
+                    rounds: summary.rounds.len(),
+                    final_accuracy: Some(summary.final_accuracy).filter(|a| a.is_finite()),
+                    wall_seconds: summary.wall_seconds,
+                    run_folder: run_dir.display().to_string(),
+                };
+                self.stop.println(&serde_json::to_string(&line)?);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The sweep's last lines on the console, as `console` says: what it covers, its table and
+/// where its summary is, or one `sweep` object.
+fn print_summary(stop: &StopFlag, console: Console, sweep: &Sweep, dir: &Path) -> anyhow::Result<()> {
     match console {
         Console::Silent => {}
         Console::Human | Console::Quiet => {
@@ -508,14 +545,11 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
                 #[serde(flatten)]
                 sweep: &'a Sweep,
             }
-            let line = SweepLine { event: "sweep", sweep_folder: dir.display().to_string(), sweep: &sweep };
+            let line = SweepLine { event: "sweep", sweep_folder: dir.display().to_string(), sweep };
             stop.println(&serde_json::to_string(&line)?);
         }
     }
-    if let Some(e) = failure {
-        return Err(e.context(format!("the sweep summary in {} covers the seeds before it", dir.display())));
-    }
-    Ok(Outcome { sweep, dir: dir.to_path_buf(), stopped })
+    Ok(())
 }
 
 #[cfg(test)]

@@ -225,19 +225,7 @@ fn render(source: &Source, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let (summary, ledger, info) = (&source.summary, &source.ledger, &source.info);
     let rows = source.accuracy.as_deref();
     let rounds: Vec<u64> = summary.rounds.iter().map(|r| r.round).collect();
-    let by_round = |round: u64| ledger.iter().filter(move |c| c.round == round);
-    let mut files = Vec::new();
-    let mut plots = Vec::new();
-    // Every chart is written as SVG and as PNG.
-    let mut put = |stem: &str, title: &str, svg: String| -> anyhow::Result<()> {
-        let path = out.join(format!("{stem}.svg"));
-        std::fs::write(&path, &svg).with_context(|| format!("writing {}", path.display()))?;
-        let png = path.with_extension("png");
-        png::write_png(&svg, &png).with_context(|| format!("rendering {}", png.display()))?;
-        files.extend([png, path]);
-        plots.push(Plot { title: title.into(), stem: stem.into() });
-        Ok(())
-    };
+    let mut charts = Charts { out, files: Vec::new(), plots: Vec::new() };
 
     // Where each task after the first begins: at the end of the round before its first.
     let last_round = rounds.last().copied().unwrap_or(0);
@@ -245,70 +233,151 @@ fn render(source: &Source, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let tasks = task_count(rows, summary, &starts);
 
     if let Some(server) = &source.server {
-        server_accuracy_charts(server, summary, &mut put)?;
+        server_accuracy_charts(server, summary, &mut |stem, title, svg| charts.put(stem, title, svg))?;
     } else {
-        // A method with no global model has no initial accuracy, and its rounds' accuracy is
-        // the mean of the clients' local models.
-        let evaluated = summary.rounds.iter().any(|r| r.accuracy.is_finite());
-        // Without metrics.json (no initial accuracy recorded), accuracy.csv says whose it is.
-        let global = summary.initial_accuracy.is_finite()
-            || (!source.has_metrics && rows.is_some_and(|rows| rows.iter().any(|r| r.model == "global")));
-        let initial = summary.initial_accuracy.is_finite().then_some((0.0, summary.initial_accuracy * 100.0));
-        let (whose, series) = if global {
-            ("Global accuracy", "global")
-        } else {
-            ("Accuracy of the clients' local models", "clients' mean")
-        };
-        if evaluated {
-            let accuracy: Vec<(f64, f64)> = initial
-                .into_iter()
-                .chain(summary.rounds.iter().map(|r| (r.round as f64, r.accuracy * 100.0)))
-                .collect();
-            let title = format!("{whose} by round");
-            let marks = task_marks(starts.iter().map(|&(k, r)| (k, r as f64 - 1.0)));
-            put(
-                "accuracy_by_round",
-                &title,
-                line_chart_marked(
-                    &title,
-                    "round",
-                    "accuracy (%)",
-                    &[Series { name: series.into(), points: accuracy }],
-                    Some((0.0, 100.0)),
-                    &marks,
-                ),
-            )?;
-
-            let mut clock = 0.0;
-            let mut by_time: Vec<(f64, f64)> = initial.into_iter().collect();
-            // The clock when each round began, for the task boundaries.
-            let mut began = std::collections::BTreeMap::new();
-            for r in &summary.rounds {
-                began.insert(r.round, clock);
-                clock += r.seconds;
-                by_time.push((clock, r.accuracy * 100.0));
-            }
-            let marks = task_marks(starts.iter().filter_map(|&(k, r)| Some((k, *began.get(&r)?))));
-            let title = format!("{whose} over time");
-            put(
-                "accuracy_by_time",
-                &title,
-                line_chart_marked(
-                    &title,
-                    "seconds (sum of round durations)",
-                    "accuracy (%)",
-                    &[Series { name: series.into(), points: by_time }],
-                    Some((0.0, 100.0)),
-                    &marks,
-                ),
-            )?;
-        }
+        run_accuracy_charts(source, &starts, &mut charts)?;
     }
+    bytes_chart(&rounds, ledger, &mut charts)?;
+    round_time_breakdown_chart(&rounds, ledger, &mut charts)?;
+    round_time_cdf_chart(ledger, &mut charts)?;
+    let (global, local) = matrix_charts(rows.filter(|_| tasks > 1), &mut charts)?;
+    remove_stale_charts(out, &charts.plots)?;
 
-    let per_client = |f: &dyn Fn(&CostRecord) -> u64| -> Vec<f64> {
-        rounds.iter().map(|&r| mean(by_round(r).map(|c| f(c) as f64))).collect()
+    let clients = rows.map_or(!summary.continual.local_matrix.is_empty(), accuracy::has_clients);
+    let doc = Doc {
+        source,
+        summary,
+        ledger,
+        info,
+        tasks,
+        clients,
+        global: global.as_deref(),
+        local: local.as_deref(),
+        plots: &charts.plots,
     };
-    let max_up: Vec<f64> = rounds.iter().map(|&r| by_round(r).map(|c| c.wire_up).max().unwrap_or(0) as f64).collect();
+    let path = out.join("report.md");
+    std::fs::write(&path, markdown(&doc)).with_context(|| format!("writing {}", path.display()))?;
+    let mut files = charts.files;
+    files.push(path);
+    Ok(files)
+}
+
+/// The charts a report has written into its folder so far, each as SVG and PNG.
+struct Charts<'a> {
+    out: &'a Path,
+    /// The files written, each chart's PNG before its SVG.
+    files: Vec<PathBuf>,
+    plots: Vec<Plot>,
+}
+
+impl Charts<'_> {
+    /// Writes one chart as `<stem>.svg` and `<stem>.png` and records it under `title`.
+    fn put(&mut self, stem: &str, title: &str, svg: String) -> anyhow::Result<()> {
+        let path = self.out.join(format!("{stem}.svg"));
+        std::fs::write(&path, &svg).with_context(|| format!("writing {}", path.display()))?;
+        let png = path.with_extension("png");
+        png::write_png(&svg, &png).with_context(|| format!("rendering {}", png.display()))?;
+        self.files.extend([png, path]);
+        self.plots.push(Plot { title: title.into(), stem: stem.into() });
+        Ok(())
+    }
+}
+
+/// The ledger's records of one round.
+fn by_round(ledger: &[CostRecord], round: u64) -> impl Iterator<Item = &CostRecord> {
+    ledger.iter().filter(move |c| c.round == round)
+}
+
+/// A run folder's accuracy by round and over time (the global model's, or the mean of the
+/// clients' local models for a method with none), with the task boundaries marked.
+fn run_accuracy_charts(source: &Source, starts: &[(usize, u64)], charts: &mut Charts) -> anyhow::Result<()> {
+    let summary = &source.summary;
+    let rows = source.accuracy.as_deref();
+    // A method with no global model has no initial accuracy, and its rounds' accuracy is
+    // the mean of the clients' local models.
+    let evaluated = summary.rounds.iter().any(|r| r.accuracy.is_finite());
+    // Without metrics.json (no initial accuracy recorded), accuracy.csv says whose it is.
+    let global = summary.initial_accuracy.is_finite()
+        || (!source.has_metrics && rows.is_some_and(|rows| rows.iter().any(|r| r.model == "global")));
+    let initial = summary.initial_accuracy.is_finite().then_some((0.0, summary.initial_accuracy * 100.0));
+    let (whose, series) =
+        if global { ("Global accuracy", "global") } else { ("Accuracy of the clients' local models", "clients' mean") };
+    if evaluated {
+        accuracy_by_round_chart(summary, initial, starts, (whose, series), charts)?;
+        accuracy_by_time_chart(summary, initial, starts, (whose, series), charts)?;
+    }
+    Ok(())
+}
+
+/// `accuracy_by_round`: the accuracy after each round (from the initial one), `(whose, series)`
+/// naming the model.
+fn accuracy_by_round_chart(
+    summary: &RunSummary,
+    initial: Option<(f64, f64)>,
+    starts: &[(usize, u64)],
+    (whose, series): (&str, &str),
+    charts: &mut Charts,
+) -> anyhow::Result<()> {
+    let accuracy: Vec<(f64, f64)> =
+        initial.into_iter().chain(summary.rounds.iter().map(|r| (r.round as f64, r.accuracy * 100.0))).collect();
+    let title = format!("{whose} by round");
+    let marks = task_marks(starts.iter().map(|&(k, r)| (k, r as f64 - 1.0)));
+    charts.put(
+        "accuracy_by_round",
+        &title,
+        line_chart_marked(
+            &title,
+            "round",
+            "accuracy (%)",
+            &[Series { name: series.into(), points: accuracy }],
+            Some((0.0, 100.0)),
+            &marks,
+        ),
+    )
+}
+
+/// `accuracy_by_time`: the accuracy over the sum of the round durations, `(whose, series)`
+/// naming the model.
+fn accuracy_by_time_chart(
+    summary: &RunSummary,
+    initial: Option<(f64, f64)>,
+    starts: &[(usize, u64)],
+    (whose, series): (&str, &str),
+    charts: &mut Charts,
+) -> anyhow::Result<()> {
+    let mut clock = 0.0;
+    let mut by_time: Vec<(f64, f64)> = initial.into_iter().collect();
+    // The clock when each round began, for the task boundaries.
+    let mut began = std::collections::BTreeMap::new();
+    for r in &summary.rounds {
+        began.insert(r.round, clock);
+        clock += r.seconds;
+        by_time.push((clock, r.accuracy * 100.0));
+    }
+    let marks = task_marks(starts.iter().filter_map(|&(k, r)| Some((k, *began.get(&r)?))));
+    let title = format!("{whose} over time");
+    charts.put(
+        "accuracy_by_time",
+        &title,
+        line_chart_marked(
+            &title,
+            "seconds (sum of round durations)",
+            "accuracy (%)",
+            &[Series { name: series.into(), points: by_time }],
+            Some((0.0, 100.0)),
+            &marks,
+        ),
+    )
+}
+
+/// The bytes per client of each round (payload and wire, up and down), in the binary unit of
+/// the largest value: the unit's name and the four series.
+fn bytes_series(rounds: &[u64], ledger: &[CostRecord]) -> (&'static str, [(&'static str, Vec<f64>); 4]) {
+    let per_client = |f: &dyn Fn(&CostRecord) -> u64| -> Vec<f64> {
+        rounds.iter().map(|&r| mean(by_round(ledger, r).map(|c| f(c) as f64))).collect()
+    };
+    let max_up: Vec<f64> =
+        rounds.iter().map(|&r| by_round(ledger, r).map(|c| c.wire_up).max().unwrap_or(0) as f64).collect();
     let mut bytes = [
         ("up payload (mean)", per_client(&|c| c.payload_up)),
         ("up wire (mean)", per_client(&|c| c.wire_up)),
@@ -324,6 +393,13 @@ fn render(source: &Source, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     for (_, values) in &mut bytes {
         values.iter_mut().for_each(|v| *v /= scale as f64);
     }
+    (unit, bytes)
+}
+
+/// `bytes_per_round`: the bytes per client of each round, as grouped bars up to
+/// [`MAX_BAR_ROUNDS`] rounds and as lines beyond.
+fn bytes_chart(rounds: &[u64], ledger: &[CostRecord], charts: &mut Charts) -> anyhow::Result<()> {
+    let (unit, bytes) = bytes_series(rounds, ledger);
     // Per client: the console's columns are the round's totals over its clients.
     let title = "Bytes per client per round";
     let y_label = format!("{unit} per client (the console prints round totals)");
@@ -342,12 +418,16 @@ fn render(source: &Source, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
             .collect();
         line_chart(title, "round", y_label, &series, None)
     };
-    put("bytes_per_round", title, chart)?;
+    charts.put("bytes_per_round", title, chart)
+}
 
-    let layer =
-        |f: &dyn Fn(&CostRecord) -> f64| -> Vec<f64> { rounds.iter().map(|&r| mean(by_round(r).map(f))).collect() };
+/// `round_time_breakdown`: a client's mean compute, transfer and wait seconds of each round.
+fn round_time_breakdown_chart(rounds: &[u64], ledger: &[CostRecord], charts: &mut Charts) -> anyhow::Result<()> {
+    let layer = |f: &dyn Fn(&CostRecord) -> f64| -> Vec<f64> {
+        rounds.iter().map(|&r| mean(by_round(ledger, r).map(f))).collect()
+    };
     let title = "Where a client's round goes (mean over clients)";
-    put(
+    charts.put(
         "round_time_breakdown",
         title,
         stacked_bars(
@@ -361,14 +441,17 @@ fn render(source: &Source, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 ("wait", layer(&|c| c.wait_seconds)),
             ],
         ),
-    )?;
+    )
+}
 
+/// `round_time_cdf`: the distribution of the client rounds' wall seconds.
+fn round_time_cdf_chart(ledger: &[CostRecord], charts: &mut Charts) -> anyhow::Result<()> {
     let mut walls: Vec<f64> = ledger.iter().map(|c| c.wall_seconds).collect();
     walls.sort_by(f64::total_cmp);
     let n = walls.len().max(1) as f64;
     let cdf: Vec<(f64, f64)> = walls.iter().enumerate().map(|(i, w)| (*w, (i + 1) as f64 / n)).collect();
     let title = "CDF of client round times";
-    put(
+    charts.put(
         "round_time_cdf",
         title,
         line_chart(
@@ -378,28 +461,40 @@ fn render(source: &Source, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
             &[Series { name: "clients".into(), points: cdf }],
             Some((0.0, 1.0)),
         ),
-    )?;
+    )
+}
 
-    // The task accuracy matrix (more than one task): the global model, and the mean of the
-    // clients' local models.
+/// A task accuracy matrix: per task trained, the accuracy on each test task.
+type Matrix = Vec<Vec<Option<f64>>>;
+
+/// The task accuracy heat maps of `rows` (given for more than one task only): the global
+/// model's and the mean of the clients' local models, where the records have them; returns
+/// the two matrices.
+fn matrix_charts(
+    rows: Option<&[AccuracyRow]>,
+    charts: &mut Charts,
+) -> anyhow::Result<(Option<Matrix>, Option<Matrix>)> {
     let (mut global, mut local) = (None, None);
-    if let Some(rows) = rows.filter(|_| tasks > 1) {
+    if let Some(rows) = rows {
         let (row_label, col_label) = ("after task t", "test task k");
         if rows.iter().any(|r| r.model == "global") {
             let matrix = accuracy_matrix(rows, "global");
             let title = "Task accuracy (%): global model";
-            put("accuracy_matrix", title, heat_map(title, &matrix, row_label, col_label))?;
+            charts.put("accuracy_matrix", title, heat_map(title, &matrix, row_label, col_label))?;
             global = Some(matrix);
         }
         if accuracy::has_clients(rows) {
             let matrix = accuracy_matrix(rows, CLIENTS_MEAN);
             let title = "Task accuracy (%): mean of the clients' local models";
-            put("accuracy_matrix_clients", title, heat_map(title, &matrix, row_label, col_label))?;
+            charts.put("accuracy_matrix_clients", title, heat_map(title, &matrix, row_label, col_label))?;
             local = Some(matrix);
         }
     }
+    Ok((global, local))
+}
 
-    // Charts of an earlier report that this one did not draw.
+/// Removes from `out` the charts of an earlier report that this one (`plots`) did not draw.
+fn remove_stale_charts(out: &Path, plots: &[Plot]) -> anyhow::Result<()> {
     for stem in PLOTS.iter().filter(|stem| !plots.iter().any(|p| p.stem == **stem)) {
         for ext in ["svg", "png"] {
             let stale = out.join(format!("{stem}.{ext}"));
@@ -411,23 +506,7 @@ fn render(source: &Source, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
             }
         }
     }
-
-    let clients = rows.map_or(!summary.continual.local_matrix.is_empty(), accuracy::has_clients);
-    let doc = Doc {
-        source,
-        summary,
-        ledger,
-        info,
-        tasks,
-        clients,
-        global: global.as_deref(),
-        local: local.as_deref(),
-        plots: &plots,
-    };
-    let path = out.join("report.md");
-    std::fs::write(&path, markdown(&doc)).with_context(|| format!("writing {}", path.display()))?;
-    files.push(path);
-    Ok(files)
+    Ok(())
 }
 
 /// A state folder's accuracy charts: the devices' own evaluation and the server's held-out
@@ -507,9 +586,27 @@ fn percent(v: Option<f64>) -> Option<String> {
 /// `report.md`: the status, where it was read from, a summary table, the continual-learning
 /// metrics (more than one task), the task accuracy matrices, every plot, and the rounds.
 fn markdown(doc: &Doc) -> String {
-    let Doc { source, summary, ledger, info, .. } = doc;
+    let mut md = String::new();
+    heading(&mut md, doc.source);
+    let _ = writeln!(md, "| | |\n|---|---|");
+    accuracy_rows(&mut md, doc);
+    cost_rows(&mut md, doc);
+    if doc.tasks > 1 {
+        continual_section(&mut md, doc);
+    }
+    matrix_sections(&mut md, doc);
+    plots_section(&mut md, doc.plots);
+    match doc.source.server.as_ref() {
+        Some(server) => server.rounds_section(&mut md, doc.summary),
+        None => rounds_section(&mut md, doc.summary, doc.ledger),
+    }
+    md
+}
+
+/// The title, the status, the folder the report was read from, and the notes on what it read.
+fn heading(md: &mut String, source: &Source) {
     let server = source.server.as_ref();
-    let mut md = String::from(if server.is_some() { "# Server report\n\n" } else { "# Run report\n\n" });
+    md.push_str(if server.is_some() { "# Server report\n\n" } else { "# Run report\n\n" });
     let _ = writeln!(md, "**Status:** {}.\n", source.status);
     let dir = std::fs::canonicalize(&source.dir).unwrap_or_else(|_| source.dir.clone());
     let what = match (source.kind, server.and_then(|s| s.configured.as_ref())) {
@@ -523,8 +620,13 @@ fn markdown(doc: &Doc) -> String {
     for note in &source.notes {
         let _ = writeln!(md, "> {note}\n");
     }
-    let total = |f: &dyn Fn(&CostRecord) -> u64| ledger.iter().map(f).sum::<u64>();
-    let _ = writeln!(md, "| | |\n|---|---|");
+}
+
+/// The summary table's first rows: the method, the clients and the accuracies (final, best,
+/// the clients' local models over one task).
+fn accuracy_rows(md: &mut String, doc: &Doc) {
+    let Doc { source, summary, info, .. } = doc;
+    let server = source.server.as_ref();
     if let Some(method) = &info.method {
         let _ = writeln!(md, "| method | {method} |");
     }
@@ -532,7 +634,7 @@ fn markdown(doc: &Doc) -> String {
         let _ = writeln!(md, "| clients | {clients} |");
     }
     if let Some(server) = server {
-        server.accuracy_lines(&mut md);
+        server.accuracy_lines(md);
     } else if summary.final_accuracy.is_finite() {
         let initial = if source.has_metrics {
             percent(Some(summary.initial_accuracy)).unwrap_or_else(|| "– (no global model yet)".into())
@@ -557,6 +659,13 @@ fn markdown(doc: &Doc) -> String {
     {
         let _ = writeln!(md, "| clients' local models (mean, last evaluation) | {local} |");
     }
+}
+
+/// The summary table's other rows: rounds and tasks, bytes, energy, FedProK's efficiency, late
+/// and refused updates, time, and how often the clients' local models were evaluated.
+fn cost_rows(md: &mut String, doc: &Doc) {
+    let Doc { source, summary, ledger, info, .. } = doc;
+    let total = |f: &dyn Fn(&CostRecord) -> u64| ledger.iter().map(f).sum::<u64>();
     let _ = writeln!(md, "| rounds | {} |", summary.rounds.len());
     if doc.tasks > 1 {
         let per_task =
@@ -593,8 +702,14 @@ fn markdown(doc: &Doc) -> String {
         );
     }
     let _ = writeln!(md, "| late updates / refused | {} / {} |", summary.late_updates, summary.refused);
-    let wall = if server.is_some() { "time in rounds (sum of round durations)" } else { "wall time of the run" };
+    let wall = if source.server.is_some() { "time in rounds (sum of round durations)" } else { "wall time of the run" };
     let _ = writeln!(md, "| {wall} | {:.1} s |", summary.wall_seconds);
+    local_eval_row(md, summary);
+}
+
+/// The summary table's row on the clients' local evaluation, when it was not every round on
+/// every test row.
+fn local_eval_row(md: &mut String, summary: &RunSummary) {
     let local = &summary.local_eval;
     if local.every > 1 || local.sampled {
         let _ = writeln!(
@@ -609,10 +724,11 @@ fn markdown(doc: &Doc) -> String {
             }
         );
     }
+}
 
-    if doc.tasks > 1 {
-        continual_section(&mut md, doc);
-    }
+/// The task accuracy matrices as tables: the global model's (with the average after the last
+/// task) and the clients' mean, where the report drew them.
+fn matrix_sections(md: &mut String, doc: &Doc) {
     if let Some(matrix) = doc.global {
         let _ = writeln!(
             md,
@@ -627,18 +743,21 @@ fn markdown(doc: &Doc) -> String {
         let _ = writeln!(md, "\n## Task accuracy matrix (mean of the clients' local models)\n");
         md.push_str(&accuracy::markdown_table(matrix));
     }
+}
 
-    if !doc.plots.is_empty() {
+/// Every chart the report drew, embedded as its PNG.
+fn plots_section(md: &mut String, plots: &[Plot]) {
+    if !plots.is_empty() {
         md.push_str("\n## Plots\n\nEach plot is also an SVG of the same name.\n");
-        for plot in doc.plots {
+        for plot in plots {
             let _ = writeln!(md, "\n### {}\n\n![{}]({}.png)", plot.title, plot.title, plot.stem);
         }
     }
+}
 
-    if let Some(server) = server {
-        server.rounds_section(&mut md, summary);
-        return md;
-    }
+/// A run folder's table of rounds: accuracy, updates, bytes, seconds, and the clients' mean
+/// compute, transfer and wait seconds.
+fn rounds_section(md: &mut String, summary: &RunSummary, ledger: &[CostRecord]) {
     let _ = writeln!(
         md,
         "\n## Rounds\n\n| round | accuracy | updates | dropped | up wire | down wire | seconds | mean compute s | mean transfer s | mean wait s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -662,7 +781,6 @@ fn markdown(doc: &Doc) -> String {
             m(&|c| c.wait_seconds)
         );
     }
-    md
 }
 
 /// The continual-learning metrics (ARCHITECTURE.md §8) that the run has: the global model's,

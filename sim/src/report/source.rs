@@ -144,98 +144,137 @@ fn read_accuracy(dir: &Path, notes: &mut Vec<String>) -> anyhow::Result<Option<V
 /// costs and accuracy records come from `rounds.csv`, `ledger.csv` and `accuracy.csv`, which the
 /// run appended as each round closed.
 fn read_run_folder(dir: &Path) -> anyhow::Result<Source> {
-    let metrics_path = dir.join("metrics.json");
-    let rounds_path = dir.join(ROUNDS_FILE);
-    let metrics: Option<RunSummary> = read_optional(&metrics_path)?
-        .map(|text| serde_json::from_str(&text).context("parsing metrics.json"))
-        .transpose()?;
-    if metrics.is_none() && !rounds_path.exists() {
-        anyhow::bail!(
-            "reading {}: no such file, and no {ROUNDS_FILE} either (is {} a run folder? `anchorage sim` writes them)",
-            metrics_path.display(),
-            dir.display()
-        );
-    }
-    let ledger_json: Option<Vec<CostRecord>> = read_optional(&dir.join("ledger.json"))?
-        .map(|text| serde_json::from_str(&text).context("parsing ledger.json"))
-        .transpose()?;
-    let info = RunInfo::read(dir)?;
-    let mut notes = Vec::new();
-
-    if let (Some(summary), Some(ledger)) = (&metrics, &ledger_json)
+    let folder = RunFiles::read(dir)?;
+    if let (Some(summary), Some(ledger)) = (&folder.metrics, &folder.ledger)
         && summary.status != RunStatus::Running
     {
-        let accuracy = read_accuracy(dir, &mut notes)?;
-        let status = info.status_text(summary);
         let (summary, ledger) = (summary.clone(), ledger.clone());
-        return Ok(Source {
-            dir: dir.to_path_buf(),
+        return folder.whole(summary, ledger);
+    }
+    folder.read_tables()
+}
+
+/// A run folder's final record as read: `metrics.json` and `ledger.json` where they exist.
+struct RunFiles<'a> {
+    dir: &'a Path,
+    metrics: Option<RunSummary>,
+    ledger: Option<Vec<CostRecord>>,
+    info: RunInfo,
+    /// What the report read instead of the usual files.
+    notes: Vec<String>,
+}
+
+impl<'a> RunFiles<'a> {
+    /// Reads `metrics.json`, `ledger.json` and the run's configuration; refuses a folder with
+    /// neither `metrics.json` nor `rounds.csv`.
+    fn read(dir: &'a Path) -> anyhow::Result<Self> {
+        let metrics_path = dir.join("metrics.json");
+        let metrics: Option<RunSummary> = read_optional(&metrics_path)?
+            .map(|text| serde_json::from_str(&text).context("parsing metrics.json"))
+            .transpose()?;
+        if metrics.is_none() && !dir.join(ROUNDS_FILE).exists() {
+            anyhow::bail!(
+                "reading {}: no such file, and no {ROUNDS_FILE} either (is {} a run folder? `anchorage sim` writes them)",
+                metrics_path.display(),
+                dir.display()
+            );
+        }
+        let ledger: Option<Vec<CostRecord>> = read_optional(&dir.join("ledger.json"))?
+            .map(|text| serde_json::from_str(&text).context("parsing ledger.json"))
+            .transpose()?;
+        let info = RunInfo::read(dir)?;
+        Ok(RunFiles { dir, metrics, ledger, info, notes: Vec::new() })
+    }
+
+    /// The run as its final record (`summary` and `ledger`, the run no longer running) tells it.
+    fn whole(mut self, summary: RunSummary, ledger: Vec<CostRecord>) -> anyhow::Result<Source> {
+        let accuracy = read_accuracy(self.dir, &mut self.notes)?;
+        let status = self.info.status_text(&summary);
+        Ok(self.source(summary, ledger, accuracy, status))
+    }
+
+    /// The run as its tables tell it: it did not write its final record, and its tables hold
+    /// every round that closed.
+    fn read_tables(mut self) -> anyhow::Result<Source> {
+        let rounds_path = self.dir.join(ROUNDS_FILE);
+        let why = self.why_tables();
+        let rows: Vec<RoundRow> = match read_csv(&rounds_path, &mut self.notes)? {
+            Some(rows) => rows,
+            None => self.metrics.as_ref().map(|m| m.rounds.clone()).unwrap_or_default(),
+        };
+        let ledger = match self.ledger.take() {
+            Some(ledger) => ledger,
+            None => read_csv(&self.dir.join(LEDGER_CSV_FILE), &mut self.notes)?.unwrap_or_else(|| {
+                self.notes.push(format!("There is no {LEDGER_CSV_FILE}: no costs are shown."));
+                Vec::new()
+            }),
+        };
+        let accuracy = read_accuracy(self.dir, &mut self.notes)?;
+        self.notes.insert(
+            0,
+            format!(
+                "The run did not write its final record ({why}): its rounds, costs and accuracy records are read \
+                 from {ROUNDS_FILE}, {LEDGER_CSV_FILE} and {}, which it appended as each round closed.",
+                crate::accuracy::FILE
+            ),
+        );
+        let summary = self.summary_of(rows, &ledger, accuracy.as_deref().unwrap_or(&[]));
+        let status = match summary.status {
+            RunStatus::Running => stopped_without_finishing(&summary, &self.info, modified(&rounds_path)),
+            _ => self.info.status_text(&summary),
+        };
+        Ok(self.source(summary, ledger, accuracy, status))
+    }
+
+    /// Why the report reads the tables, in words.
+    fn why_tables(&self) -> String {
+        match &self.metrics {
+            None => "there is no metrics.json".to_string(),
+            Some(m) if m.status == RunStatus::Running => "metrics.json still says `running`".to_string(),
+            Some(m) => format!("metrics.json says `{}` but there is no ledger.json", status_word(m.status)),
+        }
+    }
+
+    /// The summary of the tables' rounds, costs and accuracy records, with what `metrics.json`
+    /// adds where there is one (the initial accuracy, chance, refusals, status, ...).
+    fn summary_of(&self, rows: Vec<RoundRow>, ledger: &[CostRecord], accuracy: &[AccuracyRow]) -> RunSummary {
+        let metrics = self.metrics.as_ref();
+        let inputs = SummaryInputs {
+            initial_accuracy: metrics.map_or(f64::NAN, |m| m.initial_accuracy),
+            chance: metrics.map_or(f64::NAN, |m| m.chance),
+            late_updates: rows.last().map_or(0, |r| r.late_total),
+            refused: metrics.map_or(0, |m| m.refused),
+            decode_errors: metrics.map_or(0, |m| m.decode_errors),
+            wall_seconds: metrics.map_or_else(|| rows.iter().map(|r| r.seconds).sum(), |m| m.wall_seconds),
+            local_eval: metrics.map_or_else(LocalEval::default, |m| m.local_eval),
+        };
+        let mut summary = RunSummary::new(inputs, rows, ledger, accuracy);
+        summary.status = metrics.map_or(RunStatus::Running, |m| m.status);
+        summary.stop_reason = metrics.and_then(|m| m.stop_reason.clone());
+        summary
+    }
+
+    /// The report's source: this folder with the summary, costs, accuracy records and status read.
+    fn source(
+        self,
+        summary: RunSummary,
+        ledger: Vec<CostRecord>,
+        accuracy: Option<Vec<AccuracyRow>>,
+        status: String,
+    ) -> Source {
+        Source {
+            dir: self.dir.to_path_buf(),
             kind: Kind::RunFolder,
             summary,
             ledger,
             accuracy,
-            info,
+            info: self.info,
             status,
-            has_metrics: true,
-            notes,
+            has_metrics: self.metrics.is_some(),
+            notes: self.notes,
             server: None,
-        });
+        }
     }
-
-    // The run did not write its final record: its tables hold every round that closed.
-    let why = match &metrics {
-        None => "there is no metrics.json".to_string(),
-        Some(m) if m.status == RunStatus::Running => "metrics.json still says `running`".to_string(),
-        Some(m) => format!("metrics.json says `{}` but there is no ledger.json", status_word(m.status)),
-    };
-    let rows: Vec<RoundRow> = match read_csv(&rounds_path, &mut notes)? {
-        Some(rows) => rows,
-        None => metrics.as_ref().map(|m| m.rounds.clone()).unwrap_or_default(),
-    };
-    let ledger = match ledger_json {
-        Some(ledger) => ledger,
-        None => read_csv(&dir.join(LEDGER_CSV_FILE), &mut notes)?.unwrap_or_else(|| {
-            notes.push(format!("There is no {LEDGER_CSV_FILE}: no costs are shown."));
-            Vec::new()
-        }),
-    };
-    let accuracy = read_accuracy(dir, &mut notes)?;
-    notes.insert(
-        0,
-        format!(
-            "The run did not write its final record ({why}): its rounds, costs and accuracy records are read from \
-             {ROUNDS_FILE}, {LEDGER_CSV_FILE} and {}, which it appended as each round closed.",
-            crate::accuracy::FILE
-        ),
-    );
-    let inputs = SummaryInputs {
-        initial_accuracy: metrics.as_ref().map_or(f64::NAN, |m| m.initial_accuracy),
-        chance: metrics.as_ref().map_or(f64::NAN, |m| m.chance),
-        late_updates: rows.last().map_or(0, |r| r.late_total),
-        refused: metrics.as_ref().map_or(0, |m| m.refused),
-        decode_errors: metrics.as_ref().map_or(0, |m| m.decode_errors),
-        wall_seconds: metrics.as_ref().map_or_else(|| rows.iter().map(|r| r.seconds).sum(), |m| m.wall_seconds),
-        local_eval: metrics.as_ref().map_or_else(LocalEval::default, |m| m.local_eval),
-    };
-    let mut summary = RunSummary::new(inputs, rows, &ledger, accuracy.as_deref().unwrap_or(&[]));
-    summary.status = metrics.as_ref().map_or(RunStatus::Running, |m| m.status);
-    summary.stop_reason = metrics.as_ref().and_then(|m| m.stop_reason.clone());
-    let status = match summary.status {
-        RunStatus::Running => stopped_without_finishing(&summary, &info, modified(&rounds_path)),
-        _ => info.status_text(&summary),
-    };
-    Ok(Source {
-        dir: dir.to_path_buf(),
-        kind: Kind::RunFolder,
-        summary,
-        ledger,
-        accuracy,
-        info,
-        status,
-        has_metrics: metrics.is_some(),
-        notes,
-        server: None,
-    })
 }
 
 /// `metrics.json`'s word for a status.

@@ -522,13 +522,8 @@ fn scale_colour(v: f64) -> String {
 /// row `t` labelled `t` under the axis title `row_label`, column `k` under `col_label`, the value
 /// printed in each cell, and a colour legend from 0 to 100%.
 pub fn heat_map(title: &str, matrix: &[Vec<Option<f64>>], row_label: &str, col_label: &str) -> String {
-    let rows = matrix.len();
-    let cols = matrix.iter().map(Vec::len).max().unwrap_or(0);
-    let cell = (440.0 / rows.max(cols).max(1) as f64).clamp(22.0, 64.0);
-    let (left, top, bottom, right) = (80.0, 50.0, 56.0, 120.0);
-    let (grid_w, grid_h) = (cols as f64 * cell, (rows as f64 * cell).max(cell));
-    let (w, h) = ((left + grid_w + right).max(360.0), top + grid_h + bottom);
-    let font = (cell * 0.3).clamp(8.0, 13.0);
+    let grid = HeatGrid::new(matrix);
+    let (w, h) = grid.size();
     let mut svg = String::new();
     let _ = write!(
         svg,
@@ -537,11 +532,56 @@ pub fn heat_map(title: &str, matrix: &[Vec<Option<f64>>], row_label: &str, col_l
         escape(title)
     );
     for (t, row) in matrix.iter().enumerate() {
-        let y = top + t as f64 * cell;
-        let _ =
-            write!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{t}</text>"#, left - 6.0, y + cell / 2.0 + 4.0);
-        for k in 0..cols {
-            let x = left + k as f64 * cell;
+        grid.row(&mut svg, t, row);
+    }
+    grid.axes(&mut svg, row_label, col_label);
+    grid.legend(&mut svg);
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Where a heat map's cells go: the grid's top-left corner, its size, a cell's side and the
+/// size of the values printed in the cells.
+struct HeatGrid {
+    cols: usize,
+    cell: f64,
+    left: f64,
+    top: f64,
+    w: f64,
+    h: f64,
+    font: f64,
+}
+
+impl HeatGrid {
+    /// The grid of `matrix`: square cells of 22 to 64 px, a row's height at least.
+    fn new(matrix: &[Vec<Option<f64>>]) -> Self {
+        let rows = matrix.len();
+        let cols = matrix.iter().map(Vec::len).max().unwrap_or(0);
+        let cell = (440.0 / rows.max(cols).max(1) as f64).clamp(22.0, 64.0);
+        let (left, top) = (80.0, 50.0);
+        let (w, h) = (cols as f64 * cell, (rows as f64 * cell).max(cell));
+        let font = (cell * 0.3).clamp(8.0, 13.0);
+        HeatGrid { cols, cell, left, top, w, h, font }
+    }
+
+    /// The picture's width and height: the grid with 120 px right of it (the legend) and 56 px
+    /// under it (the column labels), 360 px wide at least.
+    fn size(&self) -> (f64, f64) {
+        ((self.left + self.w + 120.0).max(360.0), self.top + self.h + 56.0)
+    }
+
+    /// Row `t`: its label, then a cell per column, coloured and with its value where it has one.
+    fn row(&self, svg: &mut String, t: usize, row: &[Option<f64>]) {
+        let (cell, font) = (self.cell, self.font);
+        let y = self.top + t as f64 * cell;
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{t}</text>"#,
+            self.left - 6.0,
+            y + cell / 2.0 + 4.0
+        );
+        for k in 0..self.cols {
+            let x = self.left + k as f64 * cell;
             let value = row.get(k).copied().flatten();
             let fill = value.map(scale_colour).unwrap_or_else(|| "#eeeeee".into());
             let _ = write!(
@@ -560,47 +600,55 @@ pub fn heat_map(title: &str, matrix: &[Vec<Option<f64>>], row_label: &str, col_l
             }
         }
     }
-    for k in 0..cols {
+
+    /// The column labels under the grid, and the two axis titles.
+    fn axes(&self, svg: &mut String, row_label: &str, col_label: &str) {
+        let (left, top, grid_w, grid_h) = (self.left, self.top, self.w, self.h);
+        for k in 0..self.cols {
+            let _ = write!(
+                svg,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{k}</text>"#,
+                left + (k as f64 + 0.5) * self.cell,
+                top + grid_h + 16.0
+            );
+        }
+        let cy = top + grid_h / 2.0;
         let _ = write!(
             svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{k}</text>"#,
-            left + (k as f64 + 0.5) * cell,
-            top + grid_h + 16.0
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="22" y="{cy:.1}" text-anchor="middle" transform="rotate(-90 22 {cy:.1})">{}</text>"#,
+            left + grid_w / 2.0,
+            top + grid_h + 40.0,
+            escape(col_label),
+            escape(row_label)
         );
     }
-    let cy = top + grid_h / 2.0;
-    let _ = write!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="22" y="{cy:.1}" text-anchor="middle" transform="rotate(-90 22 {cy:.1})">{}</text>"#,
-        left + grid_w / 2.0,
-        top + grid_h + 40.0,
-        escape(col_label),
-        escape(row_label)
-    );
-    // The legend: a vertical bar, 100% at the top.
-    let (lx, lh) = (left + grid_w + 30.0, grid_h.clamp(100.0, 240.0));
-    svg.push_str(r#"<defs><linearGradient id="scale" x1="0" y1="1" x2="0" y2="0">"#);
-    for (i, _) in SCALE.iter().enumerate() {
-        let at = i as f64 / (SCALE.len() - 1) as f64;
-        let _ = write!(svg, r#"<stop offset="{at}" stop-color="{}"/>"#, scale_colour(at));
-    }
-    let _ = write!(
-        svg,
-        r##"</linearGradient></defs><rect x="{lx:.1}" y="{top}" width="16" height="{lh:.1}" fill="url(#scale)" stroke="#999"/>"##
-    );
-    for pct in [0, 25, 50, 75, 100] {
-        let y = top + lh * (1.0 - pct as f64 / 100.0);
+
+    /// The legend right of the grid: a vertical bar of the colour scale, 100% at the top, ticked
+    /// every 25%.
+    fn legend(&self, svg: &mut String) {
+        let top = self.top;
+        let (lx, lh) = (self.left + self.w + 30.0, self.h.clamp(100.0, 240.0));
+        svg.push_str(r#"<defs><linearGradient id="scale" x1="0" y1="1" x2="0" y2="0">"#);
+        for (i, _) in SCALE.iter().enumerate() {
+            let at = i as f64 / (SCALE.len() - 1) as f64;
+            let _ = write!(svg, r#"<stop offset="{at}" stop-color="{}"/>"#, scale_colour(at));
+        }
         let _ = write!(
             svg,
-            r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="black"/><text x="{:.1}" y="{:.1}">{pct}%</text>"#,
-            lx + 16.0,
-            lx + 20.0,
-            lx + 24.0,
-            y + 4.0
+            r##"</linearGradient></defs><rect x="{lx:.1}" y="{top}" width="16" height="{lh:.1}" fill="url(#scale)" stroke="#999"/>"##
         );
+        for pct in [0, 25, 50, 75, 100] {
+            let y = top + lh * (1.0 - pct as f64 / 100.0);
+            let _ = write!(
+                svg,
+                r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="black"/><text x="{:.1}" y="{:.1}">{pct}%</text>"#,
+                lx + 16.0,
+                lx + 20.0,
+                lx + 24.0,
+                y + 4.0
+            );
+        }
     }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 #[cfg(test)]
