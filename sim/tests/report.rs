@@ -89,7 +89,7 @@ fn a_run_folder_gets_plots_and_a_summary() {
         assert!(md.contains(&format!("]({png})")), "{png} not embedded in {md}");
     }
     // FedAvg over one task: no FedProK row, no continual-learning metrics.
-    assert!(md.contains("| method | fedavg |"), "{md}");
+    assert!(md.contains("| method | fedavg (McMahan et al. 2017) |"), "{md}");
     assert!(!md.contains("FedProK efficiency"), "{md}");
     assert!(!md.contains("## Continual learning") && !md.contains("forgetting"), "{md}");
 }

@@ -111,6 +111,9 @@ pub struct MethodInfo {
     /// Whether its client half reads the raw samples behind the cached features (FedTA's input
     /// enhancement runs the frozen backbone on them); a simulator may drop them otherwise.
     pub reads_raw_samples: bool,
+    /// Whether its paper measures a run's efficiency as E = (τ1 + τ2) / R, compute and transfer
+    /// seconds per round (FedProK); reports add that row for it.
+    pub reports_efficiency: bool,
     /// The method with its defaults.
     pub defaults: fn() -> MethodConfig,
 }
@@ -123,6 +126,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::Net,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
+        reports_efficiency: false,
         defaults: || MethodConfig::FedAvg(FedAvgConfig::default()),
     },
     MethodInfo {
@@ -131,6 +135,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::Net,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
+        reports_efficiency: false,
         defaults: || MethodConfig::FedAvgM(FedAvgMConfig::default()),
     },
     MethodInfo {
@@ -139,6 +144,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::Net,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
+        reports_efficiency: false,
         defaults: || MethodConfig::FedProx(FedProxConfig::default()),
     },
     MethodInfo {
@@ -147,6 +153,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::Body,
         predicts_with: Prediction::None,
         reads_raw_samples: false,
+        reports_efficiency: false,
         defaults: || MethodConfig::FedRep(FedRepConfig::default()),
     },
     MethodInfo {
@@ -155,6 +162,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::Nothing,
         predicts_with: Prediction::None,
         reads_raw_samples: false,
+        reports_efficiency: false,
         defaults: || MethodConfig::Local(LocalConfig::default()),
     },
     MethodInfo {
@@ -163,6 +171,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::BodyAndPrototypes,
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: false,
+        reports_efficiency: false,
         defaults: || MethodConfig::Gldp(GldpConfig::default()),
     },
     MethodInfo {
@@ -171,6 +180,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::NetAndPrototypes,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
+        reports_efficiency: true,
         defaults: || MethodConfig::FedProK(FedProKConfig::default()),
     },
     MethodInfo {
@@ -179,6 +189,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::NetAndPrototypes,
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: false,
+        reports_efficiency: false,
         defaults: || MethodConfig::FedEvolve(FedEvolveConfig::default()),
     },
     MethodInfo {
@@ -187,6 +198,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::NetAndPrototypes,
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
+        reports_efficiency: false,
         defaults: || MethodConfig::FedEvp(FedEvpConfig::default()),
     },
     MethodInfo {
@@ -195,6 +207,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         shared: Shared::PromptsAndPrototypes,
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: true,
+        reports_efficiency: false,
         defaults: || MethodConfig::FedTa(FedTaConfig::default()),
     },
 ];

@@ -628,7 +628,14 @@ fn accuracy_rows(md: &mut String, doc: &Doc) {
     let Doc { source, summary, info, .. } = doc;
     let server = source.server.as_ref();
     if let Some(method) = &info.method {
-        let _ = writeln!(md, "| method | {method} |");
+        match info.method_info() {
+            Some(m) => {
+                let _ = writeln!(md, "| method | {method} ({}) |", m.paper);
+            }
+            None => {
+                let _ = writeln!(md, "| method | {method} |");
+            }
+        }
     }
     if let Some(clients) = info.clients {
         let _ = writeln!(md, "| clients | {clients} |");
@@ -693,7 +700,7 @@ fn cost_rows(md: &mut String, doc: &Doc) {
         summary.upload_wire_ratio.map(|r| format!("{r:.4}")).unwrap_or_else(|| "-".into())
     );
     let _ = writeln!(md, "| energy (estimate) | {:.1} J |", ledger.iter().map(|c| c.joules).sum::<f64>());
-    if info.method_is("fedprok") {
+    if info.method_info().is_some_and(|m| m.reports_efficiency) {
         let e = &summary.efficiency;
         let _ = writeln!(
             md,
@@ -910,7 +917,7 @@ mod tests {
         let files = write_report(dir).unwrap();
         let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
         assert!(md.starts_with("# Run report\n\n**Status:** interrupted after round 12 (SIGINT)."), "{md}");
-        assert!(md.contains("| method | fedprok |") && md.contains("| clients | 3 |"), "{md}");
+        assert!(md.contains("| method | fedprok (FedProK (Gao et al.)) |") && md.contains("| clients | 3 |"), "{md}");
         assert!(md.contains("| FedProK efficiency E = (τ1 + τ2) / R |"), "{md}");
         assert!(md.contains("## Continual learning") && md.contains("| forgetting"), "{md}");
         assert!(md.contains("| A^loc clients' local models after the last task |"), "{md}");
@@ -952,7 +959,7 @@ mod tests {
         folder(dir, "rounds = 2\nrounds_per_task = 1\n", 2, Some(&two));
         write_report(dir).unwrap();
         let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
-        assert!(md.contains("| method | fedavg |"), "no [method]: the default: {md}");
+        assert!(md.contains("| method | fedavg (McMahan et al. 2017) |"), "no [method]: the default: {md}");
         assert!(md.contains("| forgetting (best earlier − final, old tasks) | 30.00% |"), "{md}");
         assert!(!md.contains("A^loc") && !md.contains("KR_s"), "{md}");
     }

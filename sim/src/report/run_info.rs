@@ -47,9 +47,9 @@ impl RunInfo {
         Ok(info)
     }
 
-    /// Whether the run's method is `name`.
-    pub fn method_is(&self, name: &str) -> bool {
-        self.method.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(name))
+    /// The run's method's registry entry (none for a name this build does not know).
+    pub fn method_info(&self) -> Option<&'static anchorage_shared::method::MethodInfo> {
+        self.method.as_deref().and_then(|m| anchorage_shared::method::info(&m.to_ascii_lowercase()))
     }
 
     /// How the run ended, in words: `finished (4 of 4 rounds)`, `interrupted after round 3
@@ -118,7 +118,7 @@ mod tests {
         .unwrap();
         let info = RunInfo::read(dir.path()).unwrap();
         assert_eq!(info.method.as_deref(), Some("fedprok"));
-        assert!(info.method_is("fedprok") && !info.method_is("fedavg"));
+        assert!(info.method_info().is_some_and(|m| m.name == "fedprok" && m.reports_efficiency));
         assert_eq!((info.clients, info.rounds, info.rounds_per_task), (Some(3), Some(6), 2));
         assert_eq!(info.task_starts(None, 5), vec![(1, 3), (2, 5)]);
         let status = |status: RunStatus, reason: Option<&str>, rounds: u64| {
