@@ -447,6 +447,11 @@ impl std::fmt::Display for ScreenReason {
     }
 }
 
+/// Above zero; false for NaN, so that a bound read as NaN is refused, not taken for "no bound".
+fn positive(x: f64) -> bool {
+    x > 0.0
+}
+
 /// An update screening kept out of a round.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Screened {
@@ -460,19 +465,19 @@ impl RobustConfig {
         if self.max_samples == 0 {
             return Err(AggregateError::InvalidRule("max_samples must be at least 1".into()));
         }
-        if !(self.max_abs_value > 0.0) {
+        if !positive(self.max_abs_value) {
             return Err(AggregateError::InvalidRule(format!(
                 "max_abs_value must be positive, got {}",
                 self.max_abs_value
             )));
         }
         if let Some(b) = self.max_norm
-            && !(b > 0.0)
+            && !positive(b)
         {
             return Err(AggregateError::InvalidRule(format!("max_norm must be positive, got {b}")));
         }
         if let Some(z) = self.max_norm_z
-            && !(z > 0.0)
+            && !positive(z)
         {
             return Err(AggregateError::InvalidRule(format!("max_norm_z must be positive, got {z}")));
         }

@@ -567,6 +567,58 @@ impl WaitLog {
     }
 }
 
+/// The server's certificate and who it lets in: the project CA's files in `tls_dir` (mutual
+/// TLS), or, with `insecure_dev`, a self-signed development certificate and no client
+/// certificates.
+fn identity_and_trust(config: &ServerConfig) -> anyhow::Result<(anchorage_pki::Identity, tls::Trust)> {
+    let dir = &config.tls_dir;
+    if config.insecure_dev {
+        let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
+        return Ok((anchorage_pki::identity::load_or_create(dir, &names)?, tls::Trust::InsecureDev));
+    }
+    let hint = "make the project's certificates with `anchorage ca init` and `anchorage ca issue server <name>` \
+                (or `anchorage provision project.toml`), or set `insecure_dev = true` for a development run";
+    let identity = anchorage_pki::load_identity(dir)?
+        .with_context(|| format!("{} holds no cert.der / key.der: {hint}", dir.display()))?;
+    let ca_path = dir.join(anchorage_pki::CA_CERT);
+    let ca =
+        std::fs::read(&ca_path).with_context(|| format!("reading the project CA {}: {hint}", ca_path.display()))?;
+    let trust = tls::Trust::ProjectCa { ca: ca.into(), crl: Some(dir.join(anchorage_pki::CRL)) };
+    // Fail closed: no revocation list, no start.
+    trust.read_crl()?;
+    Ok((identity, trust))
+}
+
+/// The method's server half; FedTA's distiller on `[sikf]`'s surrogate set
+/// ([`crate::sikf::server_method`]).
+#[cfg(feature = "sikf")]
+fn server_method(
+    config: &crate::config::ServerConfig,
+    method: &anchorage_shared::method::MethodConfig,
+) -> anyhow::Result<Box<dyn methods::ServerMethod>> {
+    let surrogate = match (&config.sikf, method) {
+        (Some(section), anchorage_shared::method::MethodConfig::FedTa(_)) => Some(crate::sikf::surrogate(section)?),
+        _ => None,
+    };
+    crate::sikf::server_method(method, surrogate)
+}
+
+/// Without the `sikf` feature a `[sikf]` section cannot be honoured: refuse to start rather than
+/// silently average.
+#[cfg(not(feature = "sikf"))]
+fn server_method(
+    config: &crate::config::ServerConfig,
+    method: &anchorage_shared::method::MethodConfig,
+) -> anyhow::Result<Box<dyn methods::ServerMethod>> {
+    if let (Some(_), anchorage_shared::method::MethodConfig::FedTa(_)) = (&config.sikf, method) {
+        anyhow::bail!(
+            "server.toml has a [sikf] section, but this anchorage-server was built without SIKF: \
+             build it with `cargo build --release -p anchorage-server --features sikf`"
+        );
+    }
+    Ok(methods::build(method))
+}
+
 #[cfg(test)]
 mod round_log_tests {
     use super::*;
@@ -627,56 +679,4 @@ mod round_log_tests {
         // Round 2 was evaluated (every = 2), on a blocking thread, and exported.
         assert_eq!(metrics.held_out_accuracy(), Some((2, 0.5)));
     }
-}
-
-/// The server's certificate and who it lets in: the project CA's files in `tls_dir` (mutual
-/// TLS), or, with `insecure_dev`, a self-signed development certificate and no client
-/// certificates.
-fn identity_and_trust(config: &ServerConfig) -> anyhow::Result<(anchorage_pki::Identity, tls::Trust)> {
-    let dir = &config.tls_dir;
-    if config.insecure_dev {
-        let names: Vec<&str> = config.server_names.iter().map(String::as_str).collect();
-        return Ok((anchorage_pki::identity::load_or_create(dir, &names)?, tls::Trust::InsecureDev));
-    }
-    let hint = "make the project's certificates with `anchorage ca init` and `anchorage ca issue server <name>` \
-                (or `anchorage provision project.toml`), or set `insecure_dev = true` for a development run";
-    let identity = anchorage_pki::load_identity(dir)?
-        .with_context(|| format!("{} holds no cert.der / key.der: {hint}", dir.display()))?;
-    let ca_path = dir.join(anchorage_pki::CA_CERT);
-    let ca =
-        std::fs::read(&ca_path).with_context(|| format!("reading the project CA {}: {hint}", ca_path.display()))?;
-    let trust = tls::Trust::ProjectCa { ca: ca.into(), crl: Some(dir.join(anchorage_pki::CRL)) };
-    // Fail closed: no revocation list, no start.
-    trust.read_crl()?;
-    Ok((identity, trust))
-}
-
-/// The method's server half; FedTA's distiller on `[sikf]`'s surrogate set
-/// ([`crate::sikf::server_method`]).
-#[cfg(feature = "sikf")]
-fn server_method(
-    config: &crate::config::ServerConfig,
-    method: &anchorage_shared::method::MethodConfig,
-) -> anyhow::Result<Box<dyn methods::ServerMethod>> {
-    let surrogate = match (&config.sikf, method) {
-        (Some(section), anchorage_shared::method::MethodConfig::FedTa(_)) => Some(crate::sikf::surrogate(section)?),
-        _ => None,
-    };
-    crate::sikf::server_method(method, surrogate)
-}
-
-/// Without the `sikf` feature a `[sikf]` section cannot be honoured: refuse to start rather than
-/// silently average.
-#[cfg(not(feature = "sikf"))]
-fn server_method(
-    config: &crate::config::ServerConfig,
-    method: &anchorage_shared::method::MethodConfig,
-) -> anyhow::Result<Box<dyn methods::ServerMethod>> {
-    if let (Some(_), anchorage_shared::method::MethodConfig::FedTa(_)) = (&config.sikf, method) {
-        anyhow::bail!(
-            "server.toml has a [sikf] section, but this anchorage-server was built without SIKF: \
-             build it with `cargo build --release -p anchorage-server --features sikf`"
-        );
-    }
-    Ok(methods::build(method))
 }

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 pub use buffered::{AggregationMode, staleness_weight};
 pub use config::EngineConfig;
-pub use persist::{AcceptedUpdate, OpenedRound, Persist, Recovered};
+pub use persist::{AcceptedUpdate, Invitations, OpenedRound, Persist, Recovered};
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport, preview};
 
 use buffered::BufferedState;

@@ -48,6 +48,9 @@ pub struct AcceptedUpdate {
     pub arrived_after: Duration,
 }
 
+/// Rounds' invitations: (round, invited clients, those whose cost record the store holds).
+pub type Invitations = Vec<(u64, Vec<ClientId>, Vec<ClientId>)>;
+
 /// What a store hands a restarted engine: the last global version and the work accepted since.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Recovered {
@@ -63,5 +66,5 @@ pub struct Recovered {
     pub round_floor: u64,
     /// The last rounds' invitations: (round, invited clients, those whose cost record the
     /// ledger holds), so that resent cost records are judged as before the restart.
-    pub invitations: Vec<(u64, Vec<ClientId>, Vec<ClientId>)>,
+    pub invitations: Invitations,
 }

@@ -181,7 +181,7 @@ impl FedTaServer {
         log_selection(round, &selection, &stacked, from_uploads, uploads, self.state.locked.len());
         let mut next: Vec<ClassMean> =
             previous.iter().filter(|p| self.state.locked.contains(&p.class)).cloned().collect();
-        for (_, &i) in &selection.chosen {
+        for &i in selection.chosen.values() {
             next.push(stacked[i].clone());
         }
         next.sort_by_key(|m| m.class);
@@ -377,7 +377,9 @@ mod tests {
     }
 
     /// Records its inputs; the "distilled" student is the mean of the teachers.
-    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(Vec<f32>, usize)>>>);
+    /// Each call's student and teacher count.
+    type Calls = std::sync::Arc<std::sync::Mutex<Vec<(Vec<f32>, usize)>>>;
+    struct Recorder(Calls);
 
     impl InputDistiller for Recorder {
         fn distill(

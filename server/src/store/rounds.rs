@@ -225,7 +225,7 @@ impl ServerStore {
     }
 
     /// The recent rounds' invitations, oldest first, each with the clients that reported its cost.
-    fn recover_invitations(&self) -> Result<Vec<(u64, Vec<String>, Vec<String>)>, StoreError> {
+    fn recover_invitations(&self) -> Result<crate::engine::Invitations, StoreError> {
         // The connection is let go before `strings` takes it again.
         let recent = {
             let conn = self.conn();

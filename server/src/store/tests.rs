@@ -113,7 +113,7 @@ fn the_ledger_keeps_one_row_per_client_round_and_kind() {
     let a = CostRecord { client: "a".into(), round: 1, wire_up: 10, joules: 1.5, ..Default::default() };
     let dropped = CostRecord { client: "a".into(), round: 1, dropped: true, ..Default::default() };
     assert_eq!(store.append_ledger(&[a.clone(), dropped.clone()]).unwrap().len(), 2);
-    assert_eq!(store.append_ledger(&[a.clone()]).unwrap(), vec![], "a resent report is not new");
+    assert_eq!(store.append_ledger(std::slice::from_ref(&a)).unwrap(), vec![], "a resent report is not new");
     drop(store);
     let store = ServerStore::open(dir.path()).unwrap();
     assert_eq!(store.load_ledger().unwrap(), vec![dropped, a]);
