@@ -1,6 +1,8 @@
 //! The tokio + quinn shell around the [`Session`]: connects with a pinned server certificate,
 //! reconnects with exponential backoff and jitter, runs training off the async threads, uploads
-//! on uni streams, and measures what every round cost (payload and wire bytes, seconds).
+//! on uni streams, and measures what the session's cost records need (wire bytes from QUIC's
+//! statistics, times on the host's clock), reporting each record the session completes to the
+//! server's ledger until the server confirms it.
 
 use anchorage_shared::MetricKey;
 use std::collections::{BTreeMap, HashMap};
@@ -13,14 +15,13 @@ use anchorage_shared::io::{FrameIoError, read_frame, udp_socket, write_frame};
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Capabilities, Goodbye, Heartbeat, Message, RefusalReason, Update};
 use anchorage_shared::rng::Rng;
-use anchorage_shared::tensor::payload_bytes;
 use anyhow::Context;
 use quinn::crypto::rustls::QuicClientConfig;
 use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
 
 use crate::methods::ClientMethod;
-use crate::session::{Session, SessionAction};
+use crate::session::{Session, SessionAction, UploadMeasure};
 use crate::store::ClientStore;
 
 /// ALPN protocol id of Anchorage v1 (the server's `tls::ALPN`).
@@ -336,53 +337,21 @@ enum Inbound {
     Closed(String),
 }
 
-/// What the client knows of the round in flight, to fill its cost record.
-#[derive(Debug, Default, Clone)]
-struct RoundCost {
-    record: CostRecord,
-    broadcast_at: Option<Instant>,
-    /// The upload task measured its bytes and seconds.
-    uploaded: bool,
-    /// The ack arrived (`Some(aggregated)`). It may overtake the upload task's own report.
-    acked: Option<bool>,
-    /// Trained here in this process (not a saved update resent): the samples and the local
-    /// accuracy (a fraction) the update reports.
-    trained: Option<(u64, Option<f64>)>,
-}
-
-impl RoundCost {
-    /// The record, once both the ack and the upload's measurements are in.
-    fn complete(&mut self, client: &str, round: u64) -> Option<(CostRecord, bool)> {
-        let aggregated = self.acked?;
-        if !self.uploaded {
-            return None;
+/// A round's one line in the client's log, once its cost record is complete: e.g. `round 7:
+/// trained 1.2 s on 750 samples, local accuracy 84.1%, uploaded 1.02 MiB in 0.3 s, acked`.
+/// `trained`: the samples and local accuracy (a fraction) of an update trained in this process
+/// (`None`: a saved update was resent).
+fn round_line(r: &CostRecord, trained: Option<(u64, Option<f64>)>) -> String {
+    let trained = match trained {
+        Some((samples, accuracy)) => {
+            let accuracy = accuracy.map_or_else(String::new, |a| format!(", local accuracy {:.1}%", a * 100.0));
+            format!("trained {:.1} s on {samples} samples{accuracy}", r.compute_seconds)
         }
-        if let Some(at) = self.broadcast_at {
-            self.record.wall_seconds = at.elapsed().as_secs_f64();
-        }
-        let r = &mut self.record;
-        r.client = client.into();
-        r.round = round;
-        r.straggler = !aggregated;
-        r.wait_seconds = (r.wall_seconds - r.compute_seconds - r.transfer_seconds).max(0.0);
-        Some((r.clone(), aggregated))
-    }
-
-    /// The round's one line in the client's log, once it is complete: e.g. `round 7: trained
-    /// 1.2 s on 750 samples, local accuracy 84.1%, uploaded 1.02 MiB in 0.3 s, acked`.
-    fn line(&self, round: u64, aggregated: bool) -> String {
-        let r = &self.record;
-        let trained = match self.trained {
-            Some((samples, accuracy)) => {
-                let accuracy = accuracy.map_or_else(String::new, |a| format!(", local accuracy {:.1}%", a * 100.0));
-                format!("trained {:.1} s on {samples} samples{accuracy}", r.compute_seconds)
-            }
-            None => "resent the saved update".to_string(),
-        };
-        let mib = r.wire_up as f64 / f64::from(1u32 << 20);
-        let acked = if aggregated { "acked" } else { "acked late (after the round closed; not aggregated)" };
-        format!("round {round}: {trained}, uploaded {mib:.2} MiB in {:.1} s, {acked}", r.transfer_seconds)
-    }
+        None => "resent the saved update".to_string(),
+    };
+    let mib = r.wire_up as f64 / f64::from(1u32 << 20);
+    let acked = if r.straggler { "acked late (after the round closed; not aggregated)" } else { "acked" };
+    format!("round {}: {trained}, uploaded {mib:.2} MiB in {:.1} s, {acked}", r.round, r.transfer_seconds)
 }
 
 /// Gives the method the device state saved before a restart. A state file that cannot be read
@@ -486,10 +455,10 @@ enum Connected {
     Refused(Refused),
 }
 
-/// A trained round's result, from the training thread.
-type Trained = (u64, Result<Update, String>);
-/// An upload's round, wire bytes, seconds and round-trip time, from its task.
-type Uploaded = (u64, u64, f64, f64);
+/// A trained round's result and the device's compute time, from the training thread.
+type Trained = (u64, Result<(Update, Duration), String>);
+/// An upload's round and what it took, from its task.
+type Uploaded = (u64, UploadMeasure);
 
 /// How a connection ended: lost (reconnect), the client's exit with its reason, or the server's
 /// refusal for good.
@@ -499,17 +468,20 @@ enum Ended {
     Refused(Refused),
 }
 
-/// One client's life across its connections: the session, the method, the costs of the rounds
-/// in flight, and where trainings and uploads report back.
+/// One client's life across its connections: the session, the method, the cost records to
+/// confirm, and where trainings and uploads report back.
 struct Client {
     options: ClientOptions,
     session: Session,
+    /// The session's clock: times passed to it are since this instant.
+    epoch: Instant,
     method: Arc<Mutex<Box<dyn ClientMethod>>>,
     endpoint: quinn::Endpoint,
     rng: Rng,
     trained: mpsc::UnboundedSender<Trained>,
     uploaded: mpsc::UnboundedSender<Uploaded>,
-    costs: HashMap<u64, RoundCost>,
+    /// Rounds trained in this process, for their log line: the samples and the local accuracy.
+    trained_here: HashMap<u64, (u64, Option<f64>)>,
     /// Cost records sent and not yet confirmed by the server's ledger (`CostAck`): resent after
     /// every welcome, so a server that died before committing one still gets it. At most
     /// [`UNCONFIRMED_COSTS`], the oldest dropped first (the server keeps invitations that long).
@@ -550,14 +522,20 @@ impl Client {
             rng: Rng::derive(options.seed, 0xBAC0FF),
             options,
             session,
+            epoch: Instant::now(),
             method: Arc::new(Mutex::new(method)),
             trained,
             uploaded,
-            costs: HashMap::new(),
+            trained_here: HashMap::new(),
             unconfirmed: BTreeMap::new(),
             failures: Failures::default(),
             events,
         })
+    }
+
+    /// Now on the session's clock.
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
     }
 
     fn emit(&self, e: ClientEvent) {
@@ -686,16 +664,14 @@ impl Client {
                     None => break 'conn Ended::Lost("connection readers ended".into()),
                 },
                 Some((round, result)) = trained.recv() => match result {
-                    Ok(update) => {
-                        let cost = self.costs.entry(round).or_default();
-                        cost.record.compute_seconds = update.compute_seconds;
+                    Ok((update, compute)) => {
                         let accuracy = update.metrics.iter().find(|m| m.key() == MetricKey::LocalAccuracy).map(|m| m.value);
-                        cost.trained = Some((update.num_samples, accuracy));
-                        self.session.trained(update);
+                        self.trained_here.insert(round, (update.num_samples, accuracy));
+                        self.session.trained(update, compute);
                     }
                     Err(e) => self.session.training_failed(round, &e),
                 },
-                Some(up) = uploaded.recv() => self.on_uploaded(up, &mut control).await,
+                Some((round, measure)) = uploaded.recv() => self.session.uploaded(self.now(), round, measure),
                 _ = heartbeat.tick() => {
                     seq += 1;
                     let frame = encode_frame(&Message::Heartbeat(Heartbeat { seq }), max_frame)?;
@@ -750,14 +726,12 @@ impl Client {
             }
             SessionAction::Train(b) => {
                 let round = b.round;
-                let cost = self.costs.entry(round).or_default();
-                cost.record.payload_down =
-                    (payload_bytes(&b.blocks) + b.prototypes.iter().map(|p| p.vector.data.len()).sum::<usize>()) as u64;
                 let (method, tx, store) = (self.method.clone(), self.trained.clone(), self.options.store.clone());
                 tokio::task::spawn_blocking(move || {
                     let result = match method.lock() {
                         Ok(mut m) => {
-                            let result = m.train(&b).map_err(|e| e.to_string());
+                            // The one measurement of the round's compute time on this clock.
+                            let result = m.train_timed(&b).map_err(|e| e.to_string());
                             if let (Ok(_), Some(store)) = (&result, &store) {
                                 save_device_state(store, &**m, round);
                             }
@@ -769,10 +743,9 @@ impl Client {
                 });
             }
             SessionAction::Upload(update) => {
-                let cost = self.costs.entry(update.round).or_default();
-                cost.record.payload_up = payload_bytes(&update.blocks) as u64;
                 tasks.spawn(upload(conn.clone(), update, max_frame, self.uploaded.clone()));
             }
+            SessionAction::Cost(record) => self.report(record, control).await,
             SessionAction::Persist(update) => {
                 if let Some(store) = &self.options.store {
                     store.save_pending(update.as_ref()).context("persisting the update")?;
@@ -811,23 +784,13 @@ impl Client {
         Ok(None)
     }
 
-    /// A message from the server: a broadcast opens its round's cost record, an ack may close
-    /// it (reported to the server); then the session handles it.
+    /// A message from the server, `wire_bytes` on the wire: told to the events, unconfirmed cost
+    /// records resent after a welcome; then the session handles it (a broadcast opens its round's
+    /// cost record, an ack may complete it).
     async fn on_message(&mut self, msg: Message, wire_bytes: u64, control: &mut quinn::SendStream) {
         match &msg {
-            Message::Broadcast(b) => {
-                self.emit(ClientEvent::RoundStarted { round: b.round });
-                let cost = self.costs.entry(b.round).or_default();
-                cost.broadcast_at = Some(Instant::now());
-                cost.record.wire_down = wire_bytes;
-            }
-            Message::Ack(ack) => {
-                self.emit(ClientEvent::Acked { round: ack.round, aggregated: ack.aggregated });
-                if let Some(cost) = self.costs.get_mut(&ack.round) {
-                    cost.acked = Some(ack.aggregated);
-                    self.report_if_complete(ack.round, control).await;
-                }
-            }
+            Message::Broadcast(b) => self.emit(ClientEvent::RoundStarted { round: b.round }),
+            Message::Ack(ack) => self.emit(ClientEvent::Acked { round: ack.round, aggregated: ack.aggregated }),
             Message::CostAck(a) => {
                 self.unconfirmed.remove(&a.round);
             }
@@ -841,40 +804,22 @@ impl Client {
             }
             _ => {}
         }
-        if let Err(e) = self.session.handle_message(msg) {
+        if let Err(e) = self.session.handle_message(self.now(), msg, wire_bytes) {
             tracing::warn!(client = %self.options.client_id, error = %e, "ignored a message");
         }
     }
 
-    /// An upload finished: its wire bytes and times go into its round's cost record.
-    async fn on_uploaded(&mut self, (round, wire_up, seconds, rtt): Uploaded, control: &mut quinn::SendStream) {
-        let cost = self.costs.entry(round).or_default();
-        cost.record.rtt_seconds = rtt;
-        cost.record.wire_up = wire_up;
-        cost.record.transfer_seconds = seconds;
-        cost.uploaded = true;
-        self.report_if_complete(round, control).await;
-    }
-
-    /// Once a round's cost record is complete (uploaded and acknowledged), it is reported to the
-    /// server and to the events.
-    async fn report_if_complete(&mut self, round: u64, control: &mut quinn::SendStream) {
-        let Some(cost) = self.costs.get_mut(&round) else { return };
-        if let Some((record, aggregated)) = cost.complete(&self.options.client_id, round) {
-            tracing::info!(
-                client = %self.options.client_id,
-                round,
-                aggregated,
-                "{}",
-                cost.line(round, aggregated)
-            );
-            self.costs.remove(&round);
-            self.emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
-            report_cost(control, record.clone(), self.options.max_frame_bytes).await;
-            self.unconfirmed.insert(round, record);
-            while self.unconfirmed.len() > UNCONFIRMED_COSTS {
-                self.unconfirmed.pop_first();
-            }
+    /// A round's cost record, complete: logged, told to the events and reported to the server,
+    /// and kept until the server confirms it.
+    async fn report(&mut self, record: CostRecord, control: &mut quinn::SendStream) {
+        let (round, aggregated) = (record.round, !record.straggler);
+        let line = round_line(&record, self.trained_here.remove(&round));
+        tracing::info!(client = %self.options.client_id, round, aggregated, "{line}");
+        self.emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
+        report_cost(control, record.clone(), self.options.max_frame_bytes).await;
+        self.unconfirmed.insert(round, record);
+        while self.unconfirmed.len() > UNCONFIRMED_COSTS {
+            self.unconfirmed.pop_first();
         }
     }
 }
@@ -975,8 +920,6 @@ async fn accept_broadcasts(conn: quinn::Connection, tx: mpsc::UnboundedSender<In
     }
 }
 
-/// Uploads one update on its own uni stream and waits until the server acknowledged every byte
-/// at the QUIC level. Reports (round, UDP bytes sent meanwhile, seconds).
 /// Sends a round's measured cost to the server's ledger (best effort: the sim keeps its own copy).
 async fn report_cost(control: &mut quinn::SendStream, record: CostRecord, max_frame: usize) {
     if let Ok(frame) = encode_frame(&Message::Cost(record), max_frame)
@@ -986,12 +929,10 @@ async fn report_cost(control: &mut quinn::SendStream, record: CostRecord, max_fr
     }
 }
 
-async fn upload(
-    conn: quinn::Connection,
-    update: Update,
-    max_frame: usize,
-    done: mpsc::UnboundedSender<(u64, u64, f64, f64)>,
-) {
+/// Uploads one update on its own uni stream and waits until the server acknowledged every byte
+/// at the QUIC level. Reports the round and what the upload took: the UDP bytes sent meanwhile,
+/// its seconds and the RTT at its end.
+async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done: mpsc::UnboundedSender<Uploaded>) {
     let round = update.round;
     let frame = match encode_frame(&Message::Update(update), max_frame) {
         Ok(f) => f,
@@ -1014,8 +955,8 @@ async fn upload(
         Ok(()) => {
             let st = conn.stats();
             tracing::debug!(round, lost_bytes = st.path.lost_bytes, lost_packets = st.path.lost_packets, "upload done");
-            let wire = conn.stats().udp_tx.bytes.saturating_sub(before);
-            let _ = done.send((round, wire, started.elapsed().as_secs_f64(), conn.rtt().as_secs_f64()));
+            let wire_bytes = conn.stats().udp_tx.bytes.saturating_sub(before);
+            let _ = done.send((round, UploadMeasure { wire_bytes, transfer: started.elapsed(), rtt: conn.rtt() }));
         }
         Err(e) => tracing::info!(round, error = %e, "upload interrupted; it is resent after reconnecting"),
     }

@@ -152,6 +152,18 @@ impl Availability {
             last_end = last_end.max(end);
             windows.push((s, e));
         }
+        Self::from_windows(windows, last_end, period_seconds, source)
+    }
+
+    /// The availability of a trace's windows (`last_end`: the latest end in the file), repeated
+    /// every `period_seconds` (by default the latest end): empty windows dropped, the others
+    /// sorted and merged; a trace that covers its whole period is [`Availability::Always`].
+    fn from_windows(
+        mut windows: Vec<(Duration, Duration)>,
+        last_end: f64,
+        period_seconds: Option<f64>,
+        source: &str,
+    ) -> anyhow::Result<Self> {
         let period = match period_seconds {
             Some(p) => {
                 anyhow::ensure!(
@@ -482,6 +494,14 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
     }
 
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        self.train_timed(broadcast).map(|(update, _)| update)
+    }
+
+    /// Trains the inner method (fewer epochs for a straggler) and charges the device's compute
+    /// time: `compute_scale` × the host's CPU time of the inner `train`, the wait for the pool
+    /// not counted. The one measurement of compute time on both of the simulator's clocks; the
+    /// real clock sleeps off the difference to the wall time.
+    fn train_timed(&mut self, broadcast: &Broadcast) -> Result<(Update, Duration), TrainError> {
         if self.crash_round == Some(broadcast.round) {
             return Err(TrainError::Crashed(broadcast.round));
         }
@@ -517,7 +537,6 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
         if self.charge == Charge::Sleep && charged > wall {
             std::thread::sleep(charged - wall);
         }
-        update.compute_seconds = charged.as_secs_f64();
         if let Some((scale, claim)) = self.attack {
             if let Some(n) = claim {
                 update.num_samples = n;
@@ -532,7 +551,7 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
         }
         update.metrics.push(Metric::new(MetricKey::LocalEpochs, epochs as f64));
         update.metrics.push(Metric::new(MetricKey::Straggler, if straggles { 1.0 } else { 0.0 }));
-        Ok(update)
+        Ok((update, charged))
     }
 }
 

@@ -9,13 +9,12 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
-use anchorage_client::session::{Session, SessionAction};
+use anchorage_client::session::{Session, SessionAction, UploadMeasure};
 use anchorage_server::engine::{Action, Engine, EngineConfig};
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Broadcast, Capabilities, Message};
+use anchorage_shared::protocol::{Broadcast, Capabilities, Message, Update};
 use anchorage_shared::rng::Rng;
-use anchorage_shared::tensor::payload_bytes;
 use anyhow::Context;
 
 use crate::config::SimConfig;
@@ -49,12 +48,13 @@ enum Event {
         bytes: u64,
         conn: u64,
     },
-    /// Training finished; `life` tells whether the process that trained still runs.
+    /// Training finished, with the device's compute time; `life` tells whether the process
+    /// that trained still runs.
     Trained {
         client: usize,
         life: u64,
         round: u64,
-        result: Result<anchorage_shared::protocol::Update, String>,
+        result: Result<(Update, Duration), String>,
     },
     /// The device becomes unreachable; it returns after `back_after`. `crash`: the process restarts
     /// (work in progress is lost, the store survives).
@@ -121,8 +121,6 @@ impl Path {
 
 struct VirtualClient {
     session: Session,
-    /// What a new session of this device says in its hello (one value for the whole fleet).
-    capabilities: std::sync::Arc<Capabilities>,
     device: DeviceProfile,
     /// When the device is reachable (on its own timeline, `phase` ahead of the simulated clock).
     availability: Availability,
@@ -138,8 +136,6 @@ struct VirtualClient {
     method: Option<Box<dyn ClientMethod>>,
     up: Path,
     down: Path,
-    /// Cost of the round in flight, and when its broadcast arrived.
-    costs: HashMap<u64, (CostRecord, Duration)>,
 }
 
 /// Runs the federation of `config` on the virtual clock, silently, with no run folder.
@@ -175,6 +171,8 @@ struct VirtualRun {
     rows: Vec<RoundRow>,
     reports: Vec<anchorage_server::RoundReport>,
     ledger: Vec<CostRecord>,
+    /// Cost records the clients' sessions completed, to file in the ledger.
+    completed: Vec<(usize, CostRecord)>,
     accuracy_rows: Vec<crate::accuracy::AccuracyRow>,
     stopping: bool,
     finished: bool,
@@ -220,16 +218,16 @@ impl VirtualRun {
         let mut methods = heapless::Vec::new();
         let name = clients.first().map_or("", |m| m.name());
         let _ = methods.push(heapless::String::try_from(name).unwrap_or_default());
-        let capabilities = std::sync::Arc::new(Capabilities { backend: "virtual".into(), memory_mb: 1024, methods });
+        let capabilities = Capabilities { backend: "virtual".into(), memory_mb: 1024, methods };
         let clients: Vec<VirtualClient> = clients
             .into_iter()
             .enumerate()
             .map(|(i, method)| {
                 let profile = links[i].clone().unwrap_or_default();
-                let session = Session::new(client_id(i), (*capabilities).clone(), method.num_samples(), None);
+                let session = Session::new(client_id(i), capabilities.clone(), method.num_samples(), None)
+                    .payload_down_without_prototypes();
                 let seed = config.seed.wrapping_add(5000 + i as u64);
                 VirtualClient {
-                    capabilities: capabilities.clone(),
                     session,
                     device: devices[i].clone(),
                     availability: availabilities[i].clone(),
@@ -241,7 +239,6 @@ impl VirtualRun {
                     method: Some(Box::new(method) as Box<dyn ClientMethod>),
                     up: Path::new(profile.up, seed),
                     down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
-                    costs: HashMap::new(),
                 }
             })
             .collect();
@@ -272,6 +269,7 @@ impl VirtualRun {
             rows: Vec::new(),
             reports: Vec::new(),
             ledger: Vec::new(),
+            completed: Vec::new(),
             accuracy_rows: Vec::new(),
             stopping: false,
             finished: false,
@@ -300,7 +298,20 @@ impl VirtualRun {
 
     /// Lets client `i`'s session act at the current time.
     fn drive(&mut self, i: usize) {
-        drive_client(i, self.now, &mut self.clients, &mut self.queue, &mut self.trainer);
+        let c = &mut self.clients[i];
+        drive_client(i, self.now, c, &mut self.queue, &mut self.trainer, &mut self.completed);
+    }
+
+    /// Files the cost records the sessions completed, with the energy their devices' profiles
+    /// estimate (as the real clock does), and lets the recorder have the rows they complete.
+    fn file_costs(&mut self, recorder: &mut Recorder) -> anyhow::Result<()> {
+        for (i, mut cost) in std::mem::take(&mut self.completed) {
+            cost.joules = self.devices[i].joules(cost.compute_seconds, cost.transfer_seconds);
+            self.live.cost(self.ledger.len(), &cost);
+            self.ledger.push(cost);
+            self.live.emit_complete(&self.ledger, recorder)?;
+        }
+        Ok(())
     }
 
     /// Handles the next thing to happen (a landed training, the engine's deadline or the next
@@ -321,7 +332,9 @@ impl VirtualRun {
             self.engine.handle_timeout(self.now);
         } else if let Some((t, event)) = self.queue.pop() {
             self.now = t;
-            if !self.on_event(event, recorder)? {
+            let delivered = self.on_event(event);
+            self.file_costs(recorder)?;
+            if !delivered {
                 return Ok(true);
             }
         } else {
@@ -334,46 +347,39 @@ impl VirtualRun {
     }
 
     /// One event at the current time; `false` when it was lost (nothing else happens this step).
-    fn on_event(&mut self, event: Event, recorder: &mut Recorder) -> anyhow::Result<bool> {
+    fn on_event(&mut self, event: Event) -> bool {
         let now = self.now;
         match event {
             Event::ToServer { from, msg, conn } => {
                 let c = &self.clients[from];
                 if !c.online || conn != c.conn {
-                    return Ok(false); // sent on a connection that is gone: lost
+                    return false; // sent on a connection that is gone: lost
                 }
                 self.engine.handle_message(now, &client_id(from), msg)
             }
-            Event::ToClient { to, msg, bytes, conn } => return self.to_client(to, msg, bytes, conn, recorder),
+            Event::ToClient { to, msg, bytes, conn } => return self.deliver(to, msg, bytes, conn),
             Event::Offline { client, back_after, crash } => self.offline(client, back_after, crash),
-            Event::Online { client } => return Ok(self.online(client)),
+            Event::Online { client } => return self.online(client),
             Event::Trained { client, life, .. } if life != self.clients[client].life => {}
             Event::Trained { client, life: _, round, result } => {
                 let c = &mut self.clients[client];
                 match result {
-                    Ok(update) => c.session.trained(update),
+                    Ok((update, compute)) => c.session.trained(update, compute),
                     Err(e) => c.session.training_failed(round, &e),
                 }
                 self.drive(client);
             }
         }
-        Ok(true)
+        true
     }
 
-    /// A message reaches client `to` (unless it went away, or crashes on a broadcast); its costs
-    /// are opened by the broadcast and closed, into the ledger, by the ack.
-    fn to_client(
-        &mut self,
-        to: usize,
-        msg: Message,
-        bytes: u64,
-        conn: u64,
-        recorder: &mut Recorder,
-    ) -> anyhow::Result<bool> {
+    /// A message of `bytes` reaches client `to` (unless it went away, or crashes on a
+    /// broadcast), charged the packet model's wire bytes.
+    fn deliver(&mut self, to: usize, msg: Message, bytes: u64, conn: u64) -> bool {
         let now = self.now;
         let c = &mut self.clients[to];
         if !c.online || conn != c.conn {
-            return Ok(false); // unreachable: the datagrams are lost
+            return false; // unreachable: the datagrams are lost
         }
         if matches!(msg, Message::Broadcast(_))
             && c.device.crash_probability > 0.0
@@ -381,35 +387,11 @@ impl VirtualRun {
         {
             let back_after = Duration::from_secs_f64(c.device.rejoin_seconds.max(0.0));
             self.queue.push(now, Event::Offline { client: to, back_after, crash: true });
-            return Ok(false);
+            return false;
         }
-        match &msg {
-            Message::Broadcast(b) => {
-                let cost = CostRecord {
-                    client: client_id(to),
-                    round: b.round,
-                    payload_down: payload_bytes(&b.blocks) as u64,
-                    wire_down: wire_bytes(bytes),
-                    ..CostRecord::default()
-                };
-                c.costs.entry(b.round).or_insert((cost, now));
-            }
-            Message::Ack(ack) => {
-                if let Some((mut cost, at)) = c.costs.remove(&ack.round) {
-                    cost.wall_seconds = (now - at).as_secs_f64();
-                    cost.straggler = !ack.aggregated;
-                    cost.wait_seconds = (cost.wall_seconds - cost.compute_seconds - cost.transfer_seconds).max(0.0);
-                    cost.joules = self.devices[to].joules(cost.compute_seconds, cost.transfer_seconds);
-                    self.live.cost(self.ledger.len(), &cost);
-                    self.ledger.push(cost);
-                    self.live.emit_complete(&self.ledger, recorder)?;
-                }
-            }
-            _ => {}
-        }
-        let _ = c.session.handle_message(msg);
+        let _ = c.session.handle_message(now, msg, wire_bytes(bytes));
         self.drive(to);
-        Ok(true)
+        true
     }
 
     /// Client `client` goes away (a crash restarts its process: a new session from what its
@@ -424,13 +406,7 @@ impl VirtualRun {
         self.engine.handle_disconnect(self.now, &client_id(client));
         if crash {
             c.life += 1;
-            let pending = c.session.pending().cloned();
-            c.session = Session::new(
-                client_id(client),
-                (*c.capabilities).clone(),
-                c.method.as_ref().map_or(0, |m| m.num_samples()),
-                pending,
-            );
+            c.session.restart(c.method.as_ref().map_or(0, |m| m.num_samples()));
         } else {
             c.session.disconnected();
         }
@@ -613,11 +589,11 @@ struct Trainer {
     in_flight: HashMap<usize, (Duration, u64, u64)>,
 }
 
-/// A training's outcome, with the method it borrowed.
+/// A training's outcome and the device's compute time, with the method it borrowed.
 struct Trained {
     client: usize,
     method: Box<dyn ClientMethod>,
-    result: Result<anchorage_shared::protocol::Update, String>,
+    result: Result<(Update, Duration), String>,
 }
 
 impl Trainer {
@@ -644,12 +620,12 @@ impl Trainer {
                 self.in_flight.insert(i, (now, round, c.life));
                 let tx = self.done_tx.clone();
                 pool.spawn(move || {
-                    let result = method.train(&b).map_err(|e| e.to_string());
+                    let result = method.train_timed(&b).map_err(|e| e.to_string());
                     let _ = tx.send(Trained { client: i, method, result });
                 });
             }
             None => {
-                let result = method.train(&b).map_err(|e| e.to_string());
+                let result = method.train_timed(&b).map_err(|e| e.to_string());
                 land(c, i, method, result, now, round, queue);
             }
         }
@@ -679,23 +655,20 @@ impl Trainer {
     }
 }
 
-/// A finished training: the method goes back to its client, the compute time to its cost
-/// record, and a `Trained` event to `started` + the device's compute seconds.
+/// A finished training: the method goes back to its client, and a `Trained` event (which hands
+/// the compute time to the session) to `started` + the device's compute time.
 fn land(
     c: &mut VirtualClient,
     i: usize,
     method: Box<dyn ClientMethod>,
-    result: Result<anchorage_shared::protocol::Update, String>,
+    result: Result<(Update, Duration), String>,
     started: Duration,
     round: u64,
     queue: &mut Queue,
 ) {
     c.method = Some(method);
-    // The device wrapper reports the device's compute seconds (host time × its scale).
-    let compute = Duration::from_secs_f64(result.as_ref().map(|u| u.compute_seconds).unwrap_or(0.0));
-    if let Some((cost, _)) = c.costs.get_mut(&round) {
-        cost.compute_seconds = compute.as_secs_f64();
-    }
+    // The device model charged it (host CPU time × its scale): `SimulatedDevice::train_timed`.
+    let compute = result.as_ref().map_or(Duration::ZERO, |(_, compute)| *compute);
     queue.push(started + compute, Event::Trained { client: i, life: c.life, round, result });
 }
 
@@ -725,9 +698,16 @@ fn send_down(
     queue.push(at, Event::ToClient { to: i, msg, bytes, conn: clients[i].conn });
 }
 
-/// Carries out a client session's actions at `now`.
-fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &mut Queue, trainer: &mut Trainer) {
-    let c = &mut clients[i];
+/// Carries out client `i`'s session's actions at `now`; the cost records it completes go to
+/// `completed`.
+fn drive_client(
+    i: usize,
+    now: Duration,
+    c: &mut VirtualClient,
+    queue: &mut Queue,
+    trainer: &mut Trainer,
+    completed: &mut Vec<(usize, CostRecord)>,
+) {
     while let Some(action) = c.session.poll_action() {
         match action {
             SessionAction::Send(msg) => {
@@ -736,18 +716,16 @@ fn drive_client(i: usize, now: Duration, clients: &mut [VirtualClient], queue: &
             }
             SessionAction::Train(b) => trainer.start(i, c, now, b, queue),
             SessionAction::Upload(update) => {
+                let round = update.round;
                 let msg = Message::Update(update);
                 let bytes = frame_len(&msg);
                 let at = c.up.carry(now, bytes);
-                if let Message::Update(u) = &msg
-                    && let Some((cost, _)) = c.costs.get_mut(&u.round)
-                {
-                    cost.payload_up = payload_bytes(&u.blocks) as u64;
-                    cost.wire_up = wire_bytes(bytes);
-                    cost.transfer_seconds = (at - now).as_secs_f64();
-                }
+                // The link model knows at once when the last byte arrives.
+                let measure = UploadMeasure { wire_bytes: wire_bytes(bytes), transfer: at - now, rtt: Duration::ZERO };
+                c.session.uploaded(at, round, measure);
                 queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
             }
+            SessionAction::Cost(record) => completed.push((i, record)),
             SessionAction::Persist(_) | SessionAction::SetAsidePending { .. } | SessionAction::Finished { .. } => {}
         }
     }

@@ -102,7 +102,11 @@ fn a_continual_fedprok_run_gets_its_metrics_and_boundaries() {
     assert_eq!(result.summary.rounds.len(), 6);
     let files = write_report(dir).unwrap();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
-    assert!(md.contains("| method | fedprok (FedProK (Gao et al.)) |") && md.contains("| FedProK efficiency E = (τ1 + τ2) / R |"), "{md}");
+    assert!(
+        md.contains("| method | fedprok (FedProK (Gao et al.)) |")
+            && md.contains("| FedProK efficiency E = (τ1 + τ2) / R |"),
+        "{md}"
+    );
     assert!(md.contains("## Continual learning\n\nOver 3 tasks"), "{md}");
     let c = &result.summary.continual;
     let forgetting =

@@ -6,8 +6,6 @@
 //!   device); `personal_epochs` on the head with the body fixed, then `local_epochs` on the body.
 //! - **Local-only**: nothing is shared; each client keeps training its own net.
 
-use std::time::Instant;
-
 use anchorage_shared::method::{MethodConfig, MethodInfo, Prediction, Shared};
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::rng::Rng;
@@ -113,7 +111,6 @@ impl ClientMethod for Baseline {
         };
         let train = train.filter(|t| !t.is_empty()).ok_or(TrainError::NoData)?;
         let samples = train.len() as u64;
-        let started = Instant::now();
         let c = &broadcast.config;
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
         let ce = CrossEntropyLossConfig::new().init(&self.ctx.device);
@@ -150,7 +147,8 @@ impl ClientMethod for Baseline {
             blocks,
             prototypes: Vec::new(),
             metrics: common_metrics(loss, accuracies),
-            compute_seconds: started.elapsed().as_secs_f64(),
+            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
+            compute_seconds: 0.0,
         })
     }
 

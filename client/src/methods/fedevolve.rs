@@ -13,8 +13,6 @@
 //!   domain to ψ(x). The uploaded prototypes are those of the last source domain, so the server's
 //!   model predicts the same way.
 
-use std::time::Instant;
-
 use anchorage_shared::method::Distance;
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::rng::Rng;
@@ -149,7 +147,6 @@ impl ClientMethod for FedEvolveClient {
         self.task = broadcast.task;
         let domains = self.ctx.stream.seen_training(broadcast.task)?;
         let last = domains[domains.len() - 1].clone();
-        let started = Instant::now();
         let device = self.ctx.device.clone();
         let mut maps = Maps::new(&self.ctx, &device).load_blocks(&broadcast.blocks, &device)?;
         let c = &broadcast.config;
@@ -195,7 +192,8 @@ impl ClientMethod for FedEvolveClient {
             blocks: maps.to_blocks(self.ctx.encoding)?,
             prototypes: to_wire(&prototypes, self.ctx.encoding),
             metrics: common_metrics(loss, accuracies),
-            compute_seconds: started.elapsed().as_secs_f64(),
+            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
+            compute_seconds: 0.0,
         })
     }
 

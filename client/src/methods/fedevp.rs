@@ -12,8 +12,6 @@
 //!   `personal_epochs` on the last source domain; the upload is the shared model, the client's
 //!   reported accuracy is the personalized one, the server's is the global model's.
 
-use std::time::Instant;
-
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::prototype_rules::{ClassMean, evolving_prototype};
 use anchorage_shared::rng::Rng;
@@ -98,7 +96,6 @@ impl ClientMethod for FedEvpClient {
         self.task = broadcast.task;
         let domains = self.ctx.stream.seen_training(broadcast.task)?;
         let last = domains[domains.len() - 1].clone();
-        let started = Instant::now();
         let device = self.ctx.device.clone();
         let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
         let own = evolving_prototypes(&net, &domains);
@@ -149,7 +146,8 @@ impl ClientMethod for FedEvpClient {
             blocks,
             prototypes: to_wire(&prototypes, self.ctx.encoding),
             metrics: common_metrics(loss, accuracies),
-            compute_seconds: started.elapsed().as_secs_f64(),
+            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
+            compute_seconds: 0.0,
         })
     }
 

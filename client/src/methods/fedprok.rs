@@ -11,7 +11,6 @@
 //!   CE(pseudo). At most `replay_ratio` × batch pseudo-features per batch.
 
 use anchorage_shared::MetricKey;
-use std::time::Instant;
 
 use anchorage_shared::method::ReplayInto;
 use anchorage_shared::protocol::{Broadcast, Update};
@@ -166,7 +165,6 @@ impl ClientMethod for FedProKClient {
         self.task = broadcast.task;
         let data = self.ctx.stream.training(broadcast.task)?;
         let (train, current) = (data.train.clone(), data.classes.clone());
-        let started = Instant::now();
         let device = self.ctx.device.clone();
         let global = from_wire(&broadcast.prototypes)?;
         let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
@@ -233,7 +231,8 @@ impl ClientMethod for FedProKClient {
             blocks: net.to_blocks(self.ctx.encoding)?,
             prototypes: to_wire(&fresh, self.ctx.encoding),
             metrics,
-            compute_seconds: started.elapsed().as_secs_f64(),
+            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
+            compute_seconds: 0.0,
         })
     }
 

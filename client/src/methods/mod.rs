@@ -16,6 +16,7 @@ use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use burn::tensor::Device;
+use std::time::{Duration, Instant};
 
 pub use baselines::{Baseline, FedAvgClient};
 pub use fedevolve::FedEvolveClient;
@@ -53,8 +54,18 @@ pub trait ClientMethod: Send {
     fn name(&self) -> &'static str;
     /// Training samples held now.
     fn num_samples(&self) -> u64;
-    /// Trains from the broadcast's global state and returns the update for its round.
+    /// Trains from the broadcast's global state and returns the update for its round. A method
+    /// does not time itself: its update's `compute_seconds` is left at zero.
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError>;
+    /// [`ClientMethod::train`], timed by its caller: the update and how long the device computed
+    /// it, which the shell hands to the session (`Session::trained`, the one place that sets a
+    /// round's compute seconds). By default the wall time of `train`; a device model (the
+    /// simulator's `SimulatedDevice`) charges its own time instead.
+    fn train_timed(&mut self, broadcast: &Broadcast) -> Result<(Update, Duration), TrainError> {
+        let started = Instant::now();
+        let update = self.train(broadcast)?;
+        Ok((update, started.elapsed()))
+    }
     /// Accuracy of the global model `broadcast` describes on `test` (`None`: the method has no
     /// global predictor, e.g. Local-only or FedRep's personal heads).
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError>;
@@ -83,6 +94,9 @@ impl<M: ClientMethod + ?Sized> ClientMethod for Box<M> {
     }
     fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
         (**self).train(broadcast)
+    }
+    fn train_timed(&mut self, broadcast: &Broadcast) -> Result<(Update, Duration), TrainError> {
+        (**self).train_timed(broadcast)
     }
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         (**self).global_accuracy(broadcast, test)

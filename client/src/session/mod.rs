@@ -9,10 +9,20 @@
 //! dropped connection or a restarted process resends it after the next hello; the server
 //! de-duplicates by (client, round). Only the ack for its round clears it; an update the server
 //! refuses for good is not resent but set aside, never deleted.
+//!
+//! The session also keeps each round's cost record ([`cost`]) and emits it once complete, for
+//! both shells: the shell passes in the times and wire bytes it measured (the session reads no
+//! clock), the session does the accounting.
+
+mod cost;
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
+use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Broadcast, Capabilities, Hello, Message, Refusal, RefusalReason, Update};
+
+pub use cost::UploadMeasure;
 
 /// What the session asks its shell to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,7 +31,7 @@ pub enum SessionAction {
     Send(Message),
     /// Train on this broadcast and call [`Session::trained`] with the result.
     Train(Broadcast),
-    /// Upload this update on its own stream.
+    /// Upload this update on its own stream and report what it took with [`Session::uploaded`].
     Upload(Update),
     /// Persist the unacknowledged update (`None`: clear it, only ever after the ack for its round)
     /// before anything else happens.
@@ -31,6 +41,10 @@ pub enum SessionAction {
     SetAsidePending { round: u64, reason: String },
     /// The federation is over (goodbye) or refused us for good; stop.
     Finished { reason: String },
+    /// A round's cost record is complete (its update uploaded and acknowledged; `straggler`: the
+    /// ack said it came after its round closed). The real shell reports it to the server's
+    /// ledger; the simulator files it in its own.
+    Cost(CostRecord),
 }
 
 /// Where the session stands.
@@ -75,6 +89,8 @@ pub struct Session {
     last_trained: Option<u64>,
     /// The server's refusal that ended the session, if one did.
     refused: Option<Refusal>,
+    /// The cost records of the rounds in flight.
+    costs: cost::Costs,
     actions: VecDeque<SessionAction>,
 }
 
@@ -96,8 +112,27 @@ impl Session {
             pending,
             last_trained,
             refused: None,
+            costs: cost::Costs::default(),
             actions: VecDeque::new(),
         }
+    }
+
+    /// Counts only a broadcast's parameter blocks in its rounds' `payload_down`, not its
+    /// prototypes. The virtual clock's ledger has always counted so, unlike the real clock's and
+    /// ARCHITECTURE.md §7; this keeps its ledger as it was.
+    pub fn payload_down_without_prototypes(mut self) -> Self {
+        self.costs.without_prototypes_down();
+        self
+    }
+
+    /// The process restarted (the simulator's crash): a new session from what the store kept,
+    /// the unacknowledged update, with `num_samples` now held. The cost records of the rounds in
+    /// flight go on: the simulator measures its devices from outside (a real restart loses them).
+    pub fn restart(&mut self, num_samples: u64) {
+        let costs = std::mem::take(&mut self.costs);
+        let pending = self.pending.take();
+        *self = Self::new(self.client_id.clone(), self.capabilities.clone(), num_samples, pending);
+        self.costs = costs;
     }
 
     pub fn state(&self) -> SessionState {
@@ -149,8 +184,9 @@ impl Session {
         }
     }
 
-    /// A message from the server.
-    pub fn handle_message(&mut self, msg: Message) -> Result<(), SessionError> {
+    /// A message from the server, arrived at `now` (the shell's clock), `wire_bytes` on the wire
+    /// (what the shell measured; a broadcast's go into its round's cost record).
+    pub fn handle_message(&mut self, now: Duration, msg: Message, wire_bytes: u64) -> Result<(), SessionError> {
         match msg {
             Message::Welcome(_) => {
                 match self.state {
@@ -161,12 +197,17 @@ impl Session {
                 }
                 if let Some(update) = self.pending.clone() {
                     tracing::info!(round = update.round, "resending the unacknowledged update");
-                    self.state = SessionState::Uploading { round: update.round };
-                    self.actions.push_back(SessionAction::Upload(update));
+                    self.upload(update);
                 }
             }
-            Message::Broadcast(b) => self.on_broadcast(b),
+            Message::Broadcast(b) => {
+                self.costs.broadcast(now, &b, wire_bytes);
+                self.on_broadcast(b);
+            }
             Message::Ack(ack) => {
+                if let Some(record) = self.costs.acked(now, ack.round, ack.aggregated, &self.client_id) {
+                    self.actions.push_back(SessionAction::Cost(record));
+                }
                 if self.pending.as_ref().is_some_and(|u| u.round == ack.round) {
                     self.pending = None;
                     self.actions.push_back(SessionAction::Persist(None));
@@ -207,7 +248,7 @@ impl Session {
                 }
             }
             Message::Goodbye(g) => self.finish(g.reason),
-            // Cost records are the shell's (the session does not measure them).
+            // Reporting cost records and resending unconfirmed ones is the real shell's.
             Message::Heartbeat(_) | Message::CostAck(_) => {}
             Message::Hello(_) | Message::Update(_) | Message::Cost(_) => return Err(self.unexpected(msg.kind_name())),
         }
@@ -219,9 +260,8 @@ impl Session {
             return;
         }
         // Already trained for this round: the server lost or never got the update; resend it.
-        if let Some(update) = self.pending.as_ref().filter(|u| u.round == b.round) {
-            self.state = SessionState::Uploading { round: b.round };
-            self.actions.push_back(SessionAction::Upload(update.clone()));
+        if let Some(update) = self.pending.as_ref().filter(|u| u.round == b.round).cloned() {
+            self.upload(update);
             return;
         }
         if self.last_trained.is_some_and(|r| b.round <= r) || matches!(self.state, SessionState::Training { .. }) {
@@ -232,8 +272,12 @@ impl Session {
         self.actions.push_back(SessionAction::Train(b));
     }
 
-    /// Training finished: persist the update, then upload it.
-    pub fn trained(&mut self, update: Update) {
+    /// Training finished after the device computed for `compute` (the caller timed it: see
+    /// `ClientMethod::train_timed`): the update carries it, and so does the round's cost record.
+    /// Persist the update, then upload it.
+    pub fn trained(&mut self, mut update: Update, compute: Duration) {
+        update.compute_seconds = compute.as_secs_f64();
+        self.costs.trained(update.round, compute);
         self.last_trained = Some(update.round);
         self.pending = Some(update.clone());
         self.actions.push_back(SessionAction::Persist(Some(update.clone())));
@@ -244,9 +288,23 @@ impl Session {
             // The welcome after reconnecting uploads it.
             self.state = SessionState::Disconnected;
         } else if matches!(self.state, SessionState::Training { .. }) {
-            self.state = SessionState::Uploading { round: update.round };
-            self.actions.push_back(SessionAction::Upload(update));
+            self.upload(update);
         }
+    }
+
+    /// An upload of `round`'s update ended at `now` (the shell's clock) having taken what `m`
+    /// says; with the round's ack in, its cost record is complete.
+    pub fn uploaded(&mut self, now: Duration, round: u64, m: UploadMeasure) {
+        if let Some(record) = self.costs.uploaded(now, round, m, &self.client_id) {
+            self.actions.push_back(SessionAction::Cost(record));
+        }
+    }
+
+    /// Asks the shell to upload `update` and waits for its ack.
+    fn upload(&mut self, update: Update) {
+        self.costs.upload(&update);
+        self.state = SessionState::Uploading { round: update.round };
+        self.actions.push_back(SessionAction::Upload(update));
     }
 
     /// Training failed: go back to waiting.

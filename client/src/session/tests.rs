@@ -6,6 +6,20 @@ use anchorage_shared::protocol::{
 
 use super::*;
 
+/// The compute time the tests' trainings report: the `compute_seconds` of [`update`].
+const COMPUTE: Duration = Duration::from_millis(100);
+
+/// Messages at time zero, no wire bytes (the tests of the cost record pass their own).
+trait Receive {
+    fn receive(&mut self, msg: Message) -> Result<(), SessionError>;
+}
+
+impl Receive for Session {
+    fn receive(&mut self, msg: Message) -> Result<(), SessionError> {
+        self.handle_message(Duration::ZERO, msg, 0)
+    }
+}
+
 fn capabilities() -> Capabilities {
     let mut methods = heapless::Vec::new();
     methods.push(heapless::String::try_from("fedavg").unwrap()).unwrap();
@@ -45,7 +59,7 @@ fn joined(pending: Option<Update>) -> Session {
     let mut s = Session::new("c1", capabilities(), 5, pending);
     s.connected();
     assert!(matches!(&drain(&mut s)[..], [SessionAction::Send(Message::Hello(_))]));
-    s.handle_message(welcome()).unwrap();
+    s.receive(welcome()).unwrap();
     s
 }
 
@@ -58,16 +72,16 @@ fn join_train_upload_ack() {
         matches!(&actions[..], [SessionAction::Send(Message::Hello(h))] if h.client_id == "c1" && h.last_round.is_none())
     );
     assert_eq!(s.state(), SessionState::Joining);
-    s.handle_message(welcome()).unwrap();
+    s.receive(welcome()).unwrap();
     assert_eq!(s.state(), SessionState::Idle);
-    s.handle_message(Message::Broadcast(broadcast(1))).unwrap();
+    s.receive(Message::Broadcast(broadcast(1))).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast(1))]);
     assert_eq!(s.state(), SessionState::Training { round: 1 });
-    s.trained(update(1));
+    s.trained(update(1), COMPUTE);
     // Persisted before it is uploaded.
     assert_eq!(drain(&mut s), vec![SessionAction::Persist(Some(update(1))), SessionAction::Upload(update(1))]);
     assert_eq!(s.state(), SessionState::Uploading { round: 1 });
-    s.handle_message(Message::Ack(Ack { round: 1, aggregated: true })).unwrap();
+    s.receive(Message::Ack(Ack { round: 1, aggregated: true })).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Persist(None)]);
     assert_eq!(s.state(), SessionState::Idle);
     assert!(s.pending().is_none());
@@ -76,15 +90,15 @@ fn join_train_upload_ack() {
 #[test]
 fn an_unacknowledged_update_is_resent_after_reconnecting() {
     let mut s = joined(None);
-    s.handle_message(Message::Broadcast(broadcast(1))).unwrap();
-    s.trained(update(1));
+    s.receive(Message::Broadcast(broadcast(1))).unwrap();
+    s.trained(update(1), COMPUTE);
     drain(&mut s);
     s.disconnected();
     assert_eq!(s.state(), SessionState::Disconnected);
     s.connected();
     let actions = drain(&mut s);
     assert!(matches!(&actions[..], [SessionAction::Send(Message::Hello(h))] if h.last_round == Some(1)));
-    s.handle_message(welcome()).unwrap();
+    s.receive(welcome()).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(1))]);
 }
 
@@ -93,43 +107,43 @@ fn a_restored_pending_update_is_resent_after_a_restart() {
     let mut s = joined(Some(update(4)));
     assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(4))]);
     // The broadcast of the same round (re-sent by the server) does not retrain: it resends.
-    s.handle_message(Message::Broadcast(broadcast(4))).unwrap();
+    s.receive(Message::Broadcast(broadcast(4))).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(4))]);
     // An older round's broadcast is ignored.
-    s.handle_message(Message::Broadcast(broadcast(3))).unwrap();
+    s.receive(Message::Broadcast(broadcast(3))).unwrap();
     assert!(drain(&mut s).is_empty());
 }
 
 #[test]
 fn training_outlives_a_dropped_connection() {
     let mut s = joined(None);
-    s.handle_message(Message::Broadcast(broadcast(2))).unwrap();
+    s.receive(Message::Broadcast(broadcast(2))).unwrap();
     drain(&mut s);
     s.disconnected();
     assert_eq!(s.state(), SessionState::Training { round: 2 });
-    s.trained(update(2));
+    s.trained(update(2), COMPUTE);
     assert_eq!(drain(&mut s), vec![SessionAction::Persist(Some(update(2)))], "no upload without a connection");
     s.connected();
-    s.handle_message(welcome()).unwrap();
+    s.receive(welcome()).unwrap();
     assert_eq!(drain(&mut s).last(), Some(&SessionAction::Upload(update(2))));
 }
 
 #[test]
 fn a_second_broadcast_while_training_is_ignored() {
     let mut s = joined(None);
-    s.handle_message(Message::Broadcast(broadcast(1))).unwrap();
-    s.handle_message(Message::Broadcast(broadcast(1))).unwrap();
+    s.receive(Message::Broadcast(broadcast(1))).unwrap();
+    s.receive(Message::Broadcast(broadcast(1))).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast(1))]);
 }
 
 #[test]
 fn refusals_drop_hopeless_updates_or_end_the_session() {
     let mut s = joined(None);
-    s.handle_message(Message::Broadcast(broadcast(1))).unwrap();
-    s.trained(update(1));
+    s.receive(Message::Broadcast(broadcast(1))).unwrap();
+    s.trained(update(1), COMPUTE);
     drain(&mut s);
     let refuse = |reason| Message::Refusal(Refusal { reason, detail: "test".into() });
-    s.handle_message(refuse(RefusalReason::ShapeMismatch)).unwrap();
+    s.receive(refuse(RefusalReason::ShapeMismatch)).unwrap();
     assert_eq!(
         drain(&mut s),
         vec![SessionAction::SetAsidePending { round: 1, reason: "ShapeMismatch: test".into() }],
@@ -138,23 +152,23 @@ fn refusals_drop_hopeless_updates_or_end_the_session() {
     assert_eq!(s.state(), SessionState::Idle);
     assert!(s.pending().is_none());
     assert!(s.refusal().is_none(), "a refused update does not end the session");
-    s.handle_message(refuse(RefusalReason::VersionMismatch)).unwrap();
+    s.receive(refuse(RefusalReason::VersionMismatch)).unwrap();
     assert!(matches!(&drain(&mut s)[..], [SessionAction::Finished { .. }]));
     assert_eq!(s.state(), SessionState::Finished);
     assert_eq!(s.refusal().map(|r| r.reason), Some(RefusalReason::VersionMismatch), "the shell stops on it");
-    s.handle_message(refuse(RefusalReason::NotEnrolled)).unwrap();
+    s.receive(refuse(RefusalReason::NotEnrolled)).unwrap();
     assert!(drain(&mut s).is_empty(), "the session ends once");
-    s.handle_message(Message::Broadcast(broadcast(2))).unwrap();
+    s.receive(Message::Broadcast(broadcast(2))).unwrap();
     assert!(drain(&mut s).is_empty(), "a finished session trains no more");
 }
 
 #[test]
 fn goodbye_finishes_and_unexpected_messages_are_errors() {
     let mut s = Session::new("c1", capabilities(), 5, None);
-    assert!(matches!(s.handle_message(welcome()), Err(SessionError::Unexpected { kind: "welcome", .. })));
+    assert!(matches!(s.receive(welcome()), Err(SessionError::Unexpected { kind: "welcome", .. })));
     let mut s = joined(None);
-    assert!(s.handle_message(Message::Update(update(1))).is_err());
-    s.handle_message(Message::Goodbye(Goodbye { reason: "federation finished".into() })).unwrap();
+    assert!(s.receive(Message::Update(update(1))).is_err());
+    s.receive(Message::Goodbye(Goodbye { reason: "federation finished".into() })).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Finished { reason: "federation finished".into() }]);
     assert!(s.refusal().is_none(), "a goodbye is the end of the run, not a refusal");
     s.connected();
@@ -164,10 +178,10 @@ fn goodbye_finishes_and_unexpected_messages_are_errors() {
 #[test]
 fn a_stale_ack_does_not_clear_a_newer_update() {
     let mut s = joined(None);
-    s.handle_message(Message::Broadcast(broadcast(3))).unwrap();
-    s.trained(update(3));
+    s.receive(Message::Broadcast(broadcast(3))).unwrap();
+    s.trained(update(3), COMPUTE);
     drain(&mut s);
-    s.handle_message(Message::Ack(Ack { round: 2, aggregated: true })).unwrap();
+    s.receive(Message::Ack(Ack { round: 2, aggregated: true })).unwrap();
     assert!(drain(&mut s).is_empty());
     assert_eq!(s.pending(), Some(&update(3)));
 }
@@ -180,7 +194,7 @@ fn a_final_refusal_sets_the_update_aside_and_it_is_never_resent() {
         // Restored after a restart and resent after the welcome, then refused.
         let mut s = joined(Some(update(3)));
         assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(3))]);
-        s.handle_message(Message::Refusal(Refusal { reason, detail: "round 3 is not open".into() })).unwrap();
+        s.receive(Message::Refusal(Refusal { reason, detail: "round 3 is not open".into() })).unwrap();
         let actions = drain(&mut s);
         assert!(
             matches!(&actions[..], [SessionAction::SetAsidePending { round: 3, reason: r }]
@@ -192,12 +206,12 @@ fn a_final_refusal_sets_the_update_aside_and_it_is_never_resent() {
         // Not resent: neither after reconnecting nor on the same round's broadcast.
         s.disconnected();
         s.connected();
-        s.handle_message(welcome()).unwrap();
-        s.handle_message(Message::Broadcast(broadcast(3))).unwrap();
+        s.receive(welcome()).unwrap();
+        s.receive(Message::Broadcast(broadcast(3))).unwrap();
         let actions = drain(&mut s);
         assert!(!actions.iter().any(|a| matches!(a, SessionAction::Upload(_))), "{reason:?}: {actions:?}");
         // A second refusal with nothing pending sets nothing aside.
-        s.handle_message(Message::Refusal(Refusal { reason, detail: "again".into() })).unwrap();
+        s.receive(Message::Refusal(Refusal { reason, detail: "again".into() })).unwrap();
         assert!(drain(&mut s).is_empty(), "{reason:?}");
     }
 }
@@ -207,7 +221,7 @@ fn passing_refusals_keep_the_pending_update() {
     for reason in [RefusalReason::Duplicate, RefusalReason::TooLarge, RefusalReason::ServerBusy] {
         let mut s = joined(Some(update(3)));
         drain(&mut s);
-        s.handle_message(Message::Refusal(Refusal { reason, detail: "test".into() })).unwrap();
+        s.receive(Message::Refusal(Refusal { reason, detail: "test".into() })).unwrap();
         assert!(drain(&mut s).is_empty(), "{reason:?}: neither cleared nor set aside");
         assert_eq!(s.pending(), Some(&update(3)), "{reason:?}");
     }
@@ -220,7 +234,7 @@ fn only_the_ack_for_its_round_clears_the_pending_update() {
     // Acks for other rounds, older and newer (a previous update's late ack, a confused
     // server): the update stays, on disk and in memory, and is resent after reconnecting.
     for round in [2, 4, 0, u64::MAX] {
-        s.handle_message(Message::Ack(Ack { round, aggregated: true })).unwrap();
+        s.receive(Message::Ack(Ack { round, aggregated: true })).unwrap();
         assert!(drain(&mut s).is_empty(), "ack for round {round}");
         assert_eq!(s.pending(), Some(&update(3)), "ack for round {round}");
         assert_eq!(s.state(), SessionState::Uploading { round: 3 });
@@ -228,10 +242,114 @@ fn only_the_ack_for_its_round_clears_the_pending_update() {
     s.disconnected();
     s.connected();
     drain(&mut s);
-    s.handle_message(welcome()).unwrap();
+    s.receive(welcome()).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(3))]);
     // Its own ack, even a late one (not aggregated), clears it.
-    s.handle_message(Message::Ack(Ack { round: 3, aggregated: false })).unwrap();
+    s.receive(Message::Ack(Ack { round: 3, aggregated: false })).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Persist(None)]);
     assert_eq!((s.pending(), s.state()), (None, SessionState::Idle));
+}
+
+/// A broadcast with 10 f32 values of blocks (40 payload bytes) and one prototype of 4 (16 bytes).
+fn broadcast_with_payload(round: u64) -> Broadcast {
+    use anchorage_shared::prototype::Prototype;
+    use anchorage_shared::tensor::{Encoding, ParamBlock};
+    Broadcast {
+        blocks: vec![ParamBlock::encode("head.weight", &[10], &[0.5; 10], Encoding::F32)],
+        prototypes: vec![Prototype::encode(3, 7, &[1.0; 4], Encoding::F32)],
+        ..broadcast(round)
+    }
+}
+
+/// An update with 6 f32 values (24 payload bytes); the method leaves `compute_seconds` at zero.
+fn trained_update(round: u64) -> Update {
+    use anchorage_shared::tensor::{Encoding, ParamBlock};
+    let blocks = vec![ParamBlock::encode("head.weight", &[6], &[0.25; 6], Encoding::F32)];
+    Update { blocks, compute_seconds: 0.0, ..update(round) }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// One round as a shell drives it, with the times and wire bytes it measured: the session
+/// produces the round's cost record once the update is both uploaded and acknowledged, from
+/// those inputs and the payloads it saw.
+#[test]
+fn the_session_builds_the_rounds_cost_record_from_what_the_shell_measured() {
+    let mut s = joined(None);
+    s.handle_message(secs(10.0), Message::Broadcast(broadcast_with_payload(1)), 1_100).unwrap();
+    assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast_with_payload(1))]);
+    s.trained(trained_update(1), secs(2.5));
+    let stamped = Update { compute_seconds: 2.5, ..trained_update(1) };
+    assert_eq!(
+        drain(&mut s),
+        vec![SessionAction::Persist(Some(stamped.clone())), SessionAction::Upload(stamped)],
+        "the update carries the compute seconds the caller measured"
+    );
+    let upload = UploadMeasure { wire_bytes: 2_000, transfer: secs(0.5), rtt: secs(0.02) };
+    s.uploaded(secs(13.5), 1, upload);
+    assert!(drain(&mut s).is_empty(), "no record before the ack");
+    s.handle_message(secs(14.0), Message::Ack(Ack { round: 1, aggregated: true }), 60).unwrap();
+    let record = CostRecord {
+        client: "c1".into(),
+        round: 1,
+        payload_down: 40 + 16,
+        payload_up: 24,
+        wire_down: 1_100,
+        wire_up: 2_000,
+        compute_seconds: 2.5,
+        transfer_seconds: 0.5,
+        wait_seconds: 1.0,
+        wall_seconds: 4.0,
+        rtt_seconds: 0.02,
+        joules: 0.0,
+        straggler: false,
+        dropped: false,
+    };
+    // Reported before the update's file is deleted, and once.
+    assert_eq!(drain(&mut s), vec![SessionAction::Cost(record), SessionAction::Persist(None)]);
+    s.uploaded(secs(15.0), 1, upload);
+    s.handle_message(secs(15.0), Message::Ack(Ack { round: 1, aggregated: true }), 60).unwrap();
+    assert!(drain(&mut s).is_empty(), "the round's record is made once");
+}
+
+/// On the real clock the ack may overtake the upload's own measurement: the record waits for
+/// it, and its wall time runs until then. A late update's record is a straggler's.
+#[test]
+fn an_ack_before_the_uploads_measurement_completes_the_record_with_it() {
+    let mut s = joined(None);
+    s.handle_message(secs(1.0), Message::Broadcast(broadcast_with_payload(2)), 500).unwrap();
+    s.trained(trained_update(2), secs(1.0));
+    drain(&mut s);
+    s.handle_message(secs(3.0), Message::Ack(Ack { round: 2, aggregated: false }), 60).unwrap();
+    assert_eq!(drain(&mut s), vec![SessionAction::Persist(None)], "the upload is not measured yet");
+    s.uploaded(secs(4.0), 2, UploadMeasure { wire_bytes: 900, transfer: secs(2.0), rtt: Duration::ZERO });
+    let actions = drain(&mut s);
+    let [SessionAction::Cost(r)] = &actions[..] else { panic!("{actions:?}") };
+    assert_eq!((r.wall_seconds, r.wait_seconds, r.wire_up, r.straggler), (3.0, 0.0, 900, true));
+}
+
+/// The first copy of a round's broadcast opens its record (one sent again after reconnecting
+/// does not restart it); the virtual clock's crash keeps the records of the rounds in flight, and
+/// its ledger counts only the blocks of a broadcast.
+#[test]
+fn a_resent_broadcast_and_a_restart_keep_the_rounds_record() {
+    let mut s = joined(None).payload_down_without_prototypes();
+    s.handle_message(secs(1.0), Message::Broadcast(broadcast_with_payload(3)), 500).unwrap();
+    s.trained(trained_update(3), secs(0.5));
+    drain(&mut s);
+    s.restart(5);
+    assert_eq!((s.state(), s.pending().map(|u| u.round)), (SessionState::Disconnected, Some(3)));
+    s.connected();
+    s.receive(welcome()).unwrap();
+    s.handle_message(secs(6.0), Message::Broadcast(broadcast_with_payload(3)), 700).unwrap();
+    s.uploaded(secs(7.0), 3, UploadMeasure { wire_bytes: 900, transfer: secs(1.0), rtt: Duration::ZERO });
+    s.handle_message(secs(8.0), Message::Ack(Ack { round: 3, aggregated: true }), 60).unwrap();
+    let record = drain(&mut s).into_iter().find_map(|a| match a {
+        SessionAction::Cost(r) => Some(r),
+        _ => None,
+    });
+    let r = record.expect("a record for round 3");
+    assert_eq!((r.payload_down, r.wire_down, r.wall_seconds, r.compute_seconds), (40, 500, 7.0, 0.5));
 }
