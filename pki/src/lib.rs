@@ -21,6 +21,7 @@ pub use identity::{CERT_FILE, Identity, KEY_FILE, load_identity, save_identity, 
 pub use ca::{CA_CERT, CA_KEY, CRL, INDEX, Issued, Kind, ProjectCa};
 
 /// Now, in unix seconds.
+#[cfg(feature = "issue")]
 pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }

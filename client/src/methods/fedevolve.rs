@@ -136,7 +136,7 @@ fn shift_loss(
 
 impl ClientMethod for FedEvolveClient {
     fn name(&self) -> &'static str {
-        "fedevolve"
+        <anchorage_shared::method::FedEvolveConfig as anchorage_shared::method::MethodParams>::NAME
     }
 
     fn num_samples(&self) -> u64 {

@@ -85,7 +85,7 @@ impl FedEvpClient {
 
 impl ClientMethod for FedEvpClient {
     fn name(&self) -> &'static str {
-        "fedevp"
+        <anchorage_shared::method::FedEvpConfig as anchorage_shared::method::MethodParams>::NAME
     }
 
     fn num_samples(&self) -> u64 {

@@ -154,7 +154,7 @@ fn pseudo_batch(
 
 impl ClientMethod for FedProKClient {
     fn name(&self) -> &'static str {
-        "fedprok"
+        <anchorage_shared::method::FedProKConfig as anchorage_shared::method::MethodParams>::NAME
     }
 
     fn num_samples(&self) -> u64 {

@@ -149,7 +149,7 @@ fn table(means: &[ClassMean], device: &Device) -> Option<PrototypeTable> {
 
 impl ClientMethod for GldpClient {
     fn name(&self) -> &'static str {
-        "gldp"
+        <anchorage_shared::method::GldpConfig as anchorage_shared::method::MethodParams>::NAME
     }
 
     fn num_samples(&self) -> u64 {

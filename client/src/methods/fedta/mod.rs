@@ -258,7 +258,7 @@ fn feature_part(means: &[ClassMean], dim: usize) -> Vec<ClassMean> {
 
 impl ClientMethod for FedTaClient {
     fn name(&self) -> &'static str {
-        "fedta"
+        <anchorage_shared::method::FedTaConfig as anchorage_shared::method::MethodParams>::NAME
     }
 
     fn num_samples(&self) -> u64 {
