@@ -11,6 +11,7 @@ use anchorage_model::train::OptimizerKind;
 /// Where the client's training data comes from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "source", rename_all = "snake_case", deny_unknown_fields)]
+#[expect(clippy::large_enum_variant, reason = "read once from client.toml; boxing would only obscure the config")]
 pub enum DataSource {
     /// The embedded procedural set (no files): this client's Dirichlet share of it.
     Synthetic { seed: u64, clients: usize, index: usize, alpha: f64 },
@@ -306,7 +307,7 @@ alpha = 0.5
         let dir = tempfile::tempdir().unwrap();
         let site = dir.path().join("edge-1");
         std::fs::create_dir_all(&site).unwrap();
-        let text = format!("{MINIMAL}").replace(
+        let text = MINIMAL.to_string().replace(
             "server_cert = \"cert.der\"",
             "server_cert = \"ca.der\"\ncert = \"cert.der\"\nkey = \"/abs/key.der\"",
         );

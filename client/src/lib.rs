@@ -3,7 +3,7 @@
 //!
 //! - [`session`]: the sans-IO state machine of a client's life.
 //! - [`methods`]: client halves of the methods.
-//! - [`config`]: `client.toml`.
+//! - [`config`]: the `client.toml` file.
 //! - [`doctor`]: `anchorage-client doctor`, the checks before a device's service starts.
 //! - [`check_config`]: `anchorage-client check-config`, the same checks of the files, off the network.
 //! - [`runner`]: from a `client.toml` to a running device (what `anchorage-client` runs).

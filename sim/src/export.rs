@@ -89,7 +89,7 @@ pub fn npy_bytes<T: NpyElement>(shape: &[usize], values: &[T]) -> anyhow::Result
     header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
     header.push('\n');
     let len = u16::try_from(header.len()).context("npy header too long")?;
-    let mut out = Vec::with_capacity(10 + header.len() + values.len() * size_of::<T>());
+    let mut out = Vec::with_capacity(10 + header.len() + std::mem::size_of_val(values));
     out.extend_from_slice(b"\x93NUMPY\x01\x00");
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(header.as_bytes());

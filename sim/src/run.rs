@@ -170,12 +170,12 @@ impl RealRecord {
         handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
     ) {
         match event {
-            ClientEvent::RoundStarted { round } => {
-                if !self.killed[i] && config.kill.iter().any(|k| k.client == i && k.round == round) {
-                    tracing::info!(client = i, round, "killing client (simulated crash)");
-                    handles[i].abort();
-                    self.killed[i] = true;
-                }
+            ClientEvent::RoundStarted { round }
+                if !self.killed[i] && config.kill.iter().any(|k| k.client == i && k.round == round) =>
+            {
+                tracing::info!(client = i, round, "killing client (simulated crash)");
+                handles[i].abort();
+                self.killed[i] = true;
             }
             ClientEvent::RoundDone { mut cost, .. } => {
                 cost.joules = devices[i].joules(cost.compute_seconds, cost.transfer_seconds);

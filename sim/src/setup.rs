@@ -80,10 +80,10 @@ impl Evaluator {
         };
         let mut out = Vec::new();
         for (k, test) in &self.tests {
-            if self.target_only || *k <= task {
-                if let Some(a) = self.method.global_accuracy(&broadcast, test)? {
-                    out.push((*k, a));
-                }
+            if (self.target_only || *k <= task)
+                && let Some(a) = self.method.global_accuracy(&broadcast, test)?
+            {
+                out.push((*k, a));
             }
         }
         Ok(out)

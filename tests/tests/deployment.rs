@@ -101,14 +101,10 @@ async fn a_fedta_deployment_runs_from_its_config_files() {
     }
 
     let mut reports = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(300), srv.events.recv())
-            .await
-            .expect("the federation progresses")
-        {
-            Some(ServerEvent::RoundClosed { report, .. }) => reports.push((*report).clone()),
-            Some(ServerEvent::Finished) | None => break,
-        }
+    while let Some(ServerEvent::RoundClosed { report, .. }) =
+        tokio::time::timeout(Duration::from_secs(300), srv.events.recv()).await.expect("the federation progresses")
+    {
+        reports.push((*report).clone());
     }
     for h in handles {
         h.await.unwrap().unwrap();

@@ -208,7 +208,7 @@ fn refusals(outcome: &Outcome) -> Vec<(RefusalReason, String)> {
         .replies
         .iter()
         .filter_map(|m| match m {
-            Message::Refusal(r) => Some((r.reason.clone(), r.detail.clone())),
+            Message::Refusal(r) => Some((r.reason, r.detail.clone())),
             _ => None,
         })
         .collect()

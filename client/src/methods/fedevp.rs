@@ -50,10 +50,10 @@ fn merge(mut a: GradientsParams, mut b: GradientsParams, module: &burn::nn::Line
     if let Some(g) = b.remove::<2>(id) {
         a.register(id, g);
     }
-    if let Some(bias) = &module.bias {
-        if let Some(g) = b.remove::<1>(bias.id) {
-            a.register(bias.id, g);
-        }
+    if let Some(bias) = &module.bias
+        && let Some(g) = b.remove::<1>(bias.id)
+    {
+        a.register(bias.id, g);
     }
     a
 }

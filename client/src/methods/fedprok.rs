@@ -100,7 +100,7 @@ impl FedProKClient {
 /// nearest tenth of the samples carry the weight, and the kernel has no scale to tune. Returns the
 /// moved prototypes, counted by the samples that moved them.
 fn compensate_drift(old: &[ClassMean], before: &[f32], after: &[f32], dim: usize) -> Vec<ClassMean> {
-    let n = if dim == 0 { 0 } else { before.len().min(after.len()) / dim };
+    let n = before.len().min(after.len()).checked_div(dim).unwrap_or(0);
     if n == 0 {
         return Vec::new();
     }

@@ -102,17 +102,16 @@ impl GldpClient {
         let z = net.represent(batch.x.clone());
         let mut loss = ce.forward(net.head.forward(z.clone()), batch.y.clone());
         let lambda = self.config.lambda;
-        if lambda > 0.0 {
-            if let Some(l) =
+        if lambda > 0.0
+            && let Some(l) =
                 local.and_then(|p| local_relation_loss(z.clone(), &batch.labels, p, self.config.temperature))
-            {
-                loss = loss + l.mul_scalar(lambda);
-            }
+        {
+            loss = loss + l.mul_scalar(lambda);
         }
-        if lambda < 1.0 {
-            if let Some(g) = global.and_then(|p| global_prototype_loss(z, &batch.labels, p)) {
-                loss = loss + g.mul_scalar(1.0 - lambda);
-            }
+        if lambda < 1.0
+            && let Some(g) = global.and_then(|p| global_prototype_loss(z, &batch.labels, p))
+        {
+            loss = loss + g.mul_scalar(1.0 - lambda);
         }
         loss
     }

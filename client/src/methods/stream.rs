@@ -116,7 +116,7 @@ impl TaskStream {
 
     /// Whether round `round` evaluates the local model ([`TaskStream::eval_every`]).
     pub fn evaluates(&self, round: u64) -> bool {
-        self.eval_every <= 1 || round % self.eval_every == 0
+        self.eval_every <= 1 || round.is_multiple_of(self.eval_every)
     }
 
     /// The local model's accuracy on every seen task's test data (`acc.task.K`), on its selected

@@ -86,15 +86,10 @@ impl Default for LinkProfile {
 /// Both directions of a client's link.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[derive(Default)]
 pub struct DuplexProfile {
     pub up: LinkProfile,
     pub down: LinkProfile,
-}
-
-impl Default for DuplexProfile {
-    fn default() -> Self {
-        Self { up: LinkProfile::default(), down: LinkProfile::default() }
-    }
 }
 
 /// A named link (typical figures, not measurements), as configs (`link = "lte"`, a `link_mix`

@@ -173,11 +173,7 @@ impl AsyncUdpSocket for ShapedSocket {
             let (from, bytes) = next;
             let n = bytes.len().min(bufs[filled].len());
             bufs[filled][..n].copy_from_slice(&bytes[..n]);
-            let mut m = RecvMeta::default();
-            m.addr = from;
-            m.len = n;
-            m.stride = n;
-            meta[filled] = m;
+            meta[filled] = recv_meta(from, n);
             filled += 1;
         }
         Poll::Ready(Ok(filled))
@@ -190,4 +186,15 @@ impl AsyncUdpSocket for ShapedSocket {
     fn may_fragment(&self) -> bool {
         false
     }
+}
+
+/// The metadata of one received datagram of `len` bytes from `addr`. quinn-udp's `RecvMeta` is
+/// `#[non_exhaustive]`: no struct literal from outside its crate.
+#[expect(clippy::field_reassign_with_default, reason = "RecvMeta is non_exhaustive")]
+fn recv_meta(addr: std::net::SocketAddr, len: usize) -> RecvMeta {
+    let mut m = RecvMeta::default();
+    m.addr = addr;
+    m.len = len;
+    m.stride = len;
+    m
 }

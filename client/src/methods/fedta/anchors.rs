@@ -12,8 +12,8 @@
 //!   ([`TailAnchors::seat_keys`]); from a random key in 1280 dimensions the pull would need
 //!   hundreds of steps, and until then the key match is a random hash (measured: 110 samples of
 //!   8 classes took 50 different anchors).
-//! - Stage 2 loss: CE(head(F_TA), y) + λ2 · InfoNCE(F_TA, global prototypes, τ) (Eq. 5)
-//!   + λ3 · Σ (1 − cos(f, k_y)) (Eq. 6). The IE is frozen in stage 2, so f comes from a
+//! - Stage 2 loss: CE(head(F_TA), y) + λ2 · InfoNCE(F_TA, global prototypes, τ) (Eq. 5) plus
+//!   λ3 · Σ (1 − cos(f, k_y)) (Eq. 6). The IE is frozen in stage 2, so f comes from a
 //!   feature cache and nothing before it can change.
 //! - InfoNCE (Eq. 5): −log exp(cos(F_TA, P_y)/τ) / Σ_c exp(cos(F_TA, P_c)/τ) over the global
 //!   prototypes P, for the samples whose class has one.
@@ -235,10 +235,10 @@ impl TailModel {
         let (z, selection) = self.anchored_by_class(f.clone(), labels);
         let ce = CrossEntropyLossConfig::new().init(&z.device());
         let mut loss = ce.forward(anchorage_model::ops::masked(self.head.forward(z.clone()), mask), y);
-        if w.lambda2 > 0.0 {
-            if let Some(nce) = global.and_then(|g| info_nce(z, labels, g, w.temperature)) {
-                loss = loss + nce.mul_scalar(w.lambda2);
-            }
+        if w.lambda2 > 0.0
+            && let Some(nce) = global.and_then(|g| info_nce(z, labels, g, w.temperature))
+        {
+            loss = loss + nce.mul_scalar(w.lambda2);
         }
         if let (Some(a), Some(s), true) = (&self.anchors, selection, w.lambda3 > 0.0) {
             loss = loss + key_pull(f, a.keys.val(), &s).mul_scalar(w.lambda3);
