@@ -23,55 +23,32 @@ use anyhow::Context;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 use crate::config::{ClientConfig, DataSource};
-use crate::doctor::{self, Check, Status};
+use crate::doctor;
 use crate::transport::{self, ClientCert};
+use anchorage_shared::checks::{Check, Status};
 
 /// A certificate with fewer days left than this is a warning (the doctor's default).
 pub const WARN_DAYS: i64 = 30;
 
 fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
-    Check { name, status, detail: detail.into() }
+    Check::new(name, status, detail)
 }
 
 fn outcome(name: &'static str, result: anyhow::Result<String>) -> Check {
-    match result {
-        Ok(detail) => check(name, Status::Ok, detail),
-        Err(e) => check(name, Status::Fail, format!("{e:#}")),
-    }
+    Check::outcome(name, result)
 }
 
-/// Everything the checks found.
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    pub checks: Vec<Check>,
-}
+pub use anchorage_shared::checks::Report;
 
-impl Report {
-    pub fn failed(&self) -> bool {
-        self.checks.iter().any(|c| c.status == Status::Fail)
-    }
-
-    pub fn get(&self, name: &str) -> Option<&Check> {
-        self.checks.iter().find(|c| c.name == name)
-    }
-
-    /// One line per check (as the doctor prints them), then the verdict.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        for c in &self.checks {
-            out.push_str(&format!("  {:<5} {:<12} {}\n", c.status.word(), c.name, c.detail));
-        }
-        let failed: Vec<&str> = self.checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name).collect();
-        let warnings = self.checks.iter().filter(|c| c.status == Status::Warn).count();
-        if failed.is_empty() {
-            out.push_str(&format!(
-                "check-config: the device can start ({warnings} warnings; `anchorage-client doctor` also tries the \
-                 server)\n"
-            ));
-        } else {
-            out.push_str(&format!("check-config: the device would NOT start: {} failed\n", failed.join(", ")));
-        }
-        out
+/// check-config's verdict on the device.
+fn verdict(report: &Report) -> String {
+    if report.failed() {
+        format!("check-config: the device would NOT start: {} failed", report.failed_names())
+    } else {
+        format!(
+            "check-config: the device can start ({} warnings; `anchorage-client doctor` also tries the server)",
+            report.count(Status::Warn)
+        )
     }
 }
 
@@ -98,7 +75,7 @@ pub fn main(path: &Path) -> std::process::ExitCode {
 
 /// Every check of the device whose config is at `path`.
 pub fn run(path: &Path) -> Report {
-    let mut report = Report::default();
+    let mut report = Report::new(verdict);
     let config = match refuse_empty(path).and_then(|()| ClientConfig::load(path)) {
         Ok(config) => config,
         Err(e) => {

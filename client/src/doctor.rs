@@ -58,82 +58,25 @@ impl Default for DoctorArgs {
     }
 }
 
-/// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Ok,
-    /// Works, but needs attention soon (a certificate about to expire, a world-readable key).
-    Warn,
-    /// Not checked, and why is in the detail.
-    Skip,
-    Fail,
-}
+pub use anchorage_shared::checks::{Check, Report, Status};
 
-impl Status {
-    pub(crate) fn word(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Warn => "warn",
-            Status::Skip => "skip",
-            Status::Fail => "FAIL",
-        }
-    }
-}
-
-/// One check's finding.
-#[derive(Debug, Clone)]
-pub struct Check {
-    pub name: &'static str,
-    pub status: Status,
-    pub detail: String,
-}
-
-impl Check {
-    fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Self {
-        Self { name, status, detail: detail.into() }
-    }
-}
-
-/// Everything the doctor found.
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    pub checks: Vec<Check>,
-}
-
-impl Report {
-    pub fn failed(&self) -> bool {
-        self.checks.iter().any(|c| c.status == Status::Fail)
-    }
-
-    pub fn get(&self, name: &str) -> Option<&Check> {
-        self.checks.iter().find(|c| c.name == name)
-    }
-
-    /// The report as the command prints it.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        for c in &self.checks {
-            out.push_str(&format!("  {:<5} {:<12} {}\n", c.status.word(), c.name, c.detail));
-        }
-        let failed: Vec<&str> = self.checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name).collect();
-        let count = |s| self.checks.iter().filter(|c| c.status == s).count();
-        if failed.is_empty() {
-            out.push_str(&format!(
-                "doctor: ready ({} ok, {} warnings, {} skipped)\n",
-                count(Status::Ok),
-                count(Status::Warn),
-                count(Status::Skip)
-            ));
-        } else {
-            out.push_str(&format!("doctor: NOT ready: {} failed\n", failed.join(", ")));
-        }
-        out
+/// The doctor's verdict.
+fn verdict(report: &Report) -> String {
+    if report.failed() {
+        format!("doctor: NOT ready: {} failed", report.failed_names())
+    } else {
+        format!(
+            "doctor: ready ({} ok, {} warnings, {} skipped)",
+            report.count(Status::Ok),
+            report.count(Status::Warn),
+            report.count(Status::Skip)
+        )
     }
 }
 
 /// Runs every check of the device whose config is at `path`.
 pub async fn run(path: &Path, args: &DoctorArgs) -> Report {
-    let mut report = Report::default();
+    let mut report = Report::new(verdict);
     let config = match ClientConfig::load(path) {
         Ok(c) => {
             report.checks.push(Check::new(
@@ -572,18 +515,18 @@ mod tests {
 
     #[test]
     fn the_report_says_what_failed() {
-        let report = Report {
-            checks: vec![
-                Check::new("device", Status::Ok, "cpu"),
-                Check::new("clock", Status::Skip, "not measured"),
-                Check::new("server", Status::Fail, "no answer"),
-            ],
-        };
+        let mut report = Report::new(verdict);
+        report.checks = vec![
+            Check::new("device", Status::Ok, "cpu"),
+            Check::new("clock", Status::Skip, "not measured"),
+            Check::new("server", Status::Fail, "no answer"),
+        ];
         assert!(report.failed());
         let text = report.render();
         assert!(text.contains("  FAIL  server       no answer\n"), "{text}");
         assert!(text.ends_with("doctor: NOT ready: server failed\n"), "{text}");
-        let fine = Report { checks: report.checks[..2].to_vec() };
+        let mut fine = Report::new(verdict);
+        fine.checks = report.checks[..2].to_vec();
         assert!(!fine.failed());
         assert!(fine.render().ends_with("doctor: ready (1 ok, 0 warnings, 1 skipped)\n"));
     }

@@ -34,76 +34,22 @@ use anchorage_pki::{CertInfo, cert_info};
 /// A certificate with fewer days left than this is a warning.
 pub const WARN_DAYS: i64 = 30;
 
-/// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Ok,
-    /// Works, but needs attention (a certificate about to expire, a key others can read).
-    Warn,
-    /// Not checked, and why is in the detail.
-    Skip,
-    Fail,
-}
-
-impl Status {
-    fn word(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Warn => "warn",
-            Status::Skip => "skip",
-            Status::Fail => "FAIL",
-        }
-    }
-}
-
-/// One check's finding.
-#[derive(Debug, Clone)]
-pub struct Check {
-    pub name: &'static str,
-    pub status: Status,
-    pub detail: String,
-}
+pub use anchorage_shared::checks::{Check, Report, Status};
 
 fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
-    Check { name, status, detail: detail.into() }
+    Check::new(name, status, detail)
 }
 
 fn outcome(name: &'static str, result: anyhow::Result<String>) -> Check {
-    match result {
-        Ok(detail) => check(name, Status::Ok, detail),
-        Err(e) => check(name, Status::Fail, format!("{e:#}")),
-    }
+    Check::outcome(name, result)
 }
 
-/// Everything the checks found.
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    pub checks: Vec<Check>,
-}
-
-impl Report {
-    pub fn failed(&self) -> bool {
-        self.checks.iter().any(|c| c.status == Status::Fail)
-    }
-
-    pub fn get(&self, name: &str) -> Option<&Check> {
-        self.checks.iter().find(|c| c.name == name)
-    }
-
-    /// One line per check, then the verdict.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        for c in &self.checks {
-            out.push_str(&format!("  {:<5} {:<12} {}\n", c.status.word(), c.name, c.detail));
-        }
-        let failed: Vec<&str> = self.checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name).collect();
-        let warnings = self.checks.iter().filter(|c| c.status == Status::Warn).count();
-        if failed.is_empty() {
-            out.push_str(&format!("check-config: the server can start ({warnings} warnings)\n"));
-        } else {
-            out.push_str(&format!("check-config: the server would NOT start: {} failed\n", failed.join(", ")));
-        }
-        out
+/// check-config's verdict on the server.
+fn verdict(report: &Report) -> String {
+    if report.failed() {
+        format!("check-config: the server would NOT start: {} failed", report.failed_names())
+    } else {
+        format!("check-config: the server can start ({} warnings)", report.count(Status::Warn))
     }
 }
 
@@ -131,7 +77,7 @@ pub fn main(path: &Path) -> bool {
 
 /// Every check of the server whose config is at `path`.
 pub fn run(path: &Path) -> Report {
-    let mut report = Report::default();
+    let mut report = Report::new(verdict);
     let config = match refuse_empty(path).and_then(|()| ServerConfig::load(path)) {
         Ok(config) => config,
         Err(e) => {

@@ -4,6 +4,7 @@
 //! device; the `std` feature (on by default) adds `std::error::Error` impls.
 //!
 //! - [`protocol`]: versioned messages and their typed decode errors.
+//! - [`checks`]: what the programs' pre-start checks report (check-config, doctor).
 //! - [`frame`]: length-prefixed framing with a configurable maximum, and an incremental reader.
 //! - [`tensor`]: named parameter blocks and their wire encodings (f32, f16, bf16, int8 + scale).
 //! - [`prototype`]: class prototypes as they travel.
@@ -21,6 +22,7 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod checks;
 pub mod frame;
 #[cfg(feature = "io")]
 pub mod io;
