@@ -30,14 +30,6 @@ use anchorage_shared::checks::{Check, Status};
 /// A certificate with fewer days left than this is a warning (the doctor's default).
 pub const WARN_DAYS: i64 = 30;
 
-fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
-    Check::new(name, status, detail)
-}
-
-fn outcome(name: &'static str, result: anyhow::Result<String>) -> Check {
-    Check::outcome(name, result)
-}
-
 pub use anchorage_shared::checks::Report;
 
 /// check-config's verdict on the device.
@@ -79,11 +71,11 @@ pub fn run(path: &Path) -> Report {
     let config = match refuse_empty(path).and_then(|()| ClientConfig::load(path)) {
         Ok(config) => config,
         Err(e) => {
-            report.checks.push(check("config", Status::Fail, format!("{e:#}")));
+            report.checks.push(Check::new("config", Status::Fail, format!("{e:#}")));
             return report;
         }
     };
-    report.checks.push(check(
+    report.checks.push(Check::new(
         "config",
         Status::Ok,
         format!("{} (device {}, method {})", path.display(), config.client_id, config.method.name()),
@@ -91,7 +83,7 @@ pub fn run(path: &Path) -> Report {
     report.checks.push(check_server(&config));
     let device = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime.block_on(doctor::check_device(&config)),
-        Err(e) => check("device", Status::Fail, format!("cannot start the async runtime: {e}")),
+        Err(e) => Check::new("device", Status::Fail, format!("cannot start the async runtime: {e}")),
     };
     report.checks.push(device);
     report.checks.push(doctor::check_memory(&config));
@@ -105,10 +97,12 @@ pub fn run(path: &Path) -> Report {
 /// The server's address as the client will dial it; nothing is looked up.
 fn check_server(config: &ClientConfig) -> Check {
     match config.server.parse::<std::net::SocketAddr>() {
-        Ok(addr) => {
-            check("server", Status::Ok, format!("{addr}, certificate name {} (not dialled here)", config.server_name))
-        }
-        Err(_) => check(
+        Ok(addr) => Check::new(
+            "server",
+            Status::Ok,
+            format!("{addr}, certificate name {} (not dialled here)", config.server_name),
+        ),
+        Err(_) => Check::new(
             "server",
             Status::Ok,
             format!(
@@ -124,15 +118,15 @@ fn check_server(config: &ClientConfig) -> Check {
 fn check_pair(config: &ClientConfig) -> Vec<Check> {
     let (Some(cert_path), Some(key_path)) = (&config.cert, &config.key) else {
         // The doctor's certificate check already says why (none, or half a pair).
-        return vec![check("chain", Status::Skip, "no device certificate configured")];
+        return vec![Check::new("chain", Status::Skip, "no device certificate configured")];
     };
     let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
     let files = read(&config.server_cert).and_then(|ca| Ok((ca, read(cert_path)?, read(key_path)?)));
     let (ca, cert, key) = match files {
         Ok((ca, cert, key)) => (CertificateDer::from(ca), CertificateDer::from(cert), key),
-        Err(e) => return vec![check("chain", Status::Fail, format!("{e:#}"))],
+        Err(e) => return vec![Check::new("chain", Status::Fail, format!("{e:#}"))],
     };
-    let chain = outcome(
+    let chain = Check::outcome(
         "chain",
         client_chains_to(&cert, &ca)
             .map(|()| format!("{} chains to {}", cert_path.display(), config.server_cert.display()))
@@ -147,7 +141,7 @@ fn check_pair(config: &ClientConfig) -> Vec<Check> {
             }),
     );
     let pair = ClientCert { chain: vec![cert], key: PrivateKeyDer::Pkcs8(key.into()) };
-    let key_pair = outcome(
+    let key_pair = Check::outcome(
         "key-pair",
         transport::client_crypto(&ca, Some(&pair))
             .map(|_| format!("{} is the key of {}", key_path.display(), cert_path.display()))
@@ -181,7 +175,7 @@ fn check_data(config: &ClientConfig) -> Check {
     match &config.data {
         DataSource::Synthetic { clients, index, alpha, .. } => {
             let ok = *index < *clients && *alpha > 0.0;
-            check(
+            Check::new(
                 "data",
                 if ok { Status::Ok } else { Status::Fail },
                 if ok {
@@ -191,7 +185,7 @@ fn check_data(config: &ClientConfig) -> Check {
                 },
             )
         }
-        DataSource::Scenario { data_dir, client, backbone, spec, .. } => outcome(
+        DataSource::Scenario { data_dir, client, backbone, spec, .. } => Check::outcome(
             "data",
             (|| {
                 let pools = anchorage_data::label_pools(spec, Some(data_dir)).with_context(|| {

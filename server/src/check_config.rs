@@ -36,14 +36,6 @@ pub const WARN_DAYS: i64 = 30;
 
 pub use anchorage_shared::checks::{Check, Report, Status};
 
-fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
-    Check::new(name, status, detail)
-}
-
-fn outcome(name: &'static str, result: anyhow::Result<String>) -> Check {
-    Check::outcome(name, result)
-}
-
 /// check-config's verdict on the server.
 fn verdict(report: &Report) -> String {
     if report.failed() {
@@ -81,18 +73,18 @@ pub fn run(path: &Path) -> Report {
     let config = match refuse_empty(path).and_then(|()| ServerConfig::load(path)) {
         Ok(config) => config,
         Err(e) => {
-            report.checks.push(check("config", Status::Fail, format!("{e:#}")));
+            report.checks.push(Check::new("config", Status::Fail, format!("{e:#}")));
             return report;
         }
     };
     let method = match config.method.config() {
         Ok(method) => method,
         Err(e) => {
-            report.checks.push(check("config", Status::Fail, format!("{}: {e:#}", path.display())));
+            report.checks.push(Check::new("config", Status::Fail, format!("{}: {e:#}", path.display())));
             return report;
         }
     };
-    report.checks.push(check("config", Status::Ok, format!("{} (method {})", path.display(), method.name())));
+    report.checks.push(Check::new("config", Status::Ok, format!("{} (method {})", path.display(), method.name())));
     report.checks.push(check_bind(&config));
     if config.insecure_dev {
         report.checks.push(check_dev_identity(&config));
@@ -133,14 +125,14 @@ fn check_bind(config: &ServerConfig) -> Check {
         }
         Some(m) => detail.push_str(&format!("; metrics port http://{m}/metrics")),
     }
-    check("bind", status, format!("{detail} (not bound here)"))
+    Check::new("bind", status, format!("{detail} (not bound here)"))
 }
 
 /// `insecure_dev`: the self-signed pair, or that the first start makes one.
 fn check_dev_identity(config: &ServerConfig) -> Check {
     match anchorage_pki::load_identity(&config.tls_dir) {
         Ok(Some(identity)) => match tls::server_crypto(&identity, None) {
-            Ok(_) => check(
+            Ok(_) => Check::new(
                 "certificate",
                 Status::Warn,
                 format!(
@@ -149,9 +141,9 @@ fn check_dev_identity(config: &ServerConfig) -> Check {
                     config.tls_dir.display()
                 ),
             ),
-            Err(e) => check("certificate", Status::Fail, format!("{}: {e:#}", config.tls_dir.display())),
+            Err(e) => Check::new("certificate", Status::Fail, format!("{}: {e:#}", config.tls_dir.display())),
         },
-        Ok(None) => check(
+        Ok(None) => Check::new(
             "certificate",
             Status::Warn,
             format!(
@@ -160,7 +152,7 @@ fn check_dev_identity(config: &ServerConfig) -> Check {
                 config.tls_dir.display()
             ),
         ),
-        Err(e) => check("certificate", Status::Fail, format!("{e:#}")),
+        Err(e) => Check::new("certificate", Status::Fail, format!("{e:#}")),
     }
 }
 
@@ -195,24 +187,24 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
     {
         Ok(der) => CertificateDer::from(der),
         Err(e) => {
-            checks.push(check("ca", Status::Fail, format!("{e:#}")));
+            checks.push(Check::new("ca", Status::Fail, format!("{e:#}")));
             return checks;
         }
     };
     match cert_info(ca_der.as_ref()) {
         Ok(facts) => {
             let (status, detail) = validity("the project CA", &facts, now);
-            checks.push(check("ca", status, format!("{detail}; {}", ca_path.display())));
+            checks.push(Check::new("ca", status, format!("{detail}; {}", ca_path.display())));
         }
         Err(e) => {
-            checks.push(check("ca", Status::Fail, format!("{}: {e:#}", ca_path.display())));
+            checks.push(Check::new("ca", Status::Fail, format!("{}: {e:#}", ca_path.display())));
             return checks;
         }
     }
     let identity = match anchorage_pki::load_identity(dir) {
         Ok(Some(identity)) => identity,
         Ok(None) => {
-            checks.push(check(
+            checks.push(Check::new(
                 "certificate",
                 Status::Fail,
                 format!("{} holds no cert.der / key.der: {hint}", dir.display()),
@@ -220,7 +212,7 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
             return checks;
         }
         Err(e) => {
-            checks.push(check("certificate", Status::Fail, format!("{e:#}")));
+            checks.push(Check::new("certificate", Status::Fail, format!("{e:#}")));
             return checks;
         }
     };
@@ -228,7 +220,7 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
     let facts = match cert_info(identity.cert.as_ref()) {
         Ok(facts) => facts,
         Err(e) => {
-            checks.push(check("certificate", Status::Fail, format!("{}: {e:#}", cert_path.display())));
+            checks.push(Check::new("certificate", Status::Fail, format!("{}: {e:#}", cert_path.display())));
             return checks;
         }
     };
@@ -238,7 +230,7 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
         None => Err(anyhow::anyhow!("it names no id (no DNS subject alternative name)")),
     };
     checks.push(match chained {
-        Ok(()) => check(
+        Ok(()) => Check::new(
             "certificate",
             status,
             format!(
@@ -247,7 +239,7 @@ fn check_tls(dir: &Path, now: i64) -> Vec<Check> {
                 cert_path.display()
             ),
         ),
-        Err(e) => check(
+        Err(e) => Check::new(
             "certificate",
             Status::Fail,
             format!(
@@ -286,7 +278,7 @@ fn chains_to(cert: &CertificateDer<'static>, ca: &CertificateDer<'static>, name:
 fn check_key(dir: &Path, identity: &anchorage_pki::Identity) -> Check {
     let key_path = dir.join(anchorage_pki::KEY_FILE);
     if let Err(e) = tls::server_crypto(identity, None) {
-        return check(
+        return Check::new(
             "key",
             Status::Fail,
             format!(
@@ -299,7 +291,7 @@ fn check_key(dir: &Path, identity: &anchorage_pki::Identity) -> Check {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&key_path).map(|m| m.permissions().mode() & 0o777).unwrap_or(0);
     if mode & 0o077 != 0 {
-        return check(
+        return Check::new(
             "key",
             Status::Warn,
             format!(
@@ -308,7 +300,7 @@ fn check_key(dir: &Path, identity: &anchorage_pki::Identity) -> Check {
             ),
         );
     }
-    check("key", Status::Ok, format!("{} matches the certificate (mode {mode:04o})", key_path.display()))
+    Check::new("key", Status::Ok, format!("{} matches the certificate (mode {mode:04o})", key_path.display()))
 }
 
 /// `revoked.crl` parses, was issued by the project CA, and does not list the server itself.
@@ -317,8 +309,8 @@ fn check_crl(dir: &Path, ca_der: &CertificateDer<'static>, own_serial: &str) -> 
     let trust = Trust::ProjectCa { ca: ca_der.clone(), crl: Some(path.clone()) };
     let crl = match trust.read_crl() {
         Ok(Some(crl)) => crl,
-        Ok(None) => return check("crl", Status::Fail, format!("{}: no revocation list", path.display())),
-        Err(e) => return check("crl", Status::Fail, format!("{e:#}")),
+        Ok(None) => return Check::new("crl", Status::Fail, format!("{}: no revocation list", path.display())),
+        Err(e) => return Check::new("crl", Status::Fail, format!("{e:#}")),
     };
     let issuer_matches = (|| -> anyhow::Result<bool> {
         let (_, list) = x509_parser::parse_x509_crl(crl.as_ref()).context("the revocation list does not parse")?;
@@ -328,7 +320,7 @@ fn check_crl(dir: &Path, ca_der: &CertificateDer<'static>, own_serial: &str) -> 
     match issuer_matches {
         Ok(true) => {}
         Ok(false) => {
-            return check(
+            return Check::new(
                 "crl",
                 Status::Fail,
                 format!(
@@ -338,14 +330,14 @@ fn check_crl(dir: &Path, ca_der: &CertificateDer<'static>, own_serial: &str) -> 
                 ),
             );
         }
-        Err(e) => return check("crl", Status::Fail, format!("{}: {e:#}", path.display())),
+        Err(e) => return Check::new("crl", Status::Fail, format!("{}: {e:#}", path.display())),
     }
     let revoked = match anchorage_pki::revoked_serials(crl.as_ref()) {
         Ok(revoked) => revoked,
-        Err(e) => return check("crl", Status::Fail, format!("{}: {e:#}", path.display())),
+        Err(e) => return Check::new("crl", Status::Fail, format!("{}: {e:#}", path.display())),
     };
     if revoked.contains(own_serial) {
-        return check(
+        return Check::new(
             "crl",
             Status::Warn,
             format!(
@@ -354,7 +346,7 @@ fn check_crl(dir: &Path, ca_der: &CertificateDer<'static>, own_serial: &str) -> 
             ),
         );
     }
-    check("crl", Status::Ok, format!("{}: {} revoked certificates", path.display(), revoked.len()))
+    Check::new("crl", Status::Ok, format!("{}: {} revoked certificates", path.display(), revoked.len()))
 }
 
 /// The initial model loads and fits the method.
@@ -362,9 +354,9 @@ fn check_model(config: &ServerConfig, method: &MethodConfig) -> Check {
     let Some(path) = &config.initial_model else {
         return match method.info().shared {
             Shared::Nothing => {
-                check("model", Status::Ok, format!("no initial_model: `{}` shares no blocks", method.name()))
+                Check::new("model", Status::Ok, format!("no initial_model: `{}` shares no blocks", method.name()))
             }
-            _ => check(
+            _ => Check::new(
                 "model",
                 Status::Fail,
                 format!(
@@ -378,17 +370,17 @@ fn check_model(config: &ServerConfig, method: &MethodConfig) -> Check {
     };
     let blocks = match model_file::load(path) {
         Ok(blocks) => blocks,
-        Err(e) => return check("model", Status::Fail, format!("{e:#}")),
+        Err(e) => return Check::new("model", Status::Fail, format!("{e:#}")),
     };
     let fits = layout_fits(&blocks, method).and_then(|()| aggregates(&blocks, method, config));
     let values: usize = blocks.iter().map(|b| b.tensor.shape.iter().map(|d| *d as usize).product::<usize>()).sum();
     match fits {
-        Ok(()) => check(
+        Ok(()) => Check::new(
             "model",
             Status::Ok,
             format!("{}: {} blocks, {values} values, the layout of `{}`", path.display(), blocks.len(), method.name()),
         ),
-        Err(why) => check(
+        Err(why) => Check::new(
             "model",
             Status::Fail,
             format!(
@@ -477,9 +469,9 @@ pub fn check_state(dir: &Path) -> Check {
         let parent = dir.ancestors().skip(1).find(|p| p.exists()).unwrap_or(Path::new("/"));
         return match probe(parent) {
             Ok(()) => {
-                check("state", Status::Ok, format!("{} does not exist yet; it can be made ({who})", dir.display()))
+                Check::new("state", Status::Ok, format!("{} does not exist yet; it can be made ({who})", dir.display()))
             }
-            Err(e) => check(
+            Err(e) => Check::new(
                 "state",
                 Status::Fail,
                 format!(
@@ -492,7 +484,7 @@ pub fn check_state(dir: &Path) -> Check {
         };
     }
     if !dir.is_dir() {
-        return check("state", Status::Fail, format!("{} is not a folder", dir.display()));
+        return Check::new("state", Status::Fail, format!("{} is not a folder", dir.display()));
     }
     let db = dir.join(crate::store::DB_FILE);
     let holds = if db.exists() {
@@ -501,8 +493,8 @@ pub fn check_state(dir: &Path) -> Check {
         "; no database yet (a new federation)".into()
     };
     match probe(dir) {
-        Ok(()) => check("state", Status::Ok, format!("{} is writable ({who}){holds}", dir.display())),
-        Err(e) => check(
+        Ok(()) => Check::new("state", Status::Ok, format!("{} is writable ({who}){holds}", dir.display())),
+        Err(e) => Check::new(
             "state",
             Status::Fail,
             format!("{} is not writable ({e}; {who}): chown it to the service's user", dir.display()),
@@ -519,7 +511,7 @@ fn probe(dir: &Path) -> std::io::Result<()> {
 /// and the backbone's weights (the surrogate set's features are computed at start).
 #[cfg(feature = "sikf")]
 fn check_sikf(section: &crate::config::SikfSection) -> Check {
-    outcome(
+    Check::outcome(
         "sikf",
         (|| {
             anyhow::ensure!(
@@ -550,7 +542,7 @@ fn check_sikf(section: &crate::config::SikfSection) -> Check {
 
 #[cfg(not(feature = "sikf"))]
 fn check_sikf(_: &crate::config::SikfSection) -> Check {
-    outcome(
+    Check::outcome(
         "sikf",
         Err(anyhow::anyhow!(
             "server.toml has a [sikf] section, but this anchorage-server was built without SIKF: build it with \
@@ -569,10 +561,12 @@ fn check_evaluation(section: &crate::config::EvaluationSection) -> Check {
         n => format!("after every {n}th round"),
     };
     match &section.data {
-        EvaluationData::Synthetic { seed } => {
-            check("evaluation", Status::Ok, format!("the embedded set's test half (seed {seed}, no files), {every}"))
-        }
-        EvaluationData::Scenario { data_dir, backbone, spec, .. } => outcome(
+        EvaluationData::Synthetic { seed } => Check::new(
+            "evaluation",
+            Status::Ok,
+            format!("the embedded set's test half (seed {seed}, no files), {every}"),
+        ),
+        EvaluationData::Scenario { data_dir, backbone, spec, .. } => Check::outcome(
             "evaluation",
             (|| {
                 let spec: anchorage_data::DataSpec =
@@ -595,7 +589,7 @@ fn check_evaluation(section: &crate::config::EvaluationSection) -> Check {
 
 #[cfg(not(feature = "sikf"))]
 fn check_evaluation(_: &crate::config::EvaluationSection) -> Check {
-    outcome(
+    Check::outcome(
         "evaluation",
         Err(anyhow::anyhow!(
             "server.toml has an [evaluation] section, but this anchorage-server was built without the model and \
