@@ -566,7 +566,7 @@ fn check_evaluation(section: &crate::config::EvaluationSection) -> Check {
             Status::Ok,
             format!("the embedded set's test half (seed {seed}, no files), {every}"),
         ),
-        EvaluationData::Scenario { data_dir, backbone, spec, .. } => Check::outcome(
+        EvaluationData::Scenario { data_dir, backbone, spec, .. } => Check::outcome::<anyhow::Error>(
             "evaluation",
             (|| {
                 let spec: anchorage_data::DataSpec =
