@@ -94,11 +94,6 @@ impl MetricKey {
         }
         Self::FIXED.into_iter().find(|key| key.fixed_name() == Some(name)).unwrap_or_else(|| Self::Other(name.into()))
     }
-
-    /// An accuracy in [0, 1] (the keys whose values a report may average or plot as accuracy).
-    pub fn is_accuracy(&self) -> bool {
-        matches!(self, Self::LocalAccuracy | Self::TaskAccuracy(_) | Self::SelectedAccuracy(_) | Self::TargetAccuracy)
-    }
 }
 
 impl Metric {

@@ -5,27 +5,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
-
 use super::connection::ConnCtx;
-use super::revocation::Revoked;
-use super::{Input, Limits, ServerMetrics};
 use crate::metrics::reason;
 use crate::tls::RefusalLog;
 
 /// Handshakes in progress per IP address.
 type HandshakeCounts = Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>;
 
-/// What the accept loop needs, and hands each connection task.
+/// What the accept loop needs: the endpoint, and the context each connection task gets a copy
+/// of (with its own id).
 pub(super) struct Acceptor {
     pub(super) endpoint: quinn::Endpoint,
-    pub(super) inputs: mpsc::UnboundedSender<Input>,
-    pub(super) metrics: Arc<ServerMetrics>,
-    pub(super) max_frame: usize,
-    pub(super) limits: Limits,
-    pub(super) revoked: watch::Receiver<Revoked>,
-    /// The rate limit of refusals' log lines.
-    pub(super) refusals: Arc<RefusalLog>,
+    pub(super) conn: ConnCtx,
 }
 
 impl Acceptor {
@@ -39,16 +30,8 @@ impl Acceptor {
                 continue;
             };
             next_conn += 1;
-            self.metrics.connection_accepted();
-            let ctx = ConnCtx {
-                id: next_conn,
-                inputs: self.inputs.clone(),
-                metrics: self.metrics.clone(),
-                max_frame: self.max_frame,
-                limits: self.limits.clone(),
-                revoked: self.revoked.clone(),
-                refusals: self.refusals.clone(),
-            };
+            self.conn.metrics.connection_accepted();
+            let ctx = ConnCtx { id: next_conn, ..self.conn.clone() };
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
                 if let Err(e) = ctx.run(incoming, slot).await {
@@ -63,20 +46,20 @@ impl Acceptor {
     /// handshake's slot when the connection may go on.
     fn admit(&self, incoming: &quinn::Incoming, handshakes: &HandshakeCounts) -> Option<HandshakeSlot> {
         let remote = incoming.remote_address();
-        let logged = |reason| self.refusals.note(reason, &remote.ip().to_string(), std::time::Instant::now());
-        if self.endpoint.open_connections() >= self.limits.max_connections {
-            self.metrics.refused(reason::CONNECTION_LIMIT);
+        let logged = |reason| self.conn.refusals.note(reason, &remote.ip().to_string(), std::time::Instant::now());
+        if self.endpoint.open_connections() >= self.conn.limits.max_connections {
+            self.conn.metrics.refused(reason::CONNECTION_LIMIT);
             if let Some(since) = logged(reason::CONNECTION_LIMIT) {
                 let more = RefusalLog::since_text(since);
-                tracing::warn!(%remote, max = self.limits.max_connections, "connection limit reached; refused{more}");
+                tracing::warn!(%remote, max = self.conn.limits.max_connections, "connection limit reached; refused{more}");
             }
             return None;
         }
-        let Some(slot) = HandshakeSlot::take(handshakes, remote.ip(), self.limits.max_handshakes_per_ip) else {
-            self.metrics.refused(reason::HANDSHAKE_LIMIT);
+        let Some(slot) = HandshakeSlot::take(handshakes, remote.ip(), self.conn.limits.max_handshakes_per_ip) else {
+            self.conn.metrics.refused(reason::HANDSHAKE_LIMIT);
             if let Some(since) = logged(reason::HANDSHAKE_LIMIT) {
                 let more = RefusalLog::since_text(since);
-                let max = self.limits.max_handshakes_per_ip;
+                let max = self.conn.limits.max_handshakes_per_ip;
                 tracing::warn!(%remote, max, "too many handshakes from one address; refused{more}");
             }
             return None;

@@ -22,6 +22,7 @@ use crate::metrics::{reason, refusal_reason};
 use crate::tls::RefusalLog;
 
 /// What a connection task needs.
+#[derive(Clone)]
 pub(super) struct ConnCtx {
     pub(super) id: u64,
     pub(super) inputs: mpsc::UnboundedSender<Input>,

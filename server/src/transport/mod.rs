@@ -150,8 +150,8 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         metrics.clone(),
         refusals.clone(),
     )?;
-    let acceptor = accept::Acceptor {
-        endpoint: endpoint.clone(),
+    let conn = connection::ConnCtx {
+        id: 0,
         inputs: input_tx,
         metrics: metrics.clone(),
         max_frame,
@@ -159,6 +159,7 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         revoked,
         refusals,
     };
+    let acceptor = accept::Acceptor { endpoint: endpoint.clone(), conn };
     tokio::spawn(acceptor.run());
 
     let run =
