@@ -92,8 +92,8 @@ fn lossy_link_job() -> SimConfig {
 }
 
 /// A measurement, not a check (wall time grows with whatever else the machine runs): mean round
-/// seconds on LTE, real clock against virtual. On an idle 2-core machine on 2026-11-26: real
-/// 3.90 s, virtual 3.25 s (the window model's gap on lossy links is a fidelity item of its own).
+/// seconds on LTE, real clock against virtual. On an idle 2-core machine on 2026-11-27: real
+/// 3.52 s, virtual 3.18 s (the window model's gap on lossy links is a fidelity item of its own).
 /// `cargo test -p anchorage-tests --test clocks -- --ignored --nocapture round_seconds_on_a_lossy_link`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a wall-time measurement; run it on an idle machine with --ignored --nocapture"]
