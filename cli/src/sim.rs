@@ -185,27 +185,27 @@ pub(crate) struct SharedArgs {
 pub(crate) fn set_shared_flags(config: &mut SimConfig, file: Option<&ConfigFile>, flags: &SharedArgs) {
     let SharedArgs { clients, rounds, fraction, link, data_dir } = flags;
     let (clients, rounds, fraction) = (*clients, *rounds, *fraction);
-    set(file, "--fraction", fraction, &["fraction"], &mut config.fraction);
+    set(file, "--fraction", fraction, &["fraction"], &mut config.federation.fraction);
     if let Some(v) = clients {
         overrides(file, "--clients", v, &["clients"]);
-        config.clients = v;
-        if let Some(data) = config.data.as_mut() {
+        config.federation.clients = v;
+        if let Some(data) = config.data.spec.as_mut() {
             overrides(file, "--clients", v, &["data", "partition", "clients"]);
             *scenario::partition_clients(&mut data.partition) = v;
         }
     }
-    set(file, "--rounds", rounds, &["rounds"], &mut config.rounds);
+    set(file, "--rounds", rounds, &["rounds"], &mut config.federation.rounds);
     if let Some(v) = link {
         for key in ["link", "link_mix", "client_links"] {
             overrides(file, "--link", v, &[key]);
         }
-        config.link = Some(*v);
-        config.link_mix.clear();
-        config.client_links.clear();
+        config.systems.link = Some(*v);
+        config.systems.link_mix.clear();
+        config.systems.client_links.clear();
     }
     if let Some(v) = data_dir {
         overrides(file, "--data-dir", v.display(), &["data_dir"]);
-        config.data_dir = Some(v.clone());
+        config.data.data_dir = Some(v.clone());
     }
 }
 
@@ -222,7 +222,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         config.method = method;
     }
     if let Some(v) = args.data_scale {
-        let data = config.data.as_mut().with_context(|| {
+        let data = config.data.spec.as_mut().with_context(|| {
             format!(
                 "--data-scale scales a scenario's [data] table and {} has none (the embedded data's size: \
                  train_per_class, test_per_class)",
@@ -232,30 +232,31 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         overrides(file, "--data-scale", v, &["data", "scale"]);
         data.scale = v;
     }
-    set(file, "--rounds-per-task", args.rounds_per_task, &["rounds_per_task"], &mut config.rounds_per_task);
+    set(file, "--rounds-per-task", args.rounds_per_task, &["rounds_per_task"], &mut config.data.rounds_per_task);
     set_shared_flags(config, file, &args.shared);
-    set(file, "--seed", args.seed, &["seed"], &mut config.seed);
-    set(file, "--epochs", args.epochs, &["local_epochs"], &mut config.local_epochs);
+    set(file, "--seed", args.seed, &["seed"], &mut config.federation.seed);
+    set(file, "--epochs", args.epochs, &["local_epochs"], &mut config.federation.local_epochs);
     if let Some(v) = args.alpha {
         apply_alpha(v, config, file)?;
     }
-    set(file, "--encoding", args.encoding, &["encoding"], &mut config.encoding);
-    set(file, "--clock", args.clock, &["clock"], &mut config.clock);
+    set(file, "--encoding", args.encoding, &["encoding"], &mut config.systems.encoding);
+    set(file, "--clock", args.clock, &["clock"], &mut config.systems.clock);
     if let Some(name) = &args.device {
         overrides(file, "--device", name, &["devices"]);
-        config.devices = vec![DeviceProfile::preset(name).with_context(|| format!("unknown device preset `{name}`"))?];
+        config.systems.devices =
+            vec![DeviceProfile::preset(name).with_context(|| format!("unknown device preset `{name}`"))?];
     }
-    set(file, "--stragglers", args.stragglers, &["straggler_ratio"], &mut config.straggler_ratio);
+    set(file, "--stragglers", args.stragglers, &["straggler_ratio"], &mut config.systems.straggler_ratio);
     if let Some(v) = args.optimizer {
         overrides(file, "--optimizer", format!("{v:?}").to_lowercase(), &["optimizer"]);
-        config.optimizer = v;
+        config.federation.optimizer = v;
     }
-    set(file, "--lr", args.lr.map(|v| v as f32), &["learning_rate"], &mut config.learning_rate);
-    set(file, "--batch-size", args.batch_size, &["batch_size"], &mut config.batch_size);
-    set(file, "--eval-every", args.eval_every, &["eval_every"], &mut config.eval_every);
-    set(file, "--eval-fraction", args.eval_fraction, &["eval_fraction"], &mut config.eval_fraction);
+    set(file, "--lr", args.lr.map(|v| v as f32), &["learning_rate"], &mut config.federation.learning_rate);
+    set(file, "--batch-size", args.batch_size, &["batch_size"], &mut config.federation.batch_size);
+    set(file, "--eval-every", args.eval_every, &["eval_every"], &mut config.output.eval_every);
+    set(file, "--eval-fraction", args.eval_fraction, &["eval_fraction"], &mut config.output.eval_fraction);
     if let Some(v) = args.test_scale {
-        let data = config.data.as_mut().with_context(|| {
+        let data = config.data.spec.as_mut().with_context(|| {
             format!(
                 "--test-scale scales a scenario's [data] test set and {} has none (the embedded data: test_per_class)",
                 from()
@@ -272,10 +273,10 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
 fn apply_alpha(v: f64, config: &mut SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
     let from = || file.map_or("the embedded default".to_string(), |f| f.path.display().to_string());
     let key = ["data", "partition", "alpha"];
-    match config.data.as_mut().map(|d| &mut d.partition) {
+    match config.data.spec.as_mut().map(|d| &mut d.partition) {
         None => {
             overrides(file, "--alpha", v, &["alpha"]);
-            config.alpha = v;
+            config.data.alpha = v;
         }
         Some(PartitionSpec::Dirichlet { alpha, .. }) => {
             overrides(file, "--alpha", v, &key);
@@ -309,7 +310,7 @@ fn apply_alpha(v: f64, config: &mut SimConfig, file: Option<&ConfigFile>) -> any
 /// A data folder that is not there: an error when the run reads files from it, else a warning.
 fn check_data_dir(config: &SimConfig, from_flag: bool, file: Option<&ConfigFile>) -> anyhow::Result<()> {
     let needs = scenario::files_needed(config);
-    let Some(dir) = &config.data_dir else {
+    let Some(dir) = &config.data.data_dir else {
         if let Some(needs) = needs {
             anyhow::bail!("{needs} are read from a data folder: give --data-dir or set ANCHORAGE_DATA");
         }
@@ -342,7 +343,7 @@ pub(crate) fn sim(args: SimArgs) -> anyhow::Result<()> {
         Some(out) => out,
         None => {
             let kind = if sweep.is_some() { "sweep" } else { "sim" };
-            let name = anchorage_sim::run_folder_name(kind, config.seed, std::time::SystemTime::now());
+            let name = anchorage_sim::run_folder_name(kind, config.federation.seed, std::time::SystemTime::now());
             anchorage_sim::claim_run_folder(Path::new("runs"), &name).context("creating the run folder under runs/")?
         }
     };

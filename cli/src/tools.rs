@@ -83,7 +83,8 @@ pub(crate) fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         let out = match args.out {
             Some(out) => out,
             None => {
-                let name = anchorage_sim::run_folder_name("fleet", config.seed, std::time::SystemTime::now());
+                let name =
+                    anchorage_sim::run_folder_name("fleet", config.federation.seed, std::time::SystemTime::now());
                 anchorage_sim::claim_run_folder(Path::new("runs"), &name)
                     .context("creating the run folder under runs/")?
             }
@@ -129,7 +130,7 @@ pub(crate) fn fleet(args: FleetArgs) -> anyhow::Result<()> {
 pub(crate) fn export(args: ExportArgs) -> anyhow::Result<()> {
     let mut config = anchorage_sim::scenario::sim_config(&args.scenario)?;
     if let Some(v) = args.data_dir {
-        config.data_dir = Some(v);
+        config.data.data_dir = Some(v);
     }
     let done = anchorage_sim::export::export(&config, &args.out)?;
     println!(

@@ -5,17 +5,14 @@ use std::process::Command;
 
 use anchorage_sim::compare::compare;
 use anchorage_sim::virtual_clock::run_virtual;
+use anchorage_sim::{DataConfig, FederationConfig};
 use anchorage_sim::{RunSummary, SimConfig, write_run_folder};
 
 /// A small run with `seed`, written into `dir`.
 fn run_into(dir: &Path, seed: u64) -> RunSummary {
     let config = SimConfig {
-        clients: 3,
-        rounds: 2,
-        seed,
-        local_epochs: 1,
-        train_per_class: 20,
-        test_per_class: 5,
+        federation: FederationConfig { clients: 3, rounds: 2, seed, local_epochs: 1, ..Default::default() },
+        data: DataConfig { train_per_class: 20, test_per_class: 5, ..Default::default() },
         ..SimConfig::default()
     };
     let result = run_virtual(&config).unwrap();

@@ -5,6 +5,7 @@
 
 use std::process::Command;
 
+use anchorage_sim::FederationConfig;
 use anchorage_sim::SimConfig;
 use anchorage_sim::virtual_clock::run_virtual;
 
@@ -36,7 +37,11 @@ fn two_workers_of_ten_devices_run_two_rounds_over_quic() {
     assert!(rounds.iter().all(|r| r["aggregated"] == 20 && r["outcome"] == "aggregated"), "{rounds:?}");
 
     // Fidelity: the same accuracy curve as the virtual clock.
-    let virtual_run = run_virtual(&SimConfig { clients: 20, rounds: 2, ..SimConfig::default() }).unwrap();
+    let virtual_run = run_virtual(&SimConfig {
+        federation: FederationConfig { clients: 20, rounds: 2, ..Default::default() },
+        ..SimConfig::default()
+    })
+    .unwrap();
     let curve = |rounds: &[serde_json::Value]| -> Vec<f64> {
         rounds.iter().map(|r| (r["accuracy"].as_f64().unwrap() * 1e4).round()).collect()
     };

@@ -19,10 +19,36 @@ pub struct KillAt {
     pub round: u64,
 }
 
-/// Everything a simulated run needs; written to the run folder as `config.toml`.
+/// Everything a simulated run needs, in sections; written to the run folder as `config.toml`.
+///
+/// The file keeps one flat table of keys (the sections' fields), beside the `[method]`, `[model]`
+/// and `[data]` tables, so every scenario, sweep and run folder written before the sections still
+/// reads. Reading checks each key against its section: an unknown key or a wrong value names the
+/// key ([`SimConfig::from_table`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SimConfig {
+    /// Who takes part, how often, how they train locally and how the server aggregates.
+    #[serde(flatten)]
+    pub federation: FederationConfig,
+    /// The data and its task stream.
+    #[serde(flatten)]
+    pub data: DataConfig,
+    /// The frozen backbone and the trainable net on it (`[model]`).
+    pub model: ModelConfig,
+    /// The method and its hyperparameters (`[method]`).
+    pub method: MethodConfig,
+    /// The devices and links the clients run on, the clock, failures.
+    #[serde(flatten)]
+    pub systems: SystemsConfig,
+    /// What the run measures.
+    #[serde(flatten)]
+    pub output: OutputConfig,
+}
+
+/// Who takes part, how often, how they train locally, and how the server screens and aggregates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct SimConfig {
+pub struct FederationConfig {
     pub clients: usize,
     pub rounds: u64,
     pub seed: u64,
@@ -39,17 +65,56 @@ pub struct SimConfig {
     pub over_selection: f64,
     /// Clients required before a round opens (default: all of them).
     pub min_available: Option<usize>,
+    pub round_deadline_secs: f64,
+    /// Synchronous rounds (default) or FedBuff-style buffered aggregation:
+    /// `aggregation = { kind = "buffered", buffer = 4, concurrency = 8, max_staleness = 4 }`.
+    pub aggregation: AggregationMode,
+    /// The server's screening and aggregation rule (`[robust]`, the server's `[engine.robust]`):
+    /// `robust = { aggregation = { rule = "median" }, max_norm_z = 3.5 }`. Without the table the
+    /// simulator runs the papers' plain rule ([`RobustConfig::unbounded`]); a `[robust]` table
+    /// starts from the server's defaults (bounded influence) for the keys it does not name.
+    pub robust: RobustConfig,
+    /// Byzantine devices (`[attack]`): these clients send a scaled update instead of their own.
+    pub attack: Option<Attack>,
+}
+
+/// The data: the embedded synthetic set's knobs or a real dataset's `[data]` table, and the task
+/// stream cut from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
     /// Dirichlet α of the label skew over clients (smaller is more non-IID; `inf`: IID).
     pub alpha: f64,
-    pub round_deadline_secs: f64,
     pub train_per_class: usize,
     pub test_per_class: usize,
     /// Pixel noise of the synthetic images (their templates have unit deviation). The default,
     /// 1.0, is harder than the data crate's, so the table shows the model learning over rounds.
     pub noise: f32,
+    /// The scenario's data (the `[data]` table); none: the embedded synthetic set (`alpha`,
+    /// `noise`, ...).
+    #[serde(rename = "data")]
+    pub spec: Option<DataSpec>,
+    /// Where real datasets and weights are (`../shared/data`, `ANCHORAGE_DATA`).
+    pub data_dir: Option<PathBuf>,
+    /// Rounds per task of the stream (FedProK's R); 0: a single task.
+    pub rounds_per_task: u64,
+    /// FedEvolve's protocol: the clients hold every source domain from the start and the last
+    /// domain of the split is the unseen target the accuracy is measured on.
+    pub evolving: bool,
+    /// Evolving shifts: how many of the last domains form the target (default 1: the next domain
+    /// only; more holds out a stretch of far domains, as evolving-domain benchmarks often do).
+    pub target_domains: usize,
+}
+
+/// The systems the clients run on (FedScale's system heterogeneity): devices, links, upload
+/// encoding, stragglers and kills, and the clock that charges them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SystemsConfig {
+    /// Which clock `anchorage sim` runs on.
+    pub clock: Clock,
     /// Upload encoding: f32, f16, bf16 or int8.
     pub encoding: anchorage_client::encoding::UploadEncoding,
-    pub kill: Vec<KillAt>,
     /// Link of every client, by preset name (`ethernet`, `wifi`, `lte`, `3g`, `satellite`, `iot`);
     /// none: plain loopback.
     pub link: Option<LinkPreset>,
@@ -62,49 +127,28 @@ pub struct SimConfig {
     /// FedEvolve's straggler ratio p: with probability p a client runs a uniform random number of
     /// local epochs in 1..τ instead of τ.
     pub straggler_ratio: f64,
+    pub kill: Vec<KillAt>,
+    /// Threads the virtual clock trains sampled clients on; 0: one per core. Results are the
+    /// same for any count (a training sees only its own client's state and the broadcast). The
+    /// default is 1: on the CPU backend trainings serialise on burn-autodiff's process-wide lock
+    /// (see `device::ComputePool`), and the slowdown of each would enter the simulated time.
+    pub threads: usize,
+}
+
+/// What the run measures beyond the global model's accuracy, which it evaluates every round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutputConfig {
     /// Clients evaluate their local model in rounds that are multiples of this (1: every round;
     /// the global model is evaluated every round whatever this says).
     pub eval_every: u64,
     /// Fraction of each task's test rows clients evaluate their local model on (a seeded
     /// sample; 1: all). `metrics.json` records both under `local_eval`.
     pub eval_fraction: f64,
-    /// Threads the virtual clock trains sampled clients on; 0: one per core. Results are the
-    /// same for any count (a training sees only its own client's state and the broadcast). The
-    /// default is 1: on the CPU backend trainings serialise on burn-autodiff's process-wide lock
-    /// (see `device::ComputePool`), and the slowdown of each would enter the simulated time.
-    pub threads: usize,
-    /// Synchronous rounds (default) or FedBuff-style buffered aggregation:
-    /// `aggregation = { kind = "buffered", buffer = 4, concurrency = 8, max_staleness = 4 }`.
-    pub aggregation: AggregationMode,
-    /// The server's screening and aggregation rule (`[robust]`, the server's `[engine.robust]`):
-    /// `robust = { aggregation = { rule = "median" }, max_norm_z = 3.5 }`. Without the table the
-    /// simulator runs the papers' plain rule ([`RobustConfig::unbounded`]); a `[robust]` table
-    /// starts from the server's defaults (bounded influence) for the keys it does not name.
-    pub robust: RobustConfig,
-    /// Byzantine devices (`[attack]`): these clients send a scaled update instead of their own.
-    pub attack: Option<Attack>,
-    /// The method and its hyperparameters (`[method]` of a scenario file).
-    pub method: MethodConfig,
-    /// The frozen backbone and the trainable net on it (`[model]`).
-    pub model: ModelConfig,
-    /// The scenario's data (`[data]`); none: the embedded synthetic set (`alpha`, `noise`, ...).
-    pub data: Option<DataSpec>,
-    /// Where real datasets and weights are (`../shared/data`, `ANCHORAGE_DATA`).
-    pub data_dir: Option<PathBuf>,
-    /// Which clock `anchorage sim` runs on.
-    pub clock: Clock,
-    /// Rounds per task of the stream (FedProK's R); 0: a single task.
-    pub rounds_per_task: u64,
-    /// FedEvolve's protocol: the clients hold every source domain from the start and the last
-    /// domain of the split is the unseen target the accuracy is measured on.
-    pub evolving: bool,
     /// Also evaluate each client's local model on the global test data of its own classes (GLDP's
     /// A^sel). Off by default: under label skew every distinct class set holds its own copy of
     /// those test features.
     pub selected_accuracy: bool,
-    /// Evolving shifts: how many of the last domains form the target (default 1: the next domain
-    /// only; more holds out a stretch of far domains, as evolving-domain benchmarks often do).
-    pub target_domains: usize,
 }
 
 /// `real`: QUIC on loopback in real time; `virtual`: the discrete-event clock (no sockets,
@@ -172,15 +216,16 @@ pub struct ClientLink {
 }
 
 impl SimConfig {
-    /// The link client `i` runs on, if shaped.
     /// Every client's link, in client order: an entry of `client_links` first, else a preset
     /// dealt from `link_mix` by share, else `link`, else none (plain loopback).
     pub fn links(&self) -> anyhow::Result<Vec<Option<DuplexProfile>>> {
-        let mix: Vec<(DuplexProfile, f64)> = self.link_mix.iter().map(|m| (m.preset.profile(), m.share)).collect();
-        let dealt = deal_by_share(&mix, self.clients, self.seed ^ 0x11AC);
-        let default = self.link.map(LinkPreset::profile);
-        Ok((0..self.clients)
-            .map(|i| match self.client_links.iter().find(|l| l.client == i) {
+        let systems = &self.systems;
+        let mix: Vec<(DuplexProfile, f64)> = systems.link_mix.iter().map(|m| (m.preset.profile(), m.share)).collect();
+        let clients = self.federation.clients;
+        let dealt = deal_by_share(&mix, clients, self.federation.seed ^ 0x11AC);
+        let default = systems.link.map(LinkPreset::profile);
+        Ok((0..clients)
+            .map(|i| match systems.client_links.iter().find(|l| l.client == i) {
                 Some(l) => Some(l.profile.clone()),
                 None => dealt.get(i).cloned().or_else(|| default.clone()),
             })
@@ -188,7 +233,113 @@ impl SimConfig {
     }
 }
 
-impl Default for SimConfig {
+impl SimConfig {
+    /// A config file's table: the flat keys dealt to the section that declares them, and the
+    /// `[model]`, `[method]` and `[data]` tables. An unknown key, or a value of the wrong type,
+    /// is refused with its name.
+    pub fn from_table(mut table: toml::Table) -> Result<Self, KeyError> {
+        let model = table.remove("model").map(|v| section("model", v)).transpose()?.unwrap_or_default();
+        let method = table.remove("method").map(|v| section("method", v)).transpose()?.unwrap_or_default();
+        let declared = [
+            field_names::<FederationConfig>(),
+            field_names::<DataConfig>(),
+            field_names::<SystemsConfig>(),
+            field_names::<OutputConfig>(),
+        ];
+        let mut dealt: [toml::Table; 4] = Default::default();
+        for (key, value) in table {
+            let Some(i) = declared.iter().position(|names| names.contains(&key.as_str())) else {
+                let mut known: Vec<&str> = declared.concat();
+                known.extend(["model", "method"]);
+                known.sort_unstable();
+                let message = format!("unknown key `{key}`: a simulation's keys are `{}`", known.join("`, `"));
+                return Err(KeyError { key, message });
+            };
+            dealt[i].insert(key, value);
+        }
+        let [federation, data, systems, output] = dealt;
+        Ok(Self {
+            federation: fields(federation)?,
+            data: fields(data)?,
+            model,
+            method,
+            systems: fields(systems)?,
+            output: fields(output)?,
+        })
+    }
+}
+
+/// A key of a config file that is unknown or holds a bad value, and why.
+#[derive(Debug)]
+pub struct KeyError {
+    /// The top-level key (`clients`), or the table (`model`) whose key is wrong.
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// Reads through [`SimConfig::from_table`], from TOML or any format that holds a table.
+impl<'de> Deserialize<'de> for SimConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let table = toml::Table::deserialize(deserializer)?;
+        Self::from_table(table).map_err(serde::de::Error::custom)
+    }
+}
+
+/// One table of a config file (`model`, `method`).
+fn section<T: serde::de::DeserializeOwned>(key: &str, value: toml::Value) -> Result<T, KeyError> {
+    value.try_into().map_err(|e: toml::de::Error| KeyError { key: key.into(), message: format!("[{key}]: {e}") })
+}
+
+/// One section's keys: its errors end with the key's path (toml writes "in `clients`").
+fn fields<T: serde::de::DeserializeOwned>(keys: toml::Table) -> Result<T, KeyError> {
+    toml::Value::Table(keys).try_into().map_err(|e: toml::de::Error| {
+        let message = e.to_string().trim_end().to_string();
+        let path = message.lines().last().and_then(|l| l.strip_prefix("in `")).unwrap_or_default();
+        let key = path.split(['`', '.', '[']).next().unwrap_or_default().to_string();
+        KeyError { key, message: message.replace('\n', " ") }
+    })
+}
+
+/// The keys a section declares: the field names serde's derive hands to `deserialize_struct`,
+/// caught by a deserializer that reads nothing. Written here because the sections share one flat
+/// table in the file, so each key must be dealt to the section that owns it (serde's `flatten`
+/// would deal them, but it cannot refuse unknown keys and loses the key from its errors).
+fn field_names<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error, Visitor, value};
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Probe<'_> {
+        type Error = value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, value::Error> {
+            Err(value::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, value::Error> {
+            *self.0 = fields;
+            Err(value::Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option
+            unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
+
+impl Default for FederationConfig {
     fn default() -> Self {
         Self {
             clients: 4,
@@ -201,34 +352,49 @@ impl Default for SimConfig {
             fraction: 1.0,
             over_selection: 0.0,
             min_available: None,
-            alpha: 0.5,
             round_deadline_secs: 60.0,
+            aggregation: AggregationMode::Synchronous,
+            robust: RobustConfig::unbounded(),
+            attack: None,
+        }
+    }
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            alpha: 0.5,
             train_per_class: 300,
             test_per_class: 100,
             noise: 1.0,
+            spec: None,
+            data_dir: None,
+            rounds_per_task: 0,
+            evolving: false,
+            target_domains: 1,
+        }
+    }
+}
+
+impl Default for SystemsConfig {
+    fn default() -> Self {
+        Self {
+            clock: Clock::Real,
             encoding: Default::default(),
-            kill: Vec::new(),
             link: None,
             link_mix: Vec::new(),
             client_links: Vec::new(),
             devices: Vec::new(),
             straggler_ratio: 0.0,
-            eval_every: 1,
-            eval_fraction: 1.0,
+            kill: Vec::new(),
             threads: 1,
-            aggregation: AggregationMode::Synchronous,
-            robust: RobustConfig::unbounded(),
-            attack: None,
-            method: MethodConfig::default(),
-            model: ModelConfig::default(),
-            data: None,
-            data_dir: None,
-            clock: Clock::Real,
-            rounds_per_task: 0,
-            evolving: false,
-            selected_accuracy: false,
-            target_domains: 1,
         }
+    }
+}
+
+impl Default for OutputConfig {
+    fn default() -> Self {
+        Self { eval_every: 1, eval_fraction: 1.0, selected_accuracy: false }
     }
 }
 
@@ -248,15 +414,56 @@ mod tests {
     #[test]
     fn the_learning_rate_is_written_as_given() {
         for lr in [1e-3f32, 0.05, 0.1, 3e-4, 1.0, 0.007_5] {
-            let config = SimConfig { learning_rate: lr, ..SimConfig::default() };
+            let config = SimConfig {
+                federation: FederationConfig { learning_rate: lr, ..Default::default() },
+                ..SimConfig::default()
+            };
             let text = crate::scenario::effective_toml(&config).unwrap();
             let line = text.lines().find(|l| l.starts_with("learning_rate")).unwrap();
             let written: f64 = line.trim_start_matches("learning_rate = ").parse().unwrap();
             assert_eq!(written.to_string(), lr.to_string(), "{line}");
             let back: SimConfig = toml::from_str(&text).unwrap();
-            assert_eq!(back.learning_rate.to_bits(), lr.to_bits());
+            assert_eq!(back.federation.learning_rate.to_bits(), lr.to_bits());
             assert_eq!(back, config, "the run's config.toml reads back as the same configuration");
         }
         assert!(crate::scenario::effective_toml(&SimConfig::default()).unwrap().contains("learning_rate = 0.001\n"));
+    }
+
+    /// Every flat key belongs to exactly one section, and none is called like a table.
+    #[test]
+    fn each_key_has_one_section() {
+        let sections = [
+            field_names::<FederationConfig>(),
+            field_names::<DataConfig>(),
+            field_names::<SystemsConfig>(),
+            field_names::<OutputConfig>(),
+        ];
+        let mut keys: Vec<&str> = sections.concat();
+        assert_eq!(keys.len(), 35, "{keys:?}");
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), 35, "a key in two sections");
+        assert!(!keys.contains(&"model") && !keys.contains(&"method"));
+        assert!(keys.contains(&"data"), "the [data] table is the data section's");
+    }
+
+    /// A file written before the sections (flat keys, tables) reads into them; a typo or a wrong
+    /// value is refused with the key's name.
+    #[test]
+    fn a_flat_file_reads_into_sections_and_bad_keys_are_named() {
+        let text = "clients = 3\nclock = \"virtual\"\neval_every = 2\nalpha = 0.1\n[model]\nhidden = [8]\n";
+        let config: SimConfig = toml::from_str(text).unwrap();
+        assert_eq!(config.federation.clients, 3);
+        assert_eq!(config.systems.clock, Clock::Virtual);
+        assert_eq!(config.output.eval_every, 2);
+        assert_eq!(config.data.alpha, 0.1);
+        assert_eq!(config.model.hidden, vec![8]);
+        assert_eq!(config.federation.rounds, FederationConfig::default().rounds);
+        let typo = toml::from_str::<SimConfig>("clients = 3\neval_evry = 2\n").unwrap_err().to_string();
+        assert!(typo.contains("unknown key `eval_evry`") && typo.contains("`eval_every`"), "{typo}");
+        let wrong = toml::from_str::<SimConfig>("clients = -3\n").unwrap_err().to_string();
+        assert!(wrong.contains("clients") && wrong.contains("expected usize"), "{wrong}");
+        let deep = toml::from_str::<SimConfig>("[model]\nhiden = [3]\n").unwrap_err().to_string();
+        assert!(deep.contains("hiden"), "{deep}");
     }
 }

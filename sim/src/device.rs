@@ -702,16 +702,20 @@ mod tests {
 #[cfg(test)]
 mod deal_tests {
     use super::*;
+    use crate::config::{FederationConfig, SystemsConfig};
 
     #[test]
     fn a_link_mix_is_dealt_by_share() {
         let config = crate::SimConfig {
-            clients: 10,
-            link_mix: vec![
-                crate::LinkShare { preset: crate::network::LinkPreset::Wifi, share: 0.7 },
-                crate::LinkShare { preset: crate::network::LinkPreset::ThreeG, share: 0.3 },
-            ],
-            client_links: vec![crate::ClientLink { client: 0, profile: Default::default() }],
+            federation: FederationConfig { clients: 10, ..Default::default() },
+            systems: SystemsConfig {
+                link_mix: vec![
+                    crate::LinkShare { preset: crate::network::LinkPreset::Wifi, share: 0.7 },
+                    crate::LinkShare { preset: crate::network::LinkPreset::ThreeG, share: 0.3 },
+                ],
+                client_links: vec![crate::ClientLink { client: 0, profile: Default::default() }],
+                ..Default::default()
+            },
             ..Default::default()
         };
         let links = config.links().unwrap();

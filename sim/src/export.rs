@@ -139,7 +139,7 @@ pub fn export(config: &SimConfig, dir: &Path) -> anyhow::Result<Exported> {
     Ok(Exported {
         dir: dir.to_path_buf(),
         files: out.files,
-        clients: config.clients,
+        clients: config.federation.clients,
         train_rows: rows.iter().map(|r| r.len()).sum(),
         test_rows,
         feature_dim,
@@ -149,13 +149,13 @@ pub fn export(config: &SimConfig, dir: &Path) -> anyhow::Result<Exported> {
 /// The scenario's `[data]` table, once `config` is one that [`export`] covers (FedAvg or FedProx,
 /// no evolving shift).
 fn exportable(config: &SimConfig) -> anyhow::Result<&DataSpec> {
-    let spec = config.data.as_ref().context("export needs a scenario with a [data] table")?;
+    let spec = config.data.spec.as_ref().context("export needs a scenario with a [data] table")?;
     anyhow::ensure!(
         matches!(config.method, MethodConfig::FedAvg(_) | MethodConfig::FedProx(_)),
         "export repeats FedAvg's batch order; the method is `{}`",
         config.method.name()
     );
-    anyhow::ensure!(!config.evolving, "export covers class-incremental streams, not evolving shifts");
+    anyhow::ensure!(!config.data.evolving, "export covers class-incremental streams, not evolving shifts");
     Ok(spec)
 }
 
@@ -192,14 +192,14 @@ impl Export<'_> {
     /// The same split as the simulator's set-up (`setup.rs`), checked to have the federation's
     /// clients and one task.
     fn split(&self, spec: &DataSpec) -> anyhow::Result<FederatedSplit> {
-        let data_dir = self.config.data_dir.as_deref();
+        let data_dir = self.config.data.data_dir.as_deref();
         let pools = anchorage_data::label_pools(spec, data_dir).context("reading the scenario's labels")?;
         let split = anchorage_data::build_split(spec, &pools).context("partitioning the scenario's data")?;
         anyhow::ensure!(
-            split.num_clients() == self.config.clients,
+            split.num_clients() == self.config.federation.clients,
             "the data split has {} clients, the federation {}",
             split.num_clients(),
-            self.config.clients
+            self.config.federation.clients
         );
         let tasks = split.clients.iter().map(|c| c.tasks.len()).max().unwrap_or(0);
         anyhow::ensure!(tasks == 1, "export covers one-task scenarios (this one has {tasks})");
@@ -209,7 +209,7 @@ impl Export<'_> {
     /// Loads the data and the frozen backbone, and writes the features and labels of the
     /// training pool and of the global test set; returns the feature width and the test rows.
     fn features(&mut self, spec: &DataSpec, split: &FederatedSplit) -> anyhow::Result<(usize, usize)> {
-        let data_dir = self.config.data_dir.as_deref();
+        let data_dir = self.config.data.data_dir.as_deref();
         let loaded = anchorage_data::load(spec, data_dir).context("loading the scenario's data")?;
         let device = Device::flex();
         let backbone = zoo::load(&self.config.model.backbone, loaded.train.sample_len(), data_dir, &device)
@@ -254,17 +254,17 @@ impl Export<'_> {
     /// client's shuffles).
     fn rows_and_order(&mut self, rows: &[&Vec<usize>]) -> anyhow::Result<()> {
         let config = self.config;
-        let clients = config.clients;
+        let clients = config.federation.clients;
         let n_max = rows.iter().map(|r| r.len()).max().unwrap_or(0);
-        let rounds = config.rounds as usize;
-        let epochs = config.local_epochs as usize;
+        let rounds = config.federation.rounds as usize;
+        let epochs = config.federation.local_epochs as usize;
         let mut train_rows = vec![-1i64; clients * n_max];
         let mut order = vec![-1i64; clients * rounds * epochs * n_max];
         for (i, r) in rows.iter().enumerate() {
             for (j, &row) in r.iter().enumerate() {
                 train_rows[i * n_max + j] = row as i64;
             }
-            let mut rng = Rng::derive(config.seed.wrapping_add(i as u64), 0xBA5E);
+            let mut rng = Rng::derive(config.federation.seed.wrapping_add(i as u64), 0xBA5E);
             for k in 0..rounds {
                 for e in 0..epochs {
                     let mut perm: Vec<i64> = (0..r.len() as i64).collect();
@@ -283,14 +283,14 @@ impl Export<'_> {
     /// Writes the clients the engine invites in each round; returns how many a round.
     fn selection(&mut self, setup: &Setup) -> anyhow::Result<usize> {
         let config = self.config;
-        let (clients, rounds) = (config.clients, config.rounds as usize);
+        let (clients, rounds) = (config.federation.clients, config.federation.rounds as usize);
         let mut ids: Vec<(String, usize)> = (0..clients).map(|i| (client_id(i), i)).collect();
         ids.sort();
         let target = setup.engine.sample_size(clients);
         let invited = setup.engine.invited(target, clients);
         let mut selection = Vec::with_capacity(rounds * invited);
         for r in 1..=rounds as u64 {
-            let mut picked: Vec<i64> = Rng::derive(config.seed, r - 1)
+            let mut picked: Vec<i64> = Rng::derive(config.federation.seed, r - 1)
                 .sample_indices(clients, invited)
                 .into_iter()
                 .map(|k| ids[k].1 as i64)
@@ -320,13 +320,13 @@ impl Export<'_> {
     fn meta(&mut self, spec: &DataSpec, job: &Job, blocks: Vec<serde_json::Value>) -> anyhow::Result<()> {
         let config = self.config;
         let meta = json!({
-            "clients": config.clients,
-            "rounds": config.rounds as usize,
-            "fraction": config.fraction,
+            "clients": config.federation.clients,
+            "rounds": config.federation.rounds as usize,
+            "fraction": config.federation.fraction,
             "sampled_per_round": job.invited,
-            "local_epochs": config.local_epochs as usize,
-            "batch_size": config.batch_size,
-            "learning_rate": config.learning_rate,
+            "local_epochs": config.federation.local_epochs as usize,
+            "batch_size": config.federation.batch_size,
+            "learning_rate": config.federation.learning_rate,
             "optimizer": { "name": "adam", "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-5, "weight_decay": 0.0 },
             "loss": "cross-entropy, mean over the batch",
             "model": {
@@ -339,7 +339,7 @@ impl Export<'_> {
             "num_classes": job.num_classes,
             "train_samples": job.train_samples,
             "test_samples": job.test_rows,
-            "seed": config.seed,
+            "seed": config.federation.seed,
             "blocks": blocks,
             "data": spec,
         });

@@ -70,7 +70,7 @@ pub struct WorkerSummary {
 /// Runs shard `index` of `of` of `config`'s clients against `target` until the server ends the
 /// run; returns when every device has left.
 pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Target) -> anyhow::Result<WorkerSummary> {
-    let range = shard(config.clients, index, of)?;
+    let range = shard(config.federation.clients, index, of)?;
     let setup = Setup::for_clients(config, Charge::Sleep, range.clone())?;
     let mut ca = ProjectCa::open(&target.ca_dir)?.detached();
     let root = ca.cert().clone();
@@ -178,8 +178,8 @@ async fn start_server(
         // Every device of a local fleet comes from 127.0.0.1: the per-address handshake cap that
         // guards a field server would make them queue.
         limits: Limits {
-            max_connections: config.clients + 64,
-            max_handshakes_per_ip: config.clients.max(16),
+            max_connections: config.federation.clients + 64,
+            max_handshakes_per_ip: config.federation.clients.max(16),
             ..Limits::default()
         },
         store: Some(store),

@@ -110,8 +110,8 @@ impl Default for LocalEval {
 
 impl LocalEval {
     pub fn of(config: &crate::config::SimConfig) -> Self {
-        let fraction = config.eval_fraction.clamp(0.0, 1.0);
-        Self { every: config.eval_every.max(1), fraction, sampled: fraction < 1.0 }
+        let fraction = config.output.eval_fraction.clamp(0.0, 1.0);
+        Self { every: config.output.eval_every.max(1), fraction, sampled: fraction < 1.0 }
     }
 }
 

@@ -656,9 +656,10 @@ fn mark_quit(dir: &Path, reason: StopReason) -> anyhow::Result<Option<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::FederationConfig;
 
     fn config(rounds: u64) -> SimConfig {
-        SimConfig { rounds, ..SimConfig::default() }
+        SimConfig { federation: FederationConfig { rounds, ..Default::default() }, ..SimConfig::default() }
     }
 
     /// Item 10 of issue 31: `--out` into a folder that holds a run of another configuration is

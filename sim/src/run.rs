@@ -7,9 +7,13 @@ use std::time::{Duration, Instant};
 
 use anchorage_client::transport::{self as client_transport, ClientCert, ClientEvent, ClientOptions, SocketWrapper};
 use anchorage_pki::{Kind, ProjectCa};
+use anchorage_server::engine::EngineConfig;
+use anchorage_server::methods::ServerMethod;
 use anchorage_server::tls;
-use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerOptions};
+use anchorage_server::transport::{self as server_transport, Limits, ServerEvent, ServerHandle, ServerOptions};
+use anchorage_shared::ParamBlock;
 use anchorage_shared::ledger::CostRecord;
+use quinn::rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
 
 use crate::config::{Clock, SimConfig};
@@ -32,28 +36,18 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
         Setup::new(&config, Charge::Sleep)?;
     let schedule = engine.clone();
 
-    // Server and clients on loopback with certificates from a project CA that lives only in this
-    // process: mutual TLS, as in the field, with no set-up.
-    let mut ca = ProjectCa::in_memory("anchorage-sim", 7)?;
-    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 7)?;
-    let cert = ca.cert().clone();
-    let mut server = server_transport::start(ServerOptions {
-        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-        identity,
-        trust: tls::Trust::ProjectCa { ca: cert.clone(), crl: None },
-        engine: engine.clone(),
-        method: server_method,
-        initial: initial.clone(),
-        limits: Limits::default(),
-        store: None,
-    })
-    .await?;
+    let (mut server, cert, mut ca) = start_server(engine, server_method, initial.clone()).await?;
     let initial_global = evaluator.evaluate(&initial, &[], 0)?;
     let initial_accuracy = initial_of(&initial_global);
     let chance = 1.0 / num_classes as f64;
     let fleet = Fleet::spawn(&config, clients, server.local_addr, &cert, &mut ca)?;
     let Fleet { mut handles, link_handles, mut events } = fleet;
-    recorder.start(&headline, (!initial_global.is_empty()).then_some(initial_accuracy), chance, config.rounds)?;
+    recorder.start(
+        &headline,
+        (!initial_global.is_empty()).then_some(initial_accuracy),
+        chance,
+        config.federation.rounds,
+    )?;
 
     let mut record = RealRecord { killed: vec![false; handles.len()], ..RealRecord::default() };
     // A stop request is polled between events; the round in flight still closes.
@@ -105,6 +99,30 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
     Ok(SimResult { summary, ledger, reports, run_dir, link_stats, accuracy: accuracy_rows })
 }
 
+/// The server on loopback with a certificate from a project CA that lives only in this process:
+/// mutual TLS, as in the field, with no set-up. Returns the CA too, which issues the devices'.
+async fn start_server(
+    engine: EngineConfig,
+    method: Box<dyn ServerMethod>,
+    initial: Vec<ParamBlock>,
+) -> anyhow::Result<(ServerHandle, CertificateDer<'static>, ProjectCa)> {
+    let mut ca = ProjectCa::in_memory("anchorage-sim", 7)?;
+    let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 7)?;
+    let cert = ca.cert().clone();
+    let server = server_transport::start(ServerOptions {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity,
+        trust: tls::Trust::ProjectCa { ca: cert.clone(), crl: None },
+        engine,
+        method,
+        initial,
+        limits: Limits::default(),
+        store: None,
+    })
+    .await?;
+    Ok((server, cert, ca))
+}
+
 /// The simulated devices on the real clock: each one's transport task, its link counters, and
 /// the events they all send (tagged with the device's index).
 struct Fleet {
@@ -120,7 +138,7 @@ impl Fleet {
         config: &SimConfig,
         clients: Vec<crate::device::SimulatedDevice<Box<dyn anchorage_client::methods::ClientMethod>>>,
         server: SocketAddr,
-        cert: &quinn::rustls::pki_types::CertificateDer<'static>,
+        cert: &CertificateDer<'static>,
         ca: &mut ProjectCa,
     ) -> anyhow::Result<Self> {
         let (event_tx, events) = mpsc::unbounded_channel::<(usize, ClientEvent)>();
@@ -130,7 +148,7 @@ impl Fleet {
         let pool = Arc::new(crate::device::ComputePool::new(1));
         for (i, mut method) in clients.into_iter().enumerate() {
             method.in_pool(pool.clone());
-            if let Some(k) = config.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {
+            if let Some(k) = config.systems.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {
                 method.crash_in(k);
             }
             let (options, link) = device_options(config, i, server, cert, ca, links[i].clone())?;
@@ -171,7 +189,7 @@ impl RealRecord {
     ) {
         match event {
             ClientEvent::RoundStarted { round }
-                if !self.killed[i] && config.kill.iter().any(|k| k.client == i && k.round == round) =>
+                if !self.killed[i] && config.systems.kill.iter().any(|k| k.client == i && k.round == round) =>
             {
                 tracing::info!(client = i, round, "killing client (simulated crash)");
                 handles[i].abort();
@@ -244,7 +262,7 @@ async fn wait_for_clients(handles: Vec<tokio::task::JoinHandle<anyhow::Result<St
 
 /// Runs the federation on the clock its configuration names (what `anchorage sim` does).
 pub fn run_on_clock(config: SimConfig, recorder: &mut Recorder) -> anyhow::Result<SimResult> {
-    match config.clock {
+    match config.systems.clock {
         Clock::Real => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(run_recorded(config, recorder))
@@ -270,7 +288,7 @@ pub(crate) fn device_options(
     let mut options = ClientOptions::new(server, root.clone(), client_id(i));
     let device = ca.issue(Kind::Client, &client_id(i), &[], 7)?;
     options.client_cert = Some(Arc::new(ClientCert { chain: vec![device.cert], key: device.key }));
-    options.seed = config.seed.wrapping_add(1000 + i as u64);
+    options.seed = config.federation.seed.wrapping_add(1000 + i as u64);
     // The simulated server never restarts, so the devices' fast restart detection buys nothing
     // here; keep the timers the simulator's wire figures were measured with, and let a handshake
     // over a slow modelled link (or a busy host) take as long as it needs.
@@ -278,7 +296,8 @@ pub(crate) fn device_options(
     options.idle_timeout = std::time::Duration::from_secs(30);
     options.connect_timeout = options.idle_timeout;
     let Some(profile) = link else { return Ok((options, None)) };
-    let (slot, seed): (LinkSlot, u64) = (Arc::new(Mutex::new(None)), config.seed.wrapping_add(5000 + i as u64));
+    let (slot, seed): (LinkSlot, u64) =
+        (Arc::new(Mutex::new(None)), config.federation.seed.wrapping_add(5000 + i as u64));
     let filled = slot.clone();
     options.socket_wrapper = Some(SocketWrapper(Arc::new(move |socket| {
         let (shaped, handle) = ShapedSocket::new(socket, profile.clone(), seed)?;

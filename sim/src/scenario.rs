@@ -58,13 +58,34 @@ impl ConfigFile {
         Ok(Self { path, text, table, scenario: true })
     }
 
+    /// The file as a [`SimConfig`]; a bad key is refused with the line it is on.
     pub fn config(&self) -> anyhow::Result<SimConfig> {
-        if !self.scenario {
-            return toml::from_str(&self.text).with_context(|| format!("parsing {}", self.path.display()));
+        SimConfig::from_table(self.table.clone()).map_err(|e| {
+            let what = if self.scenario { "the scenario" } else { "parsing" };
+            match self.line_of(&e.key) {
+                Some(line) => anyhow::anyhow!("{what} {}, line {line}: {e}", self.path.display()),
+                None => anyhow::anyhow!("{what} {}: {e}", self.path.display()),
+            }
+        })
+    }
+
+    /// The 1-based line that sets a top-level SimConfig key (in a scenario's `[federation]`), or
+    /// the header of its table (`[model]`).
+    fn line_of(&self, key: &str) -> Option<usize> {
+        let home = if self.scenario { "federation" } else { "" };
+        let mut table = String::new();
+        for (i, line) in self.text.lines().enumerate() {
+            let line = line.trim();
+            if let Some(header) = line.strip_prefix('[') {
+                table = header.trim_start_matches('[').split(']').next().unwrap_or_default().trim().to_string();
+                if table == key || table.starts_with(&format!("{key}.")) {
+                    return Some(i + 1);
+                }
+            } else if table == home && line.split(['=', ' ']).next() == Some(key) {
+                return Some(i + 1);
+            }
         }
-        toml::Value::Table(self.table.clone())
-            .try_into()
-            .with_context(|| format!("the scenario {}", self.path.display()))
+        None
     }
 
     /// The file's value of a SimConfig key (`&["data", "partition", "alpha"]`), if it sets one.
@@ -112,15 +133,15 @@ pub fn partition_clients(partition: &mut PartitionSpec) -> &mut usize {
 pub fn effective_toml(config: &SimConfig) -> anyhow::Result<String> {
     let mut table = toml::Table::try_from(config).context("the run's configuration as TOML")?;
     let mut unused: Vec<&str> = Vec::new();
-    if config.data.is_some() {
+    if config.data.spec.is_some() {
         unused.extend(["alpha", "noise", "train_per_class", "test_per_class"]);
     }
-    if config.clock == crate::Clock::Real {
+    if config.systems.clock == crate::Clock::Real {
         unused.push("threads");
     } else {
         unused.push("kill");
     }
-    if !config.evolving {
+    if !config.data.evolving {
         unused.push("target_domains");
     }
     if !reads_files(config) {
@@ -140,7 +161,7 @@ pub fn reads_files(config: &SimConfig) -> bool {
 /// What the run reads from the data folder, in words (none: nothing).
 pub fn files_needed(config: &SimConfig) -> Option<String> {
     use anchorage_data::DatasetKind::{Circle, Synthetic};
-    let dataset = config.data.as_ref().map(|d| d.dataset).filter(|d| !matches!(d, Synthetic | Circle));
+    let dataset = config.data.spec.as_ref().map(|d| d.dataset).filter(|d| !matches!(d, Synthetic | Circle));
     let backbone = Some(config.model.backbone.as_str()).filter(|b| !matches!(*b, "embedded" | "identity"));
     match (dataset, backbone) {
         (Some(d), _) => Some(format!("the files of the dataset {}", d.name())),
@@ -158,27 +179,37 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
         (false, None) => Err(anyhow::anyhow!("{} = {value}: {rule}", key.join("."))),
     };
     let c = config;
-    ensure(c.clients >= 1, &["clients"], &c.clients, "must be at least 1")?;
-    ensure(c.rounds >= 1, &["rounds"], &c.rounds, "must be at least 1")?;
-    ensure(c.local_epochs >= 1, &["local_epochs"], &c.local_epochs, "must be at least 1")?;
-    ensure(c.batch_size >= 1, &["batch_size"], &c.batch_size, "must be at least 1")?;
+    ensure(c.federation.clients >= 1, &["clients"], &c.federation.clients, "must be at least 1")?;
+    ensure(c.federation.rounds >= 1, &["rounds"], &c.federation.rounds, "must be at least 1")?;
+    ensure(c.federation.local_epochs >= 1, &["local_epochs"], &c.federation.local_epochs, "must be at least 1")?;
+    ensure(c.federation.batch_size >= 1, &["batch_size"], &c.federation.batch_size, "must be at least 1")?;
     ensure(
-        (0.0..=1.0).contains(&c.straggler_ratio),
+        (0.0..=1.0).contains(&c.systems.straggler_ratio),
         &["straggler_ratio"],
-        &c.straggler_ratio,
+        &c.systems.straggler_ratio,
         "must be within [0, 1]",
     )?;
-    ensure(c.fraction > 0.0 && c.fraction <= 1.0, &["fraction"], &c.fraction, "must be in (0, 1]")?;
     ensure(
-        c.learning_rate.is_finite() && c.learning_rate > 0.0,
+        c.federation.fraction > 0.0 && c.federation.fraction <= 1.0,
+        &["fraction"],
+        &c.federation.fraction,
+        "must be in (0, 1]",
+    )?;
+    ensure(
+        c.federation.learning_rate.is_finite() && c.federation.learning_rate > 0.0,
         &["learning_rate"],
-        &c.learning_rate,
+        &c.federation.learning_rate,
         "must be a number above 0",
     )?;
-    ensure(c.eval_every >= 1, &["eval_every"], &c.eval_every, "must be at least 1")?;
-    ensure(c.eval_fraction > 0.0 && c.eval_fraction <= 1.0, &["eval_fraction"], &c.eval_fraction, "must be in (0, 1]")?;
-    match &c.data {
-        None => ensure(c.alpha > 0.0, &["alpha"], &c.alpha, "must be above 0 (inf: IID)"),
+    ensure(c.output.eval_every >= 1, &["eval_every"], &c.output.eval_every, "must be at least 1")?;
+    ensure(
+        c.output.eval_fraction > 0.0 && c.output.eval_fraction <= 1.0,
+        &["eval_fraction"],
+        &c.output.eval_fraction,
+        "must be in (0, 1]",
+    )?;
+    match &c.data.spec {
+        None => ensure(c.data.alpha > 0.0, &["alpha"], &c.data.alpha, "must be above 0 (inf: IID)"),
         Some(data) => {
             ensure(data.scale > 0.0 && data.scale <= 1.0, &["data", "scale"], &data.scale, "must be in (0, 1]")?;
             if let Some(t) = data.test_scale {
@@ -187,9 +218,9 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
             let split = *partition_clients(&mut data.partition.clone());
             let rule = format!(
                 "the federation has {} clients, the data split {split}; make them equal (--clients sets both)",
-                c.clients
+                c.federation.clients
             );
-            ensure(split == c.clients, &["data", "partition", "clients"], &split, &rule)
+            ensure(split == c.federation.clients, &["data", "partition", "clients"], &split, &rule)
         }
     }
 }
@@ -252,10 +283,13 @@ mod tests {
         assert_eq!((m.temperature, m.lock_threshold, m.weight_decay), (0.2, 0.25, 0.001));
         assert_eq!((m.ie_pool, m.ie_length, m.anchors), (10, 10, 100));
         assert!(m.tail_anchors && m.sikf && m.bgps);
-        assert_eq!((c.clients, c.rounds, c.rounds_per_task, c.batch_size), (5, 25, 5, 16));
-        assert_eq!(c.learning_rate, 0.001);
+        assert_eq!(
+            (c.federation.clients, c.federation.rounds, c.data.rounds_per_task, c.federation.batch_size),
+            (5, 25, 5, 16)
+        );
+        assert_eq!(c.federation.learning_rate, 0.001);
         assert!(anchorage_model::zoo::BACKBONES.contains(&c.model.backbone.as_str()));
-        let Some(anchorage_data::PartitionSpec::Fedta(p)) = c.data.as_ref().map(|d| &d.partition) else {
+        let Some(anchorage_data::PartitionSpec::Fedta(p)) = c.data.spec.as_ref().map(|d| &d.partition) else {
             panic!("the FedTA split")
         };
         assert_eq!((p.clients, p.tasks, p.classes_per_task, p.surrogate_per_class), (5, 5, 8, 20));

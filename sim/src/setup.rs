@@ -122,10 +122,10 @@ impl Protocol {
     fn of(config: &SimConfig, split: &FederatedSplit) -> anyhow::Result<Self> {
         let num_tasks = split.clients.iter().map(|c| c.tasks.len()).max().unwrap_or(0);
         anyhow::ensure!(num_tasks > 0, "the split gives the clients no tasks");
-        if !config.evolving {
+        if !config.data.evolving {
             return Ok(Self::ClassIncremental { num_tasks });
         }
-        let held_out = config.target_domains.max(1);
+        let held_out = config.data.target_domains.max(1);
         anyhow::ensure!(
             num_tasks > held_out,
             "evolving shifts need more domains ({num_tasks}) than target domains ({held_out}): at least one source"
@@ -182,7 +182,7 @@ impl Protocol {
     /// The engine's rounds per task: the stream's, or none under evolving shifts (the target is
     /// fixed from the start).
     fn rounds_per_task(self, config: &SimConfig) -> u64 {
-        if self.is_evolving() { 0 } else { config.rounds_per_task }
+        if self.is_evolving() { 0 } else { config.data.rounds_per_task }
     }
 }
 
@@ -212,7 +212,7 @@ impl Features {
     /// samples' buffer becomes the features (issue 20: data held once).
     fn build(config: &SimConfig, train: Dataset, test: Dataset, plain: &Device) -> anyhow::Result<Self> {
         let backbone: anchorage_model::prompts::SharedBackbone =
-            zoo::load(&config.model.backbone, train.sample_len(), config.data_dir.as_deref(), plain)
+            zoo::load(&config.model.backbone, train.sample_len(), config.data.data_dir.as_deref(), plain)
                 .context("building the frozen backbone")?
                 .into();
         let input_backbone = InputBackbone { net: backbone.clone(), sample_shape: train.sample_shape.clone() };
@@ -275,11 +275,11 @@ impl<'a> Rows<'a> {
 /// `eval_fraction`: clients evaluate their local model on a seeded sample of each task's test
 /// rows, the same sample for the same rows (clients sharing a test set share it).
 fn eval_rows(config: &SimConfig, k: usize, idx: &[usize]) -> Vec<usize> {
-    if config.eval_fraction >= 1.0 || idx.is_empty() {
+    if config.output.eval_fraction >= 1.0 || idx.is_empty() {
         return idx.to_vec();
     }
-    let keep = ((idx.len() as f64 * config.eval_fraction.max(0.0)).ceil() as usize).clamp(1, idx.len());
-    let mut rng = anchorage_shared::rng::Rng::derive(config.seed ^ k as u64, 0xE7A1);
+    let keep = ((idx.len() as f64 * config.output.eval_fraction.max(0.0)).ceil() as usize).clamp(1, idx.len());
+    let mut rng = anchorage_shared::rng::Rng::derive(config.federation.seed ^ k as u64, 0xE7A1);
     let mut picked: Vec<usize> = rng.sample_indices(idx.len(), keep).into_iter().map(|i| idx[i]).collect();
     picked.sort_unstable();
     picked
@@ -297,7 +297,7 @@ impl Streams<'_> {
     /// Client `client`'s stream: its tasks revealed one by one, or (evolving) its source domains
     /// all at once and the target domains' rows as the target.
     fn of(&self, client: &anchorage_data::partition::ClientSplit) -> TaskStream {
-        let eval_every = self.config.eval_every;
+        let eval_every = self.config.output.eval_every;
         match self.protocol {
             Protocol::ClassIncremental { .. } => TaskStream {
                 tasks: client.tasks.iter().enumerate().map(|(k, t)| self.task_data(k, t)).collect(),
@@ -325,7 +325,7 @@ impl Streams<'_> {
     fn task_data(&self, k: usize, t: &anchorage_data::partition::TaskSplit) -> TaskData {
         let (idx, in_train) = t.local_test_rows();
         let idx = &eval_rows(self.config, k, idx)[..];
-        let selected = self.config.selected_accuracy.then(|| self.selected_rows(k, t)).flatten();
+        let selected = self.config.output.selected_accuracy.then(|| self.selected_rows(k, t)).flatten();
         TaskData {
             classes: t.classes.clone(),
             train: self.rows.get(true, &t.train),
@@ -347,23 +347,23 @@ impl Streams<'_> {
 /// The engine's configuration for `config`'s federation.
 fn engine_config(config: &SimConfig, protocol: Protocol) -> EngineConfig {
     EngineConfig {
-        rounds: config.rounds,
+        rounds: config.federation.rounds,
         rounds_per_task: protocol.rounds_per_task(config),
-        min_available: config.min_available.unwrap_or(config.clients),
-        fraction: config.fraction,
+        min_available: config.federation.min_available.unwrap_or(config.federation.clients),
+        fraction: config.federation.fraction,
         min_fit: 1,
-        over_selection: config.over_selection,
+        over_selection: config.federation.over_selection,
         min_updates: 1,
-        round_deadline: Duration::from_secs_f64(config.round_deadline_secs),
+        round_deadline: Duration::from_secs_f64(config.federation.round_deadline_secs),
         round: RoundConfig {
-            local_epochs: config.local_epochs,
-            batch_size: config.batch_size,
-            learning_rate: config.learning_rate,
+            local_epochs: config.federation.local_epochs,
+            batch_size: config.federation.batch_size,
+            learning_rate: config.federation.learning_rate,
             deadline_ms: 0,
         },
-        seed: config.seed,
-        mode: config.aggregation.clone(),
-        robust: config.robust.clone(),
+        seed: config.federation.seed,
+        mode: config.federation.aggregation.clone(),
+        robust: config.federation.robust.clone(),
         ..EngineConfig::default()
     }
 }
@@ -372,8 +372,8 @@ fn engine_config(config: &SimConfig, protocol: Protocol) -> EngineConfig {
 fn headline(config: &SimConfig, source: &str, features: &Features, num_tasks: usize) -> String {
     format!(
         "{} clients, {} rounds, {}, {} ({} train / {} test, {} classes, {} task{}), backbone {}, seed {}",
-        config.clients,
-        config.rounds,
+        config.federation.clients,
+        config.federation.rounds,
         config.method.name(),
         source,
         features.train_len,
@@ -382,14 +382,14 @@ fn headline(config: &SimConfig, source: &str, features: &Features, num_tasks: us
         num_tasks,
         if num_tasks == 1 { "" } else { "s" },
         config.model.backbone,
-        config.seed
+        config.federation.seed
     )
 }
 
 /// The data before features: the embedded synthetic set, or the scenario's `[data]`.
 fn prepare_data(config: &SimConfig) -> anyhow::Result<Prepared> {
-    let Some(spec) = &config.data else { return embedded_data(config) };
-    let dir = config.data_dir.as_deref();
+    let Some(spec) = &config.data.spec else { return embedded_data(config) };
+    let dir = config.data.data_dir.as_deref();
     let pools = anchorage_data::label_pools(spec, dir).context("reading the scenario's labels")?;
     let split = anchorage_data::build_split(spec, &pools).context("partitioning the scenario's data")?;
     let loading = crate::progress::spinner(format!("loading {}", spec.dataset.name()));
@@ -401,7 +401,7 @@ fn prepare_data(config: &SimConfig) -> anyhow::Result<Prepared> {
 impl Setup {
     /// The whole federation, every client built.
     pub fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
-        Self::for_clients(config, charge, 0..config.clients)
+        Self::for_clients(config, charge, 0..config.federation.clients)
     }
 
     /// The federation with only the clients of `client_range` built (a fleet worker's shard; an
@@ -414,28 +414,28 @@ impl Setup {
         charge: Charge,
         client_range: std::ops::Range<usize>,
     ) -> anyhow::Result<Self> {
-        anyhow::ensure!(config.clients >= 1, "need at least one client");
+        anyhow::ensure!(config.federation.clients >= 1, "need at least one client");
         anyhow::ensure!(
-            client_range.end <= config.clients,
+            client_range.end <= config.federation.clients,
             "clients {client_range:?} are outside the federation's {}",
-            config.clients
+            config.federation.clients
         );
-        let encoding = config.encoding.encoding();
+        let encoding = config.systems.encoding.encoding();
         let plain = Device::flex();
         let train_device = Device::flex().autodiff();
         let Prepared { train, test, split, source } = prepare_data(config)?;
         anyhow::ensure!(
-            split.num_clients() == config.clients,
+            split.num_clients() == config.federation.clients,
             "the data split has {} clients, the federation {}",
             split.num_clients(),
-            config.clients
+            config.federation.clients
         );
         let features = Features::build(config, train, test, &plain)?;
         let net = NetSpec {
             input_dim: features.backbone.net.feature_dim(),
             hidden: config.model.hidden.clone(),
             num_classes: features.num_classes,
-            seed: config.seed ^ 0x5EED,
+            seed: config.federation.seed ^ 0x5EED,
             residual: config.model.residual,
         };
         net.check().map_err(|e| anyhow::anyhow!("[model] residual: {e}"))?;
@@ -444,7 +444,7 @@ impl Setup {
             net: net.clone(),
             stream,
             device: train_device.clone(),
-            optimizer: config.optimizer,
+            optimizer: config.federation.optimizer,
             encoding,
             seed,
             backbone: Some(features.backbone.clone()),
@@ -455,19 +455,20 @@ impl Setup {
         let streams: Vec<TaskStream> = split.clients[client_range.clone()].iter().map(|c| builder.of(c)).collect();
         let tests = global.iter().map(|g| (g.task, rows.get(g.in_train, &g.idx))).collect();
         let evaluator = Evaluator {
-            method: methods::build(&config.method, context(TaskStream::default(), config.seed))?,
+            method: methods::build(&config.method, context(TaskStream::default(), config.federation.seed))?,
             tests,
             target_only: protocol.is_evolving(),
         };
         let initial = evaluator.method.initial_blocks()?;
         let server_method = server_method(config, &features, &split)?;
-        let devices = device::assign(&config.devices, config.clients, config.seed);
+        let devices = device::assign(&config.systems.devices, config.federation.clients, config.federation.seed);
         let mut clients = Vec::with_capacity(client_range.len());
         for (i, stream) in client_range.zip(streams) {
-            let seed = config.seed.wrapping_add(i as u64);
+            let seed = config.federation.seed.wrapping_add(i as u64);
             let method = methods::build(&config.method, context(stream, seed))?;
-            let mut device = SimulatedDevice::new(method, devices[i].clone(), config.straggler_ratio, charge, seed);
-            if let Some(attack) = config.attack.as_ref().filter(|a| a.clients.contains(&i)) {
+            let mut device =
+                SimulatedDevice::new(method, devices[i].clone(), config.systems.straggler_ratio, charge, seed);
+            if let Some(attack) = config.federation.attack.as_ref().filter(|a| a.clients.contains(&i)) {
                 device.attack(attack.scale, attack.claim_samples);
             }
             clients.push(device);
@@ -496,8 +497,8 @@ fn server_method(
     let surrogate = (fedta && !split.surrogate.is_empty()).then(|| anchorage_server::sikf::Surrogate {
         backbone: features.backbone.clone(),
         features: features.test.subset(&split.surrogate),
-        batch_size: config.batch_size as usize,
-        seed: config.seed ^ 0x51CF,
+        batch_size: config.federation.batch_size as usize,
+        seed: config.federation.seed ^ 0x51CF,
         source: "the split's surrogate set".into(),
     });
     anchorage_server::sikf::server_method(&config.method, surrogate)
@@ -509,24 +510,24 @@ fn embedded_data(config: &SimConfig) -> anyhow::Result<Prepared> {
     let data = SyntheticConfig {
         num_classes: 10,
         side: 16,
-        train_per_class: config.train_per_class,
-        test_per_class: config.test_per_class,
-        noise: config.noise,
+        train_per_class: config.data.train_per_class,
+        test_per_class: config.data.test_per_class,
+        noise: config.data.noise,
         max_shift: 3,
-        seed: config.seed,
+        seed: config.federation.seed,
     };
     let (train, test) = synthetic::generate(&data);
-    let min_per_client = (train.len() / config.clients / 4).clamp(1, 20);
-    let parts = if config.alpha.is_infinite() {
-        partition::iid(train.len(), config.clients, config.seed)
+    let min_per_client = (train.len() / config.federation.clients / 4).clamp(1, 20);
+    let parts = if config.data.alpha.is_infinite() {
+        partition::iid(train.len(), config.federation.clients, config.federation.seed)
     } else {
         partition::dirichlet(
             &train.labels,
             train.num_classes,
-            config.clients,
-            config.alpha,
+            config.federation.clients,
+            config.data.alpha,
             min_per_client,
-            config.seed,
+            config.federation.seed,
         )
         .context("partitioning the synthetic data")?
     };
@@ -536,7 +537,7 @@ fn embedded_data(config: &SimConfig) -> anyhow::Result<Prepared> {
         .iter()
         .enumerate()
         .map(|(i, indices)| {
-            let (local_train, local_test) = split_per_class(&train, indices, 0.8, config.seed ^ i as u64);
+            let (local_train, local_test) = split_per_class(&train, indices, 0.8, config.federation.seed ^ i as u64);
             anchorage_data::partition::ClientSplit {
                 tasks: vec![anchorage_data::partition::TaskSplit {
                     classes: classes.clone(),

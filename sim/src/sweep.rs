@@ -45,7 +45,7 @@ impl Plan {
     pub fn check(&self, base: &SimConfig) -> anyhow::Result<()> {
         anyhow::ensure!(self.runs >= 2, "--seeds runs a configuration at least twice (got {})", self.runs);
         anyhow::ensure!(
-            self.vary_data_seed || base.data.is_some(),
+            self.vary_data_seed || base.data.spec.is_some(),
             "--keep-data-seed keeps a scenario's [data] seed, and this configuration has no [data] table (the \
              embedded data is split by the federation's seed, which --seeds varies)"
         );
@@ -57,8 +57,8 @@ impl Plan {
 /// and a scenario's `[data] seed` + i when `vary_data_seed`.
 pub fn seed_config(base: &SimConfig, i: u64, vary_data_seed: bool) -> SimConfig {
     let mut config = base.clone();
-    config.seed = base.seed.wrapping_add(i);
-    if vary_data_seed && let Some(data) = config.data.as_mut() {
+    config.federation.seed = base.federation.seed.wrapping_add(i);
+    if vary_data_seed && let Some(data) = config.data.spec.as_mut() {
         data.seed = data.seed.wrapping_add(i);
     }
     config
@@ -354,8 +354,8 @@ pub struct Outcome {
 pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: StopFlag) -> anyhow::Result<Outcome> {
     plan.check(base)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating the sweep folder {}", dir.display()))?;
-    let seeds: Vec<u64> = (0..plan.runs).map(|i| base.seed.wrapping_add(i)).collect();
-    let data_seed = match (&base.data, plan.vary_data_seed) {
+    let seeds: Vec<u64> = (0..plan.runs).map(|i| base.federation.seed.wrapping_add(i)).collect();
+    let data_seed = match (&base.data.spec, plan.vary_data_seed) {
         (None, _) => "embedded",
         (Some(_), true) => "varied",
         (Some(_), false) => "fixed",
@@ -386,9 +386,9 @@ pub fn run(base: &SimConfig, plan: Plan, dir: &Path, console: Console, stop: Sto
         stop_reason,
         data_seed,
         method: base.method.name().to_string(),
-        clock: base.clock,
-        clients: base.clients,
-        rounds: base.rounds,
+        clock: base.systems.clock,
+        clients: base.federation.clients,
+        rounds: base.federation.rounds,
         runs,
         metrics: Sweep::metrics_of(&finished),
     };
@@ -430,7 +430,7 @@ impl Runs<'_> {
     /// kept in `failure`), which ends the sweep.
     fn run_seed(&mut self, i: u64) -> anyhow::Result<bool> {
         let config = seed_config(self.base, i, self.plan.vary_data_seed);
-        let folder = format!("seed-{}", config.seed);
+        let folder = format!("seed-{}", config.federation.seed);
         let run_dir = self.dir.join(&folder);
         let inner = match self.console {
             Console::Human => Console::Human,
@@ -439,8 +439,8 @@ impl Runs<'_> {
         };
         let mut recorder = Recorder::new(inner, Some(&run_dir), &config, self.stop.clone())?;
         let mut entry = SeedRun {
-            seed: config.seed,
-            data_seed: config.data.as_ref().map(|d| d.seed),
+            seed: config.federation.seed,
+            data_seed: config.data.spec.as_ref().map(|d| d.seed),
             folder,
             status: RunStatus::Failed,
             rounds: 0,
@@ -452,7 +452,7 @@ impl Runs<'_> {
                 self.runs.push(entry);
                 self.failure = Some(e.context(format!(
                     "the run of seed {} failed; its folder {} says so in metrics.json",
-                    config.seed,
+                    config.federation.seed,
                     run_dir.display()
                 )));
                 return Ok(false);
@@ -464,9 +464,9 @@ impl Runs<'_> {
         entry.status = summary.status;
         entry.rounds = summary.rounds.len();
         if summary.status == RunStatus::Finished {
-            self.finished.push((config.seed, figures(summary, config.clock)));
+            self.finished.push((config.federation.seed, figures(summary, config.systems.clock)));
         }
-        self.print_seed(config.seed, i, summary, &run_dir)?;
+        self.print_seed(config.federation.seed, i, summary, &run_dir)?;
         self.runs.push(entry);
         Ok(true)
     }
@@ -555,6 +555,7 @@ fn print_summary(stop: &StopFlag, console: Console, sweep: &Sweep, dir: &Path) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::FederationConfig;
 
     fn close(a: f64, b: f64) {
         assert!((a - b).abs() < 1e-12, "{a} vs {b}");
@@ -601,12 +602,13 @@ mod tests {
 
     #[test]
     fn run_i_moves_the_federation_seed_and_the_data_seed_unless_kept() {
-        let mut base = SimConfig { seed: 7, ..SimConfig::default() };
-        assert_eq!(seed_config(&base, 2, true).seed, 9);
+        let mut base =
+            SimConfig { federation: FederationConfig { seed: 7, ..Default::default() }, ..SimConfig::default() };
+        assert_eq!(seed_config(&base, 2, true).federation.seed, 9);
         assert_eq!(seed_config(&base, 0, true), base, "run 0 is the run without --seeds");
         let spec = "dataset = \"synthetic\"\nseed = 1\n[partition]\nkind = \"iid\"\nclients = 4\n";
-        base.data = Some(toml::from_str(spec).unwrap());
-        let data_seed = |c: SimConfig| c.data.unwrap().seed;
+        base.data.spec = Some(toml::from_str(spec).unwrap());
+        let data_seed = |c: SimConfig| c.data.spec.unwrap().seed;
         assert_eq!(data_seed(seed_config(&base, 2, true)), 3);
         assert_eq!(data_seed(seed_config(&base, 2, false)), 1);
     }

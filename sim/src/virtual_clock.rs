@@ -226,7 +226,7 @@ impl VirtualRun {
                 let profile = links[i].clone().unwrap_or_default();
                 let session = Session::new(client_id(i), capabilities.clone(), method.num_samples(), None)
                     .payload_down_without_prototypes();
-                let seed = config.seed.wrapping_add(5000 + i as u64);
+                let seed = config.federation.seed.wrapping_add(5000 + i as u64);
                 VirtualClient {
                     session,
                     device: devices[i].clone(),
@@ -251,7 +251,7 @@ impl VirtualRun {
             &format!("{headline}, virtual clock"),
             (!initial_global.is_empty()).then_some(initial_accuracy),
             chance,
-            config.rounds,
+            config.federation.rounds,
         )?;
         Ok(Self {
             engine,
@@ -261,7 +261,7 @@ impl VirtualRun {
             clients,
             index,
             queue: Queue::default(),
-            trainer: Trainer::new(config.threads)?,
+            trainer: Trainer::new(config.systems.threads)?,
             now: Duration::ZERO,
             initial_accuracy,
             chance,
@@ -734,6 +734,7 @@ fn drive_client(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{DataConfig, FederationConfig, SystemsConfig};
     use crate::device::{self, OnOff};
     use crate::network::LinkPreset;
 
@@ -741,15 +742,20 @@ mod tests {
         let steady =
             DeviceProfile { name: "steady".into(), compute_scale: 0.0, share: 2.0, ..DeviceProfile::default() };
         SimConfig {
-            clients: 3,
-            rounds: 4,
-            seed: 21,
-            local_epochs: 1,
-            train_per_class: 20,
-            test_per_class: 5,
-            min_available: Some(2),
-            link: Some(LinkPreset::Lte),
-            devices: vec![steady, DeviceProfile { name: "flaky".into(), compute_scale: 0.0, share: 1.0, ..flaky }],
+            federation: FederationConfig {
+                clients: 3,
+                rounds: 4,
+                seed: 21,
+                local_epochs: 1,
+                min_available: Some(2),
+                ..Default::default()
+            },
+            data: DataConfig { train_per_class: 20, test_per_class: 5, ..Default::default() },
+            systems: SystemsConfig {
+                link: Some(LinkPreset::Lte),
+                devices: vec![steady, DeviceProfile { name: "flaky".into(), compute_scale: 0.0, share: 1.0, ..flaky }],
+                ..Default::default()
+            },
             ..SimConfig::default()
         }
     }
@@ -766,10 +772,13 @@ mod tests {
         let path = std::env::temp_dir().join(format!("anchorage-vc-trace-{}.csv", std::process::id()));
         std::fs::write(&path, "start_seconds,end_seconds\n10,1000\n0,4\n").unwrap();
         let flaky = DeviceProfile { availability_trace: Some(path.clone()), ..DeviceProfile::default() };
-        let c = SimConfig { round_deadline_secs: 5.0, rounds: 6, min_available: Some(3), ..config(flaky) };
+        let mut c = config(flaky);
+        c.federation.round_deadline_secs = 5.0;
+        c.federation.rounds = 6;
+        c.federation.min_available = Some(3);
         let result = run_virtual(&c).unwrap();
         let _ = std::fs::remove_file(&path);
-        let fleet = device::assign(&c.devices, c.clients, c.seed);
+        let fleet = device::assign(&c.systems.devices, c.federation.clients, c.federation.seed);
         let flaky = client_id(fleet.iter().position(|d| d.name == "flaky").unwrap());
         let report = |round: u64| result.reports.iter().find(|r| r.round == round).unwrap();
         assert!(report(2).started < Duration::from_secs(4) && report(2).closed > Duration::from_secs(4));
@@ -777,7 +786,7 @@ mod tests {
         assert!(!clients_of(&result, 2).contains(&flaky), "away in round 2: {:?}", clients_of(&result, 2));
         assert_eq!(clients_of(&result, 2).len(), 2, "the others carry round 2");
         assert!(report(2).closed < Duration::from_secs(10), "round 2 closed while the device was away");
-        let back = (3..=c.rounds).find(|&r| clients_of(&result, r).contains(&flaky));
+        let back = (3..=c.federation.rounds).find(|&r| clients_of(&result, r).contains(&flaky));
         assert!(back.is_some(), "aggregated again after it returns: {:?}", result.reports);
         assert!(result.summary.rounds.iter().all(|r| r.outcome == "aggregated"));
     }
@@ -802,9 +811,9 @@ mod tests {
         let c = config(late);
         let result = run_virtual(&c).unwrap();
         let _ = std::fs::remove_file(&path);
-        let fleet = device::assign(&c.devices, c.clients, c.seed);
+        let fleet = device::assign(&c.systems.devices, c.federation.clients, c.federation.seed);
         let late = client_id(fleet.iter().position(|d| d.name == "flaky").unwrap());
         assert!(!clients_of(&result, 1).contains(&late), "away in round 1: {:?}", clients_of(&result, 1));
-        assert!((2..=c.rounds).any(|r| clients_of(&result, r).contains(&late)), "joins later");
+        assert!((2..=c.federation.rounds).any(|r| clients_of(&result, r).contains(&late)), "joins later");
     }
 }

@@ -5,15 +5,19 @@
 //! clean run.
 
 use anchorage_server::aggregate::{AggregationRule, RobustConfig};
+use anchorage_sim::FederationConfig;
 use anchorage_sim::SimConfig;
 use anchorage_sim::virtual_clock::run_virtual;
 
 fn final_accuracy(aggregation: AggregationRule, attacked: bool) -> f64 {
     let config = SimConfig {
-        clients: 10,
-        rounds: 10,
-        robust: RobustConfig { aggregation, ..RobustConfig::unbounded() },
-        attack: attacked.then(|| anchorage_sim::Attack { clients: vec![0, 1], scale: 10.0, claim_samples: None }),
+        federation: FederationConfig {
+            clients: 10,
+            rounds: 10,
+            robust: RobustConfig { aggregation, ..RobustConfig::unbounded() },
+            attack: attacked.then(|| anchorage_sim::Attack { clients: vec![0, 1], scale: 10.0, claim_samples: None }),
+            ..Default::default()
+        },
         ..SimConfig::default()
     };
     let accuracy = run_virtual(&config).expect("virtual run").summary.final_accuracy;

@@ -5,6 +5,7 @@ use std::path::Path;
 use anchorage_sim::network::LinkPreset;
 use anchorage_sim::report::write_report;
 use anchorage_sim::virtual_clock::run_virtual;
+use anchorage_sim::{DataConfig, FederationConfig, SystemsConfig};
 use anchorage_sim::{SimConfig, write_run_folder};
 
 /// Runs `config` on the virtual clock and writes its run folder into `dir`.
@@ -51,13 +52,9 @@ fn a_run_folder_gets_plots_and_a_summary() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let config = SimConfig {
-        clients: 3,
-        rounds: 2,
-        seed: 4,
-        local_epochs: 1,
-        train_per_class: 20,
-        test_per_class: 5,
-        link: Some(LinkPreset::Wifi),
+        federation: FederationConfig { clients: 3, rounds: 2, seed: 4, local_epochs: 1, ..Default::default() },
+        data: DataConfig { train_per_class: 20, test_per_class: 5, ..Default::default() },
+        systems: SystemsConfig { link: Some(LinkPreset::Wifi), ..Default::default() },
         ..SimConfig::default()
     };
     let result = run_into(dir, &config);

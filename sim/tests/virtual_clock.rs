@@ -3,18 +3,15 @@
 use anchorage_sim::SimConfig;
 use anchorage_sim::network::LinkPreset;
 use anchorage_sim::virtual_clock::{run_virtual, wire_bytes};
+use anchorage_sim::{DataConfig, FederationConfig, OutputConfig, SystemsConfig};
 
 #[test]
 fn a_virtual_federation_learns_and_charges_its_links() {
     let link = LinkPreset::Lte.profile();
     let config = SimConfig {
-        clients: 4,
-        rounds: 3,
-        seed: 5,
-        local_epochs: 1,
-        train_per_class: 40,
-        test_per_class: 20,
-        link: Some(LinkPreset::Lte),
+        federation: FederationConfig { clients: 4, rounds: 3, seed: 5, local_epochs: 1, ..Default::default() },
+        data: DataConfig { train_per_class: 40, test_per_class: 20, ..Default::default() },
+        systems: SystemsConfig { link: Some(LinkPreset::Lte), ..Default::default() },
         ..SimConfig::default()
     };
     let result = run_virtual(&config).expect("virtual run");
@@ -50,14 +47,13 @@ fn the_packet_model_adds_a_few_percent() {
 #[test]
 fn the_same_seed_gives_the_same_simulated_times() {
     let config = SimConfig {
-        clients: 3,
-        rounds: 2,
-        seed: 9,
-        local_epochs: 1,
-        train_per_class: 30,
-        test_per_class: 10,
-        link: Some(LinkPreset::ThreeG),
-        devices: vec![anchorage_sim::device::DeviceProfile { compute_scale: 0.0, ..Default::default() }],
+        federation: FederationConfig { clients: 3, rounds: 2, seed: 9, local_epochs: 1, ..Default::default() },
+        data: DataConfig { train_per_class: 30, test_per_class: 10, ..Default::default() },
+        systems: SystemsConfig {
+            link: Some(LinkPreset::ThreeG),
+            devices: vec![anchorage_sim::device::DeviceProfile { compute_scale: 0.0, ..Default::default() }],
+            ..Default::default()
+        },
         ..SimConfig::default()
     };
     let a = run_virtual(&config).unwrap();
@@ -79,17 +75,14 @@ fn epochs_run(result: &anchorage_sim::SimResult) -> Vec<f64> {
 #[test]
 fn stragglers_run_fewer_local_epochs() {
     let base = SimConfig {
-        clients: 4,
-        rounds: 3,
-        seed: 12,
-        local_epochs: 4,
-        train_per_class: 20,
-        test_per_class: 5,
+        federation: FederationConfig { clients: 4, rounds: 3, seed: 12, local_epochs: 4, ..Default::default() },
+        data: DataConfig { train_per_class: 20, test_per_class: 5, ..Default::default() },
         ..SimConfig::default()
     };
     let steady = run_virtual(&base).unwrap();
     assert!(epochs_run(&steady).iter().all(|&e| e == 4.0), "no stragglers: every client runs τ = 4 epochs");
-    let straggling = run_virtual(&SimConfig { straggler_ratio: 1.0, ..base }).unwrap();
+    let straggling =
+        run_virtual(&SimConfig { systems: SystemsConfig { straggler_ratio: 1.0, ..base.systems }, ..base }).unwrap();
     let epochs = epochs_run(&straggling);
     assert_eq!(epochs.len(), 12);
     assert!(epochs.iter().all(|&e| (1.0..=4.0).contains(&e)));
@@ -104,14 +97,16 @@ fn a_slow_device_misses_the_deadline_and_its_update_is_late() {
     let fast = DeviceProfile { name: "fast".into(), compute_scale: 0.0, share: 1.0, ..DeviceProfile::default() };
     let slow = DeviceProfile { name: "slow".into(), compute_scale: 10_000.0, share: 1.0, ..DeviceProfile::default() };
     let config = SimConfig {
-        clients: 4,
-        rounds: 2,
-        seed: 13,
-        local_epochs: 1,
-        train_per_class: 20,
-        test_per_class: 5,
-        round_deadline_secs: 5.0,
-        devices: vec![fast, slow],
+        federation: FederationConfig {
+            clients: 4,
+            rounds: 2,
+            seed: 13,
+            local_epochs: 1,
+            round_deadline_secs: 5.0,
+            ..Default::default()
+        },
+        data: DataConfig { train_per_class: 20, test_per_class: 5, ..Default::default() },
+        systems: SystemsConfig { devices: vec![fast, slow], ..Default::default() },
         ..SimConfig::default()
     };
     let result = run_virtual(&config).unwrap();
@@ -131,16 +126,16 @@ fn buffered_aggregation_runs_on_the_virtual_clock() {
     // time, an idle machine reordered the arrivals and the result moved).
     let instant = DeviceProfile { compute_scale: 0.0, ..DeviceProfile::default() };
     let config = SimConfig {
-        devices: vec![instant],
-        clients: 6,
-        rounds: 6,
-        seed: 14,
-        local_epochs: 1,
-        train_per_class: 60,
-        test_per_class: 10,
-        alpha: 100.0,
-        link: Some(LinkPreset::Lte),
-        aggregation: AggregationMode::Buffered { buffer: 2, concurrency: 4, max_staleness: 3 },
+        federation: FederationConfig {
+            clients: 6,
+            rounds: 6,
+            seed: 14,
+            local_epochs: 1,
+            aggregation: AggregationMode::Buffered { buffer: 2, concurrency: 4, max_staleness: 3 },
+            ..Default::default()
+        },
+        data: DataConfig { train_per_class: 60, test_per_class: 10, alpha: 100.0, ..Default::default() },
+        systems: SystemsConfig { devices: vec![instant], link: Some(LinkPreset::Lte), ..Default::default() },
         ..SimConfig::default()
     };
     let result = run_virtual(&config).expect("buffered run");
@@ -170,16 +165,17 @@ fn crashing_devices_miss_rounds_and_rejoin() {
     let flaky =
         DeviceProfile { crash_probability: 0.4, rejoin_seconds: 3.0, compute_scale: 0.0, ..DeviceProfile::default() };
     let config = SimConfig {
-        clients: 5,
-        rounds: 6,
-        seed: 15,
-        local_epochs: 1,
-        train_per_class: 30,
-        test_per_class: 5,
-        alpha: f64::INFINITY,
-        min_available: Some(2),
-        round_deadline_secs: 2.0,
-        devices: vec![flaky],
+        federation: FederationConfig {
+            clients: 5,
+            rounds: 6,
+            seed: 15,
+            local_epochs: 1,
+            min_available: Some(2),
+            round_deadline_secs: 2.0,
+            ..Default::default()
+        },
+        data: DataConfig { train_per_class: 30, test_per_class: 5, alpha: f64::INFINITY, ..Default::default() },
+        systems: SystemsConfig { devices: vec![flaky], ..Default::default() },
         ..SimConfig::default()
     };
     let result = run_virtual(&config).expect("a flaky fleet still runs");
@@ -205,17 +201,21 @@ fn devices_on_an_availability_cycle_come_and_go() {
     };
     let always = DeviceProfile { compute_scale: 0.0, ..DeviceProfile::default() };
     let config = SimConfig {
-        clients: 4,
-        rounds: 8,
-        seed: 16,
-        local_epochs: 1,
-        train_per_class: 20,
-        test_per_class: 5,
-        alpha: f64::INFINITY,
-        min_available: Some(1),
-        link: Some(LinkPreset::Wifi),
-        round_deadline_secs: 6.0,
-        devices: vec![DeviceProfile { share: 1.0, ..sleepy }, DeviceProfile { share: 1.0, ..always }],
+        federation: FederationConfig {
+            clients: 4,
+            rounds: 8,
+            seed: 16,
+            local_epochs: 1,
+            min_available: Some(1),
+            round_deadline_secs: 6.0,
+            ..Default::default()
+        },
+        data: DataConfig { train_per_class: 20, test_per_class: 5, alpha: f64::INFINITY, ..Default::default() },
+        systems: SystemsConfig {
+            link: Some(LinkPreset::Wifi),
+            devices: vec![DeviceProfile { share: 1.0, ..sleepy }, DeviceProfile { share: 1.0, ..always }],
+            ..Default::default()
+        },
         ..SimConfig::default()
     };
     let result = run_virtual(&config).expect("runs");
@@ -230,14 +230,9 @@ fn devices_on_an_availability_cycle_come_and_go() {
 #[test]
 fn one_thread_and_four_give_the_same_run() {
     let config = |threads| SimConfig {
-        clients: 8,
-        rounds: 3,
-        seed: 13,
-        local_epochs: 1,
-        train_per_class: 40,
-        test_per_class: 20,
-        link: Some(LinkPreset::Wifi),
-        threads,
+        federation: FederationConfig { clients: 8, rounds: 3, seed: 13, local_epochs: 1, ..Default::default() },
+        data: DataConfig { train_per_class: 40, test_per_class: 20, ..Default::default() },
+        systems: SystemsConfig { link: Some(LinkPreset::Wifi), threads, ..Default::default() },
         ..SimConfig::default()
     };
     let (one, four) = (run_virtual(&config(1)).unwrap(), run_virtual(&config(4)).unwrap());
@@ -266,10 +261,15 @@ fn one_thread_and_four_give_the_same_run() {
 /// accuracies), and the summary says the local side is a sample.
 #[test]
 fn clients_evaluate_on_the_policy_and_the_global_model_every_round() {
-    let base =
-        SimConfig { clients: 4, rounds: 4, seed: 3, local_epochs: 1, train_per_class: 40, ..SimConfig::default() };
+    let base = SimConfig {
+        federation: FederationConfig { clients: 4, rounds: 4, seed: 3, local_epochs: 1, ..Default::default() },
+        data: DataConfig { train_per_class: 40, ..Default::default() },
+        ..SimConfig::default()
+    };
     let full = run_virtual(&base).unwrap();
-    let sparse = run_virtual(&SimConfig { eval_every: 2, eval_fraction: 0.2, ..base }).unwrap();
+    let sparse =
+        run_virtual(&SimConfig { output: OutputConfig { eval_every: 2, eval_fraction: 0.2, ..base.output }, ..base })
+            .unwrap();
     let global = |r: &anchorage_sim::SimResult| -> Vec<f64> { r.summary.rounds.iter().map(|x| x.accuracy).collect() };
     assert_eq!(global(&full), global(&sparse), "evaluation does not change training");
     let client_rounds = |r: &anchorage_sim::SimResult| -> std::collections::BTreeSet<u64> {

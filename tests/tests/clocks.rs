@@ -7,6 +7,7 @@ use anchorage_shared::ledger::CostRecord;
 use anchorage_sim::network::{DuplexProfile, LinkPreset, LinkProfile};
 use anchorage_sim::virtual_clock::run_virtual;
 use anchorage_sim::{ClientLink, SimConfig, run};
+use anchorage_sim::{DataConfig, FederationConfig, SystemsConfig};
 
 /// One comparison at a time: the real clock measures wall time, and a second federation training
 /// beside it on 2 cores slows it (measured: 0.114 s against 0.084 s per client-round with the
@@ -38,13 +39,12 @@ async fn real_and_virtual_round_durations_agree() {
     };
     let profile = DuplexProfile { up: side(2.0), down: side(10.0) };
     let config = SimConfig {
-        clients: 2,
-        rounds: 2,
-        seed: 31,
-        local_epochs: 1,
-        train_per_class: 40,
-        test_per_class: 10,
-        client_links: (0..2).map(|client| ClientLink { client, profile: profile.clone() }).collect(),
+        federation: FederationConfig { clients: 2, rounds: 2, seed: 31, local_epochs: 1, ..Default::default() },
+        data: DataConfig { train_per_class: 40, test_per_class: 10, ..Default::default() },
+        systems: SystemsConfig {
+            client_links: (0..2).map(|client| ClientLink { client, profile: profile.clone() }).collect(),
+            ..Default::default()
+        },
         ..SimConfig::default()
     };
     let (virtual_run, real_run) = both_clocks(config).await;
@@ -88,7 +88,11 @@ async fn real_and_virtual_agree_on_a_lossy_link() {
 }
 
 fn lossy_link_job() -> SimConfig {
-    SimConfig { clients: 4, rounds: 3, seed: 11, link: Some(LinkPreset::Lte), ..SimConfig::default() }
+    SimConfig {
+        federation: FederationConfig { clients: 4, rounds: 3, seed: 11, ..Default::default() },
+        systems: SystemsConfig { link: Some(LinkPreset::Lte), ..Default::default() },
+        ..SimConfig::default()
+    }
 }
 
 /// A measurement, not a check (wall time grows with whatever else the machine runs): mean round
@@ -121,12 +125,8 @@ async fn round_seconds_on_a_lossy_link() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compute_seconds_per_client_round_agree_across_clocks() {
     let config = SimConfig {
-        clients: 10,
-        rounds: 3,
-        seed: 5,
-        alpha: f64::INFINITY,
-        train_per_class: 600,
-        local_epochs: 1,
+        federation: FederationConfig { clients: 10, rounds: 3, seed: 5, local_epochs: 1, ..Default::default() },
+        data: DataConfig { alpha: f64::INFINITY, train_per_class: 600, ..Default::default() },
         ..SimConfig::default()
     };
     let (virtual_run, real_run) = both_clocks(config).await;

@@ -137,7 +137,7 @@ fn the_research_example_sweeps_two_seeds() {
     let file = anchorage_sim::scenario::ConfigFile::read(&path).unwrap();
     let config = file.config().unwrap();
     anchorage_sim::scenario::check(&config, Some(&file)).unwrap();
-    assert_eq!((config.clients, config.rounds, config.method.name()), (3, 5, "fedprox"));
+    assert_eq!((config.federation.clients, config.federation.rounds, config.method.name()), (3, 5, "fedprox"));
     let plan = anchorage_sim::sweep::Plan { runs: 2, vary_data_seed: true };
     let out = dir.path().join("sweep");
     let done = anchorage_sim::sweep::run(&config, plan, &out, Console::Quiet, StopFlag::default()).unwrap();

@@ -2,19 +2,23 @@
 
 use std::time::Duration;
 
+use anchorage_sim::{DataConfig, FederationConfig, SystemsConfig};
 use anchorage_sim::{SimConfig, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_client_round_completes_at_deadline() {
     let deadline = 6.0;
     let config = SimConfig {
-        clients: 4,
-        rounds: 3,
-        seed: 5,
-        min_available: Some(3),
-        round_deadline_secs: deadline,
-        kill: vec![anchorage_sim::KillAt { client: 0, round: 2 }],
-        train_per_class: 150,
+        federation: FederationConfig {
+            clients: 4,
+            rounds: 3,
+            seed: 5,
+            min_available: Some(3),
+            round_deadline_secs: deadline,
+            ..Default::default()
+        },
+        data: DataConfig { train_per_class: 150, ..Default::default() },
+        systems: SystemsConfig { kill: vec![anchorage_sim::KillAt { client: 0, round: 2 }], ..Default::default() },
         ..SimConfig::default()
     };
     let result = run(config).await.expect("simulation runs");

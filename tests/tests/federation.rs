@@ -1,11 +1,14 @@
 //! Four clients federate over real QUIC on loopback; the global model learns; an update's wire
 //! bytes stay close to its payload.
 
-use anchorage_sim::{SimConfig, run};
+use anchorage_sim::{FederationConfig, SimConfig, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_clients_three_rounds_learn_over_quic() {
-    let config = SimConfig { clients: 4, rounds: 3, seed: 11, ..SimConfig::default() };
+    let config = SimConfig {
+        federation: FederationConfig { clients: 4, rounds: 3, seed: 11, ..Default::default() },
+        ..SimConfig::default()
+    };
     let result = run(config).await.expect("simulation runs");
     let s = &result.summary;
     println!(

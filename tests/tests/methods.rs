@@ -94,7 +94,7 @@ fn check(method: &str) {
 
 fn check_config(config: SimConfig, prototypes: bool, upload: u64) {
     let method = config.method.name();
-    let selected = config.selected_accuracy;
+    let selected = config.output.selected_accuracy;
     let result = run(config);
     assert_predicts_as_registered(method, &result);
     let s = &result.summary;
@@ -166,7 +166,7 @@ fn local_only_shares_nothing() {
 fn gldp_keeps_its_personal_layer_and_shares_prototypes() {
     assert_eq!(registered_upload("gldp"), (ADAPTER_BYTES, true));
     let mut config = config("gldp");
-    config.selected_accuracy = true;
+    config.output.selected_accuracy = true;
     let (upload, prototypes) = registered_upload("gldp");
     check_config(config, prototypes, upload);
 }
@@ -192,7 +192,7 @@ train_fraction = 0.8
 /// model ends above chance on the target.
 fn check_evolving(method: &str, upload: u64) {
     let mut config = config_with(method, DOMAINS);
-    config.evolving = true;
+    config.data.evolving = true;
     let result = run(config);
     assert_predicts_as_registered(method, &result);
     assert!(registered_upload(method).1, "{method}: the registry says prototypes travel");
@@ -221,9 +221,9 @@ fn check_evolving(method: &str, upload: u64) {
 fn an_evolving_target_can_hold_out_several_domains() {
     let samples = |domains: usize, targets: usize| {
         let mut config = config_with("fedavg", &DOMAINS.replace("domains = 3", &format!("domains = {domains}")));
-        config.evolving = true;
-        config.target_domains = targets;
-        config.rounds = 1;
+        config.data.evolving = true;
+        config.data.target_domains = targets;
+        config.federation.rounds = 1;
         let result = run(config);
         let u = &result.reports[0].updates;
         let tasks: Vec<usize> = result.accuracy.iter().map(|r| r.test_task).collect();

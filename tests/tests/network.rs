@@ -2,16 +2,12 @@
 //! quinn's congestion control and loss recovery face, and the federation copes.
 
 use anchorage_sim::network::{DuplexProfile, LinkProfile, Outage};
-use anchorage_sim::{ClientLink, SimConfig, run};
+use anchorage_sim::{ClientLink, DataConfig, FederationConfig, SimConfig, run};
 
 fn small(clients: usize, rounds: u64, seed: u64) -> SimConfig {
     SimConfig {
-        clients,
-        rounds,
-        seed,
-        local_epochs: 1,
-        train_per_class: 40,
-        test_per_class: 10,
+        federation: FederationConfig { clients, rounds, seed, local_epochs: 1, ..Default::default() },
+        data: DataConfig { train_per_class: 40, test_per_class: 10, ..Default::default() },
         ..SimConfig::default()
     }
 }
@@ -23,7 +19,8 @@ fn uplink(client: usize, up: LinkProfile) -> ClientLink {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_megabit_uplink_carries_a_megabyte_in_eight_seconds() {
     let link = LinkProfile { bandwidth_bps: 1e6, latency_ms: 10.0, buffer_bytes: 64 * 1024, ..LinkProfile::default() };
-    let config = SimConfig { client_links: vec![uplink(0, link)], ..small(1, 1, 21) };
+    let mut config = small(1, 1, 21);
+    config.systems.client_links = vec![uplink(0, link)];
     let result = run(config).await.expect("simulation runs");
     let cost = &result.ledger[0];
     let megabits = cost.payload_up as f64 * 8.0 / 1e6;
@@ -45,10 +42,9 @@ async fn a_one_megabit_uplink_carries_a_megabyte_in_eight_seconds() {
 async fn added_latency_shows_in_the_measured_rtt() {
     let plain = run(small(1, 1, 22)).await.expect("plain run");
     let slow = LinkProfile { latency_ms: 60.0, ..LinkProfile::default() };
-    let shaped = SimConfig {
-        client_links: vec![ClientLink { client: 0, profile: DuplexProfile { up: slow.clone(), down: slow } }],
-        ..small(1, 1, 22)
-    };
+    let mut shaped = small(1, 1, 22);
+    shaped.systems.client_links =
+        vec![ClientLink { client: 0, profile: DuplexProfile { up: slow.clone(), down: slow } }];
     let delayed = run(shaped).await.expect("shaped run");
     let (rtt0, rtt1) = (plain.ledger[0].rtt_seconds, delayed.ledger[0].rtt_seconds);
     println!("RTT on plain loopback {:.1} ms, with 60 ms each way {:.1} ms", rtt0 * 1e3, rtt1 * 1e3);
@@ -60,10 +56,8 @@ async fn added_latency_shows_in_the_measured_rtt() {
 async fn ten_percent_loss_still_completes_the_rounds() {
     let lossy = LinkProfile { loss: 0.1, latency_ms: 5.0, ..LinkProfile::default() };
     let both = DuplexProfile { up: lossy.clone(), down: lossy };
-    let config = SimConfig {
-        client_links: (0..2).map(|client| ClientLink { client, profile: both.clone() }).collect(),
-        ..small(2, 2, 23)
-    };
+    let mut config = small(2, 2, 23);
+    config.systems.client_links = (0..2).map(|client| ClientLink { client, profile: both.clone() }).collect();
     let result = run(config).await.expect("simulation runs");
     for r in &result.summary.rounds {
         assert_eq!((r.outcome.as_str(), r.aggregated), ("aggregated", 2), "round {}", r.round);
@@ -83,11 +77,10 @@ async fn an_outage_longer_than_the_deadline_drops_the_client_which_rejoins_later
     // the client a few more rounds before it is back, so the run has eight.
     let outage = vec![Outage { start_ms: 300, duration_ms: 2000 }];
     let dark = LinkProfile { outages: outage, ..LinkProfile::default() };
-    let config = SimConfig {
-        client_links: vec![ClientLink { client: 1, profile: DuplexProfile { up: dark.clone(), down: dark } }],
-        round_deadline_secs: 1.5,
-        ..small(2, 8, 24)
-    };
+    let mut config = small(2, 8, 24);
+    config.systems.client_links =
+        vec![ClientLink { client: 1, profile: DuplexProfile { up: dark.clone(), down: dark } }];
+    config.federation.round_deadline_secs = 1.5;
     let result = run(config).await.expect("simulation runs");
     for r in &result.reports {
         println!(
