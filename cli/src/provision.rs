@@ -778,7 +778,9 @@ id = "edge-002"
                 let ignored = String::from_utf8_lossy(&out.stdout);
                 assert_eq!(ignored.lines().count(), 5, "git ignores every key: {ignored}");
             }
-            _ => println!("*** SKIPPED the .gitignore half: no git here, or not a git checkout (apt install git)"),
+            _ => anchorage_shared::skip::skipped(
+                "the .gitignore half of the walkthrough test: no git here, or not a git checkout (apt install git)",
+            ),
         }
     }
 

@@ -181,3 +181,17 @@ fn a_missing_data_dir_is_an_error_only_when_files_are_needed() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stderr.contains("warning: --data-dir"), "{}", run.stderr);
 }
+
+/// Issue 31: a 1-round run printed four `usvg` warnings (a chart of one point) even with
+/// `--quiet`. A quiet run that succeeds prints nothing on stderr, and its report's plots exist.
+#[test]
+fn a_quiet_one_round_run_says_nothing_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = anchorage(dir.path(), &["sim", "--quiet", "--rounds", "1", "--clients", "2", "--out", "one"], &[]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.trim().is_empty(), "stderr of a quiet run: {}", run.stderr);
+    let report = anchorage(dir.path(), &["report", "one", "--out", "one-report"], &[]);
+    assert_eq!(report.code, 0, "{}{}", report.stdout, report.stderr);
+    assert!(!report.stderr.contains("usvg") && !report.stderr.to_lowercase().contains("warn"), "{}", report.stderr);
+    assert!(dir.path().join("one-report/accuracy_by_round.png").exists());
+}

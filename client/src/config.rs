@@ -47,7 +47,9 @@ fn one() -> usize {
     1
 }
 
-/// Reconnect backoff, in milliseconds.
+/// Reconnect backoff, in milliseconds: doubling from `initial_ms`, with jitter, up to `max_ms`.
+/// A transient failure (server away, link down) backs off to minutes, so a fleet does not
+/// hammer a server that is down; a definite refusal (revoked, unknown CA) ends the client instead.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReconnectConfig {
@@ -57,7 +59,7 @@ pub struct ReconnectConfig {
 
 impl Default for ReconnectConfig {
     fn default() -> Self {
-        Self { initial_ms: 200, max_ms: 30_000 }
+        Self { initial_ms: 200, max_ms: 300_000 }
     }
 }
 
@@ -237,6 +239,27 @@ pub fn resolve(base: &Path, path: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 31: transient failures back off to minutes. With the default `[reconnect]`, the
+    /// 12th attempt in a row waits at least 100 s, and a device that fails for an hour tries
+    /// at most 30 times (it tried about 5 times a second before).
+    #[test]
+    fn the_default_backoff_reaches_minutes() {
+        let reconnect = super::ReconnectConfig::default();
+        let backoff = crate::transport::Backoff {
+            initial: std::time::Duration::from_millis(reconnect.initial_ms),
+            max: std::time::Duration::from_millis(reconnect.max_ms),
+            max_attempts: None,
+        };
+        let mut rng = anchorage_shared::rng::Rng::new(1);
+        assert!(backoff.delay(12, &mut rng) >= std::time::Duration::from_secs(100));
+        let (mut waited, mut attempts) = (std::time::Duration::ZERO, 0);
+        while waited < std::time::Duration::from_secs(3600) {
+            attempts += 1;
+            waited += backoff.delay(attempts, &mut rng);
+        }
+        assert!(attempts <= 30, "{attempts} attempts in an hour");
+    }
+
     #[test]
     fn example_config_parses() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/client.toml");

@@ -13,11 +13,9 @@
 #[test]
 fn skipped_without_wgpu() {
     // Straight to the stderr handle: libtest captures eprintln!, not this.
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "*** SKIPPED: built without the wgpu feature (run: CUBECL_WGPU_DEFAULT_DEVICE=Cpu cargo test -p \
-         anchorage-model --features wgpu --test device_agreement) ***"
+    anchorage_shared::skip::skipped(
+        "device_agreement: built without the wgpu feature (run: CUBECL_WGPU_DEFAULT_DEVICE=Cpu cargo test -p \
+         anchorage-model --features wgpu --test device_agreement)",
     );
 }
 

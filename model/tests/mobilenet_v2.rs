@@ -20,9 +20,10 @@ fn data_dir() -> Option<PathBuf> {
     match std::env::var_os("ANCHORAGE_DATA") {
         Some(d) => Some(PathBuf::from(d)),
         None => {
-            // Straight to the stderr handle: libtest captures eprintln!, not this.
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "*** SKIPPED: ANCHORAGE_DATA not set ***");
+            anchorage_shared::skip::skipped(&format!(
+                "{}: ANCHORAGE_DATA not set (ANCHORAGE_DATA=../shared/data)",
+                module_path!()
+            ));
             None
         }
     }

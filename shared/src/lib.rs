@@ -17,6 +17,7 @@
 //! - [`systemd`] (feature `io`): sd_notify readiness, watchdog and stopping for the two services.
 //! - [`logging`] (feature `logging`): the binaries' log set-up (text or JSON lines on stderr).
 //! - [`rng`]: a small seeded generator, so every sampled choice is reproducible byte for byte.
+//! - [`skip`] (feature `std`): how a test says loudly that it skipped a check it cannot run here.
 #![no_std]
 extern crate alloc;
 #[cfg(feature = "std")]
@@ -36,6 +37,8 @@ pub mod protocol;
 pub mod prototype;
 pub mod prototype_rules;
 pub mod rng;
+#[cfg(feature = "std")]
+pub mod skip;
 #[cfg(feature = "io")]
 pub mod systemd;
 pub mod tensor;

@@ -75,9 +75,9 @@ pub fn data_dir() -> Option<std::path::PathBuf> {
     match std::env::var_os("ANCHORAGE_DATA") {
         Some(d) => Some(std::path::PathBuf::from(d)),
         None => {
-            // Straight to the stderr handle: libtest captures eprintln!, not this.
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "*** SKIPPED: ANCHORAGE_DATA not set ***");
+            anchorage_shared::skip::skipped(
+                "a real-data check: ANCHORAGE_DATA not set (ANCHORAGE_DATA=../shared/data)",
+            );
             None
         }
     }

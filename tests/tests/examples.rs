@@ -125,7 +125,12 @@ fn the_field_example_provisions_checks_federates_and_reports() {
     };
     let written = anchorage_sim::report::write_report_with(&sites.join("server/state"), &options).unwrap();
     assert!(written.files.iter().any(|f| f.ends_with("report.md")), "{:?}", written.files);
-    assert!(dir.path().join("report/report.md").exists());
+    let report = std::fs::read_to_string(dir.path().join("report/report.md")).unwrap();
+    assert!(report.contains("**Status:** finished (2 of 2 rounds)"), "{report}");
+    let accuracy = report.lines().find(|l| l.starts_with("| device accuracy (their own evaluation) |")).unwrap();
+    assert!(accuracy.contains("% (round 2, 2 devices"), "the devices' own accuracy of the last round: {accuracy}");
+    let rounds = report.lines().filter(|l| l.starts_with("| ") && l.contains("| aggregated |")).count();
+    assert_eq!(rounds, 2, "both rounds in the table: {report}");
 }
 
 #[test]

@@ -230,3 +230,49 @@ fn names_in_expressions_are_found() {
     let names = exported_names("# TYPE anchorage_a counter\nanchorage_a_total{x=\"1\"} 0\nprocess_b 1.0\n# EOF\n");
     assert_eq!(names.into_iter().collect::<Vec<_>>(), ["anchorage_a", "anchorage_a_total", "process_b"]);
 }
+
+/// Issue 31: the model's quality has its own panel in the dashboard, over both accuracies the
+/// server exports (the devices' own and the held-out set's), and the stall has its own.
+#[test]
+fn the_dashboard_shows_both_accuracies_and_the_stall() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/observability/grafana-dashboard.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    let queries = |title: &str| -> Vec<String> {
+        let panel = panels.iter().find(|p| p["title"] == title).unwrap_or_else(|| panic!("no panel `{title}`"));
+        panel["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_string()).collect()
+    };
+    let title = "Accuracy: the devices' own and held-out";
+    assert!(panels.iter().any(|p| p["title"] == title && p["type"] == "timeseries"), "a time series over rounds");
+    let accuracy = queries(title);
+    assert_eq!(
+        accuracy,
+        [
+            "max(anchorage_round_device_accuracy{instance=~\"$instance\"})",
+            "max(anchorage_round_held_out_accuracy{instance=~\"$instance\"})"
+        ]
+    );
+    assert!(queries("Waiting for devices").iter().any(|q| q.contains("anchorage_waiting_for_devices")));
+}
+
+/// The alert rules' unit tests (`deploy/observability/alerts-test.yml`: a stalled federation, a
+/// refusal spike, a stale revocation list) pass under promtool, where it is installed.
+#[test]
+fn the_alert_rules_fire_when_they_should() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/observability");
+    for args in [["check", "rules", "anchorage-alerts.yml"], ["test", "rules", "alerts-test.yml"]] {
+        let out = match std::process::Command::new("promtool").args(args).current_dir(&dir).output() {
+            Ok(out) => out,
+            Err(e) => {
+                anchorage_shared::skip::skipped(&format!(
+                    "`promtool {}`: promtool is not installed ({e}); apt-get install prometheus",
+                    args.join(" ")
+                ));
+                return;
+            }
+        };
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        println!("promtool {}: {said}", args.join(" "));
+        assert!(out.status.success() && said.contains("SUCCESS"), "promtool {}: {said}", args.join(" "));
+    }
+}

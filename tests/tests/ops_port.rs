@@ -93,11 +93,11 @@ fn promtool_check_metrics(text: &str) {
     let mut child = match child {
         Ok(child) => child,
         Err(e) => {
-            println!(
-                "*** SKIPPED `promtool check metrics` on the scrape: promtool is not installed ({e}); \
+            anchorage_shared::skip::skipped(&format!(
+                "`promtool check metrics` on the scrape: promtool is not installed ({e}); \
                  install it with `apt-get install prometheus` (Debian/Ubuntu) or from a Prometheus release \
-                 tarball. The Rust lint above ran. ***"
-            );
+                 tarball. The Rust lint above ran."
+            ));
             return;
         }
     };

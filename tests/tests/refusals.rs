@@ -249,6 +249,25 @@ fn a_device_of_another_ca_stops_with_status_77() {
     assert!(server_log.contains("handshake refused (no_certificate) from 127.0.0.1"), "{server_log}");
 }
 
+/// A device whose hello names another device than its certificate does (a client.toml copied
+/// to the wrong board): the server refuses it `NotEnrolled`, and the device stops with status 77
+/// and says why, without retrying.
+#[test]
+fn a_device_not_enrolled_under_its_name_stops_with_status_77() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut p, metrics) = server(dir.path(), 1, |_| {});
+    let identity = p.ca.issue(Kind::Client, "edge-n", &[], 30).unwrap();
+    let device = Device::new(dir.path(), "edge-other", p.addr, p.cert.as_ref(), &identity, "");
+    let mut child = device.spawn();
+    let status = wait_exit(&mut child, Duration::from_secs(30), || device.log_text());
+    let log = device.log_text();
+    println!("the device under another name exited with {status}:\n{log}");
+    assert_eq!(status.code(), Some(i32::from(EXIT_REFUSED)), "{log}");
+    assert_eq!(device.attempts(), 1, "no retry:\n{log}");
+    assert!(log.contains("NotEnrolled") && log.contains("edge-other"), "{log}");
+    assert!(metric(metrics, "anchorage_refusals_total{reason=\"not_enrolled\"}") >= 1.0);
+}
+
 /// A server that is not there: transient. The device retries with delays that grow (uniform in
 /// [d/2, d], d = min(max, initial · 2^(attempt−1))) up to the cap, says so, and leaves at once
 /// on SIGTERM with status 0.

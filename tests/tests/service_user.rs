@@ -22,9 +22,7 @@ const SERVER_UID: u32 = 65534;
 const CLIENT_UID: u32 = 64_999;
 
 fn skip(reason: &str) {
-    let line = format!("*** SKIPPED service_user: {reason} ***");
-    println!("{line}");
-    eprintln!("{line}");
+    anchorage_shared::skip::skipped(&format!("service_user: {reason}"));
 }
 
 /// The repository's root.
@@ -381,6 +379,8 @@ fn the_documented_copy_runs_three_rounds_as_service_users() {
     for (i, site) in devices.iter().enumerate() {
         let log = client_text(i);
         assert!(!log.contains("Permission denied"), "{site}:\n{log}");
+        let exited = clients[i].0.try_wait().unwrap();
+        assert!(exited.is_some_and(|s| s.success()), "{site} ends with the run, status 0: {exited:?}\n{log}");
         assert!(std::fs::read_dir(device_machines[i].join("var/lib/anchorage-client")).is_ok());
     }
     drop(clients);

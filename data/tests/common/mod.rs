@@ -12,10 +12,9 @@ pub fn data_dir(test: &str) -> Option<PathBuf> {
             Some(d)
         }
         _ => {
-            // Straight to the process's stderr, past the test harness's output capture.
-            use std::io::Write;
-            let line = format!("\n*** SKIPPED: ANCHORAGE_DATA not set — {test} needs the real data files ***\n");
-            let _ = std::io::stderr().write_all(line.as_bytes());
+            anchorage_shared::skip::skipped(&format!(
+                "{test}: ANCHORAGE_DATA not set, and it needs the real data files (ANCHORAGE_DATA=../shared/data)"
+            ));
             None
         }
     }

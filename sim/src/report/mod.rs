@@ -974,6 +974,37 @@ mod tests {
         std::fs::write(path, w.into_inner().unwrap()).unwrap();
     }
 
+    /// Issue 31: `bytes_per_round`'s series overlapped, and its y label said "as the console
+    /// prints" over per-client values. Each round's four series are bars side by side (none drawn
+    /// over another), and the label says they are per client.
+    #[test]
+    fn bytes_per_round_puts_its_series_side_by_side_per_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger: Vec<CostRecord> = (1..=3u64)
+            .flat_map(|round| {
+                (0..2u64).map(move |c| CostRecord {
+                    client: format!("client-{c}"),
+                    round,
+                    payload_up: 1 << 20,
+                    wire_up: (1 << 20) + 1000 * (c + 1),
+                    wire_down: 2 << 20,
+                    ..CostRecord::default()
+                })
+            })
+            .collect();
+        let mut charts = Charts { out: dir.path(), files: Vec::new(), plots: Vec::new() };
+        bytes_chart(&[1, 2, 3], &ledger, &mut charts).unwrap();
+        let svg = std::fs::read_to_string(dir.path().join("bytes_per_round.svg")).unwrap();
+        assert!(svg.contains("MiB per client (the console prints round totals)"), "{svg}");
+        assert!(!svg.contains("as the console prints"));
+        // A bar is a `<rect class="bar">` with its own x: 4 series × 3 rounds, no two at one x.
+        let xs: Vec<&str> = svg.split("<rect class=\"bar\" x=\"").skip(1).filter_map(|r| r.split('"').next()).collect();
+        let mut distinct = xs.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!((xs.len(), distinct.len()), (12, 12), "bars: {xs:?}");
+    }
+
     /// The issue's folder after a second Ctrl-C: config.toml, the tables appended round by round,
     /// metrics.json from an earlier round saying `running`, and no ledger.json.
     fn stopped_folder(dir: &Path) {
