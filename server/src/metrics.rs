@@ -17,6 +17,7 @@
 
 pub mod http;
 pub mod process;
+pub use process::{AllocatorStats, set_allocator_probe};
 pub mod rounds;
 pub mod text;
 

@@ -11,6 +11,7 @@
 //! - a server restarted on a finished run says at once that the run is over (log, `/readyz`,
 //!   `anchorage_run_finished 1`) and tells a device that connects.
 //!
+//! `ANCHORAGE_QUALITY_STATE=DIR` keeps the finished state folder and log.
 //! `ANCHORAGE_QUALITY_CSV=FILE` (and `ANCHORAGE_QUALITY_ROUNDS=N`, default 4) write the
 //! accuracy series scraped from `/metrics` after every round, the dashboard panel's data.
 
@@ -272,6 +273,20 @@ fn every_round_logs_and_exports_the_devices_accuracy_and_the_held_out_accuracy()
         reports.len()
     );
     assert!(evaluated.iter().all(|(_, a)| (0.0..=1.0).contains(a)), "{evaluated:?}");
+    // `ANCHORAGE_QUALITY_STATE=DIR` keeps the finished server's state folder and log, for
+    // `anchorage report DIR/state` (how the note's report was made).
+    if let Ok(keep) = std::env::var("ANCHORAGE_QUALITY_STATE") {
+        let keep = Path::new(&keep);
+        std::fs::create_dir_all(keep.join("state")).unwrap();
+        for entry in std::fs::read_dir(dir.path().join("state")).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), keep.join("state").join(entry.file_name())).unwrap();
+            }
+        }
+        std::fs::copy(&server.log, keep.join("server.log")).unwrap();
+        println!("state folder kept in {}", keep.display());
+    }
 }
 
 #[test]

@@ -66,6 +66,33 @@ pub fn read() -> Option<ProcessStats> {
     None
 }
 
+/// What the memory allocator holds, where the program can ask it (the server binary's jemalloc).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct AllocatorStats {
+    /// Bytes in live objects.
+    pub allocated: u64,
+    /// Bytes in the pages that hold live objects: active well above allocated is fragmentation
+    /// (pages each kept for a few objects that outlived their neighbours).
+    pub active: u64,
+    /// The allocator's own bookkeeping.
+    pub metadata: u64,
+    /// Bytes the allocator keeps in RAM: active, metadata and freed pages not yet returned.
+    pub resident: u64,
+}
+
+static ALLOCATOR_PROBE: std::sync::OnceLock<fn() -> Option<AllocatorStats>> = std::sync::OnceLock::new();
+
+/// Lets the binary that chose the global allocator report it (`anchorage_allocator_*_bytes`);
+/// the library does not know which allocator it runs on. Set once; later calls are ignored.
+pub fn set_allocator_probe(probe: fn() -> Option<AllocatorStats>) {
+    let _ = ALLOCATOR_PROBE.set(probe);
+}
+
+/// The allocator's figures now, if the binary set a probe.
+pub fn allocator() -> Option<AllocatorStats> {
+    ALLOCATOR_PROBE.get().and_then(|probe| probe())
+}
+
 /// The process metrics, collected at each scrape.
 #[derive(Debug, Default)]
 pub struct ProcessCollector;
@@ -103,6 +130,20 @@ impl Collector for ProcessCollector {
         }
         if let Some(fds) = s.max_fds {
             gauge("process_max_fds", "Maximum number of open file descriptors.", None, fds as f64)?;
+        }
+        if let Some(a) = allocator() {
+            for (name, help, bytes) in [
+                (
+                    "anchorage_allocator_allocated",
+                    "Bytes in live objects, as the memory allocator counts them.",
+                    a.allocated,
+                ),
+                ("anchorage_allocator_active", "Bytes in the allocator's pages that hold live objects.", a.active),
+                ("anchorage_allocator_metadata", "Bytes of the memory allocator's own bookkeeping.", a.metadata),
+                ("anchorage_allocator_resident", "Bytes the memory allocator keeps in RAM.", a.resident),
+            ] {
+                gauge(name, help, Some(&Unit::Bytes), bytes as f64)?;
+            }
         }
         Ok(())
     }

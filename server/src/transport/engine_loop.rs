@@ -134,6 +134,8 @@ struct EngineShell {
     /// The engine's clock starts here.
     start: Instant,
     conns: HashMap<ClientId, (u64, mpsc::UnboundedSender<Outbound>)>,
+    /// The certificate fingerprint of each connected client (stored with its last-seen row), kept
+    /// while it is connected: a map of every device ever seen would grow for the server's life.
     fingerprints: HashMap<ClientId, String>,
     /// Departures' last-seen times, written on the tick in one transaction: a thousand devices
     /// leaving at once would otherwise queue a thousand blocking threads on the store's mutex
@@ -278,6 +280,7 @@ impl EngineShell {
             Input::Closed { conn, client } => {
                 if self.conns.get(&client).is_some_and(|(c, _)| *c == conn) {
                     self.conns.remove(&client);
+                    self.fingerprints.remove(&client);
                     self.metrics.set_connected(self.conns.len());
                     let at = unix_now();
                     self.metrics.seen(&client, at);
