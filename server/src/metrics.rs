@@ -568,6 +568,12 @@ impl ServerMetrics {
         self.devices.seen(client, unix);
     }
 
+    /// Copies the per-device last-seen map into fresh allocations (after most of a fleet left:
+    /// see the engine loop's `compact_after_departures`).
+    pub fn compact(&self) {
+        self.devices.compact();
+    }
+
     /// Devices with their own last-seen series (the longest silent first); the rest are counted
     /// in `anchorage_devices_silent` only.
     pub fn set_device_series(&self, max: usize) {
@@ -634,6 +640,11 @@ impl Default for Devices {
 }
 
 impl Devices {
+    fn compact(&self) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        *seen = seen.iter().map(|(id, t)| (id.clone(), *t)).collect();
+    }
+
     fn seen(&self, client: &str, unix: i64) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         match seen.get_mut(client) {

@@ -182,6 +182,15 @@ impl Core {
         self.actions.push_back(cost_ack(client, round));
     }
 
+    /// Copies what is kept per device (known clients, recent invitations, devices ahead of the
+    /// store) into fresh allocations; the contents do not change.
+    pub(super) fn compact(&mut self) {
+        self.clients = self.clients.iter().map(|(id, c)| (id.clone(), c.clone())).collect();
+        let invited = self.invited.iter().map(|(r, ids)| (*r, ids.iter().map(|(id, f)| (id.clone(), *f)).collect()));
+        self.invited = invited.collect();
+        self.ahead = self.ahead.iter().map(|(id, r)| (id.clone(), *r)).collect();
+    }
+
     /// Remembers who was invited to `round` (for checking cost records), for the last few rounds.
     pub(super) fn note_invited(&mut self, round: u64, clients: impl IntoIterator<Item = ClientId>) {
         self.invited.entry(round).or_default().extend(clients.into_iter().map(|c| (c, false)));

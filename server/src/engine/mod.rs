@@ -269,6 +269,13 @@ impl Engine {
         mode.on_timeout(core, now);
     }
 
+    /// Copies the state kept per device into fresh allocations, so that the allocator can give
+    /// back the pages a departed fleet's connections used (the shell calls it after most of a
+    /// large fleet left); what the engine knows does not change.
+    pub fn compact(&mut self) {
+        self.core.compact();
+    }
+
     /// A client's connection is gone. Its sampled slot stays open until the deadline: it may
     /// reconnect and upload.
     pub fn handle_disconnect(&mut self, _now: Duration, client: &str) {

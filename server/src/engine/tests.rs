@@ -1009,3 +1009,28 @@ fn a_round_report_carries_the_devices_own_evaluation_and_who_was_missing() {
     assert!((accuracy - 0.8).abs() < 1e-9 && reporting == 2, "{accuracy} from {reporting}");
     assert_eq!(r.held_out_accuracy, None, "the engine does not evaluate: its owner does");
 }
+
+/// `compact` moves the per-device state to fresh allocations and changes nothing the engine
+/// does: the same round closes the same way with and without a compaction in the middle.
+#[test]
+fn compacting_changes_nothing_the_engine_does() {
+    let run = |compact: bool| {
+        let mut e = engine(config(2, 2));
+        join(&mut e, secs(0), &["a", "b", "c"]);
+        e.handle_message(secs(1), "a", update(1, &[1.0, 2.0], 1));
+        e.handle_disconnect(secs(1), "c");
+        if compact {
+            e.compact();
+        }
+        let mut actions = drain(&mut e);
+        e.handle_message(secs(2), "b", update(1, &[5.0, 6.0], 3));
+        e.handle_message(
+            secs(3),
+            "a",
+            Message::Cost(CostRecord { client: "a".into(), round: 1, ..Default::default() }),
+        );
+        actions.extend(drain(&mut e));
+        (format!("{actions:?}"), e.global()[0].decode().unwrap(), e.open_round(), e.stats().dropped_cost_records)
+    };
+    assert_eq!(run(true), run(false));
+}

@@ -91,6 +91,7 @@ pub(super) async fn run_engine(
         unacked: std::collections::HashSet::new(),
         opened_since_close: false,
         flaps: FlapGuard::default(),
+        most_connected: 0,
     };
     let mut departures_tick = tokio::time::interval(Duration::from_secs(2));
     loop {
@@ -109,6 +110,7 @@ pub(super) async fn run_engine(
             _ = sleep_until(deadline) => shell.engine.handle_timeout(shell.start.elapsed()),
             _ = departures_tick.tick() => {
                 let _ = touch_clients(&shell.store, std::mem::take(&mut shell.departed));
+                shell.compact_after_departures();
             }
             _ = shutdown.changed() => break,
         }
@@ -122,6 +124,9 @@ pub(super) async fn run_engine(
     }
     Ok(())
 }
+
+/// Connections a server must have held before departures compact its per-device state.
+const COMPACT_AFTER: usize = 1000;
 
 /// The engine's task: the sans-IO engine and what its shell keeps around it (connections, the
 /// store, the metrics, acks owed).
@@ -149,9 +154,34 @@ struct EngineShell {
     /// When each client's live connection was last replaced by a newer one, and ids refused for
     /// a while because two holders of one certificate kept evicting each other.
     flaps: FlapGuard,
+    /// The most connections held since the per-device state was last compacted.
+    most_connected: usize,
 }
 
 impl EngineShell {
+    /// After most of a large fleet has left (a quarter of the connections held at the most, of at
+    /// least [`COMPACT_AFTER`]), copies the state kept per device into fresh allocations. The
+    /// allocator keeps a page for each object that outlived its neighbours: the ids a thousand
+    /// departed connections left in the engine's and the metrics' maps would each keep one of
+    /// the pages their connections used. Measured with 10,000 invited silent devices
+    /// (`ANCHORAGE_SILENT_FLEET=10000`, tests/tests/silent_fleet.rs): without this, 52 MB of
+    /// pages held 21 MB of objects a minute after they left (RSS 75 MiB against 23 at start);
+    /// with it, 23 MB held 19 MB (RSS 47 MiB).
+    fn compact_after_departures(&mut self) {
+        self.most_connected = self.most_connected.max(self.conns.len());
+        if self.most_connected < COMPACT_AFTER || self.conns.len() * 4 > self.most_connected {
+            return;
+        }
+        tracing::debug!(held = self.most_connected, now = self.conns.len(), "compacting the per-device state");
+        self.engine.compact();
+        self.metrics.compact();
+        self.conns.shrink_to_fit();
+        self.fingerprints.shrink_to_fit();
+        self.unacked.shrink_to_fit();
+        self.departed.shrink_to_fit();
+        self.most_connected = self.conns.len();
+    }
+
     /// Carries out one of the engine's actions (a state change is committed before its ack goes out).
     async fn act(&mut self, action: Action) -> anyhow::Result<()> {
         let metrics = &self.metrics;
