@@ -117,11 +117,12 @@ async fn round_seconds_on_a_lossy_link() {
 /// time, and the real clock trains one device at a time, so a busy host (QUIC, the server, ten
 /// clients on two cores) does not stretch them. After the first round (warm-up: first
 /// allocations, handshakes beside it), the real clock's compute seconds per client-round are
-/// within 35% of the virtual clock's for the same job. Thread CPU time still grows when the other
-/// core is busy (shared caches): alone the two agree within 7% (0.0745 against 0.0694 s, 0.0686
-/// against 0.0676 s on 2026-11-26); under the full suite one run measured 0.0844 real against
-/// 0.1087 virtual. Charging wall time, or the wait for the compute pool, would be several times
-/// off, which is what this test is for.
+/// within a factor of 2 of the virtual clock's for the same job. Charging wall time, or the wait
+/// for the compute pool, would be several times off (ten clients queue for one pool), which is
+/// what this test is for. The two are measured at different moments, and thread CPU time grows
+/// when the other core is busy (shared caches): alone they agree within 7% (0.0745 against
+/// 0.0694 s on 2026-11-26), under the full suite they measured 0.0844 against 0.1087 s
+/// (2026-11-26) and 0.0957 against 0.0684 s (2026-11-27), so a tighter bound fails on load alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compute_seconds_per_client_round_agree_across_clocks() {
     let config = SimConfig {
@@ -139,5 +140,6 @@ async fn compute_seconds_per_client_round_agree_across_clocks() {
     let (real, simulated) = (per_client_round(&real_run), per_client_round(&virtual_run));
     println!("compute seconds per client-round (rounds 2–3): real clock {real:.4}, virtual clock {simulated:.4}");
     assert!(real > 0.0 && simulated > 0.0);
-    assert!((real - simulated).abs() <= 0.35 * simulated, "real {real:.4} s vs virtual {simulated:.4} s");
+    let ratio = real / simulated;
+    assert!((0.5..=2.0).contains(&ratio), "real {real:.4} s vs virtual {simulated:.4} s (ratio {ratio:.2})");
 }
