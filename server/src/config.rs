@@ -294,6 +294,19 @@ mod tests {
         assert!(config.limits.keep_alive < config.limits.idle_timeout);
     }
 
+    /// A misspelt key in `[engine.round]` is refused at load, naming the key (it was silently
+    /// ignored, and the devices trained with the default).
+    #[test]
+    fn a_typo_in_engine_round_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/server.toml");
+        let text = std::fs::read_to_string(example).unwrap().replace("learning_rate = 0.001", "learnig_rate = 0.01");
+        let path = dir.path().join("server.toml");
+        std::fs::write(&path, text).unwrap();
+        let error = format!("{:#}", ServerConfig::load(&path).unwrap_err());
+        assert!(error.contains("learnig_rate"), "{error}");
+    }
+
     const BASE: &str = "bind = \"127.0.0.1:4433\"\nstate_dir = \"s\"\ntls_dir = \"t\"\n";
 
     #[test]

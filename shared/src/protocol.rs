@@ -77,8 +77,11 @@ pub struct Welcome {
     pub current_round: Option<u64>,
 }
 
-/// Local training settings for one round (Flower's `configure_fit`).
+/// Local training settings for one round (Flower's `configure_fit`). Written by operators as
+/// server.toml's `[engine.round]`, where a misspelt key is refused (the wire encoding, postcard,
+/// carries no field names, so this changes nothing on the wire).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RoundConfig {
     pub local_epochs: u32,
     pub batch_size: u32,
