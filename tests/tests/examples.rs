@@ -180,6 +180,15 @@ fn the_service_programs_check_configs_and_have_help_completions_and_man_pages() 
             assert!(roff.starts_with(".ie") || roff.contains(".TH"), "{page}: {roff}");
         }
         assert!(!man.join(format!("{name}-completions.1")).exists());
+        // The packages ship deploy/man's copies (usr/share/man/man1): they must be what the
+        // program makes today.
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/man");
+        for entry in std::fs::read_dir(&man).unwrap() {
+            let page = entry.unwrap().file_name();
+            let made = std::fs::read(man.join(&page)).unwrap();
+            let copy = std::fs::read(shipped.join(&page)).unwrap_or_default();
+            assert!(made == copy, "deploy/man/{page:?} is stale: run `{name} man --out deploy/man`");
+        }
         let stdout = run(bin, &["man"]);
         assert!(text(&stdout.stdout).contains(".TH"));
         // An empty config is an error that names the file, not a default.
