@@ -169,6 +169,10 @@ pub struct ClientConfig {
     pub reconnect: ReconnectConfig,
     #[serde(default)]
     pub connection: ConnectionConfig,
+    /// When this device should train (`[eligibility]`: battery, temperature, metered network,
+    /// a UTC window, load); absent or empty: always.
+    #[serde(default)]
+    pub eligibility: crate::eligibility::Eligibility,
 }
 
 fn default_server_name() -> String {
@@ -213,7 +217,8 @@ impl ClientConfig {
             "server = \"{}\" is not `host:port` (e.g. \"server.example.org:4433\" or \"10.0.0.5:4433\")",
             self.server
         );
-        self.connection.validate()
+        self.connection.validate()?;
+        self.eligibility.validate()
     }
 
     /// The server's socket address: `server` as an IP address and port, or its host name looked
@@ -388,5 +393,43 @@ public_classes = 25
         }
         let typo = text.replace("client = 3", "clinet = 3");
         assert!(toml::from_str::<super::ClientConfig>(&typo).is_err());
+    }
+
+    #[test]
+    fn the_eligibility_table_is_off_unless_written() {
+        let config: super::ClientConfig = toml::from_str(MINIMAL).unwrap();
+        assert_eq!(config.eligibility, crate::eligibility::Eligibility::default());
+        assert!(!config.eligibility.is_enabled(), "existing configs always train");
+        let text = format!("{MINIMAL}[eligibility]\nmin_battery_percent = 30\nwindow = \"22:00-06:00\"\n");
+        let config: super::ClientConfig = toml::from_str(&text).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.eligibility.min_battery_percent, Some(30));
+        assert_eq!(config.eligibility.window.map(|w| (w.start, w.end)), Some((22 * 60, 6 * 60)));
+        let typo = format!("{MINIMAL}[eligibility]\nmin_battery = 30\n");
+        assert!(toml::from_str::<super::ClientConfig>(&typo).is_err(), "unknown keys are refused");
+        let bad_window = format!("{MINIMAL}[eligibility]\nwindow = \"22:00\"\n");
+        let err = toml::from_str::<super::ClientConfig>(&bad_window).unwrap_err().to_string();
+        assert!(err.contains("HH:MM-HH:MM"), "{err}");
+        let over = format!("{MINIMAL}[eligibility]\nmin_battery_percent = 101\n");
+        let config: super::ClientConfig = toml::from_str(&over).unwrap();
+        assert!(config.validate().unwrap_err().to_string().contains("min_battery_percent"));
+    }
+
+    /// deploy/client.toml's commented `[eligibility]` example parses once uncommented.
+    #[test]
+    fn the_example_eligibility_table_parses() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/client.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let table: String = text
+            .lines()
+            .skip_while(|l| *l != "# [eligibility]")
+            .skip(1)
+            .map_while(|l| l.strip_prefix("# "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let example: crate::eligibility::Eligibility = toml::from_str(&table).unwrap();
+        example.validate().unwrap();
+        assert!(example.unmetered_only && example.min_battery_percent.is_some(), "{table}");
+        assert!(example.max_temperature_c.is_some() && example.window.is_some() && example.max_load.is_some());
     }
 }

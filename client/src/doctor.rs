@@ -14,6 +14,15 @@
 //!   `/healthz` on its metrics port (`--health-url`; by default the server's host on port 9464,
 //!   and only when that answers). The QUIC protocol itself carries no time.
 //!
+//! Then what the device reads of itself, with [`crate::eligibility::Readings`] (the code that
+//! decides whether it trains): **thermal** (its thermal zones, the hottest), **power** (its power
+//! supplies: external power online, batteries' capacity and status), **load** (the 1-minute load
+//! per CPU, the CPU clock against its maximum), **network** (the IPv4 default route's interface,
+//! metered or not), **eligibility** (`[eligibility]` applied to these readings now: a warning
+//! when the device would decline to train) and, only when some value was refused, **readings**
+//! (each refused file and value). These describe the moment, not the installation: they never
+//! fail, and the verdict's counts leave them out.
+//!
 //! Exit status 0 when nothing failed (warnings and skipped checks included), 1 otherwise.
 
 use std::net::SocketAddr;
@@ -27,6 +36,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
 use crate::config::ClientConfig;
+use crate::eligibility::{self, Eligibility, Readings, SysRoot};
 use crate::{runner, transport};
 use anchorage_model::device;
 
@@ -60,16 +70,20 @@ impl Default for DoctorArgs {
 
 pub use anchorage_shared::checks::{Check, Report, Status};
 
-/// The doctor's verdict.
+/// The lines of the device's readings ([`check_readings`]): reported, never failed, not counted.
+const READINGS: [&str; 6] = ["thermal", "power", "load", "network", "eligibility", "readings"];
+
+/// The doctor's verdict; its counts are of the checks, not of the readings.
 fn verdict(report: &Report) -> String {
     if report.failed() {
         format!("doctor: NOT ready: {} failed", report.failed_names())
     } else {
+        let count = |status| report.checks.iter().filter(|c| c.status == status && !READINGS.contains(&c.name)).count();
         format!(
             "doctor: ready ({} ok, {} warnings, {} skipped)",
-            report.count(Status::Ok),
-            report.count(Status::Warn),
-            report.count(Status::Skip)
+            count(Status::Ok),
+            count(Status::Warn),
+            count(Status::Skip)
         )
     }
 }
@@ -98,6 +112,8 @@ pub async fn run(path: &Path, args: &DoctorArgs) -> Report {
     report.checks.extend(check_certificates(&config, args.warn_days, unix_now()));
     report.checks.push(check_server(&config, timeout).await);
     report.checks.push(check_clock(&config, args, timeout).await);
+    let readings = Readings::read(&SysRoot::default());
+    report.checks.extend(check_readings(&config.eligibility, &readings, eligibility::utc_minutes(SystemTime::now())));
     report
 }
 
@@ -185,6 +201,106 @@ pub(crate) fn check_memory(config: &ClientConfig) -> Check {
         ),
         (Some(_), Err(e)) => Check::new("memory", Status::Fail, format!("{e:#}")),
     }
+}
+
+/// The device's readings, one line each (see the module's documentation), and whether
+/// `config` would let it train at `now_utc_minutes`.
+pub(crate) fn check_readings(config: &Eligibility, readings: &Readings, now_utc_minutes: u32) -> Vec<Check> {
+    let mut checks = Vec::new();
+    // Thermal zones, the hottest counted one first.
+    checks.push(if readings.thermal_zones.is_empty() {
+        Check::new("thermal", Status::Skip, "no thermal zones under /sys/class/thermal")
+    } else {
+        let zones: Vec<String> = readings
+            .thermal_zones
+            .iter()
+            .map(|z| match (z.celsius, z.counted()) {
+                (Some(c), true) => format!("{} {c:.1} °C", z.label()),
+                (Some(c), false) => format!("{} {c:.1} °C (not counted)", z.label()),
+                (None, _) => format!("{} no reading", z.label()),
+            })
+            .collect();
+        let hottest = readings
+            .hottest()
+            .map_or_else(|| "no zone readable".to_string(), |(z, c)| format!("hottest {} {c:.1} °C", z.label()));
+        Check::new("thermal", Status::Ok, format!("{hottest}; {}", zones.join(", ")))
+    });
+    // Power supplies.
+    checks.push(if readings.power_supplies.is_empty() {
+        Check::new("power", Status::Skip, "no power supplies under /sys/class/power_supply (no battery)")
+    } else {
+        let summary = match (readings.external_power(), readings.battery_percent()) {
+            (Some(true), _) => "on external power".to_string(),
+            (Some(false), Some(p)) => format!("on battery ({p}%)"),
+            (Some(false), None) => "no external supply online and no battery".to_string(),
+            (None, Some(p)) => format!("battery at {p}%, external power not reported"),
+            (None, None) => "external power not reported".to_string(),
+        };
+        let supplies: Vec<String> = readings
+            .power_supplies
+            .iter()
+            .map(|p| {
+                let kind = match p.kind.as_deref() {
+                    None => "type unknown".to_string(),
+                    Some(k) if p.is_external() || p.is_system_battery() => k.to_string(),
+                    Some(k) if p.present == Some(false) => format!("{k}, none in the bay"),
+                    Some(k) => format!("{k}, a peripheral's"),
+                };
+                let mut words = vec![format!("{} ({kind})", p.name)];
+                words.extend(p.online.map(|o| if o { "online" } else { "offline" }.to_string()));
+                words.extend(p.capacity.map(|c| format!("{c}%")));
+                words.extend(p.status.clone());
+                words.join(" ")
+            })
+            .collect();
+        Check::new("power", Status::Ok, format!("{summary}: {}", supplies.join(", ")))
+    });
+    // Load and clock.
+    let cpus = readings.cpus.map_or_else(|| "CPU count unknown".to_string(), |n| format!("{n} CPUs"));
+    let clock =
+        readings.freq_ratio.map(|r| format!("; CPU clock at {:.0}% of its maximum", r * 100.0)).unwrap_or_default();
+    checks.push(match (readings.load_1m, readings.load_per_cpu()) {
+        (Some(load), Some(per_cpu)) => {
+            Check::new("load", Status::Ok, format!("1-minute load {load:.2} on {cpus} ({per_cpu:.2} per CPU){clock}"))
+        }
+        _ => Check::new("load", Status::Skip, format!("no load average in /proc/loadavg; {cpus}{clock}")),
+    });
+    // The default route.
+    checks.push(match &readings.default_route {
+        Some(route) => Check::new(
+            "network",
+            Status::Ok,
+            format!(
+                "IPv4 default route via {} ({})",
+                route.interface,
+                if route.metered { "metered: a cellular interface" } else { "unmetered" }
+            ),
+        ),
+        None => Check::new("network", Status::Skip, "no IPv4 default route in /proc/net/route"),
+    });
+    // The decision now.
+    checks.push(if !config.is_enabled() {
+        Check::new("eligibility", Status::Skip, "no [eligibility] criteria: this device always trains")
+    } else {
+        match eligibility::decide(config, readings, now_utc_minutes) {
+            Ok(()) => Check::new("eligibility", Status::Ok, format!("would train now ({})", config.describe())),
+            Err(d) => Check::new(
+                "eligibility",
+                Status::Warn,
+                format!("would decline now ({}): {d}; criteria: {}", d.reason(), config.describe()),
+            ),
+        }
+    });
+    if !readings.errors.is_empty() {
+        let n = readings.errors.len();
+        let what = if n == 1 { "value" } else { "values" };
+        checks.push(Check::new(
+            "readings",
+            Status::Warn,
+            format!("{n} {what} refused: {}", readings.errors.join("; ")),
+        ));
+    }
+    checks
 }
 
 /// The state folder is writable (a probe file, removed again); one that does not exist yet is
@@ -529,6 +645,59 @@ mod tests {
         fine.checks = report.checks[..2].to_vec();
         assert!(!fine.failed());
         assert!(fine.render().ends_with("doctor: ready (1 ok, 0 warnings, 1 skipped)\n"));
+    }
+
+    /// Issue 33: the doctor shows a laptop's readings and the decision, with the same code that
+    /// decides, and the verdict's counts stay those of the checks.
+    #[test]
+    fn eligibility_readings_in_the_doctor_report() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::eligibility::fake::laptop(dir.path());
+        let readings = Readings::read(&SysRoot::new(dir.path()));
+        let config: Eligibility = toml::from_str("min_battery_percent = 20\nwindow = \"22:00-06:00\"").unwrap();
+        let mut report = Report::new(verdict);
+        report.checks.push(Check::new("device", Status::Ok, "cpu"));
+        report.checks.extend(check_readings(&config, &readings, 23 * 60));
+        let text = report.render();
+        let line = |name: &str| {
+            text.lines().find(|l| l.split_whitespace().nth(1) == Some(name)).unwrap_or_else(|| panic!("{name}: {text}"))
+        };
+        assert_eq!(
+            line("thermal"),
+            "  ok    thermal      hottest x86_pkg_temp 58.0 °C; acpitz 41.0 °C, x86_pkg_temp 58.0 °C"
+        );
+        assert_eq!(
+            line("power"),
+            "  ok    power        on battery (15%): AC (Mains) offline, BAT0 (Battery) 15% Discharging, hidpp_battery_0 \
+             (Battery, a peripheral's) 5% Discharging"
+        );
+        assert_eq!(line("load"), "  ok    load         1-minute load 0.40 on 8 CPUs (0.05 per CPU)");
+        assert!(line("network").starts_with("  skip  network      no IPv4 default route"), "{text}");
+        assert_eq!(
+            line("eligibility"),
+            "  warn  eligibility  would decline now (battery): battery at 15% and not on external power \
+             (min_battery_percent = 20); criteria: min_battery_percent = 20, window = 22:00-06:00 UTC"
+        );
+        assert!(!text.contains("readings"), "no value was refused: {text}");
+        assert!(text.ends_with("doctor: ready (1 ok, 0 warnings, 0 skipped)\n"), "{text}");
+        // Plugged in, outside the window: the window declines; a bad value gets its own line.
+        crate::eligibility::fake::write(
+            dir.path(),
+            &[("sys/class/power_supply/AC/online", "1\n"), ("sys/class/thermal/thermal_zone0/temp", "warm\n")],
+        );
+        let readings = Readings::read(&SysRoot::new(dir.path()));
+        let checks = check_readings(&config, &readings, 12 * 60);
+        let get = |name: &str| checks.iter().find(|c| c.name == name).unwrap();
+        assert!(get("power").detail.starts_with("on external power: AC (Mains) online"), "{checks:?}");
+        assert!(get("eligibility").detail.starts_with("would decline now (window)"), "{checks:?}");
+        assert!(get("thermal").detail.contains("acpitz no reading"), "{checks:?}");
+        let refused = get("readings");
+        assert_eq!(refused.status, Status::Warn);
+        assert!(refused.detail.starts_with("1 value refused: ") && refused.detail.contains("\"warm\""), "{refused:?}");
+        assert!(checks.iter().all(|c| c.status != Status::Fail), "readings never fail the doctor");
+        // No criteria: always trains.
+        let off = check_readings(&Eligibility::default(), &readings, 12 * 60);
+        assert_eq!(off.iter().find(|c| c.name == "eligibility").unwrap().status, Status::Skip);
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@
 //! - [`methods`]: client halves of the methods.
 //! - [`config`]: the `client.toml` file.
 //! - [`doctor`]: `anchorage-client doctor`, the checks before a device's service starts.
+//! - [`eligibility`]: whether the device should train now (power, heat, network, time, load).
 //! - [`check_config`]: `anchorage-client check-config`, the same checks of the files, off the network.
 //! - [`runner`]: from a `client.toml` to a running device (what `anchorage-client` runs).
 //! - [`transport`]: the quinn shell with reconnect and resend.
@@ -14,6 +15,7 @@
 pub mod check_config;
 pub mod config;
 pub mod doctor;
+pub mod eligibility;
 pub mod encoding;
 pub mod memory;
 pub mod methods;
