@@ -15,6 +15,7 @@ use anchorage_shared::io::{FrameIoError, read_frame, udp_socket, write_frame};
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Capabilities, Goodbye, Heartbeat, Message, RefusalReason, Update};
 use anchorage_shared::rng::Rng;
+use anchorage_shared::transfer;
 use anyhow::Context;
 use quinn::crypto::rustls::QuicClientConfig;
 use rustls::pki_types::CertificateDer;
@@ -929,9 +930,9 @@ async fn report_cost(control: &mut quinn::SendStream, record: CostRecord, max_fr
     }
 }
 
-/// Uploads one update on its own uni stream and waits until the server acknowledged every byte
-/// at the QUIC level. Reports the round and what the upload took: the UDP bytes sent meanwhile,
-/// its seconds and the RTT at its end.
+/// Uploads one update as a resumable transfer on its own stream ([`send_resumable`]) and waits
+/// until the server acknowledged every byte at the QUIC level. Reports the round and what the
+/// upload took: the UDP bytes sent meanwhile, its seconds and the RTT at its end.
 async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done: mpsc::UnboundedSender<Uploaded>) {
     let round = update.round;
     let frame = match encode_frame(&Message::Update(update), max_frame) {
@@ -943,23 +944,47 @@ async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done:
     };
     let started = Instant::now();
     let before = conn.stats().udp_tx.bytes;
-    let result = async {
-        let mut s = conn.open_uni().await?;
-        s.write_all(&frame).await?;
-        s.finish()?;
-        s.stopped().await?;
-        anyhow::Ok(())
-    }
-    .await;
-    match result {
-        Ok(()) => {
+    match send_resumable(&conn, &frame, round).await {
+        Ok(resumed_at) => {
+            if resumed_at > 0 {
+                tracing::info!(round, resumed_at, total = frame.len(), "upload resumed where the server held it");
+            }
             let st = conn.stats();
             tracing::debug!(round, lost_bytes = st.path.lost_bytes, lost_packets = st.path.lost_packets, "upload done");
             let wire_bytes = conn.stats().udp_tx.bytes.saturating_sub(before);
             let _ = done.send((round, UploadMeasure { wire_bytes, transfer: started.elapsed(), rtt: conn.rtt() }));
         }
-        Err(e) => tracing::info!(round, error = %e, "upload interrupted; it is resent after reconnecting"),
+        Err(e) => tracing::info!(round, error = %format!("{e:#}"), "upload interrupted; it resumes after reconnecting"),
     }
+}
+
+/// Sends `frame` (an encoded update of `round`) as a resumable transfer (issue 33;
+/// `anchorage_shared::transfer`): offers it by hash and size on a new bi stream, and sends its
+/// chunks from where the server's answer says it holds them. Returns that offset.
+async fn send_resumable(conn: &quinn::Connection, frame: &[u8], round: u64) -> anyhow::Result<u64> {
+    let offer = transfer::offer(frame, round);
+    let (mut send, mut recv) = conn.open_bi().await?;
+    write_frame(&mut send, &encode_frame(&Message::TransferOffer(offer.clone()), usize::MAX)?).await?;
+    let offset = match read_frame(&mut recv, transfer::MAX_CHUNK_FRAME).await {
+        Ok(Some((Message::TransferResume(r), _))) if r.transfer == offer.transfer && r.offset <= offer.total => {
+            r.offset
+        }
+        Ok(Some((Message::TransferResume(r), _))) => {
+            anyhow::bail!(
+                "the server answered with offset {} of a {}-byte upload (or another upload)",
+                r.offset,
+                offer.total
+            )
+        }
+        Ok(other) => anyhow::bail!("no answer to the upload's offer: {other:?}"),
+        Err(e) => anyhow::bail!("reading the answer to the upload's offer: {e}"),
+    };
+    for chunk in transfer::chunks_from(frame, offset) {
+        send.write_all(&encode_frame(&Message::Chunk(chunk), usize::MAX)?).await?;
+    }
+    send.finish()?;
+    send.stopped().await?;
+    Ok(offset)
 }
 
 #[cfg(test)]

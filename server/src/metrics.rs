@@ -159,6 +159,9 @@ pub struct ServerMetrics {
     client_round_duration: Histogram,
     crl_stale: Gauge,
     crl_reload_failures: Counter,
+    endpoint_renewals: Counter,
+    transfers: Family<Label, Counter>,
+    transfer_bytes_resumed: Counter,
     devices_ahead: Gauge,
     rounds_halted: Gauge,
     certificate_conflicts: Counter,
@@ -216,6 +219,9 @@ impl ServerMetrics {
             client_round_duration: Histogram::new(SECONDS_BUCKETS),
             crl_stale: Gauge::default(),
             crl_reload_failures: Counter::default(),
+            endpoint_renewals: Counter::default(),
+            transfers: Family::default(),
+            transfer_bytes_resumed: Counter::default(),
             devices_ahead: Gauge::default(),
             rounds_halted: Gauge::default(),
             certificate_conflicts: Counter::default(),
@@ -347,6 +353,21 @@ impl ServerMetrics {
             "Changes of revoked.crl that could not be loaded (missing or not a CRL).",
             self.crl_reload_failures.clone(),
         );
+        r.register(
+            "endpoint_renewals",
+            "Times the QUIC endpoint was replaced by a fresh one after a large fleet had left.",
+            self.endpoint_renewals.clone(),
+        );
+        r.register(
+            "transfers",
+            "Resumable uploads by outcome: completed, resumed (began past offset 0), kept (interrupted, held for a resume), dropped (held bytes let go: round closed, over the bound), refused (a bad chunk or whole).",
+            self.transfers.clone(),
+        );
+        r.register(
+            "transfer_bytes_resumed",
+            "Bytes of uploads a device did not send again because the server held them from an interrupted attempt.",
+            self.transfer_bytes_resumed.clone(),
+        );
     }
 
     /// Every series of a fixed label set exists from the start, at 0.
@@ -363,6 +384,9 @@ impl ServerMetrics {
         }
         for o in outcome::ALL {
             let _ = self.updates.get_or_create(&[("outcome", o)]);
+        }
+        for o in ["completed", "resumed", "kept", "dropped", "refused"] {
+            let _ = self.transfers.get_or_create(&[("outcome", o)]);
         }
         for o in ["aggregated", "failed"] {
             let _ = self.rounds_closed.get_or_create(&[("outcome", o)]);
@@ -563,6 +587,27 @@ impl ServerMetrics {
         self.crl_reload_failures.inc();
     }
 
+    /// A resumable upload's step, by outcome (`transport::transfers`).
+    pub fn transfer(&self, outcome: &'static str) {
+        self.transfers.get_or_create(&[("outcome", outcome)]).inc();
+    }
+
+    /// An upload resumed at `offset` bytes: they were not sent again.
+    pub fn transfer_resumed(&self, offset: u64) {
+        self.transfer("resumed");
+        self.transfer_bytes_resumed.inc_by(offset);
+    }
+
+    /// Uploads of `outcome` so far.
+    pub fn transfers_total(&self, outcome: &'static str) -> u64 {
+        self.transfers.get(&[("outcome", outcome)]).map_or(0, |c| c.get())
+    }
+
+    /// The QUIC endpoint was renewed (`transport::endpoint::Listener`).
+    pub fn endpoint_renewed(&self) {
+        self.endpoint_renewals.inc();
+    }
+
     /// A client was heard from at `unix` (seconds).
     pub fn seen(&self, client: &str, unix: i64) {
         self.devices.seen(client, unix);
@@ -752,6 +797,7 @@ mod tests {
             "anchorage_devices_known",
             "anchorage_crl_stale",
             "anchorage_crl_reload_failures_total",
+            "anchorage_endpoint_renewals_total",
         ] {
             assert_eq!(value(&text, series), Some(0.0), "{series} in\n{text}");
         }

@@ -42,6 +42,8 @@ pub mod skip;
 #[cfg(feature = "io")]
 pub mod systemd;
 pub mod tensor;
+#[cfg(feature = "io")]
+pub mod transfer;
 
 pub use frame::{FrameError, FrameReader, encode_frame};
 pub use method::MethodConfig;

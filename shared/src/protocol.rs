@@ -138,6 +138,36 @@ pub struct CostAck {
     pub round: u64,
 }
 
+/// The first frame of a resumable transfer (issue 33), on a bi stream its sender opens: what is
+/// about to be sent. `transfer` is the SHA-256 of the whole frame being moved (an update's), so
+/// both sides name the same bytes after a reconnect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferOffer {
+    pub transfer: [u8; 32],
+    /// Bytes of the whole frame.
+    pub total: u64,
+    /// The round the update is for (the receiver drops what it holds of it when the round closes).
+    pub round: u64,
+}
+
+/// The receiver's answer to a [`TransferOffer`]: the bytes of it it already holds, from the
+/// start; the sender goes on from there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferResume {
+    pub transfer: [u8; 32],
+    pub offset: u64,
+}
+
+/// One piece of a transfer: `data` at `offset` of the whole frame; `hash` is the SHA-256 of
+/// `data`, checked before a byte of it is kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Chunk {
+    pub offset: u64,
+    pub hash: [u8; 32],
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
 /// Liveness signal; either side may send it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
@@ -191,11 +221,18 @@ pub enum Message {
     Cost(CostRecord),
     /// The ledger holds the client's cost record of a round (kind 10).
     CostAck(CostAck),
+    /// A resumable transfer begins (kind 11).
+    TransferOffer(TransferOffer),
+    /// How much of an offered transfer the receiver holds (kind 12).
+    TransferResume(TransferResume),
+    /// A piece of a transfer (kind 13).
+    Chunk(Chunk),
 }
 
-/// Kind bytes of the two messages that may be large (readers give them their own size limit).
+/// Kind bytes of the messages that may be large (readers give them their own size limit).
 pub const KIND_BROADCAST: u8 = 3;
 pub const KIND_UPDATE: u8 = 4;
+pub const KIND_CHUNK: u8 = 13;
 
 impl Message {
     /// The kind byte on the wire.
@@ -211,6 +248,9 @@ impl Message {
             Message::Goodbye(_) => 8,
             Message::Cost(_) => 9,
             Message::CostAck(_) => 10,
+            Message::TransferOffer(_) => 11,
+            Message::TransferResume(_) => 12,
+            Message::Chunk(_) => KIND_CHUNK,
         }
     }
 
@@ -232,6 +272,9 @@ impl Message {
             Message::Goodbye(m) => postcard::to_allocvec(m),
             Message::Cost(m) => postcard::to_allocvec(m),
             Message::CostAck(m) => postcard::to_allocvec(m),
+            Message::TransferOffer(m) => postcard::to_allocvec(m),
+            Message::TransferResume(m) => postcard::to_allocvec(m),
+            Message::Chunk(m) => postcard::to_allocvec(m),
         };
         // Serialising owned in-memory structs into a growable Vec cannot fail.
         r.unwrap_or_default()
@@ -252,6 +295,9 @@ impl Message {
             8 => Message::Goodbye(postcard::from_bytes(body).map_err(bad)?),
             9 => Message::Cost(postcard::from_bytes(body).map_err(bad)?),
             10 => Message::CostAck(postcard::from_bytes(body).map_err(bad)?),
+            11 => Message::TransferOffer(postcard::from_bytes(body).map_err(bad)?),
+            12 => Message::TransferResume(postcard::from_bytes(body).map_err(bad)?),
+            KIND_CHUNK => Message::Chunk(postcard::from_bytes(body).map_err(bad)?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
         msg.validate()?;
@@ -317,6 +363,9 @@ pub fn kind_name(kind: u8) -> Option<&'static str> {
         8 => "goodbye",
         9 => "cost",
         10 => "cost_ack",
+        11 => "transfer_offer",
+        12 => "transfer_resume",
+        13 => "chunk",
         _ => return None,
     })
 }

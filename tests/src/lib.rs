@@ -125,3 +125,8 @@ pub async fn join(conn: &quinn::Connection, id: &str) -> (quinn::SendStream, qui
     assert!(matches!(welcome, Message::Welcome(_)), "{welcome:?}");
     (send, recv)
 }
+
+/// The value of one series (name and labels, as printed) in a Prometheus text exposition.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}

@@ -190,6 +190,14 @@ impl ServerProcess {
     }
 
     /// Resident memory of the running server, from /proc.
+    /// The server's resident memory split as /proc reports it: anonymous (heaps, stacks) and
+    /// file-backed (the program's own pages as it runs them).
+    pub fn rss_parts(&self) -> String {
+        let Some(pid) = self.child.as_ref().map(|c| c.id()) else { return String::new() };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status.lines().filter(|l| l.starts_with("RssAnon:") || l.starts_with("RssFile:")).collect::<Vec<_>>().join(", ")
+    }
+
     pub fn rss_bytes(&self) -> Option<u64> {
         let pid = self.child.as_ref()?.id();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -188,3 +188,48 @@ async fn a_client_that_does_not_read_is_dropped() {
     assert!(reason.to_string().contains("not reading"), "{reason}");
     server.shutdown().await.unwrap();
 }
+
+/// quinn keeps an endpoint's routing tables at their largest, so the server replaces its
+/// endpoint once a fleet of `renew_endpoint_after` connections has left (issue 30: memory back
+/// after 10,000 devices leave). Here the bound is 3: three devices come and go, the endpoint is
+/// renewed on the same address, and a fourth device joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_is_renewed_after_a_fleet_leaves_and_devices_still_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits { renew_endpoint_after: 3, ..Limits::default() };
+    let (server, mut ca) = start(dir.path(), limits).await;
+    let root = ca.cert().clone();
+    let renewals = |server: &ServerHandle| {
+        let text = server.metrics.render();
+        anchorage_tests::metric_value(&text, "anchorage_endpoint_renewals_total").unwrap_or(-1.0)
+    };
+    let mut fleet = Vec::new();
+    for i in 0..3 {
+        let id = format!("leaver-{i}");
+        let (endpoint, conn) = raw_connect_as(server.local_addr, &root, Some(&device(&mut ca, &id))).await.unwrap();
+        let control = join(&conn, &id).await;
+        fleet.push((endpoint, conn, control));
+    }
+    // While one connection stays, the endpoint is kept (the 5 s check runs at least once).
+    let (stayer_endpoint, stayer, stayer_control) = fleet.pop().unwrap();
+    for (endpoint, conn, _) in fleet {
+        conn.close(0u32.into(), b"bye");
+        endpoint.wait_idle().await;
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(renewals(&server), 0.0, "renewed while a device was still connected");
+    drop(stayer_control);
+    stayer.close(0u32.into(), b"bye");
+    stayer_endpoint.wait_idle().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while renewals(&server) < 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(renewals(&server), 1.0, "the emptied endpoint was renewed once");
+
+    // The fresh endpoint answers on the same address with the same certificate: the newcomer's
+    // hello is welcomed (`join` asserts it).
+    let (_endpoint, conn) = raw_connect_as(server.local_addr, &root, Some(&device(&mut ca, "newcomer"))).await.unwrap();
+    let _control = join(&conn, "newcomer").await;
+    server.shutdown().await.unwrap();
+}

@@ -21,7 +21,7 @@ use anchorage_server::tls::Trust;
 use anchorage_server::transport::{self as server, Limits, ServerHandle, ServerOptions};
 use anchorage_shared::protocol::{Message, RoundConfig};
 use anchorage_tests::process::ServerProcess;
-use anchorage_tests::{fedavg_client, hello, raw_connect_as, send_raw_and_read_reply};
+use anchorage_tests::{fedavg_client, hello, metric_value, raw_connect_as, send_raw_and_read_reply};
 use rustls::pki_types::CertificateDer;
 
 fn cert_of(identity: Identity) -> ClientCert {
@@ -73,16 +73,12 @@ async fn handshake_accepted(addr: SocketAddr, root: &CertificateDer<'static>, ce
 }
 
 /// The value of one series of an exposition.
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 /// Waits (bounded) until the server's `series` satisfies `done`; returns its value.
 async fn metric_until(server: &ServerHandle, series: &str, done: impl Fn(f64) -> bool) -> f64 {
     let cap = Instant::now() + Duration::from_secs(15);
     loop {
         let text = server.metrics.render();
-        let v = value(&text, series).unwrap_or_else(|| panic!("{series} is exported:\n{text}"));
+        let v = metric_value(&text, series).unwrap_or_else(|| panic!("{series} is exported:\n{text}"));
         if done(v) {
             return v;
         }
@@ -142,7 +138,7 @@ async fn a_crl_deleted_or_damaged_at_run_time_keeps_the_last_good_list() {
     let good = cert_of(ca.issue(Kind::Client, "edge-1", &[], 30).unwrap());
     let also_good = cert_of(ca.issue(Kind::Client, "edge-3", &[], 30).unwrap());
     let revoked = cert_of(ca.issue(Kind::Client, "edge-2", &[], 30).unwrap());
-    assert_eq!(value(&server.metrics.render(), "anchorage_crl_stale"), Some(0.0));
+    assert_eq!(metric_value(&server.metrics.render(), "anchorage_crl_stale"), Some(0.0));
     ca.revoke("edge-2").unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!handshake_accepted(addr, &root, &revoked, "edge-2").await, "the control: revoked is refused");
@@ -156,13 +152,13 @@ async fn a_crl_deleted_or_damaged_at_run_time_keeps_the_last_good_list() {
     let failures = metric_until(&server, "anchorage_crl_reload_failures_total", |v| v >= 1.0).await;
     // Staying deleted is one failure, not one every 2 s.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(value(&server.metrics.render(), "anchorage_crl_reload_failures_total"), Some(failures));
+    assert_eq!(metric_value(&server.metrics.render(), "anchorage_crl_reload_failures_total"), Some(failures));
 
     // Damaged: the same.
     std::fs::write(&crl, b"not a certificate revocation list").unwrap();
     metric_until(&server, "anchorage_crl_reload_failures_total", |v| v > failures).await;
     assert!(!handshake_accepted(addr, &root, &revoked, "edge-2").await, "still refused with revoked.crl damaged");
-    assert_eq!(value(&server.metrics.render(), "anchorage_crl_stale"), Some(1.0));
+    assert_eq!(metric_value(&server.metrics.render(), "anchorage_crl_stale"), Some(1.0));
 
     // A good file again: not stale, and the list it holds applies.
     std::fs::write(&crl, ca.crl().unwrap().as_ref()).unwrap();

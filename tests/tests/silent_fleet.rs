@@ -31,7 +31,7 @@ async fn a_thousand_invited_silent_devices_cost_bounded_memory() {
     assert!(server.wait_listening(Duration::from_secs(30)), "{}", server.log_tail());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let start = server.rss_bytes().unwrap();
-    println!("at start: {}", connected(metrics));
+    println!("at start: {}, {}", server.rss_parts(), connected(metrics));
     let peers = server.connect_peers("silent", peers_n).await;
     // The round is open and broadcasting to all of them; sample the peak for a few seconds.
     let mut peak = 0;
@@ -63,7 +63,7 @@ async fn a_thousand_invited_silent_devices_cost_bounded_memory() {
         mib(after),
         left.elapsed().as_secs_f64()
     );
-    println!("{}", connected(metrics));
+    println!("{}, {}", server.rss_parts(), connected(metrics));
     server.stop(Ending::Term);
     assert!(peak < peak_bound, "{peers_n} invited devices hold {:.1} MiB", mib(peak));
     // Issue 30: back within 20 MB of the start after they leave (jemalloc's background purge;

@@ -250,7 +250,13 @@ impl Session {
             Message::Goodbye(g) => self.finish(g.reason),
             // Reporting cost records and resending unconfirmed ones is the real shell's.
             Message::Heartbeat(_) | Message::CostAck(_) => {}
-            Message::Hello(_) | Message::Update(_) | Message::Cost(_) => return Err(self.unexpected(msg.kind_name())),
+            // Transfer messages ride their own streams (the shell's), never the control stream.
+            Message::Hello(_)
+            | Message::Update(_)
+            | Message::Cost(_)
+            | Message::TransferOffer(_)
+            | Message::TransferResume(_)
+            | Message::Chunk(_) => return Err(self.unexpected(msg.kind_name())),
         }
         Ok(())
     }

@@ -5,27 +5,54 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use super::connection::ConnCtx;
+use super::endpoint::Listener;
 use crate::metrics::reason;
 use crate::tls::RefusalLog;
 
 /// Handshakes in progress per IP address.
 type HandshakeCounts = Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>;
 
-/// What the accept loop needs: the endpoint, and the context each connection task gets a copy
+/// How often the accept loop asks the listener whether a departed fleet's endpoint can go.
+const RENEW_CHECK: Duration = Duration::from_secs(5);
+
+/// What the accept loop needs: the listener, and the context each connection task gets a copy
 /// of (with its own id).
 pub(super) struct Acceptor {
-    pub(super) endpoint: quinn::Endpoint,
+    pub(super) listener: Listener,
     pub(super) conn: ConnCtx,
 }
 
 impl Acceptor {
-    /// Accepts connections until the endpoint closes; each admitted one runs in its own task.
+    /// Accepts connections until the listener closes; each admitted one runs in its own task.
+    /// Follows the listener's endpoint when it is renewed.
     pub(super) async fn run(self) {
         let mut next_conn = 0u64;
         let handshakes = Arc::new(std::sync::Mutex::new(HashMap::new()));
-        while let Some(incoming) = self.endpoint.accept().await {
-            let Some(slot) = self.admit(&incoming, &handshakes) else {
+        let mut renewed = self.listener.subscribe();
+        let mut check = tokio::time::interval(RENEW_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            let endpoint = self.listener.current();
+            let incoming = tokio::select! {
+                incoming = endpoint.accept() => incoming,
+                _ = renewed.changed() => continue,
+                _ = check.tick() => {
+                    if self.listener.renew_if_emptied() {
+                        self.conn.metrics.endpoint_renewed();
+                    }
+                    continue;
+                }
+            };
+            let Some(incoming) = incoming else {
+                if self.listener.is_closed() {
+                    break;
+                }
+                continue;
+            };
+            let Some(slot) = self.admit(&endpoint, &incoming, &handshakes) else {
                 incoming.refuse();
                 continue;
             };
@@ -44,10 +71,17 @@ impl Acceptor {
     /// Bounded before any cryptography runs: connections in all, handshakes per host. Each
     /// refusal is counted; the log says it at most once a minute per reason and address. The
     /// handshake's slot when the connection may go on.
-    fn admit(&self, incoming: &quinn::Incoming, handshakes: &HandshakeCounts) -> Option<HandshakeSlot> {
+    fn admit(
+        &self,
+        endpoint: &quinn::Endpoint,
+        incoming: &quinn::Incoming,
+        handshakes: &HandshakeCounts,
+    ) -> Option<HandshakeSlot> {
         let remote = incoming.remote_address();
         let logged = |reason| self.conn.refusals.note(reason, &remote.ip().to_string(), std::time::Instant::now());
-        if self.endpoint.open_connections() >= self.conn.limits.max_connections {
+        let open = endpoint.open_connections();
+        self.listener.note_open(open + 1);
+        if open >= self.conn.limits.max_connections {
             self.conn.metrics.refused(reason::CONNECTION_LIMIT);
             if let Some(since) = logged(reason::CONNECTION_LIMIT) {
                 let more = RefusalLog::since_text(since);

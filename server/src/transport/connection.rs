@@ -32,6 +32,8 @@ pub(super) struct ConnCtx {
     pub(super) revoked: watch::Receiver<Revoked>,
     /// The rate limit of refused handshakes' log lines.
     pub(super) refusals: Arc<RefusalLog>,
+    /// Uploads left unfinished by this server's connections.
+    pub(super) uploads: Arc<super::transfers::KeptUploads>,
 }
 
 /// Who a peer's certificate says it is (mutual TLS).
@@ -143,10 +145,12 @@ impl ConnCtx {
         let mut writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx, self.limits.read_stall));
         let control = self.read_loop(control_recv, client.clone(), out_tx.clone());
         let uploads = self.accept_uploads(&conn, client.clone(), out_tx.clone());
+        let transfers = self.accept_transfers(&conn, client.clone(), out_tx.clone());
         let mut revocations = self.revoked.clone();
         let refused = tokio::select! {
             refused = control => refused,
             refused = uploads => refused,
+            refused = transfers => refused,
             _ = conn.closed() => false,
             _ = revoked(&mut revocations, serial.as_deref()) => {
                 tracing::warn!(%client, "certificate revoked while connected; closing");

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::flaps::{FLAP_LIMIT, FLAP_QUARANTINE, FLAP_WINDOW, FlapGuard, conflict_refusal};
+use super::transfers::KeptUploads;
 use super::{Input, Outbound, ServerEvent, ServerMetrics};
 use crate::engine::{Action, ClientId, Engine, EngineConfig, Persist};
 use crate::methods::ServerMethod;
@@ -70,29 +71,10 @@ async fn commit(store: &ServerStore, persist: Persist, metrics: &ServerMetrics) 
 }
 
 pub(super) async fn run_engine(
-    engine: Engine,
+    mut shell: EngineShell,
     mut inputs: mpsc::UnboundedReceiver<Input>,
-    events: mpsc::UnboundedSender<ServerEvent>,
     mut shutdown: watch::Receiver<bool>,
-    store: Option<ServerStore>,
-    metrics: Arc<ServerMetrics>,
-    max_frame: usize,
 ) -> anyhow::Result<()> {
-    let mut shell = EngineShell {
-        engine,
-        events,
-        store,
-        metrics,
-        max_frame,
-        start: Instant::now(),
-        conns: HashMap::new(),
-        fingerprints: HashMap::new(),
-        departed: Vec::new(),
-        unacked: std::collections::HashSet::new(),
-        opened_since_close: false,
-        flaps: FlapGuard::default(),
-        most_connected: 0,
-    };
     let mut departures_tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         // Carry out what the engine asked for first: recovery may already have closed a round.
@@ -130,7 +112,7 @@ const COMPACT_AFTER: usize = 1000;
 
 /// The engine's task: the sans-IO engine and what its shell keeps around it (connections, the
 /// store, the metrics, acks owed).
-struct EngineShell {
+pub(super) struct EngineShell {
     engine: Engine,
     events: mpsc::UnboundedSender<ServerEvent>,
     store: Option<ServerStore>,
@@ -156,9 +138,37 @@ struct EngineShell {
     flaps: FlapGuard,
     /// The most connections held since the per-device state was last compacted.
     most_connected: usize,
+    /// Uploads left unfinished, let go when their round closes.
+    uploads: Arc<KeptUploads>,
 }
 
 impl EngineShell {
+    pub(super) fn new(
+        engine: Engine,
+        events: mpsc::UnboundedSender<ServerEvent>,
+        store: Option<ServerStore>,
+        metrics: Arc<ServerMetrics>,
+        max_frame: usize,
+        uploads: Arc<KeptUploads>,
+    ) -> Self {
+        Self {
+            engine,
+            events,
+            store,
+            metrics,
+            max_frame,
+            start: Instant::now(),
+            conns: HashMap::new(),
+            fingerprints: HashMap::new(),
+            departed: Vec::new(),
+            unacked: std::collections::HashSet::new(),
+            opened_since_close: false,
+            flaps: FlapGuard::default(),
+            most_connected: 0,
+            uploads,
+        }
+    }
+
     /// After most of a large fleet has left (a quarter of the connections held at the most, of at
     /// least [`COMPACT_AFTER`]), copies the state kept per device into fresh allocations. The
     /// allocator keeps a page for each object that outlived its neighbours: the ids a thousand
@@ -180,6 +190,7 @@ impl EngineShell {
         self.unacked.shrink_to_fit();
         self.departed.shrink_to_fit();
         self.most_connected = self.conns.len();
+        trim_c_heap();
     }
 
     /// Carries out one of the engine's actions (a state change is committed before its ack goes out).
@@ -200,6 +211,13 @@ impl EngineShell {
             }
             Action::Broadcast { to, msg } => match encode_frame(&msg, self.max_frame) {
                 Ok(frame) => {
+                    if let Message::Broadcast(b) = msg.as_ref() {
+                        // A new round: what is kept of uploads for closed rounds goes.
+                        let dropped = self.uploads.drop_before(b.round);
+                        for _ in 0..dropped {
+                            metrics.transfer("dropped");
+                        }
+                    }
                     let frame = Arc::new(frame);
                     let mut sent = 0;
                     for client in to {
@@ -379,5 +397,15 @@ fn send(
             let _ = out.send(wrap(Arc::new(frame)));
         }
         Err(e) => tracing::error!(error = %e, to, "message does not fit in a frame"),
+    }
+}
+
+/// Hands the C library's free memory back to the system. SQLite (bundled) allocates with the C
+/// library's malloc, not the program's allocator, and glibc keeps what a busy spell freed.
+fn trim_c_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own arenas; it takes no pointer from us.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

@@ -7,13 +7,14 @@
 //! (logged here, counted in [`ServerMetrics`]) and only that client's connection is closed.
 //!
 //! - [`limits`]: the bounds a connection lives within ([`Limits`]).
-//! - [`endpoint`]: the QUIC endpoint, its TLS config and its restart-proof keys.
+//! - [`endpoint`]: the QUIC endpoint, its TLS config, its restart-proof keys and its renewal.
 //! - [`revocation`]: the revocation list, followed while the server runs.
 //! - [`accept`]: the accept loop and its bounds on connections and handshakes.
 //! - [`connection`]: one connection: handshake, identity, hello, refusals.
 //! - [`streams`]: a connection's stream I/O (control, uploads, broadcasts).
 //! - [`engine_loop`]: the task that drives the engine and carries out its actions.
 //! - [`flaps`]: two devices sharing one certificate.
+//! - [`transfers`]: resumable uploads, and what interrupted ones leave.
 
 mod accept;
 mod connection;
@@ -23,6 +24,7 @@ mod flaps;
 mod limits;
 mod revocation;
 mod streams;
+mod transfers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,7 +33,6 @@ use std::time::Duration;
 use anchorage_shared::protocol::{Message, Refusal};
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
-use quinn::VarInt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -75,7 +76,7 @@ pub struct ServerHandle {
     pub metrics: Arc<ServerMetrics>,
     pub events: mpsc::UnboundedReceiver<ServerEvent>,
     shutdown: watch::Sender<bool>,
-    endpoint: quinn::Endpoint,
+    listener: endpoint::Listener,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
@@ -83,9 +84,9 @@ impl ServerHandle {
     /// Stops accepting, closes every connection and waits for the engine task.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.shutdown.send(true);
-        self.endpoint.close(VarInt::from_u32(0), b"server shutting down");
+        self.listener.close(b"server shutting down");
         let result = self.task.await.context("engine task panicked")?;
-        tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await.ok();
+        tokio::time::timeout(Duration::from_secs(2), self.listener.current().wait_idle()).await.ok();
         result
     }
 }
@@ -129,8 +130,8 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let crl = options.trust.read_crl()?;
     // One rate limit for the refusal log lines, across revocation-list reloads.
     let refusals = Arc::new(RefusalLog::default());
-    let endpoint = endpoint::bind(&options, crl.clone(), &transport_config, &refusals)?;
-    let local_addr = endpoint.local_addr()?;
+    let listener = endpoint::Listener::bind(&options, crl.clone(), &transport_config, &refusals)?;
+    let local_addr = listener.current().local_addr()?;
 
     let (engine, metrics) = match &options.store {
         Some(store) => engine_loop::recover(store, &options.engine, options.method, options.initial)?,
@@ -140,9 +141,10 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let (event_tx, events) = mpsc::unbounded_channel();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let max_frame = options.engine.max_frame_bytes as usize;
+    let uploads = Arc::new(transfers::KeptUploads::default());
 
     let revoked = revocation::watch_revocations(
-        &endpoint,
+        &listener,
         &options.trust,
         &options.identity,
         &crl,
@@ -158,12 +160,13 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         limits: options.limits.clone(),
         revoked,
         refusals,
+        uploads: uploads.clone(),
     };
-    let acceptor = accept::Acceptor { endpoint: endpoint.clone(), conn };
+    let acceptor = accept::Acceptor { listener: listener.clone(), conn };
     tokio::spawn(acceptor.run());
 
-    let run =
-        engine_loop::run_engine(engine, input_rx, event_tx, shutdown_rx, options.store, metrics.clone(), max_frame);
+    let shell = engine_loop::EngineShell::new(engine, event_tx, options.store, metrics.clone(), max_frame, uploads);
+    let run = engine_loop::run_engine(shell, input_rx, shutdown_rx);
     let task = tokio::spawn(run);
-    Ok(ServerHandle { local_addr, metrics, events, shutdown, endpoint, task })
+    Ok(ServerHandle { local_addr, metrics, events, shutdown, listener, task })
 }

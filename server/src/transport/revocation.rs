@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::ServerMetrics;
-use super::endpoint::{Crl, quic_server_config};
+use super::endpoint::{Crl, Listener, quic_server_config};
 use crate::tls::{RefusalLog, Trust};
 use anchorage_pki::Identity;
 
@@ -23,7 +23,7 @@ pub type Revoked = Arc<std::collections::BTreeSet<String>>;
 /// line when that starts, `anchorage_crl_stale` 1 until a good file is back (retried every
 /// tick), and `anchorage_crl_reload_failures_total` counts each failed change.
 pub(super) fn watch_revocations(
-    endpoint: &quinn::Endpoint,
+    listener: &Listener,
     trust: &Trust,
     identity: &Identity,
     first: &Crl,
@@ -38,7 +38,7 @@ pub(super) fn watch_revocations(
     let (tx, rx) = watch::channel(serials(first.as_deref())?);
     metrics.set_crl_stale(false);
     let Trust::ProjectCa { crl: Some(path), .. } = &trust else { return Ok(rx) };
-    let (path, identity, endpoint) = (path.clone(), identity.clone(), endpoint.clone());
+    let (path, identity, listener) = (path.clone(), identity.clone(), listener.clone());
     let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let mut seen = modified(&path);
     tokio::spawn(async move {
@@ -59,7 +59,7 @@ pub(super) fn watch_revocations(
             });
             match reloaded {
                 Ok((config, list)) => {
-                    endpoint.set_server_config(Some(config));
+                    listener.set_server_config(config);
                     if stale.take().is_some() {
                         metrics.set_crl_stale(false);
                         tracing::info!(crl = %path.display(), revoked = list.len(), "revocation list readable again; reloaded");

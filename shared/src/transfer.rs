@@ -1,0 +1,190 @@
+//! Resumable transfers (issue 33): a large frame (an update) moves in [`Chunk`]s that each carry
+//! their offset and the SHA-256 of their bytes, after a [`TransferOffer`] that names the whole
+//! frame by its SHA-256. After a lost connection the receiver answers the same offer with how
+//! much it holds ([`TransferResume`]), and the sender goes on from there instead of from zero.
+//!
+//! This module is the part without I/O, shared by both sides: cutting a frame into chunks
+//! ([`chunks_from`]) and putting one together ([`Assembly`]), which refuses a chunk whose hash is
+//! wrong, that leaves a gap or runs past the end, and a whole whose hash is not the offer's. A
+//! refused chunk changes nothing held.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use crate::protocol::{Chunk, TransferOffer};
+
+/// Bytes of frame per chunk: at most this much is sent again after an interruption, for 40
+/// bytes of offset and hash (0.06 %).
+pub const CHUNK_BYTES: usize = 64 << 10;
+
+/// The largest chunk frame a reader must accept: a full chunk and its header.
+pub const MAX_CHUNK_FRAME: usize = CHUNK_BYTES + 256;
+
+/// SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().try_into().unwrap_or([0; 32])
+}
+
+/// The offer of `frame`, for `round`.
+pub fn offer(frame: &[u8], round: u64) -> TransferOffer {
+    TransferOffer { transfer: sha256(frame), total: frame.len() as u64, round }
+}
+
+/// The chunks of `frame` from `offset` on (none when `offset` is at or past the end).
+pub fn chunks_from(frame: &[u8], offset: u64) -> impl Iterator<Item = Chunk> + '_ {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(frame.len());
+    frame[start..].chunks(CHUNK_BYTES).enumerate().map(move |(i, data)| Chunk {
+        offset: (start + i * CHUNK_BYTES) as u64,
+        hash: sha256(data),
+        data: data.to_vec(),
+    })
+}
+
+/// Why a chunk or a whole transfer was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TransferError {
+    #[error("chunk at offset {offset}: its bytes do not match its hash")]
+    ChunkHash { offset: u64 },
+    #[error("chunk at offset {offset}: {held} bytes are held, so the next chunk starts there")]
+    Gap { offset: u64, held: u64 },
+    #[error("chunk at offset {offset} of {len} bytes runs past the end of the {total}-byte transfer")]
+    PastEnd { offset: u64, len: u64, total: u64 },
+    #[error("the {total} bytes received do not hash to the offered transfer")]
+    WholeHash { total: u64 },
+    #[error("an offer of {total} bytes is over the limit of {max}")]
+    TooLarge { total: u64, max: u64 },
+}
+
+impl TransferError {
+    /// A short name for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::ChunkHash { .. } | Self::WholeHash { .. } => "bad_hash",
+            Self::Gap { .. } | Self::PastEnd { .. } => "bad_offset",
+            Self::TooLarge { .. } => "too_large",
+        }
+    }
+}
+
+/// A transfer being put together: the offer and the bytes held so far, from its start.
+#[derive(Debug, Clone)]
+pub struct Assembly {
+    pub offer: TransferOffer,
+    held: Vec<u8>,
+}
+
+impl Assembly {
+    /// An empty assembly of `offer`, refused when it is larger than `max_total` bytes.
+    pub fn new(offer: TransferOffer, max_total: u64) -> Result<Self, TransferError> {
+        if offer.total > max_total {
+            return Err(TransferError::TooLarge { total: offer.total, max: max_total });
+        }
+        Ok(Self { offer, held: Vec::new() })
+    }
+
+    /// Bytes held, from the start: where the sender resumes.
+    pub fn held(&self) -> u64 {
+        self.held.len() as u64
+    }
+
+    /// Whether every byte is held.
+    pub fn is_complete(&self) -> bool {
+        self.held() == self.offer.total
+    }
+
+    /// Keeps `chunk` if it is the next one and its bytes match its hash; otherwise refuses it
+    /// and holds what it held.
+    pub fn accept(&mut self, chunk: &Chunk) -> Result<(), TransferError> {
+        let (offset, len, total) = (chunk.offset, chunk.data.len() as u64, self.offer.total);
+        if offset.saturating_add(len) > total {
+            return Err(TransferError::PastEnd { offset, len, total });
+        }
+        if offset != self.held() {
+            return Err(TransferError::Gap { offset, held: self.held() });
+        }
+        if sha256(&chunk.data) != chunk.hash {
+            return Err(TransferError::ChunkHash { offset });
+        }
+        if self.held.capacity() == 0 {
+            // One allocation of the whole size (the offer was bounded), not a doubling series.
+            self.held.reserve_exact(usize::try_from(total).unwrap_or(0));
+        }
+        self.held.extend_from_slice(&chunk.data);
+        Ok(())
+    }
+
+    /// The whole frame, once complete and its hash is the offer's.
+    pub fn finish(self) -> Result<Vec<u8>, TransferError> {
+        if !self.is_complete() || sha256(&self.held) != self.offer.transfer {
+            return Err(TransferError::WholeHash { total: self.held() });
+        }
+        Ok(self.held)
+    }
+}
+
+/// The transfer id as hex, for logs.
+pub fn hex(id: &[u8; 32]) -> String {
+    id.iter().take(8).map(|b| alloc::format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn a_frame_cut_and_put_together_resumes_where_it_broke_off() {
+        let frame = frame(3 * CHUNK_BYTES + 100);
+        let offer = offer(&frame, 4);
+        let mut first = Assembly::new(offer.clone(), 1 << 30).unwrap();
+        for chunk in chunks_from(&frame, 0).take(2) {
+            first.accept(&chunk).unwrap();
+        }
+        assert_eq!(first.held(), 2 * CHUNK_BYTES as u64);
+        assert!(!first.is_complete());
+        // The connection broke; the sender asks again and goes on from what is held.
+        let resumed: Vec<_> = chunks_from(&frame, first.held()).collect();
+        assert_eq!(resumed.len(), 2);
+        assert_eq!(resumed[0].offset, 2 * CHUNK_BYTES as u64);
+        for chunk in &resumed {
+            first.accept(chunk).unwrap();
+        }
+        assert_eq!(first.finish().unwrap(), frame);
+        assert_eq!(chunks_from(&frame, frame.len() as u64 + 5).count(), 0, "nothing past the end");
+    }
+
+    #[test]
+    fn bad_chunks_are_refused_and_change_nothing_held() {
+        let frame = frame(2 * CHUNK_BYTES);
+        let mut a = Assembly::new(offer(&frame, 1), 1 << 30).unwrap();
+        let chunks: Vec<_> = chunks_from(&frame, 0).collect();
+        a.accept(&chunks[0]).unwrap();
+        let mut flipped = chunks[1].clone();
+        flipped.data[10] ^= 1;
+        assert_eq!(a.accept(&flipped).unwrap_err().reason(), "bad_hash");
+        assert_eq!(a.accept(&chunks[0]).unwrap_err(), TransferError::Gap { offset: 0, held: CHUNK_BYTES as u64 });
+        let mut past = chunks[1].clone();
+        past.data.extend_from_slice(&[1, 2, 3]);
+        past.hash = sha256(&past.data);
+        assert!(matches!(a.accept(&past), Err(TransferError::PastEnd { .. })));
+        assert_eq!(a.held(), CHUNK_BYTES as u64, "refusals keep what was held");
+        a.accept(&chunks[1]).unwrap();
+        assert_eq!(a.finish().unwrap(), frame);
+    }
+
+    #[test]
+    fn a_whole_that_is_not_the_offered_one_and_oversized_offers_are_refused() {
+        let frame = frame(1000);
+        let mut other = offer(&frame, 1);
+        other.transfer[0] ^= 1;
+        let mut a = Assembly::new(other, 1 << 30).unwrap();
+        a.accept(&chunks_from(&frame, 0).next().unwrap()).unwrap();
+        assert!(matches!(a.finish(), Err(TransferError::WholeHash { total: 1000 })));
+        let err = Assembly::new(offer(&frame, 1), 999).unwrap_err();
+        assert_eq!(err.reason(), "too_large");
+    }
+}
