@@ -206,78 +206,7 @@ pub(crate) fn check_memory(config: &ClientConfig) -> Check {
 /// The device's readings, one line each (see the module's documentation), and whether
 /// `config` would let it train at `now_utc_minutes`.
 pub(crate) fn check_readings(config: &Eligibility, readings: &Readings, now_utc_minutes: u32) -> Vec<Check> {
-    let mut checks = Vec::new();
-    // Thermal zones, the hottest counted one first.
-    checks.push(if readings.thermal_zones.is_empty() {
-        Check::new("thermal", Status::Skip, "no thermal zones under /sys/class/thermal")
-    } else {
-        let zones: Vec<String> = readings
-            .thermal_zones
-            .iter()
-            .map(|z| match (z.celsius, z.counted()) {
-                (Some(c), true) => format!("{} {c:.1} °C", z.label()),
-                (Some(c), false) => format!("{} {c:.1} °C (not counted)", z.label()),
-                (None, _) => format!("{} no reading", z.label()),
-            })
-            .collect();
-        let hottest = readings
-            .hottest()
-            .map_or_else(|| "no zone readable".to_string(), |(z, c)| format!("hottest {} {c:.1} °C", z.label()));
-        Check::new("thermal", Status::Ok, format!("{hottest}; {}", zones.join(", ")))
-    });
-    // Power supplies.
-    checks.push(if readings.power_supplies.is_empty() {
-        Check::new("power", Status::Skip, "no power supplies under /sys/class/power_supply (no battery)")
-    } else {
-        let summary = match (readings.external_power(), readings.battery_percent()) {
-            (Some(true), _) => "on external power".to_string(),
-            (Some(false), Some(p)) => format!("on battery ({p}%)"),
-            (Some(false), None) => "no external supply online and no battery".to_string(),
-            (None, Some(p)) => format!("battery at {p}%, external power not reported"),
-            (None, None) => "external power not reported".to_string(),
-        };
-        let supplies: Vec<String> = readings
-            .power_supplies
-            .iter()
-            .map(|p| {
-                let kind = match p.kind.as_deref() {
-                    None => "type unknown".to_string(),
-                    Some(k) if p.is_external() || p.is_system_battery() => k.to_string(),
-                    Some(k) if p.present == Some(false) => format!("{k}, none in the bay"),
-                    Some(k) => format!("{k}, a peripheral's"),
-                };
-                let mut words = vec![format!("{} ({kind})", p.name)];
-                words.extend(p.online.map(|o| if o { "online" } else { "offline" }.to_string()));
-                words.extend(p.capacity.map(|c| format!("{c}%")));
-                words.extend(p.status.clone());
-                words.join(" ")
-            })
-            .collect();
-        Check::new("power", Status::Ok, format!("{summary}: {}", supplies.join(", ")))
-    });
-    // Load and clock.
-    let cpus = readings.cpus.map_or_else(|| "CPU count unknown".to_string(), |n| format!("{n} CPUs"));
-    let clock =
-        readings.freq_ratio.map(|r| format!("; CPU clock at {:.0}% of its maximum", r * 100.0)).unwrap_or_default();
-    checks.push(match (readings.load_1m, readings.load_per_cpu()) {
-        (Some(load), Some(per_cpu)) => {
-            Check::new("load", Status::Ok, format!("1-minute load {load:.2} on {cpus} ({per_cpu:.2} per CPU){clock}"))
-        }
-        _ => Check::new("load", Status::Skip, format!("no load average in /proc/loadavg; {cpus}{clock}")),
-    });
-    // The default route.
-    checks.push(match &readings.default_route {
-        Some(route) => Check::new(
-            "network",
-            Status::Ok,
-            format!(
-                "IPv4 default route via {} ({})",
-                route.interface,
-                if route.metered { "metered: a cellular interface" } else { "unmetered" }
-            ),
-        ),
-        None => Check::new("network", Status::Skip, "no IPv4 default route in /proc/net/route"),
-    });
+    let mut checks = vec![thermal_check(readings), power_check(readings), load_check(readings), route_check(readings)];
     // The decision now.
     checks.push(if !config.is_enabled() {
         Check::new("eligibility", Status::Skip, "no [eligibility] criteria: this device always trains")
@@ -301,6 +230,87 @@ pub(crate) fn check_readings(config: &Eligibility, readings: &Readings, now_utc_
         ));
     }
     checks
+}
+
+/// Thermal zones, the hottest counted one first.
+fn thermal_check(readings: &Readings) -> Check {
+    if readings.thermal_zones.is_empty() {
+        return Check::new("thermal", Status::Skip, "no thermal zones under /sys/class/thermal");
+    }
+    let zones: Vec<String> = readings
+        .thermal_zones
+        .iter()
+        .map(|z| match (z.celsius, z.counted()) {
+            (Some(c), true) => format!("{} {c:.1} °C", z.label()),
+            (Some(c), false) => format!("{} {c:.1} °C (not counted)", z.label()),
+            (None, _) => format!("{} no reading", z.label()),
+        })
+        .collect();
+    let hottest = readings
+        .hottest()
+        .map_or_else(|| "no zone readable".to_string(), |(z, c)| format!("hottest {} {c:.1} °C", z.label()));
+    Check::new("thermal", Status::Ok, format!("{hottest}; {}", zones.join(", ")))
+}
+
+/// Power supplies: external power or the battery's level, then each supply.
+fn power_check(readings: &Readings) -> Check {
+    if readings.power_supplies.is_empty() {
+        return Check::new("power", Status::Skip, "no power supplies under /sys/class/power_supply (no battery)");
+    }
+    let summary = match (readings.external_power(), readings.battery_percent()) {
+        (Some(true), _) => "on external power".to_string(),
+        (Some(false), Some(p)) => format!("on battery ({p}%)"),
+        (Some(false), None) => "no external supply online and no battery".to_string(),
+        (None, Some(p)) => format!("battery at {p}%, external power not reported"),
+        (None, None) => "external power not reported".to_string(),
+    };
+    let supplies: Vec<String> = readings
+        .power_supplies
+        .iter()
+        .map(|p| {
+            let kind = match p.kind.as_deref() {
+                None => "type unknown".to_string(),
+                Some(k) if p.is_external() || p.is_system_battery() => k.to_string(),
+                Some(k) if p.present == Some(false) => format!("{k}, none in the bay"),
+                Some(k) => format!("{k}, a peripheral's"),
+            };
+            let mut words = vec![format!("{} ({kind})", p.name)];
+            words.extend(p.online.map(|o| if o { "online" } else { "offline" }.to_string()));
+            words.extend(p.capacity.map(|c| format!("{c}%")));
+            words.extend(p.status.clone());
+            words.join(" ")
+        })
+        .collect();
+    Check::new("power", Status::Ok, format!("{summary}: {}", supplies.join(", ")))
+}
+
+/// The load per CPU and the CPU clock.
+fn load_check(readings: &Readings) -> Check {
+    let cpus = readings.cpus.map_or_else(|| "CPU count unknown".to_string(), |n| format!("{n} CPUs"));
+    let clock =
+        readings.freq_ratio.map(|r| format!("; CPU clock at {:.0}% of its maximum", r * 100.0)).unwrap_or_default();
+    match (readings.load_1m, readings.load_per_cpu()) {
+        (Some(load), Some(per_cpu)) => {
+            Check::new("load", Status::Ok, format!("1-minute load {load:.2} on {cpus} ({per_cpu:.2} per CPU){clock}"))
+        }
+        _ => Check::new("load", Status::Skip, format!("no load average in /proc/loadavg; {cpus}{clock}")),
+    }
+}
+
+/// The default route, and whether it is metered.
+fn route_check(readings: &Readings) -> Check {
+    match &readings.default_route {
+        Some(route) => Check::new(
+            "network",
+            Status::Ok,
+            format!(
+                "IPv4 default route via {} ({})",
+                route.interface,
+                if route.metered { "metered: a cellular interface" } else { "unmetered" }
+            ),
+        ),
+        None => Check::new("network", Status::Skip, "no IPv4 default route in /proc/net/route"),
+    }
 }
 
 /// The state folder is writable (a probe file, removed again); one that does not exist yet is

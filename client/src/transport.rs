@@ -90,6 +90,10 @@ pub struct ClientOptions {
     /// Wraps the client's UDP socket before QUIC uses it (the simulator's link model). `None`:
     /// plain UDP.
     pub socket_wrapper: Option<SocketWrapper>,
+    /// Uploads are resumable transfers ([`send_resumable`]); `false`: one frame on a uni stream,
+    /// sent again from the start after an interruption (the behaviour before issue 33, kept as
+    /// the baseline the simulator measures against).
+    pub resume_uploads: bool,
 }
 
 /// A device's certificate chain and private key.
@@ -247,6 +251,7 @@ impl ClientOptions {
             seed: 0,
             stop: None,
             socket_wrapper: None,
+            resume_uploads: true,
         }
     }
 }
@@ -487,6 +492,10 @@ struct Client {
     /// every welcome, so a server that died before committing one still gets it. At most
     /// [`UNCONFIRMED_COSTS`], the oldest dropped first (the server keeps invitations that long).
     unconfirmed: BTreeMap<u64, CostRecord>,
+    /// The upload task of each round on the current connection: the session asks to resend a
+    /// pending update after a reconnect and again when the round's broadcast comes back, and a
+    /// second transfer of the same update while the first is still going would send it twice.
+    uploading: HashMap<u64, tokio::task::AbortHandle>,
     failures: Failures,
     events: Option<mpsc::UnboundedSender<ClientEvent>>,
 }
@@ -529,6 +538,7 @@ impl Client {
             uploaded,
             trained_here: HashMap::new(),
             unconfirmed: BTreeMap::new(),
+            uploading: HashMap::new(),
             failures: Failures::default(),
             events,
         })
@@ -649,6 +659,7 @@ impl Client {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(read_control(control_recv, in_tx.clone(), max_frame));
         tasks.spawn(accept_broadcasts(conn.clone(), in_tx, max_frame));
+        self.uploading.clear();
         self.session.connected();
         let mut heartbeat = tokio::time::interval(self.options.keep_alive);
         let mut seq = 0u64;
@@ -743,9 +754,7 @@ impl Client {
                     let _ = tx.send((round, result));
                 });
             }
-            SessionAction::Upload(update) => {
-                tasks.spawn(upload(conn.clone(), update, max_frame, self.uploaded.clone()));
-            }
+            SessionAction::Upload(update) => self.start_upload(update, conn, tasks),
             SessionAction::Cost(record) => self.report(record, control).await,
             SessionAction::Persist(update) => {
                 if let Some(store) = &self.options.store {
@@ -783,6 +792,19 @@ impl Client {
             }
         }
         Ok(None)
+    }
+
+    /// Starts the upload of `update` unless the same round's is still going on this connection.
+    fn start_upload(&mut self, update: Update, conn: &quinn::Connection, tasks: &mut tokio::task::JoinSet<()>) {
+        let round = update.round;
+        if self.uploading.get(&round).is_some_and(|task| !task.is_finished()) {
+            tracing::debug!(round, "the round's update is already being uploaded");
+            return;
+        }
+        let (max_frame, resume) = (self.options.max_frame_bytes, self.options.resume_uploads);
+        let task = tasks.spawn(upload(conn.clone(), update, max_frame, resume, self.uploaded.clone()));
+        self.uploading.retain(|_, t| !t.is_finished());
+        self.uploading.insert(round, task);
     }
 
     /// A message from the server, `wire_bytes` on the wire: told to the events, unconfirmed cost
@@ -933,7 +955,13 @@ async fn report_cost(control: &mut quinn::SendStream, record: CostRecord, max_fr
 /// Uploads one update as a resumable transfer on its own stream ([`send_resumable`]) and waits
 /// until the server acknowledged every byte at the QUIC level. Reports the round and what the
 /// upload took: the UDP bytes sent meanwhile, its seconds and the RTT at its end.
-async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done: mpsc::UnboundedSender<Uploaded>) {
+async fn upload(
+    conn: quinn::Connection,
+    update: Update,
+    max_frame: usize,
+    resume: bool,
+    done: mpsc::UnboundedSender<Uploaded>,
+) {
     let round = update.round;
     let frame = match encode_frame(&Message::Update(update), max_frame) {
         Ok(f) => f,
@@ -944,19 +972,52 @@ async fn upload(conn: quinn::Connection, update: Update, max_frame: usize, done:
     };
     let started = Instant::now();
     let before = conn.stats().udp_tx.bytes;
-    match send_resumable(&conn, &frame, round).await {
-        Ok(resumed_at) => {
-            if resumed_at > 0 {
-                tracing::info!(round, resumed_at, total = frame.len(), "upload resumed where the server held it");
+    let mut attempt = 0;
+    loop {
+        let sent = if resume { send_resumable(&conn, &frame, round).await } else { send_whole(&conn, &frame).await };
+        match sent {
+            Ok(resumed_at) => {
+                if resumed_at > 0 {
+                    tracing::info!(round, resumed_at, total = frame.len(), "upload resumed where the server held it");
+                }
+                let st = conn.stats();
+                tracing::debug!(
+                    round,
+                    lost_bytes = st.path.lost_bytes,
+                    lost_packets = st.path.lost_packets,
+                    "upload done"
+                );
+                let wire_bytes = conn.stats().udp_tx.bytes.saturating_sub(before);
+                let _ = done.send((round, UploadMeasure { wire_bytes, transfer: started.elapsed(), rtt: conn.rtt() }));
+                return;
             }
-            let st = conn.stats();
-            tracing::debug!(round, lost_bytes = st.path.lost_bytes, lost_packets = st.path.lost_packets, "upload done");
-            let wire_bytes = conn.stats().udp_tx.bytes.saturating_sub(before);
-            let _ = done.send((round, UploadMeasure { wire_bytes, transfer: started.elapsed(), rtt: conn.rtt() }));
+            // The server let the stream go (it stalled through an outage) but the connection
+            // lives: offer the update again at once; the server answers with what it holds.
+            Err(e) if resume && conn.close_reason().is_none() && attempt < UPLOAD_RETRIES => {
+                attempt += 1;
+                tracing::info!(round, attempt, error = %format!("{e:#}"), "upload stream broke off; offering it again");
+                tokio::time::sleep(Duration::from_millis(500 * u64::from(attempt))).await;
+            }
+            Err(e) => {
+                tracing::info!(round, error = %format!("{e:#}"), "upload interrupted; it resumes after reconnecting");
+                return;
+            }
         }
-        Err(e) => tracing::info!(round, error = %format!("{e:#}"), "upload interrupted; it resumes after reconnecting"),
     }
 }
+
+/// The whole frame on a uni stream (`resume_uploads = false`); returns offset 0.
+async fn send_whole(conn: &quinn::Connection, frame: &[u8]) -> anyhow::Result<u64> {
+    let mut s = conn.open_uni().await?;
+    s.write_all(frame).await?;
+    s.finish()?;
+    s.stopped().await?;
+    Ok(0)
+}
+
+/// Offers of one update on one live connection, after the first, before waiting for a new
+/// connection (each resumes where the server holds it, so a retry costs little).
+const UPLOAD_RETRIES: u32 = 20;
 
 /// Sends `frame` (an encoded update of `round`) as a resumable transfer (issue 33;
 /// `anchorage_shared::transfer`): offers it by hash and size on a new bi stream, and sends its

@@ -133,6 +133,10 @@ pub struct SystemsConfig {
     /// default is 1: on the CPU backend trainings serialise on burn-autodiff's process-wide lock
     /// (see `device::ComputePool`), and the slowdown of each would enter the simulated time.
     pub threads: usize,
+    /// Uploads resume after an interruption from what the server holds (the runtime's
+    /// resumable transfers, issue 33); `false`: sent again from the start (the baseline). On the
+    /// virtual clock, how an outage in the middle of an upload is charged.
+    pub resume_uploads: bool,
 }
 
 /// What the run measures beyond the global model's accuracy, which it evaluates every round.
@@ -388,6 +392,7 @@ impl Default for SystemsConfig {
             straggler_ratio: 0.0,
             kill: Vec::new(),
             threads: 1,
+            resume_uploads: true,
         }
     }
 }

@@ -295,6 +295,7 @@ pub(crate) fn device_options(
     options.keep_alive = std::time::Duration::from_secs(5);
     options.idle_timeout = std::time::Duration::from_secs(30);
     options.connect_timeout = options.idle_timeout;
+    options.resume_uploads = config.systems.resume_uploads;
     let Some(profile) = link else { return Ok((options, None)) };
     let (slot, seed): (LinkSlot, u64) =
         (Arc::new(Mutex::new(None)), config.federation.seed.wrapping_add(5000 + i as u64));

@@ -15,6 +15,7 @@ use anchorage_shared::frame::encode_frame;
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Broadcast, Capabilities, Message, Update};
 use anchorage_shared::rng::Rng;
+use anchorage_shared::transfer::CHUNK_BYTES;
 use anyhow::Context;
 
 use crate::config::SimConfig;
@@ -98,6 +99,29 @@ impl Queue {
     }
 }
 
+/// The server's default `read_stall`: a stream that brings no byte for this long is let go (a
+/// one-frame upload's connection is closed with it).
+const STALL: Duration = Duration::from_secs(30);
+
+/// The sender's probe timeout on a path of round-trip time `rtt` (RFC 9002, section 6.2: the
+/// smoothed RTT, four times its variation, here taken as half the RTT, and quinn's 25 ms
+/// maximum ACK delay); it doubles at each unanswered probe.
+fn probe_timeout(rtt: Duration) -> Duration {
+    rtt.mul_f64(1.5) + Duration::from_millis(25)
+}
+
+/// When the sender's next probe after an outage `cut` .. `back` gets through: the first of
+/// `cut + pto·(2^k − 1)` at or after `back`.
+fn first_probe_after(cut: Duration, back: Duration, pto: Duration) -> Duration {
+    let mut probe = pto;
+    let mut at = cut + probe;
+    while at < back {
+        probe *= 2;
+        at += probe;
+    }
+    at
+}
+
 /// One direction of a client's path on the virtual clock: in-order, one message at a time.
 struct Path {
     link: Link,
@@ -117,6 +141,40 @@ impl Path {
         self.free_at = start + d;
         start + d
     }
+
+    /// When an upload of `bytes` started at `now` arrives, and the bytes it put on the wire, when
+    /// outages may break it off (`carry` lets one only delay the start). At an outage the
+    /// transfer stops; it goes on at the sender's first probe after the outage
+    /// ([`first_probe_after`]). If that is more than [`STALL`] after the cut, the server has let
+    /// the stream go: a resumable upload is offered again (one round trip) and goes on from the
+    /// last whole chunk the server holds; a one-frame upload's connection was closed, so the
+    /// device reconnects (two round trips) and sends it all again. Otherwise QUIC carries on
+    /// and nothing is sent twice.
+    fn carry_upload(&mut self, now: Duration, bytes: u64, resume: bool) -> (Duration, u64) {
+        let rtt = self.link.base_rtt();
+        let mut left = bytes;
+        let mut wire = 0;
+        let mut t = self.link.next_up(now.max(self.free_at));
+        loop {
+            let d = self.link.transfer_time(t, wire_bytes(left)).unwrap_or_default();
+            let Some(cut) = self.link.outage_starting_in(t, t + d) else {
+                wire += wire_bytes(left);
+                self.free_at = t + d;
+                return (t + d, wire);
+            };
+            let done = (left as f64 * (cut - t).as_secs_f64() / d.as_secs_f64().max(1e-9)) as u64;
+            wire += wire_bytes(done);
+            let probe = first_probe_after(cut, self.link.next_up(cut), probe_timeout(rtt));
+            if probe - cut <= STALL {
+                (left, t) = (left - done, probe);
+            } else if resume {
+                let held = (bytes - left + done) / CHUNK_BYTES as u64 * CHUNK_BYTES as u64;
+                (left, t) = (bytes - held, probe + rtt);
+            } else {
+                (left, t) = (bytes, probe + 2 * rtt);
+            }
+        }
+    }
 }
 
 struct VirtualClient {
@@ -134,6 +192,8 @@ struct VirtualClient {
     life: u64,
     /// `None` while the method trains on the pool ([`Trainer`]).
     method: Option<Box<dyn ClientMethod>>,
+    /// Uploads resume after an outage breaks them off (`SystemsConfig::resume_uploads`).
+    resume_uploads: bool,
     up: Path,
     down: Path,
 }
@@ -237,6 +297,7 @@ impl VirtualRun {
                     conn: 0,
                     life: 0,
                     method: Some(Box::new(method) as Box<dyn ClientMethod>),
+                    resume_uploads: config.systems.resume_uploads,
                     up: Path::new(profile.up, seed),
                     down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
                 }
@@ -719,9 +780,9 @@ fn drive_client(
                 let round = update.round;
                 let msg = Message::Update(update);
                 let bytes = frame_len(&msg);
-                let at = c.up.carry(now, bytes);
+                let (at, wire_bytes) = c.up.carry_upload(now, bytes, c.resume_uploads);
                 // The link model knows at once when the last byte arrives.
-                let measure = UploadMeasure { wire_bytes: wire_bytes(bytes), transfer: at - now, rtt: Duration::ZERO };
+                let measure = UploadMeasure { wire_bytes, transfer: at - now, rtt: Duration::ZERO };
                 c.session.uploaded(at, round, measure);
                 queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
             }
@@ -815,5 +876,54 @@ mod tests {
         let late = client_id(fleet.iter().position(|d| d.name == "flaky").unwrap());
         assert!(!clients_of(&result, 1).contains(&late), "away in round 1: {:?}", clients_of(&result, 1));
         assert!((2..=c.federation.rounds).any(|r| clients_of(&result, r).contains(&late)), "joins later");
+    }
+}
+
+#[cfg(test)]
+mod outage_tests {
+    use super::*;
+    use crate::network::{LinkPreset, Outage};
+
+    /// 3g's uplink, dark for 20 s every 60 s from 60 s (issue 33's setting).
+    fn flaky_3g() -> LinkProfile {
+        let outages = (0..40).map(|k| Outage { start_ms: 60_000 + 60_000 * k, duration_ms: 20_000 }).collect();
+        LinkProfile { outages, ..LinkPreset::ThreeG.profile().up }
+    }
+
+    #[test]
+    fn an_upload_broken_off_by_outages_resumes_or_starts_again() {
+        let bytes = 20_000_000;
+        let (resumed_at, resumed_wire) = Path::new(flaky_3g(), 7).carry_upload(Duration::ZERO, bytes, true);
+        let (restarted_at, restarted_wire) = Path::new(flaky_3g(), 7).carry_upload(Duration::ZERO, bytes, false);
+        let clean = Path::new(LinkPreset::ThreeG.profile().up, 7).carry(Duration::ZERO, bytes);
+        println!(
+            "20 MB over 3g, dark 20 s every 60 s: resumed {:.0} s, {:.3}x on the wire; started again {:.0} s, {:.3}x; no outage {:.0} s",
+            resumed_at.as_secs_f64(),
+            resumed_wire as f64 / bytes as f64,
+            restarted_at.as_secs_f64(),
+            restarted_wire as f64 / bytes as f64,
+            clean.as_secs_f64()
+        );
+        assert!(resumed_wire as f64 <= 1.15 * bytes as f64, "resumed: {resumed_wire} B on the wire");
+        assert!(restarted_wire as f64 > 2.0 * bytes as f64, "started again: {restarted_wire} B on the wire");
+        assert!(clean < resumed_at && resumed_at < restarted_at);
+        // A transfer that no outage breaks off costs what `carry` charges.
+        let (at, wire) = Path::new(LinkPreset::ThreeG.profile().up, 7).carry_upload(Duration::ZERO, bytes, true);
+        assert_eq!((at, wire), (clean, wire_bytes(bytes)));
+    }
+
+    #[test]
+    fn quic_probes_back_off_through_an_outage() {
+        let s = Duration::from_secs;
+        // With a 1 s probe timeout, probes go 1, 3, 7, 15, 31 s after the cut: a 20 s outage is
+        // answered at 31 s, past the server's 30 s stall; a 10 s one at 15 s.
+        assert_eq!(first_probe_after(s(100), s(120), s(1)), s(131));
+        assert_eq!(first_probe_after(s(100), s(110), s(1)), s(115));
+        assert_eq!(first_probe_after(s(100), s(100), s(1)), s(101));
+        // A 190 ms round trip: 310 ms; probes at 310 ms × (2^k − 1), so a 20 s outage is answered
+        // at 39.4 s (127 × 310 ms), past the stall.
+        let pto = probe_timeout(Duration::from_millis(190));
+        assert_eq!(pto, Duration::from_millis(310));
+        assert_eq!(first_probe_after(s(0), s(20), pto), pto * 127);
     }
 }

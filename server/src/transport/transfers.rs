@@ -136,25 +136,8 @@ impl ConnCtx {
         mut recv: quinn::RecvStream,
         client: &ClientId,
     ) -> Result<(), Refusal> {
-        let refuse = |reason: RefusalReason, detail: String| {
-            self.metrics.transfer("refused");
-            tracing::warn!(%client, %detail, "upload refused");
-            Refusal { reason, detail }
-        };
-        let offer = match read_frame_limited(&mut recv, &self.control_limits()).await {
-            Ok(Some((Message::TransferOffer(offer), n))) => {
-                self.count_in(n);
-                offer
-            }
-            Ok(Some((other, _))) => {
-                return Err(refuse(
-                    RefusalReason::Malformed,
-                    format!("a transfer stream began with {}", other.kind_name()),
-                ));
-            }
-            Ok(None) | Err(FrameIoError::Io(_)) => return Ok(()),
-            Err(e) => return Err(refuse(RefusalReason::Malformed, e.to_string())),
-        };
+        let refuse = |reason: RefusalReason, detail: String| self.refused(client, reason, detail);
+        let Some(offer) = self.read_offer(&mut recv).await.map_err(|(r, d)| refuse(r, d))? else { return Ok(()) };
         // Checked before it can replace what the device has kept.
         let max = self.max_frame as u64;
         let fresh = Assembly::new(offer.clone(), max).map_err(|e| refuse(RefusalReason::TooLarge, e.to_string()))?;
@@ -180,13 +163,12 @@ impl ConnCtx {
             self.metrics.transfer_resumed(offset);
             tracing::info!(%client, round = offer.round, offset, total = offer.total, "resuming an upload");
         }
-        *slot = Some(assembly);
+        let assembly = slot.insert(assembly);
         let answer = Message::TransferResume(TransferResume { transfer: offer.transfer, offset });
         let Ok(frame) = encode_frame(&answer, usize::MAX) else { return Ok(()) };
         if write_frame(&mut send, &frame).await.is_err() {
             return Ok(());
         }
-        let assembly = slot.as_mut().expect("put back above");
         while !assembly.is_complete() {
             match read_frame_limited(&mut recv, &self.chunk_limits()).await {
                 Ok(Some((Message::Chunk(chunk), n))) => {
@@ -205,17 +187,44 @@ impl ConnCtx {
         }
         let whole = slot.take().expect("complete above").finish();
         self.uploads.forget(client, &offer.transfer);
+        let _ = send.finish();
         let frame = whole.map_err(|e| refuse(refusal_of(&e), e.to_string()))?;
-        match decode_frame(&frame, self.max_frame) {
+        self.deliver(&frame, client).map_err(|detail| refuse(RefusalReason::Malformed, detail))
+    }
+
+    /// A transfer stream's first frame, its offer; `None` when the stream ended first.
+    async fn read_offer(&self, recv: &mut quinn::RecvStream) -> Result<Option<TransferOffer>, (RefusalReason, String)> {
+        match read_frame_limited(recv, &self.control_limits()).await {
+            Ok(Some((Message::TransferOffer(offer), n))) => {
+                self.count_in(n);
+                Ok(Some(offer))
+            }
+            Ok(Some((other, _))) => {
+                Err((RefusalReason::Malformed, format!("a transfer began with {}", other.kind_name())))
+            }
+            Ok(None) | Err(FrameIoError::Io(_)) => Ok(None),
+            Err(e) => Err((RefusalReason::Malformed, e.to_string())),
+        }
+    }
+
+    /// A whole transfer, decoded: an update goes to the engine like a one-frame upload.
+    fn deliver(&self, frame: &[u8], client: &ClientId) -> Result<(), String> {
+        match decode_frame(frame, self.max_frame) {
             Ok(msg @ Message::Update(_)) => {
                 self.metrics.transfer("completed");
-                let _ = send.finish();
                 let _ = self.inputs.send(super::Input::Message { client: client.clone(), msg });
                 Ok(())
             }
-            Ok(other) => Err(refuse(RefusalReason::Malformed, format!("a transfer of a {}", other.kind_name()))),
-            Err(e) => Err(refuse(RefusalReason::Malformed, e.to_string())),
+            Ok(other) => Err(format!("a transfer of a {}", other.kind_name())),
+            Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// A refused transfer: counted, logged, and the refusal the connection closes with.
+    fn refused(&self, client: &ClientId, reason: RefusalReason, detail: String) -> Refusal {
+        self.metrics.transfer("refused");
+        tracing::warn!(%client, %detail, "upload refused");
+        Refusal { reason, detail }
     }
 
     /// The stream broke off: what arrived is kept for a resume, within the bound.

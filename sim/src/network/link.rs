@@ -273,6 +273,18 @@ impl Link {
         (d.as_secs_f64() * self.profile.bandwidth_bps / 8.0) as u64
     }
 
+    /// The round-trip time without queueing: twice the latency and half the jitter.
+    pub fn base_rtt(&self) -> Duration {
+        let one_way = self.profile.latency_ms.max(0.0) + self.profile.jitter_ms.max(0.0) / 2.0;
+        Duration::from_secs_f64(2.0 * one_way / 1000.0)
+    }
+
+    /// The earliest start of an outage strictly between `from` and `to`.
+    pub fn outage_starting_in(&self, from: Duration, to: Duration) -> Option<Duration> {
+        let starts = self.profile.outages.iter().map(|o| Duration::from_millis(o.start_ms));
+        starts.filter(|s| *s > from && *s < to).min()
+    }
+
     /// The first moment at or after `t` that no outage covers.
     pub fn next_up(&self, t: Duration) -> Duration {
         let mut t = t;
