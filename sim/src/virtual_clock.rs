@@ -144,9 +144,9 @@ impl Path {
 
     /// When an upload of `bytes` started at `now` arrives, and the bytes it put on the wire, when
     /// outages may break it off (`carry` lets one only delay the start). At an outage the
-    /// transfer stops; it goes on at the sender's first probe after the outage
-    /// ([`first_probe_after`]). If that is more than [`STALL`] after the cut, the server has let
-    /// the stream go: a resumable upload is offered again (one round trip) and goes on from the
+    /// transfer stops; it goes on two round trips after the sender's first probe after the
+    /// outage ([`first_probe_after`]). If that is more than [`STALL`] after the cut, the server
+    /// has let the stream go: a resumable upload is offered again (one round trip) and goes on from the
     /// last whole chunk the server holds; a one-frame upload's connection was closed, so the
     /// device reconnects (two round trips) and sends it all again. Otherwise QUIC carries on
     /// and nothing is sent twice.
@@ -164,14 +164,19 @@ impl Path {
             };
             let done = (left as f64 * (cut - t).as_secs_f64() / d.as_secs_f64().max(1e-9)) as u64;
             wire += wire_bytes(done);
-            let probe = first_probe_after(cut, self.link.next_up(cut), probe_timeout(rtt));
-            if probe - cut <= STALL {
-                (left, t) = (left - done, probe);
+            // A bulk transfer keeps the bottleneck's buffer full: its RTT, and so its probe
+            // timeout, include the queue. The probe's ACK reveals the loss (one round trip) and
+            // the lost bytes are sent again (another): only then does the server read a new byte.
+            let loaded = self.link.loaded_rtt();
+            let probe = first_probe_after(cut, self.link.next_up(cut), probe_timeout(loaded));
+            let next_byte = probe + 2 * loaded;
+            if next_byte - cut <= STALL {
+                (left, t) = (left - done, next_byte);
             } else if resume {
                 let held = (bytes - left + done) / CHUNK_BYTES as u64 * CHUNK_BYTES as u64;
-                (left, t) = (bytes - held, probe + rtt);
+                (left, t) = (bytes - held, next_byte + rtt);
             } else {
-                (left, t) = (bytes, probe + 2 * rtt);
+                (left, t) = (bytes, next_byte + 2 * rtt);
             }
         }
     }

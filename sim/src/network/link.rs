@@ -279,6 +279,17 @@ impl Link {
         Duration::from_secs_f64(2.0 * one_way / 1000.0)
     }
 
+    /// The round-trip time during a bulk transfer: [`base_rtt`](Self::base_rtt) plus the time
+    /// to drain a full bottleneck buffer (congestion control keeps it full).
+    pub fn loaded_rtt(&self) -> Duration {
+        let queue = if self.profile.bandwidth_bps > 0.0 {
+            self.profile.buffer_bytes as f64 * 8.0 / self.profile.bandwidth_bps
+        } else {
+            0.0
+        };
+        self.base_rtt() + Duration::from_secs_f64(queue)
+    }
+
     /// The earliest start of an outage strictly between `from` and `to`.
     pub fn outage_starting_in(&self, from: Duration, to: Duration) -> Option<Duration> {
         let starts = self.profile.outages.iter().map(|o| Duration::from_millis(o.start_ms));
