@@ -230,3 +230,39 @@ async fn bad_chunks_and_chunks_past_the_end_are_refused_and_lose_nothing() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// Issue 33, item 3: a device whose address changes in the middle of an upload (NAT rebinding,
+/// Wi-Fi to LTE: quinn's `Endpoint::rebind` moves it to a new socket) carries on: the same
+/// connection, no new handshake, and the transfer neither restarts nor needs a resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_whose_address_changes_mid_upload_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, mut ca) = start(dir.path()).await;
+    let whole = update_frame();
+    let offer = transfer::offer(&whole, 1);
+    let chunks: Vec<Chunk> = transfer::chunks_from(&whole, 0).collect();
+    let half = chunks.len() / 2;
+
+    let mut device = Device::connect(&server, &mut ca, "commuter").await;
+    let (mut send, offset) = device.offer(&offer).await;
+    assert_eq!(offset, 0);
+    send_chunks(&mut send, chunks[..half].iter().cloned()).await;
+    let old_port = device.endpoint.local_addr().unwrap().port();
+    device.endpoint.rebind(std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap();
+    let new_port = device.endpoint.local_addr().unwrap().port();
+    assert_ne!(old_port, new_port, "the device is on a new address");
+    send_chunks(&mut send, chunks[half..].iter().cloned()).await;
+    send.finish().unwrap();
+    match device.next_control().await {
+        Message::Ack(ack) => assert!(ack.round == 1 && ack.aggregated, "{ack:?}"),
+        other => panic!("expected the update's ack, got {other:?}"),
+    }
+    let text = server.metrics.render();
+    println!("rebound from port {old_port} to {new_port} mid-upload");
+    assert_eq!(metric_value(&text, "anchorage_connections_total"), Some(1.0), "no second handshake");
+    assert_eq!(metric_value(&text, "anchorage_transfers_total{outcome=\"completed\"}"), Some(1.0));
+    assert_eq!(metric_value(&text, "anchorage_transfers_total{outcome=\"resumed\"}"), Some(0.0), "nothing resumed");
+    assert_eq!(metric_value(&text, "anchorage_transfers_total{outcome=\"kept\"}"), Some(0.0), "nothing broke off");
+    assert!(device.conn.close_reason().is_none(), "the same connection lives on");
+    server.shutdown().await.unwrap();
+}
