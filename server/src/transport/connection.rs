@@ -57,12 +57,16 @@ fn certified(conn: &quinn::Connection) -> anyhow::Result<Option<Certified>> {
     Ok(Some(Certified { id, serial, fingerprint }))
 }
 
-/// The refusal that answers a frame that could not be read.
+/// The refusal that answers a frame that could not be read. A frame that stalled or crawled
+/// (`read_stall`, `min_upload_rate`, the upload deadline) is `ServerBusy`: the device keeps its
+/// update and sends it again (an outage is not a malformed update; `Malformed` made a device
+/// throw its update away after one outage longer than the stall).
 pub(super) fn refusal_for(e: &FrameIoError) -> Refusal {
     let reason = match e {
         FrameIoError::Decode(DecodeError::WrongVersion { .. }) => RefusalReason::VersionMismatch,
         FrameIoError::Decode(DecodeError::Oversized { .. }) => RefusalReason::TooLarge,
         FrameIoError::Decode(DecodeError::Tensor(_)) => RefusalReason::BadTensor,
+        FrameIoError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => RefusalReason::ServerBusy,
         _ => RefusalReason::Malformed,
     };
     Refusal { reason, detail: e.to_string() }
