@@ -589,7 +589,12 @@ impl ServerMetrics {
 
     /// A resumable upload's step, by outcome (`transport::transfers`).
     pub fn transfer(&self, outcome: &'static str) {
-        self.transfers.get_or_create(&[("outcome", outcome)]).inc();
+        self.transfers(outcome, 1);
+    }
+
+    /// `n` resumable uploads' steps of one outcome.
+    pub fn transfers(&self, outcome: &'static str, n: u64) {
+        self.transfers.get_or_create(&[("outcome", outcome)]).inc_by(n);
     }
 
     /// An upload resumed at `offset` bytes: they were not sent again.

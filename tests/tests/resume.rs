@@ -92,6 +92,22 @@ impl Device {
         sent
     }
 
+    /// The server's ack of the update (it was whole and aggregated).
+    async fn expect_ack(&mut self) -> anchorage_shared::protocol::Ack {
+        match self.next_control().await {
+            Message::Ack(ack) => ack,
+            other => panic!("expected the update's ack, got {other:?}"),
+        }
+    }
+
+    /// The server's refusal, which closes the connection.
+    async fn expect_refusal(&mut self) -> anchorage_shared::protocol::Refusal {
+        match self.next_control().await {
+            Message::Refusal(r) => r,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
     /// The next message on the control stream that is not a heartbeat.
     async fn next_control(&mut self) -> Message {
         loop {
@@ -150,10 +166,8 @@ async fn an_interrupted_upload_resumes_from_what_the_server_holds() {
     assert_eq!(offset, held, "the server holds every chunk that arrived");
     send_chunks(&mut send, transfer::chunks_from(&whole, offset)).await;
     send.finish().unwrap();
-    match device.next_control().await {
-        Message::Ack(ack) => assert!(ack.round == 1 && ack.aggregated, "{ack:?}"),
-        other => panic!("expected the update's ack, got {other:?}"),
-    }
+    let ack = device.expect_ack().await;
+    assert!(ack.round == 1 && ack.aggregated, "{ack:?}");
     let second_wire = device.conn.stats().udp_tx.bytes;
     let text = server.metrics.render();
     assert_eq!(metric_value(&text, "anchorage_transfers_total{outcome=\"resumed\"}"), Some(1.0));
@@ -184,13 +198,9 @@ async fn bad_chunks_and_chunks_past_the_end_are_refused_and_lose_nothing() {
     let mut flipped = chunks[2].clone();
     flipped.data[7] ^= 0x10;
     send_chunks(&mut send, [flipped]).await;
-    match device.next_control().await {
-        Message::Refusal(r) => {
-            assert_eq!(r.reason, RefusalReason::Malformed);
-            assert!(r.detail.contains("do not match its hash"), "{}", r.detail);
-        }
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    let r = device.expect_refusal().await;
+    assert_eq!(r.reason, RefusalReason::Malformed);
+    assert!(r.detail.contains("do not match its hash"), "{}", r.detail);
     device.lose_link().await;
 
     // Nothing held was lost; now a chunk that runs past the end of the transfer.
@@ -200,10 +210,8 @@ async fn bad_chunks_and_chunks_past_the_end_are_refused_and_lose_nothing() {
     let data = vec![1; 100];
     let past = Chunk { offset: whole.len() as u64 - 50, hash: transfer::sha256(&data), data };
     send_chunks(&mut send, [past]).await;
-    match device.next_control().await {
-        Message::Refusal(r) => assert!(r.detail.contains("runs past the end"), "{}", r.detail),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    let r = device.expect_refusal().await;
+    assert!(r.detail.contains("runs past the end"), "{}", r.detail);
     device.lose_link().await;
 
     // An offer over the frame limit is refused before any chunk.
@@ -211,10 +219,8 @@ async fn bad_chunks_and_chunks_past_the_end_are_refused_and_lose_nothing() {
     let huge = TransferOffer { transfer: [9; 32], total: DEFAULT_MAX_FRAME as u64 + 1, round: 1 };
     let (mut send, _) = device.conn.open_bi().await.unwrap();
     write(&mut send, &Message::TransferOffer(huge)).await.unwrap();
-    match device.next_control().await {
-        Message::Refusal(r) => assert_eq!(r.reason, RefusalReason::TooLarge, "{}", r.detail),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    let r = device.expect_refusal().await;
+    assert_eq!(r.reason, RefusalReason::TooLarge, "{}", r.detail);
     device.lose_link().await;
     assert_eq!(metric_value(&server.metrics.render(), "anchorage_transfers_total{outcome=\"refused\"}"), Some(3.0));
 
@@ -224,10 +230,8 @@ async fn bad_chunks_and_chunks_past_the_end_are_refused_and_lose_nothing() {
     assert_eq!(offset, held, "refusals lost nothing held");
     send_chunks(&mut send, transfer::chunks_from(&whole, offset)).await;
     send.finish().unwrap();
-    match device.next_control().await {
-        Message::Ack(ack) => assert!(ack.aggregated, "{ack:?}"),
-        other => panic!("expected the update's ack, got {other:?}"),
-    }
+    let ack = device.expect_ack().await;
+    assert!(ack.aggregated, "{ack:?}");
     server.shutdown().await.unwrap();
 }
 
@@ -253,10 +257,8 @@ async fn a_device_whose_address_changes_mid_upload_carries_on() {
     assert_ne!(old_port, new_port, "the device is on a new address");
     send_chunks(&mut send, chunks[half..].iter().cloned()).await;
     send.finish().unwrap();
-    match device.next_control().await {
-        Message::Ack(ack) => assert!(ack.round == 1 && ack.aggregated, "{ack:?}"),
-        other => panic!("expected the update's ack, got {other:?}"),
-    }
+    let ack = device.expect_ack().await;
+    assert!(ack.round == 1 && ack.aggregated, "{ack:?}");
     let text = server.metrics.render();
     println!("rebound from port {old_port} to {new_port} mid-upload");
     assert_eq!(metric_value(&text, "anchorage_connections_total"), Some(1.0), "no second handshake");

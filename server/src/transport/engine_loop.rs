@@ -213,10 +213,7 @@ impl EngineShell {
                 Ok(frame) => {
                     if let Message::Broadcast(b) = msg.as_ref() {
                         // A new round: what is kept of uploads for closed rounds goes.
-                        let dropped = self.uploads.drop_before(b.round);
-                        for _ in 0..dropped {
-                            metrics.transfer("dropped");
-                        }
+                        metrics.transfers("dropped", self.uploads.drop_before(b.round) as u64);
                     }
                     let frame = Arc::new(frame);
                     let mut sent = 0;
