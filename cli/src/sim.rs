@@ -40,6 +40,13 @@ pub(crate) struct SimArgs {
     /// Upload encoding.
     #[arg(long, value_enum)]
     encoding: Option<anchorage_client::encoding::UploadEncoding>,
+    /// Top-k sparsification with error feedback: the fraction of each block's delta a client
+    /// uploads, in (0, 1] (off by default; the values go in --encoding).
+    #[arg(long, value_parser = fraction)]
+    top_k: Option<f64>,
+    /// A compressor over the encoded blocks (off by default).
+    #[arg(long, value_parser = PossibleValuesParser::new(anchorage_shared::method::encodings::names_of("compress")))]
+    compress: Option<String>,
     /// `real`: QUIC on loopback in real time; `virtual`: the discrete-event clock (no sockets,
     /// simulated time charged by the link and device models). Default: real.
     #[arg(long, value_enum)]
@@ -240,6 +247,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         apply_alpha(v, config, file)?;
     }
     set(file, "--encoding", args.encoding, &["encoding"], &mut config.systems.encoding);
+    set_update_encodings(args, config, file)?;
     set(file, "--clock", args.clock, &["clock"], &mut config.systems.clock);
     if let Some(name) = &args.device {
         overrides(file, "--device", name, &["devices"]);
@@ -270,6 +278,20 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
 
 /// `--alpha`: the embedded data's `alpha`, or the Dirichlet α of the scenario's partition; a
 /// partition without one is refused, naming the key to change.
+/// `--top-k` and `--compress` (issue 33; both off unless given here or in the file).
+fn set_update_encodings(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
+    if let Some(v) = args.top_k {
+        overrides(file, "--top-k", v, &["top_k"]);
+        config.systems.top_k = Some(v);
+    }
+    if let Some(name) = &args.compress {
+        overrides(file, "--compress", name, &["compress"]);
+        let compressor = <anchorage_client::compress::Compressor as clap::ValueEnum>::from_str(name, false);
+        config.systems.compress = Some(compressor.map_err(anyhow::Error::msg)?);
+    }
+    Ok(())
+}
+
 fn apply_alpha(v: f64, config: &mut SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
     let from = || file.map_or("the embedded default".to_string(), |f| f.path.display().to_string());
     let key = ["data", "partition", "alpha"];

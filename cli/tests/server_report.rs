@@ -79,6 +79,7 @@ fn state_folder(site: &Path, rounds: u64, open_after: bool) -> PathBuf {
             target: 2,
             updates,
             missing,
+            declined: Vec::new(),
             duplicates: 0,
             refused: 0,
             late_total: 0,

@@ -159,6 +159,13 @@ pub struct ClientConfig {
     /// Upload encoding: f32, f16, bf16, int8.
     #[serde(default)]
     pub encoding: crate::encoding::UploadEncoding,
+    /// Top-k sparsification with error feedback (issue 33): the fraction of each block's delta
+    /// uploaded, in (0, 1]; unset: every value ([`crate::compress`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<f64>,
+    /// A compressor over the encoded blocks: `zstd`; unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<crate::compress::Compressor>,
     #[serde(default)]
     pub optimizer: OptimizerKind,
     pub data: DataSource,
@@ -218,7 +225,13 @@ impl ClientConfig {
             self.server
         );
         self.connection.validate()?;
+        self.update_compression()?;
         self.eligibility.validate()
+    }
+
+    /// How the device shrinks its updates (`top_k`, `compress`, `encoding`).
+    pub fn update_compression(&self) -> anyhow::Result<crate::compress::UpdateCompression> {
+        crate::compress::UpdateCompression::new(self.top_k, self.compress, self.encoding.encoding())
     }
 
     /// The server's socket address: `server` as an IP address and port, or its host name looked

@@ -11,8 +11,10 @@
 //! - [`transport`]: the quinn shell with reconnect and resend.
 //! - [`store`]: the durable local state (the unacknowledged update).
 //! - [`memory`]: the process's peak memory, reported with every update.
+//! - [`compress`]: smaller updates for any method (top-k with error feedback, zstd).
 
 pub mod check_config;
+pub mod compress;
 pub mod config;
 pub mod doctor;
 pub mod eligibility;

@@ -45,8 +45,9 @@ pub async fn run_configured(
 
 /// The method's client half on this device's local data.
 pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn ClientMethod>> {
-    let enc = config.encoding.encoding();
-    Ok(match &config.data {
+    let compression = config.update_compression()?;
+    let enc = compression.method_encoding(config.encoding.encoding());
+    let method = match &config.data {
         DataSource::Synthetic { seed, clients, index, alpha } => {
             let (train, test) = synthetic_share(*seed, *clients, *index, *alpha)?;
             tracing::info!(train = train.len(), test = test.len(), "local data (embedded synthetic set)");
@@ -70,9 +71,11 @@ pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn Cli
             if config.max_memory_mb.is_some() {
                 tracing::warn!("max_memory_mb plans the embedded model only; it is not applied to a scenario share");
             }
-            methods::build(&config.method, share::scenario_context(config, dev)?)?
+            let context = share::scenario_context(config, dev)?;
+            methods::build(&config.method, methods::MethodContext { encoding: enc, ..context })?
         }
-    })
+    };
+    Ok(crate::compress::wrap(method, compression))
 }
 
 /// This device's train and test share of the embedded synthetic set.
@@ -124,6 +127,8 @@ pub fn options(config: &ClientConfig) -> anyhow::Result<ClientOptions> {
     options.keep_alive = config.connection.keep_alive();
     options.idle_timeout = config.connection.idle_timeout();
     options.connect_timeout = config.connection.connect_timeout();
+    options.eligibility = config.eligibility.clone();
+    options.sys_root = Some(crate::eligibility::SysRoot::default());
     Ok(options)
 }
 

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use anchorage_shared::frame::{DEFAULT_MAX_FRAME, encode_frame};
 use anchorage_shared::io::{FrameIoError, read_frame, udp_socket, write_frame};
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Capabilities, Goodbye, Heartbeat, Message, RefusalReason, Update};
+pub use anchorage_shared::priority::Priority;
+use anchorage_shared::protocol::{Broadcast, Capabilities, Goodbye, Heartbeat, Message, RefusalReason, Update};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::transfer;
 use anyhow::Context;
@@ -21,6 +22,7 @@ use quinn::crypto::rustls::QuicClientConfig;
 use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
 
+use crate::eligibility::Readings;
 use crate::methods::ClientMethod;
 use crate::session::{Session, SessionAction, UploadMeasure};
 use crate::store::ClientStore;
@@ -94,6 +96,19 @@ pub struct ClientOptions {
     /// sent again from the start after an interruption (the behaviour before issue 33, kept as
     /// the baseline the simulator measures against).
     pub resume_uploads: bool,
+    /// When this device may train (`[eligibility]` of client.toml, issue 33): an invited device
+    /// that may not declines the round with its reason. Empty: always trains.
+    pub eligibility: crate::eligibility::Eligibility,
+    /// Where the device reads itself (eligibility, and the condition its cost records carry):
+    /// `/` on a device, a fake tree in tests. `None` (the default, and the simulator's devices,
+    /// whose host is not the device): nothing is read, every device is eligible, and cost
+    /// records carry no condition.
+    pub sys_root: Option<crate::eligibility::SysRoot>,
+    /// Streams get send priorities ([`Priority`]): the control stream first, then an update
+    /// without parameter blocks, then one with blocks. `false`: every stream at quinn's default,
+    /// taking turns (the behaviour before issue 33, kept as the baseline `tests/priorities.rs`
+    /// measures against).
+    pub stream_priorities: bool,
 }
 
 /// A device's certificate chain and private key.
@@ -252,6 +267,9 @@ impl ClientOptions {
             stop: None,
             socket_wrapper: None,
             resume_uploads: true,
+            eligibility: Default::default(),
+            sys_root: Default::default(),
+            stream_priorities: true,
         }
     }
 }
@@ -272,6 +290,11 @@ pub enum ClientEvent {
     Acked {
         round: u64,
         aggregated: bool,
+    },
+    /// The device declined `round`'s invitation: its `[eligibility]` says it should not train now.
+    Declined {
+        round: u64,
+        reason: anchorage_shared::ledger::DeclineReason,
     },
     /// A round's update was acknowledged; its cost record is complete.
     RoundDone {
@@ -461,8 +484,9 @@ enum Connected {
     Refused(Refused),
 }
 
-/// A trained round's result and the device's compute time, from the training thread.
-type Trained = (u64, Result<(Update, Duration), String>);
+/// A trained round's result, the device's compute time and what it read of itself right after
+/// (the condition its cost record carries), from the training thread.
+type Trained = (u64, Result<(Update, Duration, Option<Readings>), String>);
 /// An upload's round and what it took, from its task.
 type Uploaded = (u64, UploadMeasure);
 
@@ -488,6 +512,8 @@ struct Client {
     uploaded: mpsc::UnboundedSender<Uploaded>,
     /// Rounds trained in this process, for their log line: the samples and the local accuracy.
     trained_here: HashMap<u64, (u64, Option<f64>)>,
+    /// What the device read of itself right after training each round, for the round's record.
+    condition: HashMap<u64, Readings>,
     /// Cost records sent and not yet confirmed by the server's ledger (`CostAck`): resent after
     /// every welcome, so a server that died before committing one still gets it. At most
     /// [`UNCONFIRMED_COSTS`], the oldest dropped first (the server keeps invitations that long).
@@ -537,6 +563,7 @@ impl Client {
             trained,
             uploaded,
             trained_here: HashMap::new(),
+            condition: HashMap::new(),
             unconfirmed: BTreeMap::new(),
             uploading: HashMap::new(),
             failures: Failures::default(),
@@ -611,6 +638,7 @@ impl Client {
             };
             match connected {
                 Ok((conn, (control, control_recv))) => {
+                    prioritise(&control, Priority::Control.when(self.options.stream_priorities));
                     // The backoff's count starts again at the server's welcome, not here: a
                     // server that closes every connection at once is not reached.
                     self.emit(ClientEvent::Connected);
@@ -676,9 +704,13 @@ impl Client {
                     None => break 'conn Ended::Lost("connection readers ended".into()),
                 },
                 Some((round, result)) = trained.recv() => match result {
-                    Ok((update, compute)) => {
+                    Ok((update, compute, readings)) => {
                         let accuracy = update.metrics.iter().find(|m| m.key() == MetricKey::LocalAccuracy).map(|m| m.value);
                         self.trained_here.insert(round, (update.num_samples, accuracy));
+                        self.condition.retain(|r, _| *r + UNCONFIRMED_COSTS as u64 > round);
+                        if let Some(readings) = readings {
+                            self.condition.insert(round, readings);
+                        }
                         self.session.trained(update, compute);
                     }
                     Err(e) => self.session.training_failed(round, &e),
@@ -736,24 +768,7 @@ impl Client {
                     return Ok(Some(Ended::Lost(format!("control stream: {e}"))));
                 }
             }
-            SessionAction::Train(b) => {
-                let round = b.round;
-                let (method, tx, store) = (self.method.clone(), self.trained.clone(), self.options.store.clone());
-                tokio::task::spawn_blocking(move || {
-                    let result = match method.lock() {
-                        Ok(mut m) => {
-                            // The one measurement of the round's compute time on this clock.
-                            let result = m.train_timed(&b).map_err(|e| e.to_string());
-                            if let (Ok(_), Some(store)) = (&result, &store) {
-                                save_device_state(store, &**m, round);
-                            }
-                            result
-                        }
-                        Err(_) => Err("a previous training run panicked".to_string()),
-                    };
-                    let _ = tx.send((round, result));
-                });
-            }
+            SessionAction::Train(b) => self.train(b),
             SessionAction::Upload(update) => self.start_upload(update, conn, tasks),
             SessionAction::Cost(record) => self.report(record, control).await,
             SessionAction::Persist(update) => {
@@ -794,6 +809,41 @@ impl Client {
         Ok(None)
     }
 
+    /// Trains on `b` on a blocking thread (the result comes back on `trained`, with what the
+    /// device read of itself right after), unless the device's `[eligibility]` says it should
+    /// not train now: then the session declines the round with the reason.
+    fn train(&mut self, b: Broadcast) {
+        let round = b.round;
+        let eligible = match &self.options.sys_root {
+            Some(root) => crate::eligibility::check_now(&self.options.eligibility, root),
+            None => Ok(()),
+        };
+        if let Err(decline) = eligible {
+            self.session.declined(round, decline.kind(), &decline.to_string());
+            self.emit(ClientEvent::Declined { round, reason: decline.kind() });
+            return;
+        }
+        let (method, tx, store) = (self.method.clone(), self.trained.clone(), self.options.store.clone());
+        let root = self.options.sys_root.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = match method.lock() {
+                Ok(mut m) => {
+                    // The one measurement of the round's compute time on this clock.
+                    let result = m
+                        .train_timed(&b)
+                        .map(|(update, compute)| (update, compute, root.as_ref().map(Readings::read)))
+                        .map_err(|e| e.to_string());
+                    if let (Ok(_), Some(store)) = (&result, &store) {
+                        save_device_state(store, &**m, round);
+                    }
+                    result
+                }
+                Err(_) => Err("a previous training run panicked".to_string()),
+            };
+            let _ = tx.send((round, result));
+        });
+    }
+
     /// Starts the upload of `update` unless the same round's is still going on this connection.
     fn start_upload(&mut self, update: Update, conn: &quinn::Connection, tasks: &mut tokio::task::JoinSet<()>) {
         let round = update.round;
@@ -802,7 +852,8 @@ impl Client {
             return;
         }
         let (max_frame, resume) = (self.options.max_frame_bytes, self.options.resume_uploads);
-        let task = tasks.spawn(upload(conn.clone(), update, max_frame, resume, self.uploaded.clone()));
+        let priority = Priority::of_update(&update).when(self.options.stream_priorities);
+        let task = tasks.spawn(upload(conn.clone(), update, max_frame, (resume, priority), self.uploaded.clone()));
         self.uploading.retain(|_, t| !t.is_finished());
         self.uploading.insert(round, task);
     }
@@ -834,8 +885,11 @@ impl Client {
 
     /// A round's cost record, complete: logged, told to the events and reported to the server,
     /// and kept until the server confirms it.
-    async fn report(&mut self, record: CostRecord, control: &mut quinn::SendStream) {
+    async fn report(&mut self, mut record: CostRecord, control: &mut quinn::SendStream) {
         let (round, aggregated) = (record.round, !record.straggler);
+        if let Some(readings) = self.condition.remove(&round) {
+            crate::eligibility::fill_condition(&mut record, &readings);
+        }
         let line = round_line(&record, self.trained_here.remove(&round));
         tracing::info!(client = %self.options.client_id, round, aggregated, "{line}");
         self.emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
@@ -952,14 +1006,15 @@ async fn report_cost(control: &mut quinn::SendStream, record: CostRecord, max_fr
     }
 }
 
-/// Uploads one update as a resumable transfer on its own stream ([`send_resumable`]) and waits
-/// until the server acknowledged every byte at the QUIC level. Reports the round and what the
-/// upload took: the UDP bytes sent meanwhile, its seconds and the RTT at its end.
+/// Uploads one update as a resumable transfer on its own stream ([`send_resumable`]; with
+/// `resume` false, whole on a uni stream), at `priority`, and waits until the server acknowledged
+/// every byte at the QUIC level. Reports the round and what the upload took: the UDP bytes sent
+/// meanwhile, its seconds and the RTT at its end.
 async fn upload(
     conn: quinn::Connection,
     update: Update,
     max_frame: usize,
-    resume: bool,
+    (resume, priority): (bool, Option<Priority>),
     done: mpsc::UnboundedSender<Uploaded>,
 ) {
     let round = update.round;
@@ -974,7 +1029,11 @@ async fn upload(
     let before = conn.stats().udp_tx.bytes;
     let mut attempt = 0;
     loop {
-        let sent = if resume { send_resumable(&conn, &frame, round).await } else { send_whole(&conn, &frame).await };
+        let sent = if resume {
+            send_resumable(&conn, &frame, round, priority).await
+        } else {
+            send_whole(&conn, &frame, priority).await
+        };
         match sent {
             Ok(resumed_at) => {
                 if resumed_at > 0 {
@@ -1006,13 +1065,23 @@ async fn upload(
     }
 }
 
-/// The whole frame on a uni stream (`resume_uploads = false`); returns offset 0.
-async fn send_whole(conn: &quinn::Connection, frame: &[u8]) -> anyhow::Result<u64> {
+/// The whole frame on a uni stream (`resume_uploads = false`) at `priority`; returns offset 0.
+async fn send_whole(conn: &quinn::Connection, frame: &[u8], priority: Option<Priority>) -> anyhow::Result<u64> {
     let mut s = conn.open_uni().await?;
+    prioritise(&s, priority);
     s.write_all(frame).await?;
     s.finish()?;
     s.stopped().await?;
     Ok(0)
+}
+
+/// Gives `stream` its send priority ([`Priority`]); `None` (priorities off) leaves quinn's
+/// default, 0 for every stream, which take turns a packet each. Fails only on a stream already
+/// finished or reset, which sends nothing more to order.
+pub fn prioritise(stream: &quinn::SendStream, priority: Option<Priority>) {
+    if let Some(p) = priority {
+        let _ = stream.set_priority(p.level());
+    }
 }
 
 /// Offers of one update on one live connection, after the first, before waiting for a new
@@ -1021,10 +1090,17 @@ const UPLOAD_RETRIES: u32 = 20;
 
 /// Sends `frame` (an encoded update of `round`) as a resumable transfer (issue 33;
 /// `anchorage_shared::transfer`): offers it by hash and size on a new bi stream, and sends its
-/// chunks from where the server's answer says it holds them. Returns that offset.
-async fn send_resumable(conn: &quinn::Connection, frame: &[u8], round: u64) -> anyhow::Result<u64> {
+/// chunks from where the server's answer says it holds them, at `priority` (`None`: quinn's
+/// default). Returns that offset.
+pub async fn send_resumable(
+    conn: &quinn::Connection,
+    frame: &[u8],
+    round: u64,
+    priority: Option<Priority>,
+) -> anyhow::Result<u64> {
     let offer = transfer::offer(frame, round);
     let (mut send, mut recv) = conn.open_bi().await?;
+    prioritise(&send, priority);
     write_frame(&mut send, &encode_frame(&Message::TransferOffer(offer.clone()), usize::MAX)?).await?;
     let offset = match read_frame(&mut recv, transfer::MAX_CHUNK_FRAME).await {
         Ok(Some((Message::TransferResume(r), _))) if r.transfer == offer.transfer && r.offset <= offer.total => {
@@ -1050,7 +1126,6 @@ async fn send_resumable(conn: &quinn::Connection, frame: &[u8], round: u64) -> a
 
 #[cfg(test)]
 mod tests {
-    use anchorage_shared::protocol::Broadcast;
     use anchorage_shared::tensor::ParamBlock;
 
     use super::*;

@@ -15,6 +15,7 @@
 //! other counters count from the process's start (Prometheus' `rate` and `increase` handle the
 //! reset).
 
+pub mod condition;
 pub mod http;
 pub mod process;
 pub use process::{AllocatorStats, set_allocator_probe};
@@ -55,6 +56,9 @@ pub const DEFAULT_DEVICE_SERIES: usize = 1000;
 pub const RETIRED_AFTER_SECONDS: i64 = 30 * 86_400;
 
 /// `outcome` of `anchorage_updates_total`.
+/// The `result` labels of `anchorage_client_rounds`: one ledger row each.
+const CLIENT_ROUND_RESULTS: [&str; 4] = ["completed", "late", "dropped", "declined"];
+
 pub mod outcome {
     /// Committed to the store and acknowledged, for the round it answers.
     pub const ACCEPTED: &str = "accepted";
@@ -167,6 +171,8 @@ pub struct ServerMetrics {
     certificate_conflicts: Counter,
     cost_records_dropped: Gauge,
     influence_bounded: Family<Label, Counter>,
+    /// Declines and the devices' reported condition (issue 33).
+    condition: condition::ConditionMetrics,
     devices: std::sync::Arc<Devices>,
     /// The last round's quality, the shortfall of devices, the end of the run.
     status: std::sync::Arc<rounds::RoundStatus>,
@@ -187,6 +193,7 @@ impl ServerMetrics {
         m.register_rounds(r);
         m.register_clients(r);
         m.register_trust(r);
+        m.condition.register(r);
 
         r.register_collector(Box::new(m.devices.clone()));
         r.register_collector(Box::new(m.status.clone()));
@@ -227,6 +234,7 @@ impl ServerMetrics {
             certificate_conflicts: Counter::default(),
             cost_records_dropped: Gauge::default(),
             influence_bounded: Family::default(),
+            condition: condition::ConditionMetrics::default(),
             devices: std::sync::Arc::new(Devices::default()),
             status: std::sync::Arc::new(rounds::RoundStatus::default()),
         }
@@ -296,7 +304,7 @@ impl ServerMetrics {
         r.register(
             "client_rounds",
             "Rounds of sampled clients as clients reported them: completed, late (after the close), \
-             dropped (nothing before the deadline).",
+             dropped (nothing before the deadline), declined (the device said it should not train now).",
             self.client_rounds.clone(),
         );
         r.register_with_unit(
@@ -391,7 +399,7 @@ impl ServerMetrics {
         for o in ["aggregated", "failed"] {
             let _ = self.rounds_closed.get_or_create(&[("outcome", o)]);
         }
-        for r in ["completed", "late", "dropped"] {
+        for r in CLIENT_ROUND_RESULTS {
             let _ = self.client_rounds.get_or_create(&[("result", r)]);
         }
         for p in ["compute", "transfer", "wait"] {
@@ -552,10 +560,12 @@ impl ServerMetrics {
 
     /// Adds one cost record (a client's round) to the totals.
     pub fn record_cost(&self, c: &CostRecord) {
-        let result = match (c.dropped, c.straggler) {
-            (true, _) => "dropped",
-            (false, true) => "late",
-            (false, false) => "completed",
+        self.condition.record(c);
+        let result = match (c.declined.is_some(), c.dropped, c.straggler) {
+            (true, _, _) => "declined",
+            (false, true, _) => "dropped",
+            (false, false, true) => "late",
+            (false, false, false) => "completed",
         };
         self.client_rounds.get_or_create(&[("result", result)]).inc();
         for (direction, kind, v) in [
@@ -571,7 +581,7 @@ impl ServerMetrics {
             self.client_seconds.get_or_create(&[("phase", phase)]).inc_by(secs(v));
         }
         self.client_energy.inc_by(secs(c.joules));
-        if !c.dropped {
+        if !c.dropped && c.declined.is_none() {
             self.client_round_duration
                 .observe(secs(c.compute_seconds) + secs(c.transfer_seconds) + secs(c.wait_seconds));
         }
@@ -661,10 +671,7 @@ impl ServerMetrics {
 
     /// Cost records counted (one per client per round), those replayed from the store included.
     pub fn client_rounds_total(&self) -> u64 {
-        ["completed", "late", "dropped"]
-            .iter()
-            .map(|r| self.client_rounds.get(&[("result", r)]).map_or(0, |c| c.get()))
-            .sum()
+        CLIENT_ROUND_RESULTS.iter().map(|r| self.client_rounds.get(&[("result", r)]).map_or(0, |c| c.get())).sum()
     }
 
     /// Bytes clients reported for one direction (`up`, `down`) and kind (`payload`, `wire`).
@@ -833,6 +840,7 @@ mod tests {
                 })
                 .collect(),
             missing: missing.iter().map(|m| m.to_string()).collect(),
+            declined: Vec::new(),
             duplicates: 0,
             refused: 0,
             late_total: 0,

@@ -631,6 +631,7 @@ mod round_log_tests {
             target: 2,
             updates: Vec::new(),
             missing: Vec::new(),
+            declined: Vec::new(),
             duplicates: 0,
             refused: 0,
             late_total: 0,

@@ -28,6 +28,124 @@ pub struct CostRecord {
     pub straggler: bool,
     /// The client was sampled but sent nothing before the deadline.
     pub dropped: bool,
+    /// The device was invited and declined to train (issue 33): why. A decline is not a drop.
+    pub declined: Option<DeclineReason>,
+    /// The device's condition at the end of the round, where it can read it (issue 33):
+    /// the hottest thermal zone, in °C.
+    pub temperature_c: Option<f32>,
+    /// The CPU ran below its top clock (or the simulated device throttled) during the round.
+    pub throttled: Option<bool>,
+    /// The system battery's charge, in percent.
+    pub battery_percent: Option<u8>,
+    /// On external power (mains, USB-C source) rather than battery.
+    pub external_power: Option<bool>,
+    /// The board's power mode where it names one (a Jetson's `nvpmodel` mode), at most
+    /// [`MAX_POWER_MODE_LEN`] bytes.
+    pub power_mode: Option<String>,
+    /// Values the device refused to read of itself (a sysfs file with garbage in it: logged on
+    /// the device, counted here so the server's metrics show boards with broken sensors).
+    pub readings_refused: Option<u32>,
+}
+
+/// Why an invited device declined to train (issue 33, `[eligibility]` of client.toml). The
+/// names ([`DeclineReason::name`]) are the metrics' labels and the ledger's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeclineReason {
+    /// On battery below `min_battery_percent`.
+    Battery,
+    /// The hottest thermal zone at or above `max_temperature_c`.
+    Thermal,
+    /// The default route is a metered (cellular) link and `unmetered_only` is set.
+    Metered,
+    /// Outside the daily training window.
+    Window,
+    /// The machine is busy (load above `max_load`).
+    Busy,
+}
+
+impl DeclineReason {
+    /// Every reason, in the order devices check them.
+    pub const ALL: [DeclineReason; 5] = [Self::Battery, Self::Thermal, Self::Metered, Self::Window, Self::Busy];
+
+    /// The stable short name: `battery`, `thermal`, `metered`, `window` or `busy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Battery => "battery",
+            Self::Thermal => "thermal",
+            Self::Metered => "metered",
+            Self::Window => "window",
+            Self::Busy => "busy",
+        }
+    }
+}
+
+/// Fields of [`CostRecord`] after those of [`CostRecordV1`].
+const FIELDS_AFTER_V1: usize = 7;
+
+/// Most values a device can refuse to read of itself in one round (every file it reads, bounded).
+pub const MAX_READINGS_REFUSED: u32 = 100_000;
+
+/// Longest power-mode name a cost record may carry.
+pub const MAX_POWER_MODE_LEN: usize = 32;
+
+/// A cost record as clients before issue 33 encode it (no decline, no condition). postcard
+/// carries no field names, so a body without the new trailing fields is read as this and
+/// converted: a fleet keeps reporting while its devices are updated one by one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CostRecordV1 {
+    pub client: String,
+    pub round: u64,
+    pub payload_down: u64,
+    pub payload_up: u64,
+    pub wire_down: u64,
+    pub wire_up: u64,
+    pub compute_seconds: f64,
+    pub transfer_seconds: f64,
+    pub wait_seconds: f64,
+    pub wall_seconds: f64,
+    pub rtt_seconds: f64,
+    pub joules: f64,
+    pub straggler: bool,
+    pub dropped: bool,
+}
+
+impl From<CostRecordV1> for CostRecord {
+    fn from(r: CostRecordV1) -> Self {
+        let CostRecordV1 {
+            client,
+            round,
+            payload_down,
+            payload_up,
+            wire_down,
+            wire_up,
+            compute_seconds,
+            transfer_seconds,
+            wait_seconds,
+            wall_seconds,
+            rtt_seconds,
+            joules,
+            straggler,
+            dropped,
+        } = r;
+        CostRecord {
+            client,
+            round,
+            payload_down,
+            payload_up,
+            wire_down,
+            wire_up,
+            compute_seconds,
+            transfer_seconds,
+            wait_seconds,
+            wall_seconds,
+            rtt_seconds,
+            joules,
+            straggler,
+            dropped,
+            ..CostRecord::default()
+        }
+    }
 }
 
 impl CostRecord {
@@ -44,10 +162,57 @@ impl CostRecord {
             ("rtt_seconds", self.rtt_seconds),
             ("joules", self.joules),
         ];
-        match fields.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
-            Some((name, v)) => Err(alloc::format!("{name} = {v} is not a finite non-negative number")),
-            None => Ok(()),
+        if let Some((name, v)) = fields.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+            return Err(alloc::format!("{name} = {v} is not a finite non-negative number"));
         }
+        self.validate_condition()
+    }
+
+    /// The condition fields: a temperature a device can have, a percentage, a short mode name.
+    fn validate_condition(&self) -> Result<(), String> {
+        if let Some(t) = self.temperature_c
+            && !(t.is_finite() && (-60.0..=200.0).contains(&t))
+        {
+            return Err(alloc::format!("temperature_c = {t} is not a device temperature (-60 to 200 °C)"));
+        }
+        if let Some(p) = self.battery_percent
+            && p > 100
+        {
+            return Err(alloc::format!("battery_percent = {p} is not a percentage"));
+        }
+        if let Some(n) = self.readings_refused
+            && n > MAX_READINGS_REFUSED
+        {
+            return Err(alloc::format!(
+                "readings_refused = {n} is beyond the {MAX_READINGS_REFUSED} values a device reads"
+            ));
+        }
+        if self.power_mode.as_ref().is_some_and(|m| m.len() > MAX_POWER_MODE_LEN) {
+            return Err(alloc::format!("power_mode is longer than {MAX_POWER_MODE_LEN} bytes"));
+        }
+        Ok(())
+    }
+
+    /// The record's postcard bytes, as a [`CostRecordV1`]'s when it has no decline and no
+    /// condition: checksums computed over records before issue 33 stay valid.
+    pub fn stable_encoding(&self) -> alloc::vec::Vec<u8> {
+        let mut body = postcard::to_allocvec(self).unwrap_or_default();
+        if self.declined.is_none() && !self.has_condition() {
+            // Each `None` of the fields after `dropped` is one zero byte at the end.
+            body.truncate(body.len().saturating_sub(FIELDS_AFTER_V1));
+        }
+        body
+    }
+
+    /// Whether any condition field is set (a record without them encodes, and is checksummed,
+    /// as a [`CostRecordV1`] followed by their `None`s).
+    pub fn has_condition(&self) -> bool {
+        self.temperature_c.is_some()
+            || self.throttled.is_some()
+            || self.battery_percent.is_some()
+            || self.external_power.is_some()
+            || self.power_mode.is_some()
+            || self.readings_refused.is_some()
     }
 
     /// Checks that the record describes a round a real device could have had: every seconds
@@ -84,4 +249,20 @@ pub const MAX_RECORD_JOULES: f64 = 1e8;
 /// The header of the ledger as CSV: the one format the simulator's run folder (`ledger.csv`) and
 /// the server's export share (both write the rows with the `csv` crate from the serde fields, in
 /// this order).
-pub const CSV_HEADER: &str = "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,joules,straggler,dropped";
+pub const CSV_HEADER: &str = "client,round,payload_down,payload_up,wire_down,wire_up,compute_seconds,transfer_seconds,wait_seconds,wall_seconds,rtt_seconds,joules,straggler,dropped,declined,temperature_c,throttled,battery_percent,external_power,power_mode,readings_refused";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record without the new fields encodes exactly as before them; with one, it does not.
+    #[test]
+    fn records_without_conditions_keep_their_old_encoding() {
+        let old = CostRecordV1 { client: "d1".into(), round: 3, joules: 1.5, dropped: true, ..Default::default() };
+        let new = CostRecord::from(old.clone());
+        assert_eq!(new.stable_encoding(), postcard::to_allocvec(&old).unwrap());
+        let declined = CostRecord { declined: Some(DeclineReason::Thermal), ..new.clone() };
+        assert_ne!(declined.stable_encoding(), postcard::to_allocvec(&old).unwrap());
+        assert_eq!(postcard::from_bytes::<CostRecord>(&declined.stable_encoding()).unwrap(), declined);
+    }
+}

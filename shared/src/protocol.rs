@@ -10,7 +10,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::CostRecord;
+use crate::ledger::{CostRecord, CostRecordV1, DeclineReason};
 use crate::prototype::Prototype;
 use crate::tensor::{ParamBlock, TensorError};
 
@@ -168,6 +168,19 @@ pub struct Chunk {
     pub data: Vec<u8>,
 }
 
+/// An invited device will not train for `round` now (issue 33: its `[eligibility]` says no). The
+/// server counts it apart from a drop and invites another device in its place.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decline {
+    pub round: u64,
+    pub reason: DeclineReason,
+    /// What the device read (at most [`MAX_DECLINE_DETAIL`] bytes), for the server's log.
+    pub detail: String,
+}
+
+/// Longest [`Decline::detail`] accepted.
+pub const MAX_DECLINE_DETAIL: usize = 256;
+
 /// Liveness signal; either side may send it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
@@ -227,6 +240,8 @@ pub enum Message {
     TransferResume(TransferResume),
     /// A piece of a transfer (kind 13).
     Chunk(Chunk),
+    /// An invited device declines the round (kind 14).
+    Decline(Decline),
 }
 
 /// Kind bytes of the messages that may be large (readers give them their own size limit).
@@ -251,6 +266,7 @@ impl Message {
             Message::TransferOffer(_) => 11,
             Message::TransferResume(_) => 12,
             Message::Chunk(_) => KIND_CHUNK,
+            Message::Decline(_) => 14,
         }
     }
 
@@ -275,6 +291,7 @@ impl Message {
             Message::TransferOffer(m) => postcard::to_allocvec(m),
             Message::TransferResume(m) => postcard::to_allocvec(m),
             Message::Chunk(m) => postcard::to_allocvec(m),
+            Message::Decline(m) => postcard::to_allocvec(m),
         };
         // Serialising owned in-memory structs into a growable Vec cannot fail.
         r.unwrap_or_default()
@@ -293,11 +310,12 @@ impl Message {
             6 => Message::Heartbeat(postcard::from_bytes(body).map_err(bad)?),
             7 => Message::Refusal(postcard::from_bytes(body).map_err(bad)?),
             8 => Message::Goodbye(postcard::from_bytes(body).map_err(bad)?),
-            9 => Message::Cost(postcard::from_bytes(body).map_err(bad)?),
+            9 => Message::Cost(decode_cost(body).map_err(bad)?),
             10 => Message::CostAck(postcard::from_bytes(body).map_err(bad)?),
             11 => Message::TransferOffer(postcard::from_bytes(body).map_err(bad)?),
             12 => Message::TransferResume(postcard::from_bytes(body).map_err(bad)?),
             KIND_CHUNK => Message::Chunk(postcard::from_bytes(body).map_err(bad)?),
+            14 => Message::Decline(postcard::from_bytes(body).map_err(bad)?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
         msg.validate()?;
@@ -319,6 +337,9 @@ impl Message {
                 Ok(())
             }
             Message::Cost(c) => c.validate().map_err(DecodeError::Invalid),
+            Message::Decline(d) if d.detail.len() > MAX_DECLINE_DETAIL => {
+                Err(DecodeError::Invalid(alloc::format!("a decline's detail has more than {MAX_DECLINE_DETAIL} bytes")))
+            }
             Message::Hello(h) if h.client_id.is_empty() || h.client_id.len() > 128 => {
                 Err(DecodeError::Invalid("client id must have 1 to 128 bytes".into()))
             }
@@ -350,6 +371,13 @@ fn validate_parts(blocks: &[ParamBlock], prototypes: &[Prototype]) -> Result<(),
     Ok(())
 }
 
+/// A cost record's body: this version's, or one from a client that predates the condition
+/// fields ([`CostRecordV1`]). The longer form is tried first; a V1 body ends before it.
+fn decode_cost(body: &[u8]) -> Result<CostRecord, postcard::Error> {
+    postcard::from_bytes::<CostRecord>(body)
+        .or_else(|e| postcard::from_bytes::<CostRecordV1>(body).map(Into::into).map_err(|_| e))
+}
+
 /// Name of a kind byte, or `None` if this version does not know it.
 pub fn kind_name(kind: u8) -> Option<&'static str> {
     Some(match kind {
@@ -366,6 +394,7 @@ pub fn kind_name(kind: u8) -> Option<&'static str> {
         11 => "transfer_offer",
         12 => "transfer_resume",
         13 => "chunk",
+        14 => "decline",
         _ => return None,
     })
 }

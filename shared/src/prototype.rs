@@ -31,6 +31,9 @@ impl Prototype {
         if self.vector.shape.len() != 1 || self.vector.shape[0] as usize > MAX_PROTOTYPE_DIM {
             return Err(TensorError::ShapeOverflow { shape: self.vector.shape.clone() });
         }
+        if self.vector.encoding.as_dense().is_none() {
+            return Err(TensorError::NotDense { encoding: self.vector.encoding.name() });
+        }
         self.vector.validate()
     }
 

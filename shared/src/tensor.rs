@@ -24,25 +24,94 @@ pub enum Encoding {
     Bf16,
     /// Symmetric int8 quantisation: value = q · scale, 1 byte per value.
     Int8 { scale: f32 },
+    /// Top-k sparse delta (issue 33; appended): `k` increasing `u32` indices, then `k` values in
+    /// the layout `values`, added to the block of the model the round was broadcast from
+    /// ([`crate::sparse`]).
+    TopK { k: u32, values: Dense },
+    /// One zstd frame of the bytes `inner` lays out (issue 33; appended; [`crate::compress`]).
+    Zstd { inner: Packed },
+}
+
+/// A dense layout, one value per element: the encodings of protocol v1, as the values of a
+/// top-k delta or the contents of a zstd frame.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Dense {
+    F32,
+    F16,
+    Bf16,
+    Int8 { scale: f32 },
+}
+
+/// What a zstd frame holds: a dense layout or a top-k delta.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Packed {
+    Dense(Dense),
+    TopK { k: u32, values: Dense },
+}
+
+impl From<Dense> for Encoding {
+    fn from(d: Dense) -> Self {
+        match d {
+            Dense::F32 => Encoding::F32,
+            Dense::F16 => Encoding::F16,
+            Dense::Bf16 => Encoding::Bf16,
+            Dense::Int8 { scale } => Encoding::Int8 { scale },
+        }
+    }
+}
+
+impl Packed {
+    /// The encoding of the frame's contents.
+    pub fn encoding(self) -> Encoding {
+        match self {
+            Packed::Dense(d) => d.into(),
+            Packed::TopK { k, values } => Encoding::TopK { k, values },
+        }
+    }
 }
 
 impl Encoding {
-    /// Bytes used by one value.
+    /// Bytes one sent value takes before any compression: 4 for an index plus the value's bytes
+    /// in a top-k delta; the contents' for zstd.
     pub fn bytes_per_value(self) -> usize {
         match self {
             Encoding::F32 => 4,
             Encoding::F16 | Encoding::Bf16 => 2,
             Encoding::Int8 { .. } => 1,
+            Encoding::TopK { values, .. } => 4 + Encoding::from(values).bytes_per_value(),
+            Encoding::Zstd { inner } => inner.encoding().bytes_per_value(),
         }
     }
 
-    /// A short lowercase name (`f32`, `f16`, `bf16`, `int8`).
+    /// A short lowercase name (`f32`, `f16`, `bf16`, `int8`, `top-k`, `zstd`).
     pub fn name(self) -> &'static str {
         match self {
             Encoding::F32 => "f32",
             Encoding::F16 => "f16",
             Encoding::Bf16 => "bf16",
             Encoding::Int8 { .. } => "int8",
+            Encoding::TopK { .. } => "top-k",
+            Encoding::Zstd { .. } => "zstd",
+        }
+    }
+
+    /// The dense layout, if this is one.
+    pub fn as_dense(self) -> Option<Dense> {
+        match self {
+            Encoding::F32 => Some(Dense::F32),
+            Encoding::F16 => Some(Dense::F16),
+            Encoding::Bf16 => Some(Dense::Bf16),
+            Encoding::Int8 { scale } => Some(Dense::Int8 { scale }),
+            Encoding::TopK { .. } | Encoding::Zstd { .. } => None,
+        }
+    }
+
+    /// What a zstd frame of this layout would hold (`None` for zstd itself).
+    pub fn packed(self) -> Option<Packed> {
+        match self {
+            Encoding::TopK { k, values } => Some(Packed::TopK { k, values }),
+            Encoding::Zstd { .. } => None,
+            dense => dense.as_dense().map(Packed::Dense),
         }
     }
 }
@@ -64,6 +133,24 @@ pub enum TensorError {
     BadName,
     #[error("block `{name}`: {source}")]
     InBlock { name: String, source: alloc::boxed::Box<TensorError> },
+    #[error("a top-k delta decodes only against the model the round was broadcast from")]
+    NeedsBase,
+    #[error("the delta's base has {got} values, the block {expected}")]
+    BaseMismatch { expected: usize, got: usize },
+    #[error("top-k of {k} entries exceeds the block's {len} elements")]
+    TopKTooLarge { k: u32, len: usize },
+    #[error("top-k index {index} is past the block's end ({len} elements)")]
+    IndexPastEnd { index: u32, len: usize },
+    #[error("top-k index {index} at position {position} is not above the index before it")]
+    IndexOrder { position: usize, index: u32 },
+    #[error("zstd frame inflates past the block's declared {limit} bytes")]
+    Inflated { limit: usize },
+    #[error("zstd frame is truncated or corrupt: {detail}")]
+    BadFrame { detail: String },
+    #[error("encoding {encoding} is not supported by this build")]
+    Unsupported { encoding: &'static str },
+    #[error("a {encoding} tensor cannot carry a prototype (prototypes travel dense)")]
+    NotDense { encoding: &'static str },
 }
 
 /// A tensor encoded for the wire: shape, encoding and raw little-endian bytes.
@@ -80,10 +167,42 @@ pub fn element_count(shape: &[u32]) -> Option<usize> {
     shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))
 }
 
+/// Number of elements of a shape, checked against [`MAX_RANK`] and overflow.
+fn checked_len(shape: &[u32]) -> Result<usize, TensorError> {
+    if shape.len() > MAX_RANK {
+        return Err(TensorError::RankTooHigh { rank: shape.len() });
+    }
+    element_count(shape).ok_or_else(|| TensorError::ShapeOverflow { shape: shape.to_vec() })
+}
+
+/// Bytes the data of a tensor of `shape` in `encoding` (not zstd) takes.
+pub(crate) fn data_len(shape: &[u32], encoding: Encoding) -> Result<usize, TensorError> {
+    let n = checked_len(shape)?;
+    let count = match encoding {
+        Encoding::TopK { k, .. } if k as usize > n => return Err(TensorError::TopKTooLarge { k, len: n }),
+        Encoding::TopK { k, .. } => k as usize,
+        _ => n,
+    };
+    count.checked_mul(encoding.bytes_per_value()).ok_or_else(|| TensorError::ShapeOverflow { shape: shape.to_vec() })
+}
+
 impl EncodedTensor {
     /// Encodes `values` (row-major, of `shape`) with `encoding`. For `Int8` the scale given is
-    /// ignored and recomputed as max|x| / 127.
+    /// ignored and recomputed as max|x| / 127. A top-k delta needs the broadcast's block
+    /// ([`crate::sparse::encode`]): here every value goes in its value layout; `Zstd` packs the
+    /// result where that makes it smaller ([`crate::compress::pack`]).
     pub fn encode(shape: &[u32], values: &[f32], encoding: Encoding) -> Self {
+        match encoding {
+            Encoding::TopK { values: dense, .. } => Self::encode(shape, values, dense.into()),
+            Encoding::Zstd { inner } => {
+                let plain = Self::encode(shape, values, inner.encoding());
+                crate::compress::pack(&plain).unwrap_or(plain)
+            }
+            dense => Self::encode_dense(shape, values, dense),
+        }
+    }
+
+    fn encode_dense(shape: &[u32], values: &[f32], encoding: Encoding) -> Self {
         debug_assert_eq!(element_count(shape), Some(values.len()));
         let mut data = Vec::with_capacity(values.len() * encoding.bytes_per_value());
         let encoding = match encoding {
@@ -108,16 +227,14 @@ impl EncodedTensor {
                 }
                 Encoding::Int8 { scale }
             }
+            sparse_or_packed => sparse_or_packed,
         };
         Self { shape: shape.to_vec(), encoding, data }
     }
 
     /// Number of elements the shape declares (checked).
     pub fn len(&self) -> Result<usize, TensorError> {
-        if self.shape.len() > MAX_RANK {
-            return Err(TensorError::RankTooHigh { rank: self.shape.len() });
-        }
-        element_count(&self.shape).ok_or_else(|| TensorError::ShapeOverflow { shape: self.shape.clone() })
+        checked_len(&self.shape)
     }
 
     /// True when the tensor holds no element.
@@ -125,13 +242,51 @@ impl EncodedTensor {
         self.len().map(|n| n == 0).unwrap_or(true)
     }
 
-    /// Checks that the byte length matches the shape and that every value is finite.
+    /// Checks that the byte length matches the shape and that every value is finite. A top-k
+    /// delta's indices are checked too; a zstd frame's header only (one whole frame declaring
+    /// its layout's size): what it holds is checked when it is decoded.
     pub fn validate(&self) -> Result<(), TensorError> {
-        self.decode().map(|_| ())
+        match self.encoding {
+            Encoding::TopK { k, values } => crate::sparse::entries(self.len()?, k, values, &self.data).map(|_| ()),
+            Encoding::Zstd { inner } => {
+                crate::compress::check_frame(&self.data, data_len(&self.shape, inner.encoding())?)
+            }
+            _ => self.decode().map(|_| ()),
+        }
     }
 
-    /// Decodes to f32 values, checking length, scale and finiteness.
+    /// Decodes to f32 values, checking length, scale and finiteness. A top-k delta has no
+    /// values of its own ([`TensorError::NeedsBase`]): see [`EncodedTensor::decode_against`].
     pub fn decode(&self) -> Result<Vec<f32>, TensorError> {
+        match self.encoding {
+            Encoding::TopK { .. } => Err(TensorError::NeedsBase),
+            Encoding::Zstd { inner } => crate::compress::unpacked(&self.shape, inner, &self.data)?.decode(),
+            _ => self.decode_dense(),
+        }
+    }
+
+    /// Decodes to f32 values, a top-k delta added to `base` (the values of the block the round
+    /// was broadcast with); a dense tensor ignores `base`.
+    pub fn decode_against(&self, base: &[f32]) -> Result<Vec<f32>, TensorError> {
+        match self.encoding {
+            Encoding::TopK { k, values } => {
+                let n = self.len()?;
+                let (indices, deltas) = crate::sparse::entries(n, k, values, &self.data)?;
+                if base.len() != n {
+                    return Err(TensorError::BaseMismatch { expected: n, got: base.len() });
+                }
+                let out = crate::sparse::apply(base, &indices, &deltas);
+                match out.iter().position(|v| !v.is_finite()) {
+                    Some(index) => Err(TensorError::NonFinite { index }),
+                    None => Ok(out),
+                }
+            }
+            Encoding::Zstd { inner } => crate::compress::unpacked(&self.shape, inner, &self.data)?.decode_against(base),
+            _ => self.decode_dense(),
+        }
+    }
+
+    fn decode_dense(&self) -> Result<Vec<f32>, TensorError> {
         let n = self.len()?;
         let expected = n
             .checked_mul(self.encoding.bytes_per_value())
@@ -154,6 +309,7 @@ impl EncodedTensor {
                 }
                 self.data.iter().map(|&b| (b as i8) as f32 * scale).collect()
             }
+            Encoding::TopK { .. } | Encoding::Zstd { .. } => return Err(TensorError::NeedsBase),
         };
         if let Some(index) = values.iter().position(|v| !v.is_finite()) {
             return Err(TensorError::NonFinite { index });
@@ -199,6 +355,12 @@ impl ParamBlock {
     /// Decodes to f32 values (checked), naming the block in any error.
     pub fn decode(&self) -> Result<Vec<f32>, TensorError> {
         self.tensor.decode().map_err(|e| self.wrap(e))
+    }
+
+    /// Decodes to f32 values against `base`, the values of the block the round was broadcast
+    /// with (a top-k delta is added to it), naming the block in any error.
+    pub fn decode_against(&self, base: &[f32]) -> Result<Vec<f32>, TensorError> {
+        self.tensor.decode_against(base).map_err(|e| self.wrap(e))
     }
 
     fn wrap(&self, e: TensorError) -> TensorError {

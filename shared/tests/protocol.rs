@@ -331,3 +331,55 @@ proptest! {
         }
     }
 }
+
+/// A decline (kind 14) travels with its reason; a detail beyond the bound is refused.
+#[test]
+fn a_decline_round_trips_and_its_detail_is_bounded() {
+    let encode = |m: &Message| encode_frame(m, DEFAULT_MAX_FRAME).unwrap();
+    use anchorage_shared::ledger::DeclineReason;
+    use anchorage_shared::protocol::{Decline, MAX_DECLINE_DETAIL};
+    for reason in DeclineReason::ALL {
+        let msg = Message::Decline(Decline { round: 7, reason, detail: format!("{} check", reason.name()) });
+        assert_eq!(msg.kind(), 14);
+        assert_eq!(decode_frame(&encode(&msg), DEFAULT_MAX_FRAME).unwrap(), msg);
+    }
+    let long = Message::Decline(Decline {
+        round: 7,
+        reason: DeclineReason::Thermal,
+        detail: "x".repeat(MAX_DECLINE_DETAIL + 1),
+    });
+    assert!(matches!(decode_frame(&encode(&long), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
+}
+
+/// A cost record from a client that predates the condition fields is read, with none of them;
+/// a record with them keeps them; impossible readings are refused.
+#[test]
+fn cost_records_of_old_clients_are_read_and_conditions_are_checked() {
+    let encode = |m: &Message| encode_frame(m, DEFAULT_MAX_FRAME).unwrap();
+    use anchorage_shared::ledger::CostRecordV1;
+    let old = CostRecordV1 { round: 4, payload_up: 10, joules: 2.0, ..CostRecordV1::default() };
+    let body = postcard::to_allocvec(&old).unwrap();
+    let Message::Cost(read) = Message::decode_body(9, &body).unwrap() else { panic!("not a cost record") };
+    assert_eq!(read, CostRecord { round: 4, payload_up: 10, joules: 2.0, ..CostRecord::default() });
+    let with = CostRecord {
+        round: 5,
+        temperature_c: Some(71.5),
+        throttled: Some(true),
+        battery_percent: Some(40),
+        external_power: Some(false),
+        power_mode: Some("nvpmodel 2".into()),
+        ..CostRecord::default()
+    };
+    let msg = Message::Cost(with);
+    assert_eq!(decode_frame(&encode(&msg), DEFAULT_MAX_FRAME).unwrap(), msg);
+    for bad in [
+        CostRecord { temperature_c: Some(f32::NAN), ..CostRecord::default() },
+        CostRecord { temperature_c: Some(900.0), ..CostRecord::default() },
+        CostRecord { battery_percent: Some(101), ..CostRecord::default() },
+        CostRecord { power_mode: Some("m".repeat(33)), ..CostRecord::default() },
+        CostRecord { readings_refused: Some(u32::MAX), ..CostRecord::default() },
+    ] {
+        let frame = encode(&Message::Cost(bad.clone()));
+        assert!(matches!(decode_frame(&frame, DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))), "{bad:?}");
+    }
+}

@@ -115,6 +115,13 @@ pub struct SystemsConfig {
     pub clock: Clock,
     /// Upload encoding: f32, f16, bf16 or int8.
     pub encoding: anchorage_client::encoding::UploadEncoding,
+    /// Top-k sparsification with error feedback (issue 33): the fraction of each block's delta
+    /// a client uploads, in (0, 1]; unset: every value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<f64>,
+    /// A compressor over the encoded blocks (`zstd`); unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress: Option<anchorage_client::compress::Compressor>,
     /// Link of every client, by preset name (`ethernet`, `wifi`, `lte`, `3g`, `satellite`, `iot`);
     /// none: plain loopback.
     pub link: Option<LinkPreset>,
@@ -137,6 +144,10 @@ pub struct SystemsConfig {
     /// resumable transfers, issue 33); `false`: sent again from the start (the baseline). On the
     /// virtual clock, how an outage in the middle of an upload is charged.
     pub resume_uploads: bool,
+    /// Virtual clock: the run ends after the round in flight once the simulated clock passes
+    /// this many hours (168: a week of a fleet), even if `rounds` are left.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_after_hours: Option<f64>,
 }
 
 /// What the run measures beyond the global model's accuracy, which it evaluates every round.
@@ -209,6 +220,20 @@ pub struct Attack {
 pub struct LinkShare {
     pub preset: LinkPreset,
     pub share: f64,
+    /// Outages of these devices' links, both directions (`every_ms` repeats one): the share's
+    /// devices go dark together, as behind one tower or one backhaul.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outages: Vec<crate::network::Outage>,
+}
+
+impl LinkShare {
+    /// The preset's links with the share's outages.
+    pub fn profile(&self) -> DuplexProfile {
+        let mut p = self.preset.profile();
+        p.up.outages.extend(self.outages.iter().copied());
+        p.down.outages.extend(self.outages.iter().copied());
+        p
+    }
 }
 
 /// One client's link, written out.
@@ -220,14 +245,36 @@ pub struct ClientLink {
 }
 
 impl SimConfig {
+    /// Whether each client's link is metered (cellular), in client order, dealt as
+    /// [`SimConfig::links`] deals the presets: a written `client_links` entry is not.
+    pub fn metered_links(&self) -> Vec<bool> {
+        let systems = &self.systems;
+        let mix: Vec<(bool, f64)> = systems.link_mix.iter().map(|m| (m.preset.metered(), m.share)).collect();
+        let clients = self.federation.clients;
+        let dealt = deal_by_share(&mix, clients, self.federation.seed ^ 0x11AC);
+        let default = systems.link.is_some_and(LinkPreset::metered);
+        (0..clients)
+            .map(|i| match systems.client_links.iter().any(|l| l.client == i) {
+                true => false,
+                false => dealt.get(i).copied().unwrap_or(default),
+            })
+            .collect()
+    }
+
     /// Every client's link, in client order: an entry of `client_links` first, else a preset
     /// dealt from `link_mix` by share, else `link`, else none (plain loopback).
     pub fn links(&self) -> anyhow::Result<Vec<Option<DuplexProfile>>> {
         let systems = &self.systems;
-        let mix: Vec<(DuplexProfile, f64)> = systems.link_mix.iter().map(|m| (m.preset.profile(), m.share)).collect();
+        let mix: Vec<(DuplexProfile, f64)> = systems.link_mix.iter().map(|m| (m.profile(), m.share)).collect();
         let clients = self.federation.clients;
         let dealt = deal_by_share(&mix, clients, self.federation.seed ^ 0x11AC);
         let default = systems.link.map(LinkPreset::profile);
+        let written = systems.client_links.iter().map(|l| &l.profile);
+        for profile in mix.iter().map(|(p, _)| p).chain(written) {
+            for o in profile.up.outages.iter().chain(&profile.down.outages) {
+                o.check()?;
+            }
+        }
         Ok((0..clients)
             .map(|i| match systems.client_links.iter().find(|l| l.client == i) {
                 Some(l) => Some(l.profile.clone()),
@@ -385,6 +432,8 @@ impl Default for SystemsConfig {
         Self {
             clock: Clock::Real,
             encoding: Default::default(),
+            top_k: None,
+            compress: None,
             link: None,
             link_mix: Vec::new(),
             client_links: Vec::new(),
@@ -393,7 +442,15 @@ impl Default for SystemsConfig {
             kill: Vec::new(),
             threads: 1,
             resume_uploads: true,
+            stop_after_hours: None,
         }
+    }
+}
+
+impl SystemsConfig {
+    /// How the clients shrink their updates (`top_k`, `compress`, `encoding`; issue 33).
+    pub fn update_compression(&self) -> anyhow::Result<anchorage_client::compress::UpdateCompression> {
+        anchorage_client::compress::UpdateCompression::new(self.top_k, self.compress, self.encoding.encoding())
     }
 }
 
@@ -444,10 +501,10 @@ mod tests {
             field_names::<OutputConfig>(),
         ];
         let mut keys: Vec<&str> = sections.concat();
-        assert_eq!(keys.len(), 36, "{keys:?}");
+        assert_eq!(keys.len(), 39, "{keys:?}");
         keys.sort_unstable();
         keys.dedup();
-        assert_eq!(keys.len(), 36, "a key in two sections");
+        assert_eq!(keys.len(), 39, "a key in two sections");
         assert!(!keys.contains(&"model") && !keys.contains(&"method"));
         assert!(keys.contains(&"data"), "the [data] table is the data section's");
     }

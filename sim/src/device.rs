@@ -24,6 +24,10 @@ pub struct DeviceProfile {
     pub name: String,
     /// Compute seconds on this device per second on the simulating host (2.0: twice as slow).
     pub compute_scale: f64,
+    /// Simulated seconds each local epoch takes on this device, whatever the host measures
+    /// (a figure measured on the device; runs whose timing does not depend on the host).
+    /// Overrides `compute_scale`.
+    pub compute_seconds: Option<f64>,
     /// Power drawn while computing, in watts (energy estimate).
     pub compute_watts: f64,
     /// Power drawn by the radio while transferring, in watts.
@@ -46,6 +50,14 @@ pub struct DeviceProfile {
     pub availability_trace: Option<PathBuf>,
     /// Period of `availability_trace` (at least its last end).
     pub trace_period_seconds: Option<f64>,
+    /// Virtual clock: a battery that drains while training and charges on a schedule
+    /// ([`crate::power`]); none: mains-powered.
+    pub battery: Option<crate::power::BatteryModel>,
+    /// Virtual clock: heating under load and throttling ([`crate::power`]); none: never hot.
+    pub thermal: Option<crate::power::ThermalModel>,
+    /// Virtual clock: when the device may train, as client.toml's `[eligibility]`; an invited
+    /// device that may not declines. Empty: always.
+    pub eligibility: anchorage_client::eligibility::Eligibility,
 }
 
 /// An availability cycle.
@@ -268,6 +280,10 @@ impl Default for DeviceProfile {
             on_off: None,
             availability_trace: None,
             trace_period_seconds: None,
+            compute_seconds: None,
+            battery: None,
+            thermal: None,
+            eligibility: Default::default(),
         }
     }
 }
@@ -533,7 +549,10 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
             None => work(),
         };
         let mut update = update?;
-        let charged = measured.mul_f64(self.profile.compute_scale.max(0.0));
+        let charged = match self.profile.compute_seconds {
+            Some(per_epoch) => Duration::from_secs_f64(per_epoch.max(0.0) * f64::from(epochs)),
+            None => measured.mul_f64(self.profile.compute_scale.max(0.0)),
+        };
         if self.charge == Charge::Sleep && charged > wall {
             std::thread::sleep(charged - wall);
         }
@@ -542,8 +561,9 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
                 update.num_samples = n;
             }
             for block in &mut update.blocks {
-                let trained = block.decode()?;
                 let base = broadcast.blocks.iter().find(|b| b.name == block.name).and_then(|b| b.decode().ok());
+                // A top-k delta (issue 33) stands for base + delta.
+                let trained = block.decode_against(base.as_deref().unwrap_or_default())?;
                 let base = base.filter(|b| b.len() == trained.len()).unwrap_or_else(|| vec![0.0; trained.len()]);
                 let values: Vec<f32> = trained.iter().zip(&base).map(|(t, g)| g + scale * (t - g)).collect();
                 *block = ParamBlock::encode(block.name.clone(), &block.tensor.shape, &values, block.tensor.encoding);
@@ -710,8 +730,8 @@ mod deal_tests {
             federation: FederationConfig { clients: 10, ..Default::default() },
             systems: SystemsConfig {
                 link_mix: vec![
-                    crate::LinkShare { preset: crate::network::LinkPreset::Wifi, share: 0.7 },
-                    crate::LinkShare { preset: crate::network::LinkPreset::ThreeG, share: 0.3 },
+                    crate::LinkShare { preset: crate::network::LinkPreset::Wifi, share: 0.7, outages: vec![] },
+                    crate::LinkShare { preset: crate::network::LinkPreset::ThreeG, share: 0.3, outages: vec![] },
                 ],
                 client_links: vec![crate::ClientLink { client: 0, profile: Default::default() }],
                 ..Default::default()

@@ -13,6 +13,7 @@ pub mod export;
 pub mod fleet;
 pub mod microbench;
 pub mod network;
+pub mod power;
 pub mod progress;
 mod record;
 pub mod recorder;

@@ -420,7 +420,8 @@ impl Setup {
             "clients {client_range:?} are outside the federation's {}",
             config.federation.clients
         );
-        let encoding = config.systems.encoding.encoding();
+        let compression = config.systems.update_compression()?;
+        let encoding = compression.method_encoding(config.systems.encoding.encoding());
         let plain = Device::flex();
         let train_device = Device::flex().autodiff();
         let Prepared { train, test, split, source } = prepare_data(config)?;
@@ -465,7 +466,10 @@ impl Setup {
         let mut clients = Vec::with_capacity(client_range.len());
         for (i, stream) in client_range.zip(streams) {
             let seed = config.federation.seed.wrapping_add(i as u64);
-            let method = methods::build(&config.method, context(stream, seed))?;
+            let mut method = methods::build(&config.method, context(stream, seed))?;
+            if !compression.is_off() {
+                method = anchorage_client::compress::wrap(method, compression);
+            }
             let mut device =
                 SimulatedDevice::new(method, devices[i].clone(), config.systems.straggler_ratio, charge, seed);
             if let Some(attack) = config.federation.attack.as_ref().filter(|a| a.clients.contains(&i)) {

@@ -199,6 +199,8 @@ struct VirtualClient {
     method: Option<Box<dyn ClientMethod>>,
     /// Uploads resume after an outage breaks them off (`SystemsConfig::resume_uploads`).
     resume_uploads: bool,
+    /// Battery, temperature and eligibility (issue 33).
+    power: crate::power::Power,
     up: Path,
     down: Path,
 }
@@ -241,6 +243,8 @@ struct VirtualRun {
     accuracy_rows: Vec<crate::accuracy::AccuracyRow>,
     stopping: bool,
     finished: bool,
+    /// `stop_after_hours` on the simulated clock.
+    horizon: Option<Duration>,
 }
 
 /// Each device's availability; a trace is read once per profile, and a bad one is an error here,
@@ -262,6 +266,49 @@ fn availabilities(devices: &[DeviceProfile]) -> anyhow::Result<Vec<Availability>
     Ok(out)
 }
 
+/// The fleet of `config`: each method with its session, device, availability, power model and
+/// links.
+fn virtual_clients<M: ClientMethod + 'static>(
+    config: &SimConfig,
+    methods: Vec<M>,
+    devices: &[DeviceProfile],
+) -> anyhow::Result<Vec<VirtualClient>> {
+    let links = config.links()?;
+    let availabilities = availabilities(devices)?;
+    let metered = config.metered_links();
+    let powers = devices.iter().map(crate::power::Power::of).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut names = heapless::Vec::new();
+    let name = methods.first().map_or("", |m| m.name());
+    let _ = names.push(heapless::String::try_from(name).unwrap_or_default());
+    let capabilities = Capabilities { backend: "virtual".into(), memory_mb: 1024, methods: names };
+    let clients = methods
+        .into_iter()
+        .enumerate()
+        .map(|(i, method)| {
+            let profile = links[i].clone().unwrap_or_default();
+            let session = Session::new(client_id(i), capabilities.clone(), method.num_samples(), None)
+                .payload_down_without_prototypes();
+            let seed = config.federation.seed.wrapping_add(5000 + i as u64);
+            VirtualClient {
+                session,
+                device: devices[i].clone(),
+                availability: availabilities[i].clone(),
+                phase: Duration::ZERO,
+                rng: Rng::derive(seed, 0xC4A5),
+                online: true,
+                conn: 0,
+                life: 0,
+                method: Some(Box::new(method) as Box<dyn ClientMethod>),
+                resume_uploads: config.systems.resume_uploads,
+                power: powers[i].clone().on_metered_link(metered[i]),
+                up: Path::new(profile.up, seed),
+                down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
+            }
+        })
+        .collect();
+    Ok(clients)
+}
+
 impl VirtualRun {
     /// The setup of `config` on the virtual clock, its initial evaluation told to `recorder`.
     fn new(config: &SimConfig, recorder: &mut Recorder) -> anyhow::Result<Self> {
@@ -278,36 +325,7 @@ impl VirtualRun {
         } = Setup::new(config, Charge::Report)?;
         let schedule = engine_config.clone();
         let engine = Engine::new(engine_config, server_method, initial.clone());
-        let links = config.links()?;
-        let availabilities = availabilities(&devices)?;
-        let mut methods = heapless::Vec::new();
-        let name = clients.first().map_or("", |m| m.name());
-        let _ = methods.push(heapless::String::try_from(name).unwrap_or_default());
-        let capabilities = Capabilities { backend: "virtual".into(), memory_mb: 1024, methods };
-        let clients: Vec<VirtualClient> = clients
-            .into_iter()
-            .enumerate()
-            .map(|(i, method)| {
-                let profile = links[i].clone().unwrap_or_default();
-                let session = Session::new(client_id(i), capabilities.clone(), method.num_samples(), None)
-                    .payload_down_without_prototypes();
-                let seed = config.federation.seed.wrapping_add(5000 + i as u64);
-                VirtualClient {
-                    session,
-                    device: devices[i].clone(),
-                    availability: availabilities[i].clone(),
-                    phase: Duration::ZERO,
-                    rng: Rng::derive(seed, 0xC4A5),
-                    online: true,
-                    conn: 0,
-                    life: 0,
-                    method: Some(Box::new(method) as Box<dyn ClientMethod>),
-                    resume_uploads: config.systems.resume_uploads,
-                    up: Path::new(profile.up, seed),
-                    down: Path::new(profile.down, seed ^ 0x5EED_D0A1),
-                }
-            })
-            .collect();
+        let clients = virtual_clients(config, clients, &devices)?;
         let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();
 
         let initial_global = evaluator.evaluate(&initial, &[], 0)?;
@@ -338,6 +356,11 @@ impl VirtualRun {
             completed: Vec::new(),
             accuracy_rows: Vec::new(),
             stopping: false,
+            horizon: config
+                .systems
+                .stop_after_hours
+                .filter(|h| h.is_finite() && *h > 0.0)
+                .map(|h| Duration::from_secs_f64(h * 3600.0)),
             finished: false,
         })
     }
@@ -373,6 +396,7 @@ impl VirtualRun {
     fn file_costs(&mut self, recorder: &mut Recorder) -> anyhow::Result<()> {
         for (i, mut cost) in std::mem::take(&mut self.completed) {
             cost.joules = self.devices[i].joules(cost.compute_seconds, cost.transfer_seconds);
+            self.clients[i].power.fill(self.now, &mut cost);
             self.live.cost(self.ledger.len(), &cost);
             self.ledger.push(cost);
             self.live.emit_complete(&self.ledger, recorder)?;
@@ -527,7 +551,7 @@ impl VirtualRun {
             }
             // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
             Action::Ledger(record) => {
-                if record.dropped {
+                if record.dropped || record.declined.is_some() {
                     self.live.cost(self.ledger.len(), &record);
                     self.ledger.push(record);
                 }
@@ -545,7 +569,11 @@ impl VirtualRun {
                 self.accuracy_rows.extend(new_rows);
                 self.rows.push(row);
                 self.reports.push((*report).clone());
-                self.stopping = recorder.stop_requested().is_some();
+                let horizon = self.horizon.is_some_and(|h| now >= h);
+                if horizon && !self.stopping {
+                    tracing::info!(round = report.round, simulated = ?now, "the simulated horizon passed; the run ends");
+                }
+                self.stopping = recorder.stop_requested().is_some() || horizon;
             }
             Action::Finished => self.finished = true,
         }
@@ -733,7 +761,9 @@ fn land(
     queue: &mut Queue,
 ) {
     c.method = Some(method);
-    // The device model charged it (host CPU time × its scale): `SimulatedDevice::train_timed`.
+    // The device model charged it (host CPU time × its scale): `SimulatedDevice::train_timed`;
+    // a throttled device takes longer (`crate::power`).
+    let result = result.map(|(update, compute)| (update, c.power.train(started, round, compute)));
     let compute = result.as_ref().map_or(Duration::ZERO, |(_, compute)| *compute);
     queue.push(started + compute, Event::Trained { client: i, life: c.life, round, result });
 }
@@ -780,7 +810,11 @@ fn drive_client(
                 let at = c.up.carry(now, frame_len(&msg));
                 queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
             }
-            SessionAction::Train(b) => trainer.start(i, c, now, b, queue),
+            SessionAction::Train(b) => match c.power.decide(now) {
+                Ok(()) => trainer.start(i, c, now, b, queue),
+                // The session queues the decline; this loop sends it.
+                Err(decline) => c.session.declined(b.round, decline.kind(), &decline.to_string()),
+            },
             SessionAction::Upload(update) => {
                 let round = update.round;
                 let msg = Message::Update(update);
@@ -891,7 +925,8 @@ mod outage_tests {
 
     /// 3g's uplink, dark for 20 s every 60 s from 60 s (issue 33's setting).
     fn flaky_3g() -> LinkProfile {
-        let outages = (0..40).map(|k| Outage { start_ms: 60_000 + 60_000 * k, duration_ms: 20_000 }).collect();
+        let outages =
+            (0..40).map(|k| Outage { start_ms: 60_000 + 60_000 * k, duration_ms: 20_000, every_ms: None }).collect();
         LinkProfile { outages, ..LinkPreset::ThreeG.profile().up }
     }
 

@@ -75,7 +75,7 @@ async fn an_outage_longer_than_the_deadline_drops_the_client_which_rejoins_later
     // Client 1 loses its link from 0.3 s to 2.3 s after it starts; rounds wait 1.5 s, so at least
     // one round closes at its deadline without it. QUIC's probe backoff after the outage can cost
     // the client a few more rounds before it is back, so the run has eight.
-    let outage = vec![Outage { start_ms: 300, duration_ms: 2000 }];
+    let outage = vec![Outage { start_ms: 300, duration_ms: 2000, every_ms: None }];
     let dark = LinkProfile { outages: outage, ..LinkProfile::default() };
     let mut config = small(2, 8, 24);
     config.systems.client_links =
@@ -115,7 +115,7 @@ async fn an_outage_longer_than_the_deadline_drops_the_client_which_rejoins_later
 /// 30 s read stall and the 30 s idle timeout. Returns the update's payload and the bytes sent up
 /// in all (every datagram, whatever became of it).
 async fn upload_through_an_outage(resume_uploads: bool) -> (u64, u64) {
-    let outage = vec![Outage { start_ms: 12_000, duration_ms: 35_000 }];
+    let outage = vec![Outage { start_ms: 12_000, duration_ms: 35_000, every_ms: None }];
     let up = LinkProfile {
         bandwidth_bps: 1e6,
         latency_ms: 40.0,

@@ -31,6 +31,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::SystemTime;
 
+use anchorage_shared::ledger::{CostRecord, DeclineReason, MAX_POWER_MODE_LEN};
 use serde::{Deserialize, Serialize};
 
 /// The `[eligibility]` table of client.toml: when this device may train. Every key is optional;
@@ -197,20 +198,34 @@ pub enum Decline {
 }
 
 impl Decline {
-    /// Every [`Decline::reason`], for metrics labels known in advance.
-    pub const REASONS: [&'static str; 5] = ["battery", "thermal", "metered", "window", "busy"];
-
-    /// A stable short name for metrics and the protocol: `battery`, `thermal`, `metered`,
-    /// `window` or `busy`.
-    pub fn reason(&self) -> &'static str {
+    /// The reason as the protocol's `Decline` message and the server's ledger carry it.
+    pub fn kind(&self) -> DeclineReason {
         match self {
-            Decline::Battery { .. } => "battery",
-            Decline::Thermal { .. } => "thermal",
-            Decline::Metered { .. } => "metered",
-            Decline::OutsideWindow { .. } => "window",
-            Decline::Busy { .. } => "busy",
+            Decline::Battery { .. } => DeclineReason::Battery,
+            Decline::Thermal { .. } => DeclineReason::Thermal,
+            Decline::Metered { .. } => DeclineReason::Metered,
+            Decline::OutsideWindow { .. } => DeclineReason::Window,
+            Decline::Busy { .. } => DeclineReason::Busy,
         }
     }
+
+    /// A stable short name for metrics and the protocol: `battery`, `thermal`, `metered`,
+    /// `window` or `busy` ([`DeclineReason::name`]).
+    pub fn reason(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+/// Writes the device's condition into a round's cost record (issue 33): the hottest counted
+/// thermal zone, whether the CPU is throttled, the battery, the power source and a Jetson's
+/// power mode, each where the device reads it (values a record may not carry are left out).
+pub fn fill_condition(record: &mut CostRecord, readings: &Readings) {
+    record.temperature_c = readings.hottest().map(|(_, c)| c).filter(|c| (-60.0..=200.0).contains(c));
+    record.throttled = readings.throttled();
+    record.battery_percent = readings.battery_percent().filter(|p| *p <= 100);
+    record.external_power = readings.external_power();
+    record.power_mode = readings.power_mode.clone().filter(|m| m.len() <= MAX_POWER_MODE_LEN);
+    record.readings_refused = Some(u32::try_from(readings.errors.len()).unwrap_or(u32::MAX));
 }
 
 /// Applies `config` to `readings` at `now_utc_minutes` (minutes after midnight UTC, see

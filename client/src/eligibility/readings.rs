@@ -111,6 +111,11 @@ pub struct Readings {
     /// The CPUs' current clock over their maximum, summed over the CPUs that report both
     /// (below 1 when idle under an on-demand governor, or throttled).
     pub freq_ratio: Option<f32>,
+    /// The fastest CPU's current clock over its maximum: below [`THROTTLED_BELOW`] even the
+    /// busiest core is held back (thermal or power capping).
+    pub top_freq_ratio: Option<f32>,
+    /// A Jetson's power mode, from `var/lib/nvpmodel/status` (`pmode:0002` reads `nvpmodel 2`).
+    pub power_mode: Option<String>,
     pub default_route: Option<DefaultRoute>,
     /// The values refused, one line each: the file, the value, why.
     pub errors: Vec<String>,
@@ -124,9 +129,20 @@ impl Readings {
         let thermal_zones = r.thermal_zones(root);
         let load_1m = r.loadavg(root);
         let cpus = r.cpus(root);
-        let freq_ratio = r.freq_ratio(root);
+        let (freq_ratio, top_freq_ratio) = r.freq_ratios(root).unzip();
+        let power_mode = r.power_mode(root);
         let default_route = r.default_route(root);
-        Self { power_supplies, thermal_zones, load_1m, cpus, freq_ratio, default_route, errors: r.errors }
+        Self {
+            power_supplies,
+            thermal_zones,
+            load_1m,
+            cpus,
+            freq_ratio,
+            top_freq_ratio,
+            power_mode,
+            default_route,
+            errors: r.errors,
+        }
     }
 
     /// Whether the device runs on external power: `Some(true)` when an external supply is online
@@ -165,12 +181,21 @@ impl Readings {
             .reduce(|a, b| if b.1 > a.1 { b } else { a })
     }
 
+    /// Whether the CPU is held below its clock: the fastest core under [`THROTTLED_BELOW`] of its
+    /// maximum. Read right after training, when at least one core was busy.
+    pub fn throttled(&self) -> Option<bool> {
+        self.top_freq_ratio.map(|r| r < THROTTLED_BELOW)
+    }
+
     /// The 1-minute load average over the CPU count.
     pub fn load_per_cpu(&self) -> Option<f32> {
         let cpus = self.cpus.filter(|&c| c > 0)?;
         Some(self.load_1m? / cpus as f32)
     }
 }
+
+/// The fastest core's clock ratio under which the CPU counts as throttled.
+pub const THROTTLED_BELOW: f32 = 0.9;
 
 /// Most a sysfs attribute is read of; more is garbage anyway.
 const ATTRIBUTE_BYTES: u64 = 4096;
@@ -291,9 +316,10 @@ impl Reader {
         online.or_else(|| std::thread::available_parallelism().ok().and_then(|n| u32::try_from(n.get()).ok()))
     }
 
-    fn freq_ratio(&mut self, root: &SysRoot) -> Option<f32> {
+    /// The CPUs' summed clock ratio, and the fastest one's.
+    fn freq_ratios(&mut self, root: &SysRoot) -> Option<(f32, f32)> {
         let dir = root.path("sys/devices/system/cpu");
-        let (mut cur_sum, mut max_sum) = (0u64, 0u64);
+        let (mut cur_sum, mut max_sum, mut top) = (0u64, 0u64, 0f64);
         for cpu in self.entries(&dir, "cpu") {
             if !cpu[3..].bytes().all(|c| c.is_ascii_digit()) || cpu.len() == 3 {
                 continue; // cpufreq, cpuidle, …
@@ -305,8 +331,19 @@ impl Reader {
             let Some(max) = self.value(&at.join("cpuinfo_max_freq"), why, khz) else { continue };
             cur_sum += cur;
             max_sum += max;
+            top = top.max(cur as f64 / max as f64);
         }
-        (max_sum > 0).then(|| (cur_sum as f64 / max_sum as f64) as f32)
+        (max_sum > 0).then(|| ((cur_sum as f64 / max_sum as f64) as f32, top as f32))
+    }
+
+    /// `pmode:NNNN` in nvpmodel's status file, as `nvpmodel N`; anything else is refused.
+    fn power_mode(&mut self, root: &SysRoot) -> Option<String> {
+        let path = root.path("var/lib/nvpmodel/status");
+        let mode = |t: &str| {
+            let digits = t.split_whitespace().find_map(|f| f.strip_prefix("pmode:"))?;
+            digits.parse::<u16>().ok().map(|n| format!("nvpmodel {n}"))
+        };
+        self.value(&path, "not an nvpmodel status (pmode:NNNN)", mode)
     }
 
     fn default_route(&mut self, root: &SysRoot) -> Option<DefaultRoute> {

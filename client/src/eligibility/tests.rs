@@ -1,5 +1,6 @@
 use super::readings::cpu_count;
 use super::*;
+use anchorage_shared::ledger::{CostRecord, DeclineReason};
 use std::path::Path;
 
 fn tree(build: fn(&Path)) -> (tempfile::TempDir, Readings) {
@@ -207,7 +208,7 @@ fn the_first_failing_criterion_declines_and_reasons_are_stable() {
     assert_eq!(decide(&cool, &r, NOON).unwrap_err().reason(), "window", "a laptop without a route is not metered");
     let any_time = Eligibility { window: None, ..cool };
     assert_eq!(decide(&any_time, &r, NOON).unwrap_err().reason(), "busy");
-    let reasons: Vec<&str> = [
+    let reasons: Vec<DeclineReason> = [
         Decline::Battery { percent: 1, min: 2 },
         Decline::Thermal { celsius: 1.0, zone: "z".into(), max: 1.0 },
         Decline::Metered { interface: "wwan0".into() },
@@ -215,9 +216,37 @@ fn the_first_failing_criterion_declines_and_reasons_are_stable() {
         Decline::Busy { load: 1.0, max: 1.0 },
     ]
     .iter()
-    .map(Decline::reason)
+    .map(Decline::kind)
     .collect();
-    assert_eq!(reasons, Decline::REASONS);
+    assert_eq!(reasons, DeclineReason::ALL, "one protocol reason each, in the order they are checked");
+}
+
+/// A round's cost record gets what the device reads of itself; nothing it cannot read, and an
+/// nvpmodel status that does not parse is refused (not carried).
+#[test]
+fn the_condition_goes_into_the_cost_record_where_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    fake::jetson_orin(dir.path());
+    fake::write(dir.path(), &[("var/lib/nvpmodel/status", "pmode:0002 fmode:quiet\n")]);
+    let r = Readings::read(&SysRoot::new(dir.path()));
+    let mut record = CostRecord::default();
+    fill_condition(&mut record, &r);
+    assert_eq!(record.temperature_c, Some(47.656));
+    assert_eq!(record.power_mode.as_deref(), Some("nvpmodel 2"));
+    assert_eq!(record.readings_refused, Some(0));
+    assert_eq!((record.battery_percent, record.external_power), (None, Some(false)));
+    // Every core of the fake Orin sits at 729.6 of 1510.4 MHz: throttled.
+    assert_eq!(record.throttled, Some(true));
+    fake::write(dir.path(), &[("var/lib/nvpmodel/status", "garbage\n")]);
+    let r = Readings::read(&SysRoot::new(dir.path()));
+    assert_eq!(r.power_mode, None);
+    assert!(r.errors.iter().any(|e| e.contains("nvpmodel")), "{:?}", r.errors);
+    fill_condition(&mut record, &r);
+    assert_eq!((record.power_mode, record.readings_refused), (None, Some(1)), "refused, and counted for the server");
+    let (_pi, pi) = tree(fake::raspberry_pi);
+    let mut record = CostRecord::default();
+    fill_condition(&mut record, &pi);
+    assert_eq!((record.throttled, record.battery_percent, record.power_mode), (Some(false), None, None));
 }
 
 #[test]

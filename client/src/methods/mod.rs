@@ -45,6 +45,9 @@ pub enum TrainError {
     /// The device went down during training (a simulated crash): nothing is uploaded.
     #[error("the device crashed in round {0}")]
     Crashed(u64),
+    /// Shrinking the update (top-k, zstd: [`crate::compress`]) failed.
+    #[error("compressing the update: {0}")]
+    Compress(anchorage_shared::tensor::TensorError),
 }
 
 /// The client half of a federated method (Flower's `Client::fit`, plus the evaluation of the

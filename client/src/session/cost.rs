@@ -72,6 +72,12 @@ impl Costs {
         cost.record.wire_down = wire_bytes;
     }
 
+    /// The device declined `round`: it has no cost of its own (the server's ledger records the
+    /// decline).
+    pub(super) fn forget(&mut self, round: u64) {
+        self.rounds.remove(&round);
+    }
+
     /// The device computed `compute` for `round`'s update.
     pub(super) fn trained(&mut self, round: u64, compute: Duration) {
         self.rounds.entry(round).or_default().record.compute_seconds = compute.as_secs_f64();

@@ -20,7 +20,10 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Broadcast, Capabilities, Hello, Message, Refusal, RefusalReason, Update};
+use anchorage_shared::ledger::DeclineReason;
+use anchorage_shared::protocol::{
+    Broadcast, Capabilities, Decline, Hello, MAX_DECLINE_DETAIL, Message, Refusal, RefusalReason, Update,
+};
 
 pub use cost::UploadMeasure;
 
@@ -256,7 +259,8 @@ impl Session {
             | Message::Cost(_)
             | Message::TransferOffer(_)
             | Message::TransferResume(_)
-            | Message::Chunk(_) => return Err(self.unexpected(msg.kind_name())),
+            | Message::Chunk(_)
+            | Message::Decline(_) => return Err(self.unexpected(msg.kind_name())),
         }
         Ok(())
     }
@@ -311,6 +315,26 @@ impl Session {
         self.costs.upload(&update);
         self.state = SessionState::Uploading { round: update.round };
         self.actions.push_back(SessionAction::Upload(update));
+    }
+
+    /// The device should not train now (its `[eligibility]`, issue 33): instead of training for
+    /// `round` it tells the server why and waits for the next broadcast. A broadcast of the same
+    /// round sent again later is trained on if the device is eligible by then.
+    pub fn declined(&mut self, round: u64, reason: DeclineReason, detail: &str) {
+        if self.state != (SessionState::Training { round }) {
+            return;
+        }
+        tracing::info!(round, reason = reason.name(), detail, "declining the round: not eligible to train now");
+        self.costs.forget(round);
+        self.state = if self.connected { SessionState::Idle } else { SessionState::Disconnected };
+        if self.connected {
+            let mut detail = detail.to_string();
+            if detail.len() > MAX_DECLINE_DETAIL {
+                let cut = (0..=MAX_DECLINE_DETAIL).rev().find(|i| detail.is_char_boundary(*i)).unwrap_or(0);
+                detail.truncate(cut);
+            }
+            self.actions.push_back(SessionAction::Send(Message::Decline(Decline { round, reason, detail })));
+        }
     }
 
     /// Training failed: go back to waiting.

@@ -306,6 +306,7 @@ fn the_session_builds_the_rounds_cost_record_from_what_the_shell_measured() {
         joules: 0.0,
         straggler: false,
         dropped: false,
+        ..CostRecord::default()
     };
     // Reported before the update's file is deleted, and once.
     assert_eq!(drain(&mut s), vec![SessionAction::Cost(record), SessionAction::Persist(None)]);
@@ -352,4 +353,26 @@ fn a_resent_broadcast_and_a_restart_keep_the_rounds_record() {
     });
     let r = record.expect("a record for round 3");
     assert_eq!((r.payload_down, r.wire_down, r.wall_seconds, r.compute_seconds), (40, 500, 7.0, 0.5));
+}
+
+/// An ineligible device declines instead of training: it says why, keeps no cost record of the
+/// round, and trains on the same round's broadcast if it is sent again once the device is
+/// eligible.
+#[test]
+fn a_declined_round_is_told_to_the_server_and_may_be_trained_later() {
+    let mut s = joined(None);
+    s.receive(Message::Broadcast(broadcast(3))).unwrap();
+    assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast(3))]);
+    s.declined(3, DeclineReason::Thermal, &"é".repeat(200));
+    let actions = drain(&mut s);
+    let [SessionAction::Send(Message::Decline(d))] = &actions[..] else { panic!("{actions:?}") };
+    assert_eq!((d.round, d.reason), (3, DeclineReason::Thermal));
+    assert!(d.detail.len() <= MAX_DECLINE_DETAIL, "the detail is cut on a character boundary");
+    assert_eq!(s.state(), SessionState::Idle);
+    // A decline for a round it is not training is ignored.
+    s.declined(4, DeclineReason::Battery, "x");
+    assert!(drain(&mut s).is_empty());
+    // The round's broadcast again: trained this time.
+    s.receive(Message::Broadcast(broadcast(3))).unwrap();
+    assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast(3))]);
 }

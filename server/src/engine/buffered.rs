@@ -14,7 +14,7 @@ use std::collections::btree_map::Entry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anchorage_shared::protocol::{Broadcast, Message, RefusalReason, Update};
+use anchorage_shared::protocol::{Broadcast, Decline, Message, RefusalReason, Update};
 use anchorage_shared::tensor::{ParamBlock, TensorError, payload_bytes};
 use serde::{Deserialize, Serialize};
 
@@ -159,6 +159,25 @@ impl ModeState for BufferedState {
         }
         self.accept(core, now, client, update, staleness);
         self.dispatch(core, now);
+    }
+
+    /// A decline from a device training on the version before `decline.round`: its slot goes to
+    /// another idle device at once. It is not picked again before the next version (its
+    /// `last_version` is this one), so a device that keeps declining cannot make a loop.
+    fn on_decline(&mut self, core: &mut Core, now: Duration, client: &str, decline: Decline) {
+        let trained_on = decline.round.checked_sub(1);
+        if trained_on.is_none() || self.in_flight.get(client).map(|f| f.version) != trained_on {
+            tracing::debug!(client, round = decline.round, "buffered: a decline from a device not training; ignored");
+            return;
+        }
+        self.in_flight.remove(client);
+        core.record_decline(client, &decline);
+        self.dispatch(core, now);
+    }
+
+    /// The version `round − 1` an update trained on, while it is kept; else the current one.
+    fn base_of<'a>(&'a self, core: &'a Core, round: u64) -> &'a [ParamBlock] {
+        self.history.get(&round.wrapping_sub(1)).map_or(core.global.as_slice(), |v| v.as_slice())
     }
 
     /// After a restart: the accepted updates no version aggregated yet go back into the buffer.
@@ -309,6 +328,7 @@ impl BufferedState {
             target: entries.len(),
             updates: update_reports(&entries, &screened, started),
             missing: Vec::new(),
+            declined: Vec::new(),
             duplicates: 0,
             refused: screened.len() as u64,
             late_total: core.stats.late_updates,

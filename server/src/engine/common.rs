@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Goodbye, Hello, Message, Refusal, RefusalReason, Update};
+use anchorage_shared::protocol::{Decline, Goodbye, Hello, Message, Refusal, RefusalReason, Update};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
 
@@ -180,6 +180,24 @@ impl Core {
         // The shell appends the record to the ledger before it sends the confirmation.
         self.actions.push_back(Action::Ledger(record));
         self.actions.push_back(cost_ack(client, round));
+    }
+
+    /// An invited device declined `round` (issue 33): logged, counted, and a ledger row of kind
+    /// `declined`, never a drop. Whether it was invited is for the mode to check first.
+    pub(super) fn record_decline(&mut self, client: &str, decline: &Decline) {
+        tracing::info!(
+            client,
+            round = decline.round,
+            reason = decline.reason.name(),
+            detail = %decline.detail,
+            "an invited device declined the round"
+        );
+        self.actions.push_back(Action::Ledger(CostRecord {
+            client: client.into(),
+            round: decline.round,
+            declined: Some(decline.reason),
+            ..CostRecord::default()
+        }));
     }
 
     /// Copies what is kept per device (known clients, recent invitations, devices ahead of the

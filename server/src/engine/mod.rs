@@ -12,6 +12,7 @@
 mod buffered;
 mod common;
 pub mod config;
+mod decode;
 mod persist;
 mod report;
 mod rounds;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Hello, Message, Refusal, RefusalReason, Update, Welcome};
+use anchorage_shared::protocol::{Decline, Hello, Message, Refusal, RefusalReason, Update, Welcome};
 use anchorage_shared::tensor::ParamBlock;
 use serde::{Deserialize, Serialize};
 
@@ -119,6 +120,14 @@ trait ModeState {
     fn start(&mut self, core: &mut Core, now: Duration);
     /// An update from a client that said hello.
     fn on_update(&mut self, core: &mut Core, now: Duration, client: &str, update: Update);
+    /// The model `round` was broadcast from (its top-k deltas decode against it): by default
+    /// the current one (a late update's round is gone: only its values are screened).
+    fn base_of<'a>(&'a self, core: &'a Core, _round: u64) -> &'a [ParamBlock] {
+        &core.global
+    }
+    /// A client that said hello declines the round it was invited to (issue 33): counted apart
+    /// from a drop, and another device is put to work in its place where one is free.
+    fn on_decline(&mut self, core: &mut Core, now: Duration, client: &str, decline: Decline);
     /// Takes back what a store recovered: the round that was open and the accepted updates no
     /// version aggregated yet, and who the last closed round aggregated.
     fn restore(
@@ -292,6 +301,10 @@ impl Engine {
             Message::Heartbeat(_) => {}
             Message::Goodbye(_) => self.handle_disconnect(now, client),
             Message::Cost(record) => self.core.on_cost(client, record),
+            Message::Decline(decline) if self.core.clients.contains_key(client) => {
+                let (core, mode) = self.mode_mut();
+                mode.on_decline(core, now, client, decline);
+            }
             other => {
                 tracing::warn!(client, kind = other.kind_name(), "unexpected message from a client");
                 let detail = format!("a client may not send {}", other.kind_name());
@@ -345,7 +358,12 @@ impl Engine {
             return;
         }
         let (core, mode) = self.mode_mut();
-        mode.on_update(core, now, client, update);
+        // Dense from here on, in one place (issue 33): checks, screens and aggregation see values.
+        let round = update.round;
+        match decode::densify(update, mode.base_of(core, round)) {
+            Ok(update) => mode.on_update(core, now, client, update),
+            Err(e) => core.refuse(client, RefusalReason::BadTensor, format!("update not decodable: {e}")),
+        }
     }
 
     /// Rollback evidence from the devices that stops new rounds: how many devices reported a

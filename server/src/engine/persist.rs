@@ -19,6 +19,9 @@ pub enum Persist {
     /// A round opened; committed before its broadcast goes out, so a restart resumes the same
     /// round with the same invitations.
     Opened(OpenedRound),
+    /// The open round's invitations changed (a device declined and another was invited in its
+    /// place); committed before the new invitee's broadcast goes out.
+    Invited { round: u64, sampled: Vec<ClientId> },
     /// An update was accepted; committed before its ack.
     Accepted(Arc<AcceptedUpdate>),
     /// A new global version and the close of the round that made it, in one transaction.

@@ -1,6 +1,7 @@
 //! What the engine reports about rounds: per round, and counters over the whole federation.
 
 use anchorage_shared::MetricKey;
+use anchorage_shared::ledger::DeclineReason;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,10 @@ pub struct RoundReport {
     pub updates: Vec<UpdateReport>,
     /// Sampled clients whose update had not arrived when the round closed.
     pub missing: Vec<ClientId>,
+    /// Invited devices that declined (issue 33), with why; not counted in `missing`. Each was
+    /// replaced by another invitation where a connected device was free.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub declined: Vec<(ClientId, DeclineReason)>,
     pub duplicates: u64,
     pub refused: u64,
     /// Late updates counted since the federation began.

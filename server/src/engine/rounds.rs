@@ -3,14 +3,16 @@
 //! `over_selection` (FedScale's over-commitment), close the round when the target number of
 //! updates arrived or when the deadline fires. Updates for a closed round are acknowledged and
 //! counted as late, never aggregated and never silently dropped; a second update from the same
-//! client for the same round is counted once.
+//! client for the same round is counted once. An invited device that declines (issue 33) is
+//! neither a drop nor missing: another connected device is invited in its place.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Broadcast, Message, RefusalReason, Update};
+use anchorage_shared::ledger::DeclineReason;
+use anchorage_shared::protocol::{Broadcast, Decline, Message, RefusalReason, Update};
 use anchorage_shared::tensor::payload_bytes;
 
 use super::common::{Core, same_layout};
@@ -31,6 +33,8 @@ pub(super) struct OpenRound {
     pub(super) updates: BTreeMap<ClientId, (Arc<AcceptedUpdate>, Duration)>,
     pub(super) duplicates: u64,
     pub(super) refused: u64,
+    /// Invited devices that declined, and why (no longer in `sampled`).
+    pub(super) declined: BTreeMap<ClientId, DeclineReason>,
 }
 
 /// State of the synchronous mode: the open round, and who the last closed round aggregated.
@@ -138,6 +142,40 @@ impl ModeState for RoundsState {
         }
     }
 
+    /// A decline from a device invited to the open round that has sent no update: it leaves the
+    /// invitations, and a connected device not yet asked this round is invited in its place
+    /// (persisted before its broadcast), so the round can still reach its target. A decline
+    /// from anyone else changes nothing.
+    fn on_decline(&mut self, core: &mut Core, _now: Duration, client: &str, decline: Decline) {
+        let Some(open) = self.open.as_mut().filter(|o| o.round == decline.round) else {
+            tracing::debug!(client, round = decline.round, "a decline for a round that is not open; ignored");
+            return;
+        };
+        if !open.sampled.contains(client) || open.updates.contains_key(client) {
+            tracing::debug!(client, round = decline.round, "a decline from a device not waited for; ignored");
+            return;
+        }
+        open.sampled.remove(client);
+        open.declined.insert(client.into(), decline.reason);
+        core.record_decline(client, &decline);
+        let free: Vec<ClientId> = core
+            .connected_ids()
+            .into_iter()
+            .filter(|c| !open.sampled.contains(c) && !open.declined.contains_key(c))
+            .collect();
+        let Some(&pick) = core.rng.sample_indices(free.len(), 1).first() else {
+            tracing::info!(round = open.round, "no connected device is free to replace a decline");
+            return;
+        };
+        let replacement = free[pick].clone();
+        tracing::info!(round = open.round, client = %replacement, "invited in place of a decline");
+        open.sampled.insert(replacement.clone());
+        core.note_invited(open.round, [replacement.clone()]);
+        let sampled = open.sampled.iter().cloned().collect();
+        core.actions.push_back(Action::Persist(Persist::Invited { round: open.round, sampled }));
+        core.actions.push_back(Action::Broadcast { to: vec![replacement], msg: open.broadcast.clone() });
+    }
+
     /// Resumes the round that was open at the crash, with the updates it had accepted and a
     /// fresh deadline; if it already holds its target, it closes at once.
     fn restore(
@@ -236,6 +274,7 @@ impl RoundsState {
             target: open.target,
             updates,
             missing,
+            declined: open.declined.into_iter().collect(),
             duplicates: open.duplicates,
             refused: open.refused + screened.len() as u64,
             late_total: core.stats.late_updates,
@@ -293,6 +332,7 @@ fn open_round_record(core: &Core, now: Duration, round: u64, target: usize, samp
         updates: BTreeMap::new(),
         duplicates: 0,
         refused: 0,
+        declined: BTreeMap::new(),
     }
 }
 

@@ -1034,3 +1034,84 @@ fn compacting_changes_nothing_the_engine_does() {
     };
     assert_eq!(run(true), run(false));
 }
+
+fn decline(round: u64, reason: anchorage_shared::ledger::DeclineReason) -> Message {
+    Message::Decline(anchorage_shared::protocol::Decline { round, reason, detail: "test".into() })
+}
+
+/// A decline (issue 33) is recorded as such, never as a drop; a free device is invited in its
+/// place (persisted first), and the round reaches its target with it.
+#[test]
+fn a_decline_is_replaced_by_another_invitation_and_is_not_a_drop() {
+    use anchorage_shared::ledger::DeclineReason;
+    let mut e = engine(EngineConfig { fraction: 0.5, ..config(4, 2) });
+    let actions = join(&mut e, secs(0), &["a", "b", "c", "d"]);
+    let invited: BTreeSet<ClientId> = broadcast_targets(&actions).concat().into_iter().collect();
+    assert_eq!(invited.len(), 2, "half of four");
+    let mut invited = invited.into_iter();
+    let (decliner, stayer) = (invited.next().unwrap(), invited.next().unwrap());
+    e.handle_message(secs(1), &decliner, decline(1, DeclineReason::Thermal));
+    let actions = drain(&mut e);
+    let replacement = match broadcast_targets(&actions).as_slice() {
+        [one] if one.len() == 1 => one[0].clone(),
+        other => panic!("expected one new invitation, got {other:?}"),
+    };
+    assert!(replacement != decliner && replacement != stayer);
+    let persisted_first = actions.iter().position(|a| matches!(a, Action::Persist(Persist::Invited { .. })));
+    let broadcast_at = actions.iter().position(|a| matches!(a, Action::Broadcast { .. }));
+    assert!(persisted_first < broadcast_at && persisted_first.is_some(), "the invitation is durable first");
+    let declined = ledger(&actions);
+    assert_eq!(declined.len(), 1);
+    assert_eq!((declined[0].declined, declined[0].dropped), (Some(DeclineReason::Thermal), false));
+    // A second decline from the same device, or one from a device not invited, changes nothing.
+    e.handle_message(secs(1), &decliner, decline(1, DeclineReason::Thermal));
+    assert!(drain(&mut e).is_empty());
+    // The stayer and the replacement answer: the round closes at its target with no drop.
+    e.handle_message(secs(2), &stayer, update(1, &[1.0, 1.0], 10));
+    e.handle_message(secs(3), &replacement, update(1, &[3.0, 3.0], 10));
+    let actions = drain(&mut e);
+    let report = reports(&actions).pop().expect("the round closed");
+    assert_eq!(report.outcome, RoundOutcome::Aggregated);
+    assert!(report.missing.is_empty(), "{:?}", report.missing);
+    assert_eq!(report.declined, vec![(decliner.clone(), DeclineReason::Thermal)]);
+    assert_eq!(e.stats().dropped, 0);
+    assert!(ledger(&actions).iter().all(|r| !r.dropped));
+}
+
+/// With no free device, a decline leaves the round short; at the deadline it closes with the
+/// decliner counted as declined, not missing.
+#[test]
+fn a_decline_with_no_free_device_is_not_counted_missing() {
+    use anchorage_shared::ledger::DeclineReason;
+    let mut e = engine(EngineConfig { min_updates: 1, ..config(2, 2) });
+    join(&mut e, secs(0), &["a", "b"]);
+    e.handle_message(secs(1), "a", decline(1, DeclineReason::Battery));
+    let actions = drain(&mut e);
+    assert!(broadcast_targets(&actions).is_empty(), "nobody free to invite");
+    e.handle_message(secs(2), "b", update(1, &[1.0, 1.0], 10));
+    drain(&mut e);
+    e.handle_timeout(secs(1) + DEADLINE);
+    let report = reports(&drain(&mut e)).pop().expect("closed at the deadline");
+    assert_eq!(report.outcome, RoundOutcome::Aggregated);
+    assert!(report.missing.is_empty());
+    assert_eq!(report.declined, vec![("a".to_string(), DeclineReason::Battery)]);
+    assert_eq!(e.stats().dropped, 0);
+}
+
+/// Buffered mode: a declining device's slot goes to another device at once, and the decliner
+/// is not picked again for the same version.
+#[test]
+fn a_buffered_decline_frees_its_slot_for_another_device() {
+    use anchorage_shared::ledger::DeclineReason;
+    let mode = AggregationMode::Buffered { buffer: 2, concurrency: 1, max_staleness: 4 };
+    let mut e = engine(EngineConfig { mode, ..config(1, 1) });
+    let actions = join(&mut e, secs(0), &["a", "b"]);
+    let first = broadcast_targets(&actions).concat();
+    assert_eq!(first.len(), 1);
+    e.handle_message(secs(1), &first[0], decline(1, DeclineReason::Window));
+    let actions = drain(&mut e);
+    let next = broadcast_targets(&actions).concat();
+    assert_eq!(next.len(), 1);
+    assert_ne!(next[0], first[0], "the decliner is not asked again for this version");
+    assert_eq!(ledger(&actions).iter().filter(|r| r.declined == Some(DeclineReason::Window)).count(), 1);
+}

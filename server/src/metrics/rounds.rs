@@ -394,6 +394,7 @@ mod tests {
             target: 2,
             updates: Vec::new(),
             missing: vec!["a".into(), "b".into()],
+            declined: Vec::new(),
             duplicates: 0,
             refused: 0,
             late_total: 0,

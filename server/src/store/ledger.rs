@@ -10,7 +10,20 @@ use rusqlite::params;
 use super::{ServerStore, StoreError, unix_now};
 
 const COLUMNS: &str = "client, round, kind, payload_down, payload_up, wire_down, wire_up, compute_seconds, \
-                       transfer_seconds, wait_seconds, wall_seconds, rtt_seconds, joules, straggler";
+                       transfer_seconds, wait_seconds, wall_seconds, rtt_seconds, joules, straggler, declined, \
+                       temperature_c, throttled, battery_percent, external_power, power_mode, readings_refused";
+
+/// The ledger's `kind` of a record: `declined` (the device said no), `dropped` (it sent nothing)
+/// or `reported` (its own cost record).
+fn kind(r: &CostRecord) -> &'static str {
+    if r.declined.is_some() {
+        "declined"
+    } else if r.dropped {
+        "dropped"
+    } else {
+        "reported"
+    }
+}
 
 impl ServerStore {
     /// Appends records in one transaction; returns those that were new (the others were
@@ -23,7 +36,7 @@ impl ServerStore {
             let mut stmt = tx
                 .prepare_cached(&format!(
                     "INSERT OR IGNORE INTO ledger ({COLUMNS}, recorded_at, checksum)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"
                 ))
                 .map_err(|e| self.classify(e))?;
             for r in records {
@@ -32,7 +45,7 @@ impl ServerStore {
                     .execute(params![
                         r.client,
                         to_i(r.round),
-                        if r.dropped { "dropped" } else { "reported" },
+                        kind(r),
                         to_i(r.payload_down),
                         to_i(r.payload_up),
                         to_i(r.wire_down),
@@ -44,6 +57,13 @@ impl ServerStore {
                         r.rtt_seconds,
                         r.joules,
                         r.straggler,
+                        r.declined.map(|d| d.name()),
+                        r.temperature_c,
+                        r.throttled,
+                        r.battery_percent,
+                        r.external_power,
+                        r.power_mode,
+                        r.readings_refused,
                         unix_now(),
                         ledger_checksum(&stored(r)),
                     ])
@@ -102,14 +122,18 @@ fn stored(r: &CostRecord) -> CostRecord {
 
 /// SHA-256 of a ledger row (its record, postcard-encoded).
 pub(super) fn ledger_checksum(r: &CostRecord) -> Vec<u8> {
-    let body = postcard::to_allocvec(r).unwrap_or_default();
-    super::checksum(&[b"ledger", &body])
+    super::checksum(&[b"ledger", &r.stable_encoding()])
 }
 
 /// Every row, checked: a row whose checksum does not match is left out with an error line
 /// (`anchorage-server check` lists it); a row from before schema 2 has none and is kept.
 fn query_ledger(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<CostRecord>> {
     Ok(query_ledger_checked(conn)?.into_iter().filter_map(|(r, ok)| ok.then_some(r)).collect())
+}
+
+/// A stored decline reason (an unknown name reads as none, and the row's checksum then tells).
+fn decline_reason(name: &str) -> Option<anchorage_shared::ledger::DeclineReason> {
+    anchorage_shared::ledger::DeclineReason::ALL.into_iter().find(|d| d.name() == name)
 }
 
 /// Every row with whether it matches its checksum (true for a row without one).
@@ -131,8 +155,15 @@ pub(super) fn query_ledger_checked(conn: &rusqlite::Connection) -> rusqlite::Res
             rtt_seconds: r.get(11)?,
             joules: r.get(12)?,
             straggler: r.get(13)?,
+            declined: r.get::<_, Option<String>>(14)?.and_then(|d| decline_reason(&d)),
+            temperature_c: r.get(15)?,
+            throttled: r.get(16)?,
+            battery_percent: r.get(17)?,
+            external_power: r.get(18)?,
+            power_mode: r.get(19)?,
+            readings_refused: r.get(20)?,
         };
-        let sum: Option<Vec<u8>> = r.get(14)?;
+        let sum: Option<Vec<u8>> = r.get(21)?;
         let ok = sum.is_none_or(|s| s == ledger_checksum(&record));
         if !ok {
             tracing::error!(client = %record.client, round = record.round, "a ledger row does not match its checksum; left out");

@@ -28,6 +28,7 @@ impl ServerStore {
                 )
                 .map(|_| ()),
             Persist::Opened(opened) => open_round(&tx, opened),
+            Persist::Invited { round, sampled } => reinvite(&tx, *round, sampled),
             Persist::Accepted(accepted) => self.accept(&tx, accepted),
             Persist::Closed { checkpoint, report } => self.close(&tx, checkpoint, report),
         };
@@ -297,6 +298,13 @@ fn open_round(tx: &Transaction, o: &OpenedRound) -> rusqlite::Result<()> {
         "INSERT INTO rounds (round, task, status, target, sampled, opened_at) VALUES (?1, ?2, 'open', ?3, ?4, ?5)",
         params![int(o.round), o.task, int(o.target as u64), sampled, unix_now()],
     )?;
+    Ok(())
+}
+
+/// The open round's invitations after a decline was replaced.
+fn reinvite(tx: &Transaction, round: u64, sampled: &[String]) -> rusqlite::Result<()> {
+    let sampled = serde_json::to_string(sampled).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
+    tx.execute("UPDATE rounds SET sampled = ?2 WHERE round = ?1 AND status = 'open'", params![int(round), sampled])?;
     Ok(())
 }
 

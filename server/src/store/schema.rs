@@ -9,10 +9,10 @@ use rusqlite::Connection;
 use super::StoreError;
 
 /// The schema this server writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Migration `i` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     // 0 → 1: the first schema.
     r#"
     -- Small settings: the stateless-reset key, when the database was made.
@@ -88,6 +88,43 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE ledger ADD COLUMN checksum BLOB;         -- SHA-256 of the record (postcard)
     ALTER TABLE rounds ADD COLUMN report_checksum BLOB;  -- SHA-256 of (round, report)
+    "#,
+    // 2 → 3 (issue 33): a ledger row may record a decline, and carries the device's condition.
+    // SQLite cannot change a CHECK, so the table is rebuilt and its rows copied as they are.
+    r#"
+    CREATE TABLE ledger_v3 (
+        client           TEXT NOT NULL,
+        round            INTEGER NOT NULL,
+        kind             TEXT NOT NULL CHECK (kind IN ('reported', 'dropped', 'declined')),
+        payload_down     INTEGER NOT NULL,
+        payload_up       INTEGER NOT NULL,
+        wire_down        INTEGER NOT NULL,
+        wire_up          INTEGER NOT NULL,
+        compute_seconds  REAL NOT NULL,
+        transfer_seconds REAL NOT NULL,
+        wait_seconds     REAL NOT NULL,
+        wall_seconds     REAL NOT NULL,
+        rtt_seconds      REAL NOT NULL,
+        joules           REAL NOT NULL,
+        straggler        INTEGER NOT NULL,
+        recorded_at      INTEGER NOT NULL,
+        checksum         BLOB,
+        declined         TEXT,                -- why the device declined (kind 'declined')
+        temperature_c    REAL,                -- the device's condition, where it reported it
+        throttled        INTEGER,
+        battery_percent  INTEGER,
+        external_power   INTEGER,
+        power_mode       TEXT,
+        readings_refused INTEGER,             -- values the device refused to read of itself
+        PRIMARY KEY (client, round, kind)
+    );
+    INSERT INTO ledger_v3 (client, round, kind, payload_down, payload_up, wire_down, wire_up, compute_seconds,
+        transfer_seconds, wait_seconds, wall_seconds, rtt_seconds, joules, straggler, recorded_at, checksum)
+      SELECT client, round, kind, payload_down, payload_up, wire_down, wire_up, compute_seconds,
+        transfer_seconds, wait_seconds, wall_seconds, rtt_seconds, joules, straggler, recorded_at, checksum
+      FROM ledger;
+    DROP TABLE ledger;
+    ALTER TABLE ledger_v3 RENAME TO ledger;
     "#,
 ];
 

@@ -53,6 +53,7 @@ fn report(round: u64) -> Arc<RoundReport> {
         target: 2,
         updates: vec![],
         missing: vec![],
+        declined: Vec::new(),
         duplicates: 0,
         refused: 0,
         late_total: 0,
@@ -121,6 +122,56 @@ fn the_ledger_keeps_one_row_per_client_round_and_kind() {
     assert_eq!(store.export_ledger_csv(&csv).unwrap(), 2);
     let text = std::fs::read_to_string(&csv).unwrap();
     assert!(text.starts_with(anchorage_shared::ledger::CSV_HEADER) && text.lines().count() == 3, "{text}");
+}
+
+/// A schema-2 database (before issue 33) migrates: its ledger rows keep their checksums, and
+/// the ledger then takes declines and device conditions.
+#[test]
+fn a_schema_2_ledger_migrates_and_keeps_its_checksums() {
+    use anchorage_shared::ledger::{CostRecordV1, DeclineReason};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let old = CostRecordV1 { client: "a".into(), round: 1, wire_up: 10, joules: 1.5, ..Default::default() };
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute_batch(schema::MIGRATIONS[0]).unwrap();
+        conn.execute_batch(schema::MIGRATIONS[1]).unwrap();
+        conn.pragma_update(None, "user_version", 2).unwrap();
+        let sum = checksum(&[b"ledger", &postcard::to_allocvec(&old).unwrap()]);
+        conn.execute(
+            "INSERT INTO ledger (client, round, kind, payload_down, payload_up, wire_down, wire_up, compute_seconds,
+               transfer_seconds, wait_seconds, wall_seconds, rtt_seconds, joules, straggler, recorded_at, checksum)
+             VALUES ('a', 1, 'reported', 0, 0, 0, 10, 0, 0, 0, 0, 0, 1.5, 0, 0, ?1)",
+            [sum],
+        )
+        .unwrap();
+    }
+    let store = ServerStore::open(dir.path()).unwrap();
+    assert_eq!(store.load_ledger().unwrap(), vec![CostRecord::from(old)], "the old row reads back, checksum intact");
+    let declined = CostRecord {
+        client: "b".into(),
+        round: 1,
+        declined: Some(DeclineReason::Battery),
+        battery_percent: Some(12),
+        external_power: Some(false),
+        ..Default::default()
+    };
+    let hot = CostRecord {
+        client: "c".into(),
+        round: 1,
+        temperature_c: Some(81.0),
+        throttled: Some(true),
+        power_mode: Some("nvpmodel 0".into()),
+        readings_refused: Some(2),
+        ..Default::default()
+    };
+    assert_eq!(store.append_ledger(&[declined.clone(), hot.clone()]).unwrap().len(), 2);
+    drop(store);
+    let store = ServerStore::open(dir.path()).unwrap();
+    let ledger = store.load_ledger().unwrap();
+    assert!(ledger.contains(&declined) && ledger.contains(&hot), "{ledger:?}");
+    let report = ServerStore::check(dir.path()).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
 #[test]

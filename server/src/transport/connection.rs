@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::io::{FrameIoError, read_frame_limited, write_frame};
+use anchorage_shared::priority::Priority;
 use anchorage_shared::protocol::{DecodeError, Message, Refusal, RefusalReason};
 use anyhow::Context;
 use quinn::VarInt;
@@ -15,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::accept::HandshakeSlot;
 use super::revocation::{Revoked, revoked};
-use super::streams::write_loop;
+use super::streams::{prioritise, write_loop};
 use super::{Input, Limits, Outbound, ServerMetrics};
 use crate::engine::ClientId;
 use crate::metrics::{reason, refusal_reason};
@@ -146,7 +147,10 @@ impl ConnCtx {
         })?;
         tracing::info!(%client, %remote, "client connected");
 
-        let mut writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx, self.limits.read_stall));
+        let priorities = self.limits.stream_priorities;
+        prioritise(&control_send, Priority::Control.when(priorities));
+        let mut writer =
+            tokio::spawn(write_loop(conn.clone(), control_send, out_rx, self.limits.read_stall, priorities));
         let control = self.read_loop(control_recv, client.clone(), out_tx.clone());
         let uploads = self.accept_uploads(&conn, client.clone(), out_tx.clone());
         let transfers = self.accept_transfers(&conn, client.clone(), out_tx.clone());

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
+use anchorage_shared::priority::Priority;
 use anchorage_shared::protocol::{Message, Refusal, RefusalReason};
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
@@ -211,16 +212,18 @@ impl EngineShell {
             }
             Action::Broadcast { to, msg } => match encode_frame(&msg, self.max_frame) {
                 Ok(frame) => {
+                    let mut priority = Priority::Blocks;
                     if let Message::Broadcast(b) = msg.as_ref() {
                         // A new round: what is kept of uploads for closed rounds goes.
                         metrics.transfers("dropped", self.uploads.drop_before(b.round) as u64);
+                        priority = Priority::of_broadcast(b);
                     }
                     let frame = Arc::new(frame);
                     let mut sent = 0;
                     for client in to {
                         if let Some((_, out)) = self.conns.get(&client) {
                             sent += 1;
-                            let _ = out.send(Outbound::Uni(frame.clone()));
+                            let _ = out.send(Outbound::Uni(frame.clone(), priority));
                         }
                     }
                     metrics.frames_out(frame.len(), sent);

@@ -55,6 +55,10 @@ pub struct Limits {
     /// Bytes of interrupted uploads kept for devices to resume, over all devices; an upload
     /// interrupted beyond this is let go (the device sends it from the start).
     pub max_kept_upload_bytes: u64,
+    /// Streams get send priorities (`anchorage_shared::priority`): control messages first, then
+    /// broadcasts without parameter blocks, then those with blocks. `false`: every stream at
+    /// quinn's default, taking turns (the behaviour before issue 33).
+    pub stream_priorities: bool,
 }
 
 impl Default for Limits {
@@ -78,6 +82,7 @@ impl Default for Limits {
             renew_endpoint_after: 1000,
             // 25 interrupted 20 MB updates.
             max_kept_upload_bytes: 512 << 20,
+            stream_priorities: true,
         }
     }
 }

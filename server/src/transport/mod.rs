@@ -30,6 +30,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anchorage_shared::priority::Priority;
 use anchorage_shared::protocol::{Message, Refusal};
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
@@ -115,7 +116,8 @@ enum Input {
 #[derive(Debug)]
 enum Outbound {
     Control(Arc<Vec<u8>>),
-    Uni(Arc<Vec<u8>>),
+    /// A broadcast, and the priority of its stream.
+    Uni(Arc<Vec<u8>>, Priority),
     Close(Refusal),
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::io::{FrameIoError, Pace, ReadLimits, read_frame_limited, write_frame};
+use anchorage_shared::priority::Priority;
 use anchorage_shared::protocol::{KIND_UPDATE, Message};
 use quinn::VarInt;
 use tokio::sync::mpsc;
@@ -118,12 +119,14 @@ impl ConnCtx {
 /// broadcast on its own uni stream (a large block never holds up a control message). A client
 /// that stops reading is dropped, not buffered for: a write that makes no progress for `stall`
 /// closes the connection, and a newer broadcast cancels (resets) one the client has not read
-/// yet, so the server holds at most one broadcast's flow-control window per client.
+/// yet, so the server holds at most one broadcast's flow-control window per client. With
+/// `priorities`, each broadcast's stream gets the priority it came with.
 pub(super) async fn write_loop(
     conn: quinn::Connection,
     mut control: quinn::SendStream,
     mut out: mpsc::UnboundedReceiver<Outbound>,
     stall: Duration,
+    priorities: bool,
 ) {
     let mut unread_broadcast: Option<tokio::sync::oneshot::Sender<()>> = None;
     while let Some(item) = out.recv().await {
@@ -133,13 +136,14 @@ pub(super) async fn write_loop(
                 Ok(Err(_)) => return,
                 Err(_) => return drop_slow_reader(&conn, "control"),
             },
-            Outbound::Uni(frame) => {
+            Outbound::Uni(frame, priority) => {
                 if let Some(cancel) = unread_broadcast.take() {
                     let _ = cancel.send(());
                 }
                 let (cancel, cancelled) = tokio::sync::oneshot::channel();
                 unread_broadcast = Some(cancel);
-                tokio::spawn(send_broadcast(conn.clone(), frame, cancelled, stall));
+                let priority = priority.when(priorities);
+                tokio::spawn(send_broadcast(conn.clone(), (frame, priority), cancelled, stall));
             }
             Outbound::Close(refusal) => {
                 if let Ok(frame) = encode_frame(&Message::Refusal(refusal), usize::MAX) {
@@ -157,14 +161,16 @@ pub(super) async fn write_loop(
 /// One broadcast on its own stream, in chunks, each of which must be taken within `stall`. The
 /// chunks are slices of the one encoded frame that every recipient shares (`Bytes`): quinn keeps
 /// them until they are acknowledged without copying, so a thousand connections that do not read
-/// hold one broadcast between them, not a thousand copies of it.
+/// hold one broadcast between them, not a thousand copies of it. The stream gets `priority`
+/// (`None`: quinn's default).
 async fn send_broadcast(
     conn: quinn::Connection,
-    frame: Arc<Vec<u8>>,
+    (frame, priority): (Arc<Vec<u8>>, Option<Priority>),
     mut cancelled: tokio::sync::oneshot::Receiver<()>,
     stall: Duration,
 ) {
     let Ok(mut stream) = conn.open_uni().await else { return };
+    prioritise(&stream, priority);
     let frame = bytes::Bytes::from_owner(SharedFrame(frame));
     const CHUNK: usize = 64 << 10;
     for start in (0..frame.len()).step_by(CHUNK) {
@@ -191,6 +197,15 @@ struct SharedFrame(Arc<Vec<u8>>);
 impl AsRef<[u8]> for SharedFrame {
     fn as_ref(&self) -> &[u8] {
         self.0.as_slice()
+    }
+}
+
+/// Gives `stream` its send priority (`anchorage_shared::priority`); `None` (priorities off)
+/// leaves quinn's default, 0 for every stream, which take turns a packet each. Fails only on a
+/// stream already finished or reset, which sends nothing more to order.
+pub(super) fn prioritise(stream: &quinn::SendStream, priority: Option<Priority>) {
+    if let Some(p) = priority {
+        let _ = stream.set_priority(p.level());
     }
 }
 

@@ -15,12 +15,14 @@ use std::time::Duration;
 
 use anchorage_shared::frame::{decode_frame, encode_frame};
 use anchorage_shared::io::{FrameIoError, Pace, ReadLimits, read_frame_limited, write_frame};
+use anchorage_shared::priority::Priority;
 use anchorage_shared::protocol::{KIND_CHUNK, Message, Refusal, RefusalReason, TransferOffer, TransferResume};
 use anchorage_shared::transfer::{Assembly, MAX_CHUNK_FRAME, TransferError, hex};
 use tokio::sync::mpsc;
 
 use super::Outbound;
 use super::connection::ConnCtx;
+use super::streams::prioritise;
 use crate::engine::ClientId;
 
 /// How long a new attempt waits for an older connection's task to let go of its transfer (it
@@ -137,6 +139,9 @@ impl ConnCtx {
         client: &ClientId,
     ) -> Result<(), Refusal> {
         let refuse = |reason: RefusalReason, detail: String| self.refused(client, reason, detail);
+        // This side of the stream carries only the answer to the offer, which the device waits
+        // for before it sends a chunk: a control message.
+        prioritise(&send, Priority::Control.when(self.limits.stream_priorities));
         let Some(offer) = self.read_offer(&mut recv).await.map_err(|(r, d)| refuse(r, d))? else { return Ok(()) };
         // Checked before it can replace what the device has kept.
         let max = self.max_frame as u64;

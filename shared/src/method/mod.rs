@@ -1,5 +1,6 @@
 //! The methods: each one's typed config ([`configs`]) and the one registry ([`REGISTRY`]) that
-//! the client halves, the server halves and the simulator all read.
+//! the client halves, the server halves and the simulator all read; beside them, the update
+//! encodings any method can use ([`ENCODINGS`]).
 //!
 //! A `[method]` table (of a scenario file, `server.toml` or `client.toml`) names its method and
 //! sets that method's keys only: `name = "gldp"` deserialises into
@@ -7,12 +8,14 @@
 //! Adding a method: CONTRIBUTING.md, "Add a method".
 
 pub mod configs;
+pub mod encodings;
 
 use core::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub use configs::*;
+pub use encodings::{ENCODINGS, EncodingInfo, EncodingNames};
 
 /// One method and its hyperparameters, tagged by `name`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

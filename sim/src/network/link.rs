@@ -36,18 +36,67 @@ pub struct BurstLoss {
     pub loss_in_bad: f64,
 }
 
-/// An interval of simulated time, from the link's start, during which nothing gets through.
+/// An interval of simulated time, from the link's start, during which nothing gets through;
+/// with `every_ms`, it comes back every `every_ms` after `start_ms` (a link dark 20 s of every
+/// minute, a tower down an hour a day).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Outage {
     pub start_ms: u64,
     pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<u64>,
 }
 
 impl Outage {
+    /// The repeat period, if it is one: longer than the outage (configs with a shorter one are
+    /// refused: `Outage::check`).
+    fn period(&self) -> Option<u64> {
+        self.every_ms.filter(|e| *e > self.duration_ms)
+    }
+
+    /// Refuses a period that would leave the link dark for good.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(every) = self.every_ms {
+            anyhow::ensure!(
+                every > self.duration_ms,
+                "an outage of {} ms every {every} ms never ends: every_ms must exceed duration_ms",
+                self.duration_ms
+            );
+        }
+        Ok(())
+    }
+
+    /// The start of the occurrence that covers or precedes `t` (none before the first).
+    fn last_start(&self, t: Duration) -> Option<Duration> {
+        let t = t.as_millis() as u64;
+        let since = t.checked_sub(self.start_ms)?;
+        let k = match self.period() {
+            Some(every) => since / every * every,
+            None => 0,
+        };
+        Some(Duration::from_millis(self.start_ms + k))
+    }
+
     fn covers(&self, t: Duration) -> bool {
-        let start = Duration::from_millis(self.start_ms);
-        t >= start && t < start + Duration::from_millis(self.duration_ms)
+        self.last_start(t).is_some_and(|s| t < s + Duration::from_millis(self.duration_ms))
+    }
+
+    /// The end of the occurrence that covers `t`.
+    fn end_covering(&self, t: Duration) -> Option<Duration> {
+        let s = self.last_start(t)?;
+        let end = s + Duration::from_millis(self.duration_ms);
+        (t < end).then_some(end)
+    }
+
+    /// The first start strictly after `from`.
+    fn next_start_after(&self, from: Duration) -> Option<Duration> {
+        let first = Duration::from_millis(self.start_ms);
+        if first > from {
+            return Some(first);
+        }
+        let every = Duration::from_millis(self.period()?);
+        self.last_start(from).map(|s| s + every)
     }
 }
 
@@ -113,6 +162,12 @@ impl LinkPreset {
     /// Every preset, in the order help texts list them.
     pub const ALL: [LinkPreset; 7] =
         [Self::Loopback, Self::Ethernet, Self::Wifi, Self::Lte, Self::ThreeG, Self::Satellite, Self::Iot];
+
+    /// A cellular (metered) link: what a device's `unmetered_only` eligibility refuses on the
+    /// virtual clock (`lte`, `3g`, `iot`; satellite plans are metered too).
+    pub fn metered(self) -> bool {
+        matches!(self, Self::Lte | Self::ThreeG | Self::Iot | Self::Satellite)
+    }
 
     /// The name configs use.
     pub fn name(self) -> &'static str {
@@ -292,15 +347,15 @@ impl Link {
 
     /// The earliest start of an outage strictly between `from` and `to`.
     pub fn outage_starting_in(&self, from: Duration, to: Duration) -> Option<Duration> {
-        let starts = self.profile.outages.iter().map(|o| Duration::from_millis(o.start_ms));
-        starts.filter(|s| *s > from && *s < to).min()
+        let starts = self.profile.outages.iter().filter_map(|o| o.next_start_after(from));
+        starts.filter(|s| *s < to).min()
     }
 
     /// The first moment at or after `t` that no outage covers.
     pub fn next_up(&self, t: Duration) -> Duration {
         let mut t = t;
-        while let Some(o) = self.profile.outages.iter().find(|o| o.covers(t)) {
-            t = Duration::from_millis(o.start_ms + o.duration_ms);
+        while let Some(end) = self.profile.outages.iter().find_map(|o| o.end_covering(t)) {
+            t = end;
         }
         t
     }
@@ -385,6 +440,21 @@ mod tests {
     }
 
     #[test]
+    fn a_periodic_outage_comes_back_every_period() {
+        let o = Outage { start_ms: 60_000, duration_ms: 20_000, every_ms: Some(60_000) };
+        let link = Link::new(LinkProfile { outages: vec![o], ..LinkProfile::default() }, 1);
+        let covered = |t: u64| o.covers(ms(t));
+        assert!(!covered(59_999) && covered(60_000) && covered(79_999) && !covered(80_000));
+        assert!(covered(7 * 60_000 + 5_000) && !covered(7 * 60_000 + 25_000), "the eighth occurrence too");
+        assert_eq!(link.next_up(ms(425_000)), ms(440_000));
+        assert_eq!(link.outage_starting_in(ms(61_000), ms(200_000)), Some(ms(120_000)));
+        assert_eq!(link.outage_starting_in(ms(0), ms(50_000)), None);
+        let never_ends = Outage { start_ms: 0, duration_ms: 500, every_ms: Some(500) };
+        assert!(never_ends.check().is_err());
+        assert!(o.check().is_ok());
+    }
+
+    #[test]
     fn random_loss_matches_its_rate() {
         let mut link = Link::new(LinkProfile { loss: 0.1, ..LinkProfile::default() }, 7);
         let lost = (0..20_000).filter(|_| link.transmit(ms(0), 100).is_err()).count();
@@ -405,8 +475,10 @@ mod tests {
 
     #[test]
     fn outages_drop_everything_inside_them() {
-        let profile =
-            LinkProfile { outages: vec![Outage { start_ms: 1000, duration_ms: 500 }], ..LinkProfile::default() };
+        let profile = LinkProfile {
+            outages: vec![Outage { start_ms: 1000, duration_ms: 500, every_ms: None }],
+            ..LinkProfile::default()
+        };
         let mut link = Link::new(profile, 1);
         assert!(link.transmit(ms(999), 10).is_ok());
         assert_eq!(link.transmit(ms(1000), 10), Err(Drop::Outage));

@@ -364,6 +364,7 @@ mod tests {
                 target: 2,
                 updates: vec![],
                 missing: vec![],
+                declined: vec![],
                 duplicates: 0,
                 refused: 0,
                 late_total: 0,
