@@ -32,6 +32,7 @@ def row(run):
     resent = sum(max(0, int(r["wire_up"]) - clean_wire(int(r["payload_up"]))) for r in reported)
     payload = sum(int(r["payload_up"]) for r in reported)
     throttled = sum(1 for r in ledger if r["throttled"] == "true")
+    dropped = sum(1 for r in ledger if r["dropped"] == "true")
     return [
         os.path.basename(run.rstrip("/")),
         str(len(rounds)),
@@ -40,13 +41,15 @@ def row(run):
         " / ".join(str(declines.get(k, 0)) for k in REASONS),
         str(throttled),
         str(len(reported)),
+        str(dropped),
         f"{resent / 2**20:.0f} MiB ({resent / payload:.1%})" if payload else "-",
         f"{metrics['final_accuracy']:.1%}",
     ]
 
 
 header = ["run", "rounds", "simulated h", "rounds / h", "declines: battery / thermal / metered / window / busy",
-          "throttled rounds", "updates acked", "bytes resent (of payload)", "final accuracy"]
+          "throttled rounds", "updates acked",
+          "dropped (invited, nothing by the close)", "bytes resent (of payload)", "final accuracy"]
 print("| " + " | ".join(header) + " |")
 print("|" + "---|" * len(header))
 for run in sys.argv[1:]:

@@ -9,10 +9,12 @@
 //! - [`check_config`]: `anchorage-client check-config`, the same checks of the files, off the network.
 //! - [`runner`]: from a `client.toml` to a running device (what `anchorage-client` runs).
 //! - [`transport`]: the quinn shell with reconnect and resend.
+//! - [`broadcasts`]: broadcasts that resume after a lost connection.
 //! - [`store`]: the durable local state (the unacknowledged update).
 //! - [`memory`]: the process's peak memory, reported with every update.
 //! - [`compress`]: smaller updates for any method (top-k with error feedback, zstd).
 
+pub mod broadcasts;
 pub mod check_config;
 pub mod compress;
 pub mod config;

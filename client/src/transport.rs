@@ -96,6 +96,11 @@ pub struct ClientOptions {
     /// sent again from the start after an interruption (the behaviour before issue 33, kept as
     /// the baseline the simulator measures against).
     pub resume_uploads: bool,
+    /// Large broadcasts come as resumable transfers (`crate::broadcasts`; the device offers
+    /// `anchorage/1+resumable-broadcasts` in the handshake): after a lost connection the device
+    /// receives only what it does not hold. `false`: whole on a uni stream, received again from
+    /// the start (the behaviour before issue 33, and a server's that does not offer it).
+    pub resume_broadcasts: bool,
     /// When this device may train (`[eligibility]` of client.toml, issue 33): an invited device
     /// that may not declines the round with its reason. Empty: always trains.
     pub eligibility: crate::eligibility::Eligibility,
@@ -267,6 +272,7 @@ impl ClientOptions {
             stop: None,
             socket_wrapper: None,
             resume_uploads: true,
+            resume_broadcasts: true,
             eligibility: Default::default(),
             sys_root: Default::default(),
             stream_priorities: true,
@@ -352,16 +358,17 @@ pub fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
         .send_window(16 << 20)
         .stream_receive_window(quinn::VarInt::from_u32(8 << 20))
         .receive_window(quinn::VarInt::from_u32(16 << 20));
-    let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto(
-        &options.server_cert,
-        options.client_cert.as_deref(),
-    )?)?));
+    let mut crypto = client_crypto(&options.server_cert, options.client_cert.as_deref())?;
+    if options.resume_broadcasts {
+        crypto.alpn_protocols.insert(0, crate::broadcasts::RESUMABLE_BROADCASTS_ALPN.to_vec());
+    }
+    let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(crypto)?));
     config.transport_config(Arc::new(transport));
     endpoint.set_default_client_config(config);
     Ok(endpoint)
 }
 
-enum Inbound {
+pub(crate) enum Inbound {
     Message { msg: Message, wire_bytes: u64 },
     Closed(String),
 }
@@ -522,6 +529,8 @@ struct Client {
     /// pending update after a reconnect and again when the round's broadcast comes back, and a
     /// second transfer of the same update while the first is still going would send it twice.
     uploading: HashMap<u64, tokio::task::AbortHandle>,
+    /// The part of a broadcast that a lost connection left, for the next one to resume.
+    held_broadcast: Arc<Mutex<crate::broadcasts::HeldBroadcast>>,
     failures: Failures,
     events: Option<mpsc::UnboundedSender<ClientEvent>>,
 }
@@ -566,6 +575,7 @@ impl Client {
             condition: HashMap::new(),
             unconfirmed: BTreeMap::new(),
             uploading: HashMap::new(),
+            held_broadcast: Arc::default(),
             failures: Failures::default(),
             events,
         })
@@ -685,8 +695,7 @@ impl Client {
         let (in_tx, mut inbound) = mpsc::unbounded_channel();
         // Tasks of this connection die with it (and with this future, if it is aborted).
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(read_control(control_recv, in_tx.clone(), max_frame));
-        tasks.spawn(accept_broadcasts(conn.clone(), in_tx, max_frame));
+        let mark = self.read(&conn, control_recv, in_tx, &mut tasks);
         self.uploading.clear();
         self.session.connected();
         let mut heartbeat = tokio::time::interval(self.options.keep_alive);
@@ -741,6 +750,7 @@ impl Client {
             }
         };
         tasks.abort_all();
+        self.held_broadcast.lock().unwrap_or_else(|p| p.into_inner()).connection_lost(mark.since(&conn));
         // However the loss showed first (a failed read or write, or the close itself), a close
         // with the server's TLS alert about this device's certificate is a refusal for good: the
         // server accepts the handshake's last flight only after checking the certificate.
@@ -750,6 +760,29 @@ impl Client {
             return Ok(Ended::Refused(self.refusal(kind, detail)));
         }
         Ok(ended)
+    }
+
+    /// Starts the readers of a connection, in `tasks`: its control stream, its broadcasts on uni
+    /// streams, and its broadcast transfers when the device takes them. Returns the mark the
+    /// broadcasts' wire bytes are counted from: when the connection ends, what it received since
+    /// counts toward the broadcast it leaves held, if any.
+    fn read(
+        &self,
+        conn: &quinn::Connection,
+        control_recv: quinn::RecvStream,
+        tx: mpsc::UnboundedSender<Inbound>,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) -> crate::broadcasts::WireMark {
+        let (max_frame, mark) = (self.options.max_frame_bytes, crate::broadcasts::WireMark::new(conn));
+        tasks.spawn(read_control(control_recv, tx.clone(), max_frame));
+        if self.options.resume_broadcasts {
+            let (held, priorities) = (self.held_broadcast.clone(), self.options.stream_priorities);
+            let receiver =
+                crate::broadcasts::Receiver { conn: conn.clone(), held, mark: mark.clone(), max_frame, priorities };
+            tasks.spawn(receiver.accept(tx.clone()));
+        }
+        tasks.spawn(accept_broadcasts(conn.clone(), tx, max_frame, mark.clone()));
+        mark
     }
 
     /// One session action; `Some` when it ends the connection (a failed write) or the client.
@@ -979,14 +1012,17 @@ async fn read_control(mut recv: quinn::RecvStream, tx: mpsc::UnboundedSender<Inb
 /// Accepts broadcast streams. The wire bytes of a broadcast are the UDP bytes received since the
 /// previous broadcast ended (or the connection began) until this one ended: QUIC headers and
 /// retransmissions included, plus the little control traffic in between (acks, heartbeats).
-async fn accept_broadcasts(conn: quinn::Connection, tx: mpsc::UnboundedSender<Inbound>, max_frame: usize) {
-    let mut since = conn.stats().udp_rx.bytes;
+/// `mark` is shared with the broadcasts that come as transfers (`crate::broadcasts`).
+async fn accept_broadcasts(
+    conn: quinn::Connection,
+    tx: mpsc::UnboundedSender<Inbound>,
+    max_frame: usize,
+    mark: crate::broadcasts::WireMark,
+) {
     while let Ok(mut recv) = conn.accept_uni().await {
         match read_frame(&mut recv, max_frame).await {
             Ok(Some((msg, _))) => {
-                let now = conn.stats().udp_rx.bytes;
-                let wire_bytes = now.saturating_sub(since);
-                since = now;
+                let wire_bytes = mark.take(&conn);
                 if tx.send(Inbound::Message { msg, wire_bytes }).is_err() {
                     return;
                 }

@@ -1,4 +1,5 @@
-//! Resumable transfers (issue 33): a large frame (an update) moves in [`Chunk`]s that each carry
+//! Resumable transfers (issue 33): a large frame (an update, or a broadcast to a device that
+//! negotiated [`RESUMABLE_BROADCASTS_ALPN`]) moves in [`Chunk`]s that each carry
 //! their offset and the SHA-256 of their bytes, after a [`TransferOffer`] that names the whole
 //! frame by its SHA-256. After a lost connection the receiver answers the same offer with how
 //! much it holds ([`TransferResume`]), and the sender goes on from there instead of from zero.
@@ -11,7 +12,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::protocol::{Chunk, TransferOffer};
+use crate::protocol::{Chunk, TransferOffer, TransferResume};
 
 /// Bytes of frame per chunk: at most this much is sent again after an interruption, for 40
 /// bytes of offset and hash (0.06 %).
@@ -19,6 +20,15 @@ pub const CHUNK_BYTES: usize = 64 << 10;
 
 /// The largest chunk frame a reader must accept: a full chunk and its header.
 pub const MAX_CHUNK_FRAME: usize = CHUNK_BYTES + 256;
+
+/// ALPN id of protocol v1 with resumable broadcasts. A device that takes its broadcasts as
+/// transfers offers it ahead of `anchorage/1`; a server that sends them so lists it first, and
+/// then sends each broadcast larger than a chunk as a transfer on a bi stream it opens (an
+/// offer, the device's answer with what it holds, the chunks from there). Either side without
+/// it agrees on `anchorage/1`: the broadcast goes whole on a uni stream, as before. Said in the
+/// handshake, not in a message, because the server sends the round's broadcast right behind
+/// its welcome: a message after the welcome would come too late for it.
+pub const RESUMABLE_BROADCASTS_ALPN: &[u8] = b"anchorage/1+resumable-broadcasts";
 
 /// SHA-256 of `bytes`.
 pub fn sha256(bytes: &[u8]) -> [u8; 32] {
@@ -54,6 +64,14 @@ pub enum TransferError {
     WholeHash { total: u64 },
     #[error("an offer of {total} bytes is over the limit of {max}")]
     TooLarge { total: u64, max: u64 },
+    #[error("an answer resumes at offset {offset}, past the end of the {total}-byte transfer")]
+    ResumePastEnd { offset: u64, total: u64 },
+    #[error("an answer names another transfer than the one offered")]
+    OtherTransfer,
+    #[error(
+        "an offer of {total} bytes for round {round} names a transfer held as {held_total} bytes for round {held_round}"
+    )]
+    OfferMismatch { total: u64, round: u64, held_total: u64, held_round: u64 },
 }
 
 impl TransferError {
@@ -61,8 +79,9 @@ impl TransferError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::ChunkHash { .. } | Self::WholeHash { .. } => "bad_hash",
-            Self::Gap { .. } | Self::PastEnd { .. } => "bad_offset",
+            Self::Gap { .. } | Self::PastEnd { .. } | Self::ResumePastEnd { .. } => "bad_offset",
             Self::TooLarge { .. } => "too_large",
+            Self::OtherTransfer | Self::OfferMismatch { .. } => "bad_offer",
         }
     }
 }
@@ -121,6 +140,18 @@ impl Assembly {
         }
         Ok(self.held)
     }
+}
+
+/// Where the sender of `offer` goes on after the receiver's `answer`: its offset, unless the
+/// answer names another transfer or resumes past the end (refused; the sender sends nothing).
+pub fn resume_offset(offer: &TransferOffer, answer: &TransferResume) -> Result<u64, TransferError> {
+    if answer.transfer != offer.transfer {
+        return Err(TransferError::OtherTransfer);
+    }
+    if answer.offset > offer.total {
+        return Err(TransferError::ResumePastEnd { offset: answer.offset, total: offer.total });
+    }
+    Ok(answer.offset)
 }
 
 /// The transfer id as hex, for logs.
@@ -186,5 +217,19 @@ mod tests {
         assert!(matches!(a.finish(), Err(TransferError::WholeHash { total: 1000 })));
         let err = Assembly::new(offer(&frame, 1), 999).unwrap_err();
         assert_eq!(err.reason(), "too_large");
+    }
+
+    #[test]
+    fn an_answer_past_the_end_or_of_another_transfer_is_refused() {
+        use alloc::string::ToString;
+        let offer = offer(&frame(1000), 1);
+        let answer = |offset| TransferResume { transfer: offer.transfer, offset };
+        assert_eq!(resume_offset(&offer, &answer(0)), Ok(0));
+        assert_eq!(resume_offset(&offer, &answer(1000)), Ok(1000), "all held: nothing left to send");
+        let past = resume_offset(&offer, &answer(1001)).unwrap_err();
+        assert_eq!(past, TransferError::ResumePastEnd { offset: 1001, total: 1000 });
+        assert!(past.to_string().contains("past the end"), "{past}");
+        let other = TransferResume { transfer: [7; 32], offset: 0 };
+        assert_eq!(resume_offset(&offer, &other), Err(TransferError::OtherTransfer));
     }
 }

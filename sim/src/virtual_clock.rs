@@ -154,8 +154,20 @@ impl Path {
         let rtt = self.link.base_rtt();
         let mut left = bytes;
         let mut wire = 0;
-        let mut t = self.link.next_up(now.max(self.free_at));
+        let mut t = now.max(self.free_at);
         loop {
+            // A restart may fall inside the next outage: it begins when the link is back.
+            t = self.link.next_up(t);
+            if t.saturating_sub(now) > GIVE_UP {
+                // Repeating outages shorter-spaced than the upload: it never gets through whole.
+                tracing::debug!(
+                    bytes,
+                    resume,
+                    "an upload has not got through in a simulated day; charged as arriving now"
+                );
+                self.free_at = t;
+                return (t, wire);
+            }
             let d = self.link.transfer_time(t, wire_bytes(left)).unwrap_or_default();
             let Some(cut) = self.link.outage_starting_in(t, t + d) else {
                 wire += wire_bytes(left);
@@ -181,6 +193,11 @@ impl Path {
         }
     }
 }
+
+/// How long the virtual clock follows one upload through outages before it charges it as arriving
+/// (the device would go on trying; by then its round is long closed). Bounds the loop of
+/// [`Path::carry_upload`] under repeating outages that leave no gap long enough.
+const GIVE_UP: Duration = Duration::from_secs(24 * 3600);
 
 struct VirtualClient {
     session: Session,
@@ -950,6 +967,23 @@ mod outage_tests {
         // A transfer that no outage breaks off costs what `carry` charges.
         let (at, wire) = Path::new(LinkPreset::ThreeG.profile().up, 7).carry_upload(Duration::ZERO, bytes, true);
         assert_eq!((at, wire), (clean, wire_bytes(bytes)));
+    }
+
+    /// Repeating outages that leave no gap long enough for the whole frame: the one-frame upload
+    /// never gets through, and the loop ends after a simulated day instead of running forever;
+    /// the resumable one gets through.
+    #[test]
+    fn an_upload_that_never_fits_between_repeating_outages_is_given_up_on() {
+        // 3g dark 20 s of every minute: the device reconnects about 30 s after each cut (past the
+        // server's stall), which leaves about 30 s before the next; 2 MB takes 33 s at 0.5 Mbit/s.
+        let outage = Outage { start_ms: 10_000, duration_ms: 20_000, every_ms: Some(60_000) };
+        let profile = LinkProfile { outages: vec![outage], ..LinkPreset::ThreeG.profile().up };
+        let bytes = 2_000_000;
+        let (at, wire) = Path::new(profile.clone(), 7).carry_upload(Duration::ZERO, bytes, false);
+        assert!(at >= GIVE_UP && at < GIVE_UP + Duration::from_secs(60), "{at:?}");
+        assert!(wire > 10 * bytes, "a day of attempts: {wire} B");
+        let (at, wire) = Path::new(profile, 7).carry_upload(Duration::ZERO, bytes, true);
+        assert!(at < Duration::from_secs(3600) && (wire as f64) < 1.3 * bytes as f64, "{at:?} {wire}");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use quinn::VarInt;
 use tokio::sync::{mpsc, watch};
 
 use super::accept::HandshakeSlot;
+use super::broadcasts::{BroadcastTransfers, takes_transfers};
 use super::revocation::{Revoked, revoked};
 use super::streams::{prioritise, write_loop};
 use super::{Input, Limits, Outbound, ServerMetrics};
@@ -149,8 +150,9 @@ impl ConnCtx {
 
         let priorities = self.limits.stream_priorities;
         prioritise(&control_send, Priority::Control.when(priorities));
-        let mut writer =
-            tokio::spawn(write_loop(conn.clone(), control_send, out_rx, self.limits.read_stall, priorities));
+        let broadcasts = takes_transfers(&conn).then(|| BroadcastTransfers { metrics: self.metrics.clone() });
+        let timing = (self.limits.read_stall, priorities);
+        let mut writer = tokio::spawn(write_loop(conn.clone(), control_send, out_rx, timing, broadcasts));
         let control = self.read_loop(control_recv, client.clone(), out_tx.clone());
         let uploads = self.accept_uploads(&conn, client.clone(), out_tx.clone());
         let transfers = self.accept_transfers(&conn, client.clone(), out_tx.clone());

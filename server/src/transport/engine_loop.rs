@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::broadcasts::SharedBroadcast;
 use super::flaps::{FLAP_LIMIT, FLAP_QUARANTINE, FLAP_WINDOW, FlapGuard, conflict_refusal};
 use super::transfers::KeptUploads;
 use super::{Input, Outbound, ServerEvent, ServerMetrics};
@@ -212,13 +213,13 @@ impl EngineShell {
             }
             Action::Broadcast { to, msg } => match encode_frame(&msg, self.max_frame) {
                 Ok(frame) => {
-                    let mut priority = Priority::Blocks;
+                    let (mut priority, mut round) = (Priority::Blocks, 0);
                     if let Message::Broadcast(b) = msg.as_ref() {
                         // A new round: what is kept of uploads for closed rounds goes.
                         metrics.transfers("dropped", self.uploads.drop_before(b.round) as u64);
-                        priority = Priority::of_broadcast(b);
+                        (priority, round) = (Priority::of_broadcast(b), b.round);
                     }
-                    let frame = Arc::new(frame);
+                    let frame = Arc::new(SharedBroadcast::new(Arc::new(frame), round));
                     let mut sent = 0;
                     for client in to {
                         if let Some((_, out)) = self.conns.get(&client) {
@@ -226,7 +227,7 @@ impl EngineShell {
                             let _ = out.send(Outbound::Uni(frame.clone(), priority));
                         }
                     }
-                    metrics.frames_out(frame.len(), sent);
+                    metrics.frames_out(frame.frame.len(), sent);
                 }
                 Err(e) => tracing::error!(error = %e, "broadcast does not fit in a frame; raise max_frame_bytes"),
             },

@@ -15,8 +15,10 @@
 //! - [`engine_loop`]: the task that drives the engine and carries out its actions.
 //! - [`flaps`]: two devices sharing one certificate.
 //! - [`transfers`]: resumable uploads, and what interrupted ones leave.
+//! - [`broadcasts`]: resumable broadcasts, to the devices that take them.
 
 mod accept;
+mod broadcasts;
 mod connection;
 mod endpoint;
 mod engine_loop;
@@ -116,8 +118,9 @@ enum Input {
 #[derive(Debug)]
 enum Outbound {
     Control(Arc<Vec<u8>>),
-    /// A broadcast, and the priority of its stream.
-    Uni(Arc<Vec<u8>>, Priority),
+    /// A broadcast, and the priority of its stream: on a uni stream, or as a transfer to a
+    /// device that takes them (`broadcasts`).
+    Uni(Arc<broadcasts::SharedBroadcast>, Priority),
     Close(Refusal),
 }
 

@@ -13,6 +13,7 @@ use anchorage_shared::protocol::{KIND_UPDATE, Message};
 use quinn::VarInt;
 use tokio::sync::mpsc;
 
+use super::broadcasts::BroadcastTransfers;
 use super::connection::{ConnCtx, refusal_for};
 use super::{Input, Outbound};
 use crate::engine::ClientId;
@@ -121,12 +122,14 @@ impl ConnCtx {
 /// closes the connection, and a newer broadcast cancels (resets) one the client has not read
 /// yet, so the server holds at most one broadcast's flow-control window per client. With
 /// `priorities`, each broadcast's stream gets the priority it came with.
+/// A device that takes resumable broadcasts (`transfers`) gets each large one as a transfer
+/// (`super::broadcasts`).
 pub(super) async fn write_loop(
     conn: quinn::Connection,
     mut control: quinn::SendStream,
     mut out: mpsc::UnboundedReceiver<Outbound>,
-    stall: Duration,
-    priorities: bool,
+    (stall, priorities): (Duration, bool),
+    transfers: Option<BroadcastTransfers>,
 ) {
     let mut unread_broadcast: Option<tokio::sync::oneshot::Sender<()>> = None;
     while let Some(item) = out.recv().await {
@@ -136,14 +139,22 @@ pub(super) async fn write_loop(
                 Ok(Err(_)) => return,
                 Err(_) => return drop_slow_reader(&conn, "control"),
             },
-            Outbound::Uni(frame, priority) => {
+            Outbound::Uni(broadcast, priority) => {
                 if let Some(cancel) = unread_broadcast.take() {
                     let _ = cancel.send(());
                 }
                 let (cancel, cancelled) = tokio::sync::oneshot::channel();
                 unread_broadcast = Some(cancel);
                 let priority = priority.when(priorities);
-                tokio::spawn(send_broadcast(conn.clone(), (frame, priority), cancelled, stall));
+                match &transfers {
+                    Some(t) if broadcast.resumable() => {
+                        tokio::spawn(t.clone().send(conn.clone(), broadcast, priority, cancelled, stall));
+                    }
+                    _ => {
+                        let frame = broadcast.frame.clone();
+                        tokio::spawn(send_broadcast(conn.clone(), (frame, priority), cancelled, stall));
+                    }
+                }
             }
             Outbound::Close(refusal) => {
                 if let Ok(frame) = encode_frame(&Message::Refusal(refusal), usize::MAX) {
@@ -209,7 +220,7 @@ pub(super) fn prioritise(stream: &quinn::SendStream, priority: Option<Priority>)
     }
 }
 
-fn drop_slow_reader(conn: &quinn::Connection, what: &str) {
+pub(super) fn drop_slow_reader(conn: &quinn::Connection, what: &str) {
     tracing::warn!(remote = %conn.remote_address(), stream = what, "a client that does not read is dropped");
     conn.close(VarInt::from_u32(2), b"not reading");
 }

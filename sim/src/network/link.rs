@@ -226,6 +226,8 @@ pub struct LinkStats {
     pub datagrams: u64,
     pub bytes: u64,
     pub delivered: u64,
+    /// Bytes of the datagrams that got through (what the far end received).
+    pub delivered_bytes: u64,
     pub lost_random: u64,
     pub lost_burst: u64,
     pub lost_buffer: u64,
@@ -320,6 +322,7 @@ impl Link {
         let arrival = (self.busy_until + self.delay()).max(self.last_arrival);
         self.last_arrival = arrival;
         self.stats.delivered += 1;
+        self.stats.delivered_bytes += bytes;
         Ok(arrival)
     }
 
