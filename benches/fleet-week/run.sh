@@ -3,7 +3,7 @@
 # resumable or sent again from the start, and the devices' [eligibility] on or off (the battery
 # and thermal models run in all four). Prints the table of benches/README.md, "A week of a mixed
 # fleet". Usage: benches/fleet-week/run.sh [BIN] [OUT] (defaults: the release build, a temp folder).
-# About 20 minutes of one core per variant; two run at a time.
+# About 7 minutes of one core per variant; two run at a time.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-${CARGO_TARGET_DIR:-$here/../../target}/release/anchorage}

@@ -19,6 +19,14 @@ def clean_wire(payload):
     return payload + -(-payload // 1200) * 40
 
 
+def resent_text(resent, payload):
+    if not payload:
+        return "-"
+    ratio = resent / payload
+    share = f"{ratio:.1%} of the payload" if ratio < 1 else f"{ratio:.1f}× the payload"
+    return f"{resent / 2**30:,.1f} GiB ({share})"
+
+
 def row(run):
     with open(os.path.join(run, "rounds.csv")) as f:
         rounds = list(csv.DictReader(f))
@@ -42,14 +50,14 @@ def row(run):
         str(throttled),
         str(len(reported)),
         str(dropped),
-        f"{resent / 2**20:.0f} MiB ({resent / payload:.1%})" if payload else "-",
+        resent_text(resent, payload),
         f"{metrics['final_accuracy']:.1%}",
     ]
 
 
 header = ["run", "rounds", "simulated h", "rounds / h", "declines: battery / thermal / metered / window / busy",
           "throttled rounds", "updates acked",
-          "dropped (invited, nothing by the close)", "bytes resent (of payload)", "final accuracy"]
+          "dropped (invited, nothing by the close)", "bytes resent", "final accuracy"]
 print("| " + " | ".join(header) + " |")
 print("|" + "---|" * len(header))
 for run in sys.argv[1:]:
