@@ -80,7 +80,8 @@ impl DeclineReason {
     }
 }
 
-/// Fields of [`CostRecord`] after those of [`CostRecordV1`].
+/// Fields of [`CostRecord`] after `dropped`, the last one of clients before issue 33. postcard
+/// carries no field names, and each of them is one zero byte when `None`.
 const FIELDS_AFTER_V1: usize = 7;
 
 /// Most values a device can refuse to read of itself in one round (every file it reads, bounded).
@@ -88,65 +89,6 @@ pub const MAX_READINGS_REFUSED: u32 = 100_000;
 
 /// Longest power-mode name a cost record may carry.
 pub const MAX_POWER_MODE_LEN: usize = 32;
-
-/// A cost record as clients before issue 33 encode it (no decline, no condition). postcard
-/// carries no field names, so a body without the new trailing fields is read as this and
-/// converted: a fleet keeps reporting while its devices are updated one by one.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CostRecordV1 {
-    pub client: String,
-    pub round: u64,
-    pub payload_down: u64,
-    pub payload_up: u64,
-    pub wire_down: u64,
-    pub wire_up: u64,
-    pub compute_seconds: f64,
-    pub transfer_seconds: f64,
-    pub wait_seconds: f64,
-    pub wall_seconds: f64,
-    pub rtt_seconds: f64,
-    pub joules: f64,
-    pub straggler: bool,
-    pub dropped: bool,
-}
-
-impl From<CostRecordV1> for CostRecord {
-    fn from(r: CostRecordV1) -> Self {
-        let CostRecordV1 {
-            client,
-            round,
-            payload_down,
-            payload_up,
-            wire_down,
-            wire_up,
-            compute_seconds,
-            transfer_seconds,
-            wait_seconds,
-            wall_seconds,
-            rtt_seconds,
-            joules,
-            straggler,
-            dropped,
-        } = r;
-        CostRecord {
-            client,
-            round,
-            payload_down,
-            payload_up,
-            wire_down,
-            wire_up,
-            compute_seconds,
-            transfer_seconds,
-            wait_seconds,
-            wall_seconds,
-            rtt_seconds,
-            joules,
-            straggler,
-            dropped,
-            ..CostRecord::default()
-        }
-    }
-}
 
 impl CostRecord {
     /// Checks what arrives from a peer: finite non-negative seconds and joules, a bounded name.
@@ -193,8 +135,8 @@ impl CostRecord {
         Ok(())
     }
 
-    /// The record's postcard bytes, as a [`CostRecordV1`]'s when it has no decline and no
-    /// condition: checksums computed over records before issue 33 stay valid.
+    /// The record's postcard bytes, as clients before issue 33 encoded it when it has no decline
+    /// and no condition: checksums computed over records before issue 33 stay valid.
     pub fn stable_encoding(&self) -> alloc::vec::Vec<u8> {
         let mut body = postcard::to_allocvec(self).unwrap_or_default();
         if self.declined.is_none() && !self.has_condition() {
@@ -204,8 +146,19 @@ impl CostRecord {
         body
     }
 
+    /// Reads a record in this version's encoding, or in the shorter one of a client before
+    /// issue 33 (which ends at `dropped`: its missing fields read as `None`), so that a fleet
+    /// keeps reporting while its devices are updated one by one.
+    pub fn from_stable_encoding(body: &[u8]) -> Result<Self, postcard::Error> {
+        postcard::from_bytes(body).or_else(|e| {
+            let mut padded = body.to_vec();
+            padded.extend([0; FIELDS_AFTER_V1]);
+            postcard::from_bytes(&padded).map_err(|_| e)
+        })
+    }
+
     /// Whether any condition field is set (a record without them encodes, and is checksummed,
-    /// as a [`CostRecordV1`] followed by their `None`s).
+    /// as before issue 33).
     pub fn has_condition(&self) -> bool {
         self.temperature_c.is_some()
             || self.throttled.is_some()
@@ -255,11 +208,31 @@ pub const CSV_HEADER: &str = "client,round,payload_down,payload_up,wire_down,wir
 mod tests {
     use super::*;
 
+    /// A cost record as clients before issue 33 encode it (no decline, no condition), frozen here
+    /// to check the encodings against.
+    #[derive(Debug, Clone, Default, Serialize)]
+    struct CostRecordV1 {
+        client: String,
+        round: u64,
+        payload_down: u64,
+        payload_up: u64,
+        wire_down: u64,
+        wire_up: u64,
+        compute_seconds: f64,
+        transfer_seconds: f64,
+        wait_seconds: f64,
+        wall_seconds: f64,
+        rtt_seconds: f64,
+        joules: f64,
+        straggler: bool,
+        dropped: bool,
+    }
+
     /// A record without the new fields encodes exactly as before them; with one, it does not.
     #[test]
     fn records_without_conditions_keep_their_old_encoding() {
         let old = CostRecordV1 { client: "d1".into(), round: 3, joules: 1.5, dropped: true, ..Default::default() };
-        let new = CostRecord::from(old.clone());
+        let new = CostRecord { client: "d1".into(), round: 3, joules: 1.5, dropped: true, ..Default::default() };
         assert_eq!(new.stable_encoding(), postcard::to_allocvec(&old).unwrap());
         let declined = CostRecord { declined: Some(DeclineReason::Thermal), ..new.clone() };
         assert_ne!(declined.stable_encoding(), postcard::to_allocvec(&old).unwrap());

@@ -10,7 +10,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::{CostRecord, CostRecordV1, DeclineReason};
+use crate::ledger::{CostRecord, DeclineReason};
 use crate::prototype::Prototype;
 use crate::tensor::{ParamBlock, TensorError};
 
@@ -310,7 +310,7 @@ impl Message {
             6 => Message::Heartbeat(postcard::from_bytes(body).map_err(bad)?),
             7 => Message::Refusal(postcard::from_bytes(body).map_err(bad)?),
             8 => Message::Goodbye(postcard::from_bytes(body).map_err(bad)?),
-            9 => Message::Cost(decode_cost(body).map_err(bad)?),
+            9 => Message::Cost(CostRecord::from_stable_encoding(body).map_err(bad)?),
             10 => Message::CostAck(postcard::from_bytes(body).map_err(bad)?),
             11 => Message::TransferOffer(postcard::from_bytes(body).map_err(bad)?),
             12 => Message::TransferResume(postcard::from_bytes(body).map_err(bad)?),
@@ -369,13 +369,6 @@ fn validate_parts(blocks: &[ParamBlock], prototypes: &[Prototype]) -> Result<(),
         p.validate()?;
     }
     Ok(())
-}
-
-/// A cost record's body: this version's, or one from a client that predates the condition
-/// fields ([`CostRecordV1`]). The longer form is tried first; a V1 body ends before it.
-fn decode_cost(body: &[u8]) -> Result<CostRecord, postcard::Error> {
-    postcard::from_bytes::<CostRecord>(body)
-        .or_else(|e| postcard::from_bytes::<CostRecordV1>(body).map(Into::into).map_err(|_| e))
 }
 
 /// Name of a kind byte, or `None` if this version does not know it.

@@ -20,6 +20,7 @@ use anchorage_client::eligibility::{
     Decline, DefaultRoute, Eligibility, PowerSupply, Readings, ThermalZone, Window, decide,
 };
 use anchorage_shared::ledger::CostRecord;
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 /// A device's battery (`[[systems.devices]] battery = { ... }`).
@@ -156,12 +157,12 @@ impl Power {
     pub fn of(profile: &crate::device::DeviceProfile) -> anyhow::Result<Self> {
         let what = || format!("device profile `{}`", profile.name);
         if let Some(b) = &profile.battery {
-            anyhow::Context::with_context(b.validate(), what)?;
+            b.validate().with_context(what)?;
         }
         if let Some(t) = &profile.thermal {
-            anyhow::Context::with_context(t.validate(), what)?;
+            t.validate().with_context(what)?;
         }
-        anyhow::Context::with_context(profile.eligibility.validate(), what)?;
+        profile.eligibility.validate().with_context(what)?;
         Ok(Self::new(
             profile.eligibility.clone(),
             profile.compute_watts,

@@ -128,16 +128,17 @@ fn the_ledger_keeps_one_row_per_client_round_and_kind() {
 /// the ledger then takes declines and device conditions.
 #[test]
 fn a_schema_2_ledger_migrates_and_keeps_its_checksums() {
-    use anchorage_shared::ledger::{CostRecordV1, DeclineReason};
+    use anchorage_shared::ledger::DeclineReason;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path()).unwrap();
-    let old = CostRecordV1 { client: "a".into(), round: 1, wire_up: 10, joules: 1.5, ..Default::default() };
+    let old = CostRecord { client: "a".into(), round: 1, wire_up: 10, joules: 1.5, ..Default::default() };
     {
         let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
         conn.execute_batch(schema::MIGRATIONS[0]).unwrap();
         conn.execute_batch(schema::MIGRATIONS[1]).unwrap();
         conn.pragma_update(None, "user_version", 2).unwrap();
-        let sum = checksum(&[b"ledger", &postcard::to_allocvec(&old).unwrap()]);
+        // Schema 2's checksum: over the record as clients before issue 33 encoded it.
+        let sum = checksum(&[b"ledger", &old.stable_encoding()]);
         conn.execute(
             "INSERT INTO ledger (client, round, kind, payload_down, payload_up, wire_down, wire_up, compute_seconds,
                transfer_seconds, wait_seconds, wall_seconds, rtt_seconds, joules, straggler, recorded_at, checksum)
@@ -147,7 +148,7 @@ fn a_schema_2_ledger_migrates_and_keeps_its_checksums() {
         .unwrap();
     }
     let store = ServerStore::open(dir.path()).unwrap();
-    assert_eq!(store.load_ledger().unwrap(), vec![CostRecord::from(old)], "the old row reads back, checksum intact");
+    assert_eq!(store.load_ledger().unwrap(), vec![old], "the old row reads back, checksum intact");
     let declined = CostRecord {
         client: "b".into(),
         round: 1,
