@@ -368,7 +368,7 @@ impl ServerMetrics {
         );
         r.register(
             "transfers",
-            "Resumable uploads by outcome: completed, resumed (began past offset 0), kept (interrupted, held for a resume), dropped (held bytes let go: round closed, over the bound), refused (a bad chunk or whole).",
+            "Resumable uploads by outcome: completed, resumed (began past offset 0), kept (interrupted, held for a resume), dropped (held bytes let go: round closed, over the bound), refused (a bad chunk, whole or saved file), saved (written at shutdown for the next start), restored (read back at start).",
             self.transfers.clone(),
         );
         r.register(
@@ -393,7 +393,7 @@ impl ServerMetrics {
         for o in outcome::ALL {
             let _ = self.updates.get_or_create(&[("outcome", o)]);
         }
-        for o in ["completed", "resumed", "kept", "dropped", "refused"] {
+        for o in ["completed", "resumed", "kept", "dropped", "refused", "saved", "restored"] {
             let _ = self.transfers.get_or_create(&[("outcome", o)]);
         }
         for o in ["aggregated", "failed"] {

@@ -102,6 +102,24 @@ impl Assembly {
         Ok(Self { offer, held: Vec::new() })
     }
 
+    /// An assembly of `offer` that holds `held` already (read back from where a receiver saved
+    /// it; the caller checked those bytes), refused when the offer is larger than `max_total`
+    /// bytes or `held` runs past its end.
+    pub fn resumed(offer: TransferOffer, held: Vec<u8>, max_total: u64) -> Result<Self, TransferError> {
+        let mut assembly = Self::new(offer, max_total)?;
+        let (len, total) = (held.len() as u64, assembly.offer.total);
+        if len > total {
+            return Err(TransferError::PastEnd { offset: 0, len, total });
+        }
+        assembly.held = held;
+        Ok(assembly)
+    }
+
+    /// The bytes held, from the start.
+    pub fn held_bytes(&self) -> &[u8] {
+        &self.held
+    }
+
     /// Bytes held, from the start: where the sender resumes.
     pub fn held(&self) -> u64 {
         self.held.len() as u64

@@ -12,6 +12,7 @@ use anchorage_client::transport::ClientCert;
 use anchorage_pki::{Kind, ProjectCa};
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::FedAvg;
+use anchorage_server::store::ServerStore;
 use anchorage_server::tls::Trust;
 use anchorage_server::transport::{self as server, Limits, ServerHandle, ServerOptions};
 use anchorage_shared::frame::DEFAULT_MAX_FRAME;
@@ -26,8 +27,14 @@ const VALUES: usize = 1 << 19;
 
 async fn start(dir: &Path) -> (ServerHandle, ProjectCa) {
     let mut ca = ProjectCa::init(&dir.join("ca"), "resume-test", 30).unwrap();
+    let server = start_with(&mut ca, None).await;
+    (server, ca)
+}
+
+/// A server of `ca`'s project, with its state in `store` (`None`: in memory).
+async fn start_with(ca: &mut ProjectCa, store: Option<ServerStore>) -> ServerHandle {
     let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 30).unwrap();
-    let server = server::start(ServerOptions {
+    server::start(ServerOptions {
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity,
         trust: Trust::ProjectCa { ca: ca.cert().clone(), crl: None },
@@ -35,11 +42,10 @@ async fn start(dir: &Path) -> (ServerHandle, ProjectCa) {
         method: Box::new(FedAvg::default()),
         initial: vec![ParamBlock::encode("head.weight", &[VALUES as u32], &vec![0.0; VALUES], Encoding::F32)],
         limits: Limits::default(),
-        store: None,
+        store,
     })
     .await
-    .unwrap();
-    (server, ca)
+    .unwrap()
 }
 
 fn update_frame() -> Vec<u8> {
@@ -180,6 +186,49 @@ async fn an_interrupted_upload_resumes_from_what_the_server_holds() {
     );
     assert!(ratio <= 1.15, "wire bytes {ratio:.3}x the payload (restarting from zero would be about 1.5x)");
     server.shutdown().await.unwrap();
+}
+
+/// The server restarts (gracefully: an upgrade, a `systemctl restart`) in the middle of an
+/// upload: what it held is saved in its state folder and read back, and the device goes on from
+/// there. On the code before this, the new server held nothing and the offer was answered 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_interrupted_by_a_server_restart_resumes_from_what_it_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut ca = ProjectCa::init(&dir.path().join("ca"), "resume-test", 30).unwrap();
+    let server = start_with(&mut ca, Some(ServerStore::open(&state).unwrap())).await;
+    let whole = update_frame();
+    let offer = transfer::offer(&whole, 1);
+    let chunks: Vec<Chunk> = transfer::chunks_from(&whole, 0).collect();
+    let half = chunks.len() / 2;
+
+    // Half the chunks arrive; the server shuts down while the device's connection is open.
+    let device = Device::connect(&server, &mut ca, "patient").await;
+    let (mut send, _) = device.offer(&offer).await;
+    send_chunks(&mut send, chunks[..half].iter().cloned()).await;
+    let held = (half * CHUNK_BYTES) as u64;
+    let up = "anchorage_frame_bytes_total{direction=\"up\"}";
+    assert!(metric_reaches(&server, up, held as f64).await >= held as f64, "the server read the first half");
+    let metrics = server.metrics.clone();
+    server.shutdown().await.unwrap();
+    assert_eq!(metric_value(&metrics.render(), "anchorage_transfers_total{outcome=\"saved\"}"), Some(1.0));
+    drop(device);
+
+    let server = start_with(&mut ca, Some(ServerStore::open(&state).unwrap())).await;
+    let restored = "anchorage_transfers_total{outcome=\"restored\"}";
+    assert_eq!(metric_value(&server.metrics.render(), restored), Some(1.0));
+    let mut device = Device::connect(&server, &mut ca, "patient").await;
+    let (mut send, offset) = device.offer(&offer).await;
+    assert_eq!(offset, held, "the restarted server holds what the first one received");
+    send_chunks(&mut send, transfer::chunks_from(&whole, offset)).await;
+    send.finish().unwrap();
+    let ack = device.expect_ack().await;
+    assert!(ack.round == 1 && ack.aggregated, "{ack:?}");
+    println!("a {} B upload: {held} B held across the server's restart, the rest sent after it", whole.len());
+    server.shutdown().await.unwrap();
+    assert!(
+        !state.join("kept-uploads").exists() || std::fs::read_dir(state.join("kept-uploads")).unwrap().count() == 0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

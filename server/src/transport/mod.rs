@@ -15,6 +15,7 @@
 //! - [`engine_loop`]: the task that drives the engine and carries out its actions.
 //! - [`flaps`]: two devices sharing one certificate.
 //! - [`transfers`]: resumable uploads, and what interrupted ones leave.
+//! - [`saved_uploads`]: what interrupted uploads leave, across a graceful restart.
 //! - [`broadcasts`]: resumable broadcasts, to the devices that take them.
 
 mod accept;
@@ -25,6 +26,7 @@ mod engine_loop;
 mod flaps;
 mod limits;
 mod revocation;
+mod saved_uploads;
 mod streams;
 mod transfers;
 
@@ -81,15 +83,22 @@ pub struct ServerHandle {
     shutdown: watch::Sender<bool>,
     listener: endpoint::Listener,
     task: JoinHandle<anyhow::Result<()>>,
+    uploads: Arc<transfers::KeptUploads>,
+    /// The store's folder, where interrupted uploads are saved at shutdown.
+    state: Option<std::path::PathBuf>,
 }
 
 impl ServerHandle {
-    /// Stops accepting, closes every connection and waits for the engine task.
+    /// Stops accepting, closes every connection, waits for the engine task, and saves what
+    /// interrupted uploads left for the next start ([`saved_uploads`]).
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.shutdown.send(true);
         self.listener.close(b"server shutting down");
         let result = self.task.await.context("engine task panicked")?;
         tokio::time::timeout(Duration::from_secs(2), self.listener.current().wait_idle()).await.ok();
+        if let Some(state) = &self.state {
+            saved_uploads::save(&self.uploads, state, &self.metrics).await;
+        }
         result
     }
 }
@@ -147,6 +156,11 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let max_frame = options.engine.max_frame_bytes as usize;
     let uploads = Arc::new(transfers::KeptUploads::default());
+    let state = options.store.as_ref().map(|s| s.dir().to_path_buf());
+    if let Some(state) = &state {
+        let bound = options.limits.max_kept_upload_bytes;
+        saved_uploads::restore(&uploads, state, max_frame as u64, bound, &metrics);
+    }
 
     let revoked = revocation::watch_revocations(
         &listener,
@@ -170,8 +184,9 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let acceptor = accept::Acceptor { listener: listener.clone(), conn };
     tokio::spawn(acceptor.run());
 
-    let shell = engine_loop::EngineShell::new(engine, event_tx, options.store, metrics.clone(), max_frame, uploads);
+    let shell =
+        engine_loop::EngineShell::new(engine, event_tx, options.store, metrics.clone(), max_frame, uploads.clone());
     let run = engine_loop::run_engine(shell, input_rx, shutdown_rx);
     let task = tokio::spawn(run);
-    Ok(ServerHandle { local_addr, metrics, events, shutdown, listener, task })
+    Ok(ServerHandle { local_addr, metrics, events, shutdown, listener, task, uploads, state })
 }

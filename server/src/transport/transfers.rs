@@ -5,8 +5,9 @@
 //!
 //! What an interrupted upload leaves is kept per device (one transfer each: a new offer
 //! replaces an older one), within `Limits::max_kept_upload_bytes` over all devices, and let go
-//! when its round closes. Kept bytes live in memory: a server restart loses them and the device
-//! sends its update from the start again (what it did before resumable uploads); writing every
+//! when its round closes. Kept bytes live in memory, and a graceful shutdown writes them to the
+//! state folder for the next start ([`super::saved_uploads`]); a crash loses them and the device
+//! sends its update from the start again (what it did before resumable uploads): writing every
 //! chunk to the store as well would double the disk writes of every upload.
 
 use std::collections::HashMap;
@@ -71,6 +72,29 @@ impl KeptUploads {
     /// Bytes held for resumes, over the transfers no connection is receiving now.
     fn kept_bytes(&self) -> u64 {
         self.map().values().filter_map(|k| k.slot.try_lock().ok()).filter_map(|s| s.as_ref().map(Assembly::held)).sum()
+    }
+
+    /// Takes every kept upload out (for [`super::saved_uploads`]), waiting up to `wait` for the
+    /// connections still receiving one to let go of it.
+    pub(super) async fn take_all(&self, wait: Duration) -> Vec<(ClientId, Assembly)> {
+        let kept: Vec<_> = self.map().drain().map(|(client, kept)| (client, kept.slot)).collect();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut taken = Vec::with_capacity(kept.len());
+        for (client, slot) in kept {
+            if let Ok(mut slot) = tokio::time::timeout_at(deadline, slot.lock()).await
+                && let Some(assembly) = slot.take()
+            {
+                taken.push((client, assembly));
+            }
+        }
+        taken
+    }
+
+    /// Keeps `assembly` for `client` again (read back after a restart).
+    pub(super) fn restore(&self, client: ClientId, assembly: Assembly) {
+        let (transfer, round) = (assembly.offer.transfer, assembly.offer.round);
+        let slot = Arc::new(tokio::sync::Mutex::new(Some(assembly)));
+        self.map().insert(client, Kept { transfer, round, slot });
     }
 
     /// Lets go of what is kept for rounds before `round` (they closed); returns how many.
