@@ -17,6 +17,7 @@
 //! - [`math`]: weighted means and cosine similarity, the one copy used everywhere.
 //! - [`ledger`]: the cost record of one client in one round.
 //! - [`priority`]: the send priorities of the QUIC streams both sides open.
+//! - [`privacy`]: the differential-privacy accountant (RDP of the sampled Gaussian, ε at δ).
 //! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.
 //! - [`systemd`] (feature `io`): sd_notify readiness, watchdog and stopping for the two services.
 //! - [`logging`] (feature `logging`): the binaries' log set-up (text or JSON lines on stderr).
@@ -39,6 +40,7 @@ pub mod math;
 pub mod method;
 pub mod metric;
 pub mod priority;
+pub mod privacy;
 pub mod protocol;
 pub mod prototype;
 pub mod prototype_rules;

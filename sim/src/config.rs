@@ -144,6 +144,10 @@ pub struct SystemsConfig {
     /// resumable transfers, issue 33); `false`: sent again from the start (the baseline). On the
     /// virtual clock, how an outage in the middle of an upload is charged.
     pub resume_uploads: bool,
+    /// Broadcasts larger than a chunk resume after an interruption from what the device holds
+    /// (`anchorage/1+resumable-broadcasts`); `false`: received again from the start. On the
+    /// virtual clock, how an outage in the middle of a broadcast is charged.
+    pub resume_broadcasts: bool,
     /// Virtual clock: the run ends after the round in flight once the simulated clock passes
     /// this many hours (168: a week of a fleet), even if `rounds` are left.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -442,6 +446,7 @@ impl Default for SystemsConfig {
             kill: Vec::new(),
             threads: 1,
             resume_uploads: true,
+            resume_broadcasts: true,
             stop_after_hours: None,
         }
     }

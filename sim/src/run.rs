@@ -296,6 +296,7 @@ pub(crate) fn device_options(
     options.idle_timeout = std::time::Duration::from_secs(30);
     options.connect_timeout = options.idle_timeout;
     options.resume_uploads = config.systems.resume_uploads;
+    options.resume_broadcasts = config.systems.resume_broadcasts;
     let Some(profile) = link else { return Ok((options, None)) };
     let (slot, seed): (LinkSlot, u64) =
         (Arc::new(Mutex::new(None)), config.federation.seed.wrapping_add(5000 + i as u64));
