@@ -9,7 +9,8 @@
 //! newest the server offered (an offer of another broadcast replaces it; a completed one is
 //! handed over and let go). A chunk whose hash is wrong, that leaves a gap or runs past the end,
 //! and an offer that names a held transfer with another size or round are refused with a log
-//! line (the device stops the stream) and change nothing held. The completed frame is delivered
+//! line and a count in `anchorage_device_transfers_refused_total{direction="down"}` (the device
+//! stops the stream) and change nothing held. The completed frame is delivered
 //! as a uni-stream broadcast is, with the wire bytes every connection spent on it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +23,7 @@ pub use anchorage_shared::transfer::RESUMABLE_BROADCASTS_ALPN;
 use anchorage_shared::transfer::{Assembly, MAX_CHUNK_FRAME, TransferError, hex};
 use tokio::sync::mpsc;
 
+use crate::metrics::{ClientMetrics, DOWN, MALFORMED};
 use crate::transport::{Inbound, Priority, prioritise};
 
 /// The broadcast a device holds part of, kept across its connections.
@@ -141,6 +143,8 @@ pub(crate) struct Receiver {
     pub(crate) max_frame: usize,
     /// Whether the answer's stream goes first (`ClientOptions::stream_priorities`).
     pub(crate) priorities: bool,
+    /// Where refused and resumed broadcasts are counted.
+    pub(crate) metrics: Arc<ClientMetrics>,
 }
 
 impl Receiver {
@@ -164,15 +168,18 @@ impl Receiver {
     async fn receive(&self, mut send: quinn::SendStream, mut recv: quinn::RecvStream) -> Option<Inbound> {
         let offer = match read_frame(&mut recv, MAX_CHUNK_FRAME).await {
             Ok(Some((Message::TransferOffer(offer), _))) => offer,
-            Ok(Some((other, _))) => return refuse(&mut recv, &format!("a transfer began with {}", other.kind_name())),
+            Ok(Some((other, _))) => {
+                return self.refuse(&mut recv, MALFORMED, &format!("a transfer began with {}", other.kind_name()));
+            }
             Ok(None) | Err(FrameIoError::Io(_)) => return None,
-            Err(e) => return refuse(&mut recv, &e.to_string()),
+            Err(e) => return self.refuse(&mut recv, MALFORMED, &e.to_string()),
         };
         let offset = match self.held().begin(&offer, self.max_frame as u64) {
             Ok(offset) => offset,
-            Err(e) => return refuse(&mut recv, &e.to_string()),
+            Err(e) => return self.refuse(&mut recv, e.reason(), &e.to_string()),
         };
         if offset > 0 {
+            self.metrics.transfer_resumed(DOWN);
             tracing::info!(round = offer.round, offset, total = offer.total, "resuming a broadcast");
         }
         // The answer is what the server waits for before it sends a chunk: a control message.
@@ -184,7 +191,9 @@ impl Receiver {
         loop {
             let chunk = match read_frame(&mut recv, MAX_CHUNK_FRAME).await {
                 Ok(Some((Message::Chunk(chunk), _))) => chunk,
-                Ok(Some((other, _))) => return refuse(&mut recv, &format!("{} inside a transfer", other.kind_name())),
+                Ok(Some((other, _))) => {
+                    return self.refuse(&mut recv, MALFORMED, &format!("{} inside a transfer", other.kind_name()));
+                }
                 Ok(None) | Err(FrameIoError::Io(_)) => {
                     let held = self.held().held(&offer.transfer);
                     tracing::info!(
@@ -195,7 +204,7 @@ impl Receiver {
                     );
                     return None;
                 }
-                Err(e) => return refuse(&mut recv, &e.to_string()),
+                Err(e) => return self.refuse(&mut recv, MALFORMED, &e.to_string()),
             };
             let accepted = self.held().accept(&offer.transfer, &chunk);
             match accepted {
@@ -205,7 +214,7 @@ impl Receiver {
                 Err(e) => {
                     let held = self.held().held(&offer.transfer);
                     let detail = format!("{e} (the {held} bytes held are kept)");
-                    return refuse(&mut recv, &detail);
+                    return self.refuse(&mut recv, e.reason(), &detail);
                 }
             }
         }
@@ -217,19 +226,22 @@ impl Receiver {
         match decode_frame(frame, self.max_frame) {
             Ok(msg) => Some(Inbound::Message { msg, wire_bytes: self.mark.take(&self.conn) + earlier_wire }),
             Err(e) => {
+                self.metrics.transfer_refused(DOWN, MALFORMED);
                 tracing::warn!(transfer = %hex(&offer.transfer), round = offer.round, error = %e, "bad broadcast from the server");
                 None
             }
         }
     }
-}
 
-/// Refuses a broadcast transfer: a log line saying why, and the stream stopped (the server's
-/// write fails; what is held stays held).
-fn refuse(recv: &mut quinn::RecvStream, detail: &str) -> Option<Inbound> {
-    tracing::warn!(%detail, "refused a broadcast transfer from the server");
-    let _ = recv.stop(quinn::VarInt::from_u32(1));
-    None
+    /// Refuses a broadcast transfer: a log line saying why, a count under `reason` (one of
+    /// `crate::metrics::REFUSAL_REASONS`), and the stream stopped (the server's write fails;
+    /// what is held stays held).
+    fn refuse(&self, recv: &mut quinn::RecvStream, reason: &'static str, detail: &str) -> Option<Inbound> {
+        self.metrics.transfer_refused(DOWN, reason);
+        tracing::warn!(reason, %detail, "refused a broadcast transfer from the server");
+        let _ = recv.stop(quinn::VarInt::from_u32(1));
+        None
+    }
 }
 
 #[cfg(test)]
@@ -298,6 +310,78 @@ mod tests {
             held.accept(&offer.transfer, chunk).unwrap();
         }
         assert!(held.held.is_none());
+    }
+
+    /// Waits until `count` reaches `want` (the receiver runs on its own task).
+    async fn until(count: impl Fn() -> u64, want: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while count() != want {
+            assert!(std::time::Instant::now() < deadline, "count {} never reached {want}", count());
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Over QUIC, through the receiver the client runs: a chunk with a wrong hash, an offer the
+    /// device holds with another size, and a transfer that begins with something else than an
+    /// offer are refused, each counted under its reason, and what is held stays held; an offer
+    /// the device holds part of resumes and is counted as resumed.
+    #[tokio::test]
+    async fn refused_broadcast_transfers_are_counted_by_reason() {
+        use anchorage_shared::protocol::Heartbeat;
+        let (server, client, _endpoints) = crate::transport::tests::loopback().await;
+        let metrics = Arc::new(ClientMetrics::new());
+        let held = Arc::new(Mutex::new(HeldBroadcast::default()));
+        let receiver = Receiver {
+            conn: client.clone(),
+            held: held.clone(),
+            mark: WireMark::new(&client),
+            max_frame: 1 << 30,
+            priorities: true,
+            metrics: metrics.clone(),
+        };
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let _receiving = tokio::spawn(receiver.accept(tx));
+        let whole = frame(2 * CHUNK_BYTES + 10);
+        let offer = offer(&whole, 5);
+        let chunks: Vec<Chunk> = chunks_from(&whole, 0).collect();
+        let write = |msg: Message| encode_frame(&msg, usize::MAX).unwrap();
+        let held_now = || held.lock().unwrap().held(&offer.transfer);
+
+        // The offer, the device's answer (offset 0), a good chunk, then one whose hash is wrong.
+        let (mut send, mut recv) = server.open_bi().await.unwrap();
+        write_frame(&mut send, &write(Message::TransferOffer(offer.clone()))).await.unwrap();
+        let answer = read_frame(&mut recv, MAX_CHUNK_FRAME).await.unwrap();
+        assert!(matches!(answer, Some((Message::TransferResume(TransferResume { offset: 0, .. }), _))), "{answer:?}");
+        write_frame(&mut send, &write(Message::Chunk(chunks[0].clone()))).await.unwrap();
+        let mut flipped = chunks[1].clone();
+        flipped.data[3] ^= 1;
+        write_frame(&mut send, &write(Message::Chunk(flipped))).await.unwrap();
+        until(|| metrics.transfers_refused(DOWN, "bad_hash"), 1).await;
+        assert_eq!(held_now(), CHUNK_BYTES as u64, "the refused chunk changed nothing held");
+
+        // An offer of the held transfer with another size.
+        let mut lying = offer.clone();
+        lying.total -= 1;
+        let (mut send, _recv) = server.open_bi().await.unwrap();
+        write_frame(&mut send, &write(Message::TransferOffer(lying))).await.unwrap();
+        until(|| metrics.transfers_refused(DOWN, "bad_offer"), 1).await;
+
+        // A transfer stream that begins with a heartbeat.
+        let (mut send, _recv) = server.open_bi().await.unwrap();
+        write_frame(&mut send, &write(Message::Heartbeat(Heartbeat { seq: 1 }))).await.unwrap();
+        until(|| metrics.transfers_refused(DOWN, MALFORMED), 1).await;
+
+        // The honest offer resumes where the device holds it.
+        let (mut send, mut recv) = server.open_bi().await.unwrap();
+        write_frame(&mut send, &write(Message::TransferOffer(offer.clone()))).await.unwrap();
+        let answer = read_frame(&mut recv, MAX_CHUNK_FRAME).await.unwrap();
+        let resumed = TransferResume { transfer: offer.transfer, offset: CHUNK_BYTES as u64 };
+        assert!(matches!(&answer, Some((Message::TransferResume(r), _)) if *r == resumed), "{answer:?}");
+        let text = metrics.encode_text();
+        assert!(text.contains("anchorage_device_transfers_resumed_total{direction=\"down\"} 1"), "{text}");
+        assert!(text.contains("anchorage_device_transfers_refused_total{direction=\"down\",reason=\"bad_hash\"} 1"));
+        let refused: u64 = crate::metrics::REFUSAL_REASONS.iter().map(|r| metrics.transfers_refused(DOWN, r)).sum();
+        assert_eq!(refused, 3, "{text}");
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! - **key-pair**: the key is the certificate's (rustls' own check, in the TLS config the client
 //!   builds with [`transport::client_crypto`]);
 //! - **data**: this device's share of its data: the embedded set's index, or a scenario's files
-//!   (labels read and split with the data crate's loaders, the backbone's weights loaded).
+//!   (labels read and split with the data crate's loaders, the backbone's weights loaded);
+//! - **metrics**: `[metrics] textfile`'s folder exists (node_exporter's textfile collector
+//!   folder; the device does not create it).
 //!
 //! Exit status 0 when nothing failed (warnings and skipped checks included), 1 otherwise.
 
@@ -91,7 +93,39 @@ pub fn run(path: &Path) -> Report {
     report.checks.extend(doctor::check_certificates(&config, WARN_DAYS, doctor::unix_now()));
     report.checks.extend(check_pair(&config));
     report.checks.push(check_data(&config));
+    report.checks.push(check_metrics(&config));
     report
+}
+
+/// `[metrics] textfile`: its folder must be there (the device writes the file, never the folder).
+fn check_metrics(config: &ClientConfig) -> Check {
+    let Some(path) = &config.metrics.textfile else {
+        return Check::new("metrics", Status::Skip, "no [metrics] textfile: the device writes no metrics file");
+    };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if dir.is_dir() {
+        Check::new(
+            "metrics",
+            Status::Ok,
+            format!(
+                "{} every {} s (node_exporter's --collector.textfile.directory must be {})",
+                path.display(),
+                config.metrics.every_s,
+                dir.display()
+            ),
+        )
+    } else {
+        Check::new(
+            "metrics",
+            Status::Fail,
+            format!(
+                "metrics.textfile {}: its folder {} does not exist (the device does not create it): point it at \
+                 node_exporter's --collector.textfile.directory, or create that folder writable by the service user",
+                path.display(),
+                dir.display()
+            ),
+        )
+    }
 }
 
 /// The server's address as the client will dial it; nothing is looked up.
@@ -252,8 +286,22 @@ mod tests {
         let names: Vec<&str> = report.checks.iter().map(|c| c.name).collect();
         assert_eq!(
             names,
-            ["config", "server", "device", "memory", "state", "ca", "certificate", "key", "chain", "key-pair", "data"]
+            [
+                "config",
+                "server",
+                "device",
+                "memory",
+                "state",
+                "ca",
+                "certificate",
+                "key",
+                "chain",
+                "key-pair",
+                "data",
+                "metrics"
+            ]
         );
+        assert_eq!(report.get("metrics").unwrap().status, Status::Skip, "no [metrics] table");
         assert!(report.get("server").unwrap().detail.contains("not dialled"));
         assert!(!dir.path().join("state").exists(), "nothing is made");
         assert!(report.render().contains("check-config: the device can start"), "{}", report.render());
@@ -297,6 +345,33 @@ mod tests {
         std::fs::write(&config, scenario).unwrap();
         let detail = failing("data");
         assert!(detail.contains("nowhere") && detail.contains("not a folder"), "{detail}");
+    }
+
+    /// `[metrics] textfile` in a folder that is not there fails with what to do; in one that is,
+    /// passes, and nothing is written.
+    #[test]
+    fn a_metrics_textfile_needs_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = device(dir.path());
+        let text = std::fs::read_to_string(&config).unwrap();
+        let with = |textfile: &str| {
+            std::fs::write(&config, format!("{text}[metrics]\ntextfile = \"{textfile}\"\n")).unwrap();
+            let report = run(&config);
+            report.get("metrics").unwrap().clone()
+        };
+        let missing = with("collector/anchorage-client.prom");
+        assert_eq!(missing.status, Status::Fail);
+        assert!(
+            missing.detail.contains("collector") && missing.detail.contains("does not exist"),
+            "{}",
+            missing.detail
+        );
+        assert!(!dir.path().join("collector").exists(), "nothing is made");
+        std::fs::create_dir(dir.path().join("collector")).unwrap();
+        let present = with("collector/anchorage-client.prom");
+        assert_eq!(present.status, Status::Ok, "{}", present.detail);
+        assert!(present.detail.contains("every 15 s"), "{}", present.detail);
+        assert!(!dir.path().join("collector/anchorage-client.prom").exists(), "nothing is written");
     }
 
     #[test]

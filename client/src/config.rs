@@ -118,6 +118,43 @@ impl ConnectionConfig {
     }
 }
 
+/// `[metrics]` in client.toml: the device's metrics as a Prometheus textfile for node_exporter's
+/// textfile collector ([`crate::metrics`]); the device opens no port.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// The file, in the collector's folder (`--collector.textfile.directory`), ending in `.prom`
+    /// (the collector reads nothing else); unset: no file.
+    pub textfile: Option<PathBuf>,
+    /// Seconds between two writes (and once more at exit).
+    pub every_s: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { textfile: None, every_s: 15 }
+    }
+}
+
+impl MetricsConfig {
+    pub fn every(&self) -> Duration {
+        Duration::from_secs(self.every_s)
+    }
+
+    /// A positive interval, and a textfile named `*.prom`.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.every_s > 0, "metrics.every_s must be above 0");
+        if let Some(path) = &self.textfile {
+            anyhow::ensure!(
+                path.extension().is_some_and(|e| e == "prom") && path.file_stem().is_some_and(|s| !s.is_empty()),
+                "metrics.textfile = \"{}\" must end in `.prom`: node_exporter's textfile collector reads no other file",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+}
+
 /// The client's configuration file.
 ///
 /// Relative paths in a file read with [`ClientConfig::load`] (`server_cert`, `cert`, `key`,
@@ -180,6 +217,9 @@ pub struct ClientConfig {
     /// a UTC window, load); absent or empty: always.
     #[serde(default)]
     pub eligibility: crate::eligibility::Eligibility,
+    /// The device's metrics as a Prometheus textfile (`[metrics]`); absent: none written.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
 }
 
 fn default_server_name() -> String {
@@ -205,13 +245,15 @@ impl ClientConfig {
     }
 
     /// Makes every relative path (`server_cert`, `cert`, `key`, `state_dir`, a scenario's
-    /// `data_dir`) relative to `base` (the config file's folder); absolute paths stay as they are.
+    /// `data_dir`, `[metrics] textfile`) relative to `base` (the config file's folder); absolute
+    /// paths stay as they are.
     pub fn resolve_paths(&mut self, base: &Path) {
         let fix = |p: &mut PathBuf| *p = resolve(base, p);
         fix(&mut self.server_cert);
         fix(&mut self.state_dir);
         self.cert.iter_mut().for_each(fix);
         self.key.iter_mut().for_each(fix);
+        self.metrics.textfile.iter_mut().for_each(fix);
         if let DataSource::Scenario { data_dir, .. } = &mut self.data {
             fix(data_dir);
         }
@@ -226,6 +268,7 @@ impl ClientConfig {
         );
         self.connection.validate()?;
         self.update_compression()?;
+        self.metrics.validate()?;
         self.eligibility.validate()
     }
 
@@ -426,6 +469,52 @@ public_classes = 25
         let over = format!("{MINIMAL}[eligibility]\nmin_battery_percent = 101\n");
         let config: super::ClientConfig = toml::from_str(&over).unwrap();
         assert!(config.validate().unwrap_err().to_string().contains("min_battery_percent"));
+    }
+
+    #[test]
+    fn the_metrics_table_is_off_unless_written_and_checked() {
+        let config: super::ClientConfig = toml::from_str(MINIMAL).unwrap();
+        assert_eq!(config.metrics, super::MetricsConfig::default());
+        assert_eq!((config.metrics.textfile.as_ref(), config.metrics.every_s), (None, 15), "no file by default");
+        let with = |table: &str| {
+            let config: super::ClientConfig = toml::from_str(&format!("{MINIMAL}[metrics]\n{table}\n"))?;
+            config.validate().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            Ok::<_, anyhow::Error>(config)
+        };
+        let config = with("textfile = \"/var/lib/node_exporter/textfile_collector/anchorage-client.prom\"").unwrap();
+        assert_eq!(
+            config.metrics.textfile.as_deref(),
+            Some(std::path::Path::new("/var/lib/node_exporter/textfile_collector/anchorage-client.prom"))
+        );
+        assert_eq!(config.metrics.every(), std::time::Duration::from_secs(15));
+        assert_eq!(with("every_s = 60").unwrap().metrics.every_s, 60);
+        assert!(with("every_s = 0").unwrap_err().to_string().contains("metrics.every_s must be above 0"));
+        let err = with("textfile = \"/var/lib/node_exporter/textfile_collector/anchorage.txt\"").unwrap_err();
+        assert!(err.to_string().contains("must end in `.prom`"), "{err}");
+        assert!(with("text_file = \"a.prom\"").is_err(), "unknown keys are refused");
+        // A relative textfile is taken from the config file's folder, like the other paths.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("client.toml"), format!("{MINIMAL}[metrics]\ntextfile = \"m/a.prom\"\n"))
+            .unwrap();
+        let config = super::ClientConfig::load(&dir.path().join("client.toml")).unwrap();
+        assert_eq!(config.metrics.textfile, Some(dir.path().join("m/a.prom")));
+    }
+
+    /// deploy/client.toml's commented `[metrics]` example parses once uncommented.
+    #[test]
+    fn the_example_metrics_table_parses() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/client.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let table: String = text
+            .lines()
+            .skip_while(|l| *l != "# [metrics]")
+            .skip(1)
+            .map_while(|l| l.strip_prefix("# "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let example: super::MetricsConfig = toml::from_str(&table).unwrap();
+        example.validate().unwrap();
+        assert!(example.textfile.is_some(), "{table}");
     }
 
     /// deploy/client.toml's commented `[eligibility]` example parses once uncommented.

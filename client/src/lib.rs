@@ -12,6 +12,7 @@
 //! - [`broadcasts`]: broadcasts that resume after a lost connection.
 //! - [`store`]: the durable local state (the unacknowledged update).
 //! - [`memory`]: the process's peak memory, reported with every update.
+//! - [`metrics`]: the device's own metrics, written as a Prometheus textfile for node_exporter.
 //! - [`compress`]: smaller updates for any method (top-k with error feedback, zstd).
 
 pub mod broadcasts;
@@ -23,6 +24,7 @@ pub mod eligibility;
 pub mod encoding;
 pub mod memory;
 pub mod methods;
+pub mod metrics;
 pub mod runner;
 pub mod session;
 pub mod share;

@@ -11,6 +11,7 @@ use anyhow::Context;
 use crate::config::{ClientConfig, DataSource};
 use crate::memory::{self, MemoryNeeds, MemoryPlan};
 use crate::methods::{self, BatchCap, ClientMethod, MethodContext};
+use crate::metrics::ClientMetrics;
 use crate::share;
 use crate::store::ClientStore;
 use crate::transport::{self, Backoff, ClientCert, ClientOptions};
@@ -40,7 +41,27 @@ pub async fn run_configured(
     options.backend = picked.into();
     options.stop = stop;
     configured(picked);
-    transport::run(options, method, None).await
+    let textfile = metrics_textfile(&config, &options.metrics);
+    let result = transport::run(options, method, None).await;
+    if let Some((path, writer, metrics)) = textfile {
+        writer.abort();
+        if let Err(e) = metrics.write_textfile(&path) {
+            tracing::warn!(textfile = %path.display(), error = %e, "could not write the metrics textfile at exit");
+        }
+    }
+    result
+}
+
+/// With `[metrics] textfile`: the task that writes `metrics` there every `every_s` (and the
+/// path and metrics, to write them once more at exit).
+fn metrics_textfile(
+    config: &ClientConfig,
+    metrics: &Arc<ClientMetrics>,
+) -> Option<(std::path::PathBuf, tokio::task::JoinHandle<()>, Arc<ClientMetrics>)> {
+    let path = config.metrics.textfile.clone()?;
+    tracing::info!(textfile = %path.display(), every_s = config.metrics.every_s, "writing the device's metrics");
+    let writer = tokio::spawn(crate::metrics::write_every(metrics.clone(), path.clone(), config.metrics.every()));
+    Some((path, writer, metrics.clone()))
 }
 
 /// The method's client half on this device's local data.

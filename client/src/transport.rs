@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::eligibility::Readings;
 use crate::methods::ClientMethod;
+use crate::metrics::ClientMetrics;
 use crate::session::{Session, SessionAction, UploadMeasure};
 use crate::store::ClientStore;
 
@@ -114,6 +115,10 @@ pub struct ClientOptions {
     /// taking turns (the behaviour before issue 33, kept as the baseline `tests/priorities.rs`
     /// measures against).
     pub stream_priorities: bool,
+    /// What the shell counts (transfers refused and resumed, readings refused, rounds,
+    /// connections): a fresh set per options; `anchorage-client` writes it as a Prometheus
+    /// textfile (`[metrics]` of client.toml, [`crate::metrics`]).
+    pub metrics: Arc<ClientMetrics>,
 }
 
 /// A device's certificate chain and private key.
@@ -276,6 +281,7 @@ impl ClientOptions {
             eligibility: Default::default(),
             sys_root: Default::default(),
             stream_priorities: true,
+            metrics: Arc::default(),
         }
     }
 }
@@ -455,7 +461,9 @@ pub async fn run(
             Connected::Stopped => return Ok(client.stopped_unconnected()),
             Connected::Refused(refused) => return Err(client.refused(refused)),
         };
-        let reason = match client.serve(conn, control, control_recv, &mut stop, &mut trained, &mut uploaded).await? {
+        let ended = client.serve(conn, control, control_recv, &mut stop, &mut trained, &mut uploaded).await?;
+        client.options.metrics.disconnected(matches!(ended, Ended::Lost(_)));
+        let reason = match ended {
             Ended::Exit(reason) => return Ok(reason),
             Ended::Refused(refused) => return Err(client.refused(refused)),
             Ended::Lost(reason) => reason,
@@ -646,6 +654,7 @@ impl Client {
                     .unwrap_or_else(|_| Err(Ok(format!("no answer within {:?}", options.connect_timeout)))),
                 _ = stopped(stop) => return Ok(Connected::Stopped),
             };
+            self.options.metrics.connect_attempt(connected.is_ok());
             match connected {
                 Ok((conn, (control, control_recv))) => {
                     prioritise(&control, Priority::Control.when(self.options.stream_priorities));
@@ -712,18 +721,7 @@ impl Client {
                     Some(Inbound::Closed(reason)) => break 'conn Ended::Lost(reason),
                     None => break 'conn Ended::Lost("connection readers ended".into()),
                 },
-                Some((round, result)) = trained.recv() => match result {
-                    Ok((update, compute, readings)) => {
-                        let accuracy = update.metrics.iter().find(|m| m.key() == MetricKey::LocalAccuracy).map(|m| m.value);
-                        self.trained_here.insert(round, (update.num_samples, accuracy));
-                        self.condition.retain(|r, _| *r + UNCONFIRMED_COSTS as u64 > round);
-                        if let Some(readings) = readings {
-                            self.condition.insert(round, readings);
-                        }
-                        self.session.trained(update, compute);
-                    }
-                    Err(e) => self.session.training_failed(round, &e),
-                },
+                Some((round, result)) = trained.recv() => self.on_trained(round, result),
                 Some((round, measure)) = uploaded.recv() => self.session.uploaded(self.now(), round, measure),
                 _ = heartbeat.tick() => {
                     seq += 1;
@@ -762,6 +760,28 @@ impl Client {
         Ok(ended)
     }
 
+    /// A training's result, from its thread: kept for the round's log line and cost record
+    /// (with what the device read of itself right after), and handed to the session.
+    fn on_trained(&mut self, round: u64, result: Result<(Update, Duration, Option<Readings>), String>) {
+        match result {
+            Ok((update, compute, readings)) => {
+                self.options.metrics.trained();
+                let accuracy = update.metrics.iter().find(|m| m.key() == MetricKey::LocalAccuracy).map(|m| m.value);
+                self.trained_here.insert(round, (update.num_samples, accuracy));
+                self.condition.retain(|r, _| *r + UNCONFIRMED_COSTS as u64 > round);
+                if let Some(readings) = readings {
+                    self.options.metrics.readings_refused(readings.errors.len());
+                    self.condition.insert(round, readings);
+                }
+                self.session.trained(update, compute);
+            }
+            Err(e) => {
+                self.options.metrics.training_failed();
+                self.session.training_failed(round, &e);
+            }
+        }
+    }
+
     /// Starts the readers of a connection, in `tasks`: its control stream, its broadcasts on uni
     /// streams, and its broadcast transfers when the device takes them. Returns the mark the
     /// broadcasts' wire bytes are counted from: when the connection ends, what it received since
@@ -775,13 +795,14 @@ impl Client {
     ) -> crate::broadcasts::WireMark {
         let (max_frame, mark) = (self.options.max_frame_bytes, crate::broadcasts::WireMark::new(conn));
         tasks.spawn(read_control(control_recv, tx.clone(), max_frame));
+        let metrics = self.options.metrics.clone();
         if self.options.resume_broadcasts {
             let (held, priorities) = (self.held_broadcast.clone(), self.options.stream_priorities);
-            let receiver =
-                crate::broadcasts::Receiver { conn: conn.clone(), held, mark: mark.clone(), max_frame, priorities };
+            let (conn, mark, metrics) = (conn.clone(), mark.clone(), metrics.clone());
+            let receiver = crate::broadcasts::Receiver { conn, held, mark, max_frame, priorities, metrics };
             tasks.spawn(receiver.accept(tx.clone()));
         }
-        tasks.spawn(accept_broadcasts(conn.clone(), tx, max_frame, mark.clone()));
+        tasks.spawn(accept_broadcasts(conn.clone(), tx, max_frame, mark.clone(), metrics));
         mark
     }
 
@@ -848,10 +869,17 @@ impl Client {
     fn train(&mut self, b: Broadcast) {
         let round = b.round;
         let eligible = match &self.options.sys_root {
-            Some(root) => crate::eligibility::check_now(&self.options.eligibility, root),
-            None => Ok(()),
+            // `eligibility::check_now`, keeping the count of the values the reading refused.
+            Some(root) if self.options.eligibility.is_enabled() => {
+                let readings = Readings::read(root);
+                self.options.metrics.readings_refused(readings.errors.len());
+                let now = crate::eligibility::utc_minutes(std::time::SystemTime::now());
+                crate::eligibility::decide(&self.options.eligibility, &readings, now)
+            }
+            _ => Ok(()),
         };
         if let Err(decline) = eligible {
+            self.options.metrics.declined(decline.kind());
             self.session.declined(round, decline.kind(), &decline.to_string());
             self.emit(ClientEvent::Declined { round, reason: decline.kind() });
             return;
@@ -886,7 +914,8 @@ impl Client {
         }
         let (max_frame, resume) = (self.options.max_frame_bytes, self.options.resume_uploads);
         let priority = Priority::of_update(&update).when(self.options.stream_priorities);
-        let task = tasks.spawn(upload(conn.clone(), update, max_frame, (resume, priority), self.uploaded.clone()));
+        let (done, metrics) = (self.uploaded.clone(), self.options.metrics.clone());
+        let task = tasks.spawn(upload(conn.clone(), update, max_frame, (resume, priority), done, metrics));
         self.uploading.retain(|_, t| !t.is_finished());
         self.uploading.insert(round, task);
     }
@@ -896,7 +925,10 @@ impl Client {
     /// cost record, an ack may complete it).
     async fn on_message(&mut self, msg: Message, wire_bytes: u64, control: &mut quinn::SendStream) {
         match &msg {
-            Message::Broadcast(b) => self.emit(ClientEvent::RoundStarted { round: b.round }),
+            Message::Broadcast(b) => {
+                self.options.metrics.broadcast(b.round);
+                self.emit(ClientEvent::RoundStarted { round: b.round });
+            }
             Message::Ack(ack) => self.emit(ClientEvent::Acked { round: ack.round, aggregated: ack.aggregated }),
             Message::CostAck(a) => {
                 self.unconfirmed.remove(&a.round);
@@ -923,6 +955,7 @@ impl Client {
         if let Some(readings) = self.condition.remove(&round) {
             crate::eligibility::fill_condition(&mut record, &readings);
         }
+        self.options.metrics.recorded(&record);
         let line = round_line(&record, self.trained_here.remove(&round));
         tracing::info!(client = %self.options.client_id, round, aggregated, "{line}");
         self.emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
@@ -1018,6 +1051,7 @@ async fn accept_broadcasts(
     tx: mpsc::UnboundedSender<Inbound>,
     max_frame: usize,
     mark: crate::broadcasts::WireMark,
+    metrics: Arc<ClientMetrics>,
 ) {
     while let Ok(mut recv) = conn.accept_uni().await {
         match read_frame(&mut recv, max_frame).await {
@@ -1028,7 +1062,12 @@ async fn accept_broadcasts(
                 }
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "bad broadcast from the server"),
+            Err(e) => {
+                if !matches!(e, FrameIoError::Io(_)) {
+                    metrics.transfer_refused(crate::metrics::DOWN, crate::metrics::MALFORMED);
+                }
+                tracing::warn!(error = %e, "bad broadcast from the server");
+            }
         }
     }
 }
@@ -1052,6 +1091,7 @@ async fn upload(
     max_frame: usize,
     (resume, priority): (bool, Option<Priority>),
     done: mpsc::UnboundedSender<Uploaded>,
+    metrics: Arc<ClientMetrics>,
 ) {
     let round = update.round;
     let frame = match encode_frame(&Message::Update(update), max_frame) {
@@ -1066,12 +1106,13 @@ async fn upload(
     let mut attempt = 0;
     loop {
         let sent = if resume {
-            send_resumable(&conn, &frame, round, priority).await
+            send_resumable(&conn, &frame, round, priority, &metrics).await
         } else {
             send_whole(&conn, &frame, priority).await
         };
         match sent {
             Ok(resumed_at) => {
+                metrics.uploaded(resumed_at);
                 if resumed_at > 0 {
                     tracing::info!(round, resumed_at, total = frame.len(), "upload resumed where the server held it");
                 }
@@ -1127,31 +1168,20 @@ const UPLOAD_RETRIES: u32 = 20;
 /// Sends `frame` (an encoded update of `round`) as a resumable transfer (issue 33;
 /// `anchorage_shared::transfer`): offers it by hash and size on a new bi stream, and sends its
 /// chunks from where the server's answer says it holds them, at `priority` (`None`: quinn's
-/// default). Returns that offset.
+/// default). Returns that offset; a refused answer of the server is counted in `metrics`.
 pub async fn send_resumable(
     conn: &quinn::Connection,
     frame: &[u8],
     round: u64,
     priority: Option<Priority>,
+    metrics: &ClientMetrics,
 ) -> anyhow::Result<u64> {
     let offer = transfer::offer(frame, round);
     let (mut send, mut recv) = conn.open_bi().await?;
     prioritise(&send, priority);
     write_frame(&mut send, &encode_frame(&Message::TransferOffer(offer.clone()), usize::MAX)?).await?;
-    let offset = match read_frame(&mut recv, transfer::MAX_CHUNK_FRAME).await {
-        Ok(Some((Message::TransferResume(r), _))) if r.transfer == offer.transfer && r.offset <= offer.total => {
-            r.offset
-        }
-        Ok(Some((Message::TransferResume(r), _))) => {
-            anyhow::bail!(
-                "the server answered with offset {} of a {}-byte upload (or another upload)",
-                r.offset,
-                offer.total
-            )
-        }
-        Ok(other) => anyhow::bail!("no answer to the upload's offer: {other:?}"),
-        Err(e) => anyhow::bail!("reading the answer to the upload's offer: {e}"),
-    };
+    let answer = read_frame(&mut recv, transfer::MAX_CHUNK_FRAME).await;
+    let offset = resume_answer(&offer, answer, metrics)?;
     for chunk in transfer::chunks_from(frame, offset) {
         send.write_all(&encode_frame(&Message::Chunk(chunk), usize::MAX)?).await?;
     }
@@ -1160,8 +1190,33 @@ pub async fn send_resumable(
     Ok(offset)
 }
 
+/// Where an upload goes on after the server's `answer` to `offer`: its offset, unless the
+/// answer is refused (another transfer, an offset past the end: `TransferError::reason`; not a
+/// `TransferResume`, or a frame that does not decode: `malformed`), which is logged and counted
+/// in `metrics`. A stream that ended is an error, not a refusal.
+fn resume_answer(
+    offer: &anchorage_shared::protocol::TransferOffer,
+    answer: Result<Option<(Message, usize)>, FrameIoError>,
+    metrics: &ClientMetrics,
+) -> anyhow::Result<u64> {
+    let refused = match answer {
+        Ok(Some((Message::TransferResume(r), _))) => match transfer::resume_offset(offer, &r) {
+            Ok(offset) => return Ok(offset),
+            Err(e) => (e.reason(), e.to_string()),
+        },
+        Ok(Some((other, _))) => (crate::metrics::MALFORMED, format!("a {} instead of an answer", other.kind_name())),
+        Ok(None) => anyhow::bail!("the server ended the upload's stream without an answer"),
+        Err(FrameIoError::Io(e)) => anyhow::bail!("reading the answer to the upload's offer: {e}"),
+        Err(e) => (crate::metrics::MALFORMED, e.to_string()),
+    };
+    let (reason, detail) = refused;
+    metrics.transfer_refused(crate::metrics::UP, reason);
+    tracing::warn!(round = offer.round, reason, %detail, "refused the server's answer to an upload");
+    anyhow::bail!("refused the server's answer to the upload's offer ({reason}): {detail}")
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use anchorage_shared::tensor::ParamBlock;
 
     use super::*;
@@ -1224,6 +1279,122 @@ mod tests {
         options.backoff =
             Backoff { initial: Duration::from_millis(10), max: Duration::from_millis(20), max_attempts: Some(3) };
         (silent, options)
+    }
+
+    /// A QUIC connection on loopback: the server's side, the client's side, and both endpoints
+    /// (keep them alive for the connection's life).
+    pub(crate) async fn loopback() -> (quinn::Connection, quinn::Connection, [quinn::Endpoint; 2]) {
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let cert = certified.cert.der().clone();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+        let mut crypto =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.clone()], key)
+                .unwrap();
+        crypto.alpn_protocols = vec![ALPN.to_vec()];
+        let config = quinn::ServerConfig::with_crypto(Arc::new(
+            quinn::crypto::rustls::QuicServerConfig::try_from(crypto).unwrap(),
+        ));
+        let server = quinn::Endpoint::server(config, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let options = ClientOptions::new(server.local_addr().unwrap(), cert, "c");
+        let client = endpoint(&options).unwrap();
+        let accepted = tokio::spawn({
+            let server = server.clone();
+            async move { server.accept().await.unwrap().await.unwrap() }
+        });
+        let client_conn = client.connect(options.server, "localhost").unwrap().await.unwrap();
+        (accepted.await.unwrap(), client_conn, [server, client])
+    }
+
+    /// The server's answer to an upload's offer: one that names another transfer, resumes past
+    /// the end or is not an answer is refused, logged and counted by reason; a stream that
+    /// ended is an error but no refusal.
+    #[test]
+    fn a_bad_answer_to_an_upload_is_refused_and_counted() {
+        use crate::metrics::{MALFORMED, UP};
+        use anchorage_shared::protocol::TransferResume;
+        let frame = vec![7u8; 1000];
+        let offer = transfer::offer(&frame, 3);
+        let metrics = ClientMetrics::new();
+        let answer = |transfer, offset| Ok(Some((Message::TransferResume(TransferResume { transfer, offset }), 40)));
+        assert_eq!(resume_answer(&offer, answer(offer.transfer, 500), &metrics).unwrap(), 500);
+        assert_eq!(resume_answer(&offer, answer(offer.transfer, 1000), &metrics).unwrap(), 1000);
+
+        let e = resume_answer(&offer, answer(offer.transfer, 1001), &metrics).unwrap_err().to_string();
+        assert!(e.contains("bad_offset") && e.contains("past the end"), "{e}");
+        assert_eq!(metrics.transfers_refused(UP, "bad_offset"), 1);
+        let e = resume_answer(&offer, answer([9; 32], 0), &metrics).unwrap_err().to_string();
+        assert!(e.contains("another transfer"), "{e}");
+        assert_eq!(metrics.transfers_refused(UP, "bad_offer"), 1);
+        let heartbeat = Ok(Some((Message::Heartbeat(Heartbeat { seq: 1 }), 10)));
+        assert!(resume_answer(&offer, heartbeat, &metrics).unwrap_err().to_string().contains("instead of an answer"));
+        assert_eq!(metrics.transfers_refused(UP, MALFORMED), 1);
+
+        assert!(resume_answer(&offer, Ok(None), &metrics).is_err());
+        let reset = Err(FrameIoError::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        assert!(resume_answer(&offer, reset, &metrics).is_err());
+        let total: u64 = crate::metrics::REFUSAL_REASONS.iter().map(|r| metrics.transfers_refused(UP, r)).sum();
+        assert_eq!(total, 3, "a stream that ended is not a refusal");
+        assert_eq!(metrics.transfers_refused(crate::metrics::DOWN, "bad_offset"), 0);
+    }
+
+    /// The same over QUIC: a server that answers an upload's offer past its end.
+    #[tokio::test]
+    async fn an_upload_resumed_past_its_end_is_refused_and_counted() {
+        use anchorage_shared::protocol::TransferResume;
+        let (server, client, _endpoints) = loopback().await;
+        let answering = tokio::spawn(async move {
+            let (mut send, mut recv) = server.accept_bi().await.unwrap();
+            let Some((Message::TransferOffer(offer), _)) = read_frame(&mut recv, usize::MAX).await.unwrap() else {
+                panic!("not an offer")
+            };
+            let past = TransferResume { transfer: offer.transfer, offset: offer.total + 1 };
+            write_frame(&mut send, &encode_frame(&Message::TransferResume(past), usize::MAX).unwrap()).await.unwrap();
+            let _ = send.finish();
+            let _ = recv.read_to_end(usize::MAX).await;
+            server
+        });
+        let metrics = ClientMetrics::new();
+        let e = send_resumable(&client, &[1u8; 5000], 2, None, &metrics).await.unwrap_err();
+        assert!(format!("{e:#}").contains("past the end"), "{e:#}");
+        assert_eq!(metrics.transfers_refused(crate::metrics::UP, "bad_offset"), 1);
+        client.close(quinn::VarInt::from_u32(0), b"done");
+        let _ = answering.await;
+    }
+
+    /// An invited device that may not train now: the values its reading refused and its
+    /// decline are counted, and nothing is trained.
+    #[tokio::test]
+    async fn refused_readings_and_declines_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::eligibility::fake::write(
+            dir.path(),
+            &[
+                ("sys/class/thermal/thermal_zone0/type", "cpu-thermal\n"),
+                ("sys/class/thermal/thermal_zone0/temp", "90000\n"),
+                ("proc/loadavg", "load: high\n"),
+            ],
+        );
+        let (_silent, mut options) = silent_server("c");
+        options.sys_root = Some(crate::eligibility::SysRoot::new(dir.path()));
+        options.eligibility.max_temperature_c = Some(80.0);
+        let metrics = options.metrics.clone();
+        let ((trained, _t), (uploaded, _u)) = (mpsc::unbounded_channel(), mpsc::unbounded_channel());
+        let mut client = Client::new(options, Box::new(Idle { refuse_state: false }), None, trained, uploaded).unwrap();
+        let config = anchorage_shared::protocol::RoundConfig {
+            local_epochs: 1,
+            batch_size: 8,
+            learning_rate: 0.1,
+            deadline_ms: 1000,
+        };
+        client.train(Broadcast { round: 4, task: 0, config, blocks: Vec::new(), prototypes: Vec::new() });
+        let text = metrics.encode_text();
+        assert!(text.contains("\nanchorage_device_readings_refused_total 1\n"), "{text}");
+        assert!(text.contains("\nanchorage_device_rounds_declined_total{reason=\"thermal\"} 1\n"), "{text}");
+        assert!(text.contains("\nanchorage_device_rounds_trained_total 0\n"), "{text}");
     }
 
     #[test]

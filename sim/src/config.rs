@@ -506,10 +506,10 @@ mod tests {
             field_names::<OutputConfig>(),
         ];
         let mut keys: Vec<&str> = sections.concat();
-        assert_eq!(keys.len(), 39, "{keys:?}");
+        assert_eq!(keys.len(), 40, "{keys:?}");
         keys.sort_unstable();
         keys.dedup();
-        assert_eq!(keys.len(), 39, "a key in two sections");
+        assert_eq!(keys.len(), 40, "a key in two sections");
         assert!(!keys.contains(&"model") && !keys.contains(&"method"));
         assert!(keys.contains(&"data"), "the [data] table is the data section's");
     }

@@ -143,7 +143,7 @@ async fn through_the_dark(resume_broadcasts: bool) -> Run {
     let link: Arc<Mutex<Option<LinkHandle>>> = Arc::default();
     let filled = link.clone();
     options.socket_wrapper = Some(SocketWrapper(Arc::new(move |socket| {
-        let (shaped, handle) = ShapedSocket::new(socket, DuplexProfile { up: up.clone(), down: down.clone() }, 41)?;
+        let (shaped, handle) = ShapedSocket::new(socket, DuplexProfile::new(up.clone(), down.clone()), 41)?;
         *filled.lock().unwrap() = Some(handle);
         Ok(shaped as Arc<dyn quinn::AsyncUdpSocket>)
     })));

@@ -37,7 +37,7 @@ async fn real_and_virtual_round_durations_agree() {
         buffer_bytes: 128 * 1024,
         ..LinkProfile::default()
     };
-    let profile = DuplexProfile { up: side(2.0), down: side(10.0) };
+    let profile = DuplexProfile::new(side(2.0), side(10.0));
     let config = SimConfig {
         federation: FederationConfig { clients: 2, rounds: 2, seed: 31, local_epochs: 1, ..Default::default() },
         data: DataConfig { train_per_class: 40, test_per_class: 10, ..Default::default() },

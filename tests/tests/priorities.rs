@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anchorage_client::metrics::ClientMetrics;
 use anchorage_client::transport::{ClientCert, ClientOptions, Priority, SocketWrapper, prioritise, send_resumable};
 use anchorage_pki::{Kind, ProjectCa};
 use anchorage_server::engine::EngineConfig;
@@ -196,7 +197,10 @@ async fn measure(priorities: bool) -> Delays {
 
     let blocks = block_update();
     let (blocks_conn, block_priority) = (conn.clone(), Priority::Blocks.when(priorities));
-    let upload = tokio::spawn(async move { send_resumable(&blocks_conn, &blocks, 1, block_priority).await });
+    let upload =
+        tokio::spawn(
+            async move { send_resumable(&blocks_conn, &blocks, 1, block_priority, &ClientMetrics::new()).await },
+        );
     tokio::time::sleep(WARMUP).await;
     let mut probes = Vec::new();
     for _ in 0..PROBES {
@@ -212,7 +216,7 @@ async fn measure(priorities: bool) -> Delays {
     let before = conn.stats().udp_tx.bytes;
     let sent = Instant::now();
     let proto_conn = conn.clone();
-    tokio::spawn(async move { send_resumable(&proto_conn, &frame, 1, priority).await });
+    tokio::spawn(async move { send_resumable(&proto_conn, &frame, 1, priority, &ClientMetrics::new()).await });
     let acked = answers.first(|m| matches!(m, Message::Ack(a) if a.round == 1)).await;
     let after = conn.stats().udp_tx.bytes;
     assert!(!upload.is_finished(), "the block upload was in flight throughout: {:?}", upload.await);

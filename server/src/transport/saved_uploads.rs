@@ -138,7 +138,7 @@ fn decode(file: &[u8], max_total: u64) -> Result<(ClientId, Assembly), String> {
         round: u64::from_le_bytes(r.take()?),
     };
     let assembly = Assembly::resumed(offer, r.0.to_vec(), max_total).map_err(|e| e.to_string())?;
-    Ok((id.into(), assembly))
+    Ok((id, assembly))
 }
 
 /// Reads a saved file's fields in order.

@@ -139,6 +139,19 @@ impl Default for LinkProfile {
 pub struct DuplexProfile {
     pub up: LinkProfile,
     pub down: LinkProfile,
+    /// Times (ms from the link's start) at which the device's address changes, as when a NAT
+    /// rebinds or a phone moves from Wi-Fi to LTE: from then on its datagrams leave from a new
+    /// port, and what the server sends to the old one is lost (issue 33, item 3). Real clock
+    /// only: a QUIC path migration costs the virtual clock nothing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rebind_ms: Vec<u64>,
+}
+
+impl DuplexProfile {
+    /// `up` and `down`, with no address change.
+    pub fn new(up: LinkProfile, down: LinkProfile) -> Self {
+        Self { up, down, rebind_ms: Vec::new() }
+    }
 }
 
 /// A named link (typical figures, not measurements), as configs (`link = "lte"`, a `link_mix`
@@ -195,12 +208,12 @@ impl LinkPreset {
         type D = DuplexProfile;
         match self {
             Self::Loopback => D::default(),
-            Self::Ethernet => D { up: side(100.0, 1.0, 0.1, 0.0, 512), down: side(100.0, 1.0, 0.1, 0.0, 512) },
-            Self::Wifi => D { up: side(20.0, 5.0, 2.0, 0.001, 256), down: side(50.0, 5.0, 2.0, 0.001, 256) },
-            Self::Lte => D { up: side(5.0, 25.0, 8.0, 0.002, 256), down: side(20.0, 25.0, 8.0, 0.002, 512) },
-            Self::ThreeG => D { up: side(0.5, 75.0, 20.0, 0.01, 64), down: side(2.0, 75.0, 20.0, 0.01, 128) },
-            Self::Satellite => D { up: side(3.0, 300.0, 10.0, 0.005, 512), down: side(25.0, 300.0, 10.0, 0.005, 1024) },
-            Self::Iot => D { up: side(0.25, 100.0, 30.0, 0.02, 32), down: side(0.25, 100.0, 30.0, 0.02, 32) },
+            Self::Ethernet => D::new(side(100.0, 1.0, 0.1, 0.0, 512), side(100.0, 1.0, 0.1, 0.0, 512)),
+            Self::Wifi => D::new(side(20.0, 5.0, 2.0, 0.001, 256), side(50.0, 5.0, 2.0, 0.001, 256)),
+            Self::Lte => D::new(side(5.0, 25.0, 8.0, 0.002, 256), side(20.0, 25.0, 8.0, 0.002, 512)),
+            Self::ThreeG => D::new(side(0.5, 75.0, 20.0, 0.01, 64), side(2.0, 75.0, 20.0, 0.01, 128)),
+            Self::Satellite => D::new(side(3.0, 300.0, 10.0, 0.005, 512), side(25.0, 300.0, 10.0, 0.005, 1024)),
+            Self::Iot => D::new(side(0.25, 100.0, 30.0, 0.02, 32), side(0.25, 100.0, 30.0, 0.02, 32)),
         }
     }
 }

@@ -2,12 +2,18 @@
 //! a [`Link`] in each direction. Sent datagrams wait in the uplink's queue until their modelled
 //! arrival time (or are dropped); received datagrams are held until the downlink's. quinn's
 //! congestion control, loss recovery and pacing see exactly what the model does.
+//!
+//! At the profile's `rebind_ms` the device's address changes under quinn's feet, as behind a NAT
+//! that rebinds: the socket's datagrams leave from a new port from then on, and the old port
+//! receives nothing more ([`Nat`]). The server sees the connection arrive from a new address and
+//! migrates it (RFC 9000, section 9); the device's QUIC stack is not told.
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
 use quinn::udp::{RecvMeta, Transmit};
@@ -21,18 +27,16 @@ type Datagram = (SocketAddr, Vec<u8>);
 
 /// A UDP socket whose traffic crosses a modelled link. Create it inside a tokio runtime.
 pub struct ShapedSocket {
-    socket: Arc<tokio::net::UdpSocket>,
+    nat: Arc<Nat>,
     epoch: Instant,
     up: Arc<Mutex<Link>>,
     egress: mpsc::UnboundedSender<(Instant, Datagram)>,
     ready: Mutex<mpsc::UnboundedReceiver<Datagram>>,
-    /// Dropping it stops the receive task.
-    _stop: oneshot::Sender<()>,
 }
 
 impl fmt::Debug for ShapedSocket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ShapedSocket").field("local", &self.socket.local_addr().ok()).finish()
+        f.debug_struct("ShapedSocket").field("local", &self.nat.socket().local_addr().ok()).finish()
     }
 }
 
@@ -41,6 +45,12 @@ impl fmt::Debug for ShapedSocket {
 pub struct DuplexStats {
     pub up: LinkStats,
     pub down: LinkStats,
+    /// Times the device's address changed (`DuplexProfile::rebind_ms`).
+    pub rebinds: u64,
+    /// Datagrams the device sent after its first address change, and of those the long-header
+    /// ones (QUIC's Initial and Handshake packets: a new handshake).
+    pub datagrams_after_rebind: u64,
+    pub handshake_datagrams_after_rebind: u64,
 }
 
 /// A handle on a shaped socket's counters that outlives the endpoint's use of it.
@@ -48,12 +58,89 @@ pub struct DuplexStats {
 pub struct LinkHandle {
     up: Arc<Mutex<Link>>,
     down: Arc<Mutex<Link>>,
+    nat: Weak<Nat>,
+    counts: Arc<NatCounts>,
 }
 
 impl LinkHandle {
     pub fn stats(&self) -> DuplexStats {
         let get = |l: &Arc<Mutex<Link>>| l.lock().map(|l| l.stats().clone()).unwrap_or_default();
-        DuplexStats { up: get(&self.up), down: get(&self.down) }
+        DuplexStats {
+            up: get(&self.up),
+            down: get(&self.down),
+            rebinds: self.counts.rebinds.load(Ordering::Relaxed),
+            datagrams_after_rebind: self.counts.sent_after.load(Ordering::Relaxed),
+            handshake_datagrams_after_rebind: self.counts.handshakes_after.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The device's address changes now (see [`Nat`]); its new address.
+    pub fn rebind(&self) -> io::Result<SocketAddr> {
+        self.nat.upgrade().ok_or_else(|| io::Error::other("the shaped socket is gone"))?.rebind()
+    }
+}
+
+/// The device's side of the path: the socket its datagrams leave from and arrive on, which an
+/// address change replaces (the old one's receive task stops, so the old port hears nothing).
+struct Nat {
+    current: Mutex<(Arc<tokio::net::UdpSocket>, oneshot::Sender<()>)>,
+    down: Arc<Mutex<Link>>,
+    epoch: Instant,
+    ready: mpsc::UnboundedSender<Datagram>,
+    counts: Arc<NatCounts>,
+}
+
+#[derive(Debug, Default)]
+struct NatCounts {
+    rebinds: AtomicU64,
+    sent_after: AtomicU64,
+    handshakes_after: AtomicU64,
+}
+
+impl Nat {
+    /// Starts receiving on `socket`.
+    fn start(
+        socket: tokio::net::UdpSocket,
+        down: Arc<Mutex<Link>>,
+        epoch: Instant,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Datagram>) {
+        let (ready, ready_rx) = mpsc::unbounded_channel();
+        let socket = Arc::new(socket);
+        let (stop, stop_rx) = oneshot::channel();
+        tokio::spawn(receive(socket.clone(), down.clone(), epoch, ready.clone(), stop_rx));
+        let counts = Arc::new(NatCounts::default());
+        (Arc::new(Self { current: Mutex::new((socket, stop)), down, epoch, ready, counts }), ready_rx)
+    }
+
+    fn socket(&self) -> Arc<tokio::net::UdpSocket> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    /// Moves to a new port on the same address; the old socket's receive task stops.
+    fn rebind(&self) -> io::Result<SocketAddr> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let ip = current.0.local_addr()?.ip();
+        let socket = std::net::UdpSocket::bind(SocketAddr::new(ip, 0))?;
+        socket.set_nonblocking(true)?;
+        let socket = Arc::new(tokio::net::UdpSocket::from_std(socket)?);
+        let (stop, stop_rx) = oneshot::channel();
+        tokio::spawn(receive(socket.clone(), self.down.clone(), self.epoch, self.ready.clone(), stop_rx));
+        let addr = socket.local_addr()?;
+        *current = (socket, stop);
+        self.counts.rebinds.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%addr, "the modelled device's address changed");
+        Ok(addr)
+    }
+
+    /// Counts a datagram about to leave after an address change.
+    fn count_sent(&self, datagram: &[u8]) {
+        if self.counts.rebinds.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        self.counts.sent_after.fetch_add(1, Ordering::Relaxed);
+        if datagram.first().is_some_and(|b| b & 0x80 != 0) {
+            self.counts.handshakes_after.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -61,28 +148,39 @@ impl ShapedSocket {
     /// Wraps a bound socket; `seed` drives loss and jitter.
     pub fn new(socket: std::net::UdpSocket, profile: DuplexProfile, seed: u64) -> io::Result<(Arc<Self>, LinkHandle)> {
         socket.set_nonblocking(true)?;
-        let socket = Arc::new(tokio::net::UdpSocket::from_std(socket)?);
+        let socket = tokio::net::UdpSocket::from_std(socket)?;
         let epoch = Instant::now();
         let up = Arc::new(Mutex::new(Link::new(profile.up, seed)));
         let down = Arc::new(Mutex::new(Link::new(profile.down, seed ^ 0x5EED_D0A1)));
         let (egress, egress_rx) = mpsc::unbounded_channel();
-        let (ready_tx, ready) = mpsc::unbounded_channel();
-        let (stop, stop_rx) = oneshot::channel();
-        tokio::spawn(send_when_due(socket.clone(), egress_rx));
-        let handle = LinkHandle { up: up.clone(), down: down.clone() };
-        tokio::spawn(receive(socket.clone(), down, epoch, ready_tx, stop_rx));
-        Ok((Arc::new(Self { socket, epoch, up, egress, ready: Mutex::new(ready), _stop: stop }), handle))
+        let (nat, ready) = Nat::start(socket, down.clone(), epoch);
+        tokio::spawn(send_when_due(nat.clone(), egress_rx));
+        let handle = LinkHandle { up: up.clone(), down, nat: Arc::downgrade(&nat), counts: nat.counts.clone() };
+        for at in profile.rebind_ms {
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(epoch + std::time::Duration::from_millis(at)).await;
+                if let Err(e) = handle.rebind() {
+                    tracing::debug!(error = %e, "the modelled address change did not happen");
+                }
+            });
+        }
+        Ok((Arc::new(Self { nat, epoch, up, egress, ready: Mutex::new(ready) }), handle))
     }
 }
 
-/// Sends queued datagrams at their arrival times (the queue is in arrival order).
-async fn send_when_due(socket: Arc<tokio::net::UdpSocket>, mut rx: mpsc::UnboundedReceiver<(Instant, Datagram)>) {
+/// Sends queued datagrams at their arrival times (the queue is in arrival order), from the
+/// device's address at that time.
+async fn send_when_due(nat: Arc<Nat>, mut rx: mpsc::UnboundedReceiver<(Instant, Datagram)>) {
     while let Some((due, (to, bytes))) = rx.recv().await {
         tokio::time::sleep_until(due).await;
-        if let Err(e) = socket.send_to(&bytes, to).await {
+        nat.count_sent(&bytes);
+        if let Err(e) = nat.socket().send_to(&bytes, to).await {
             tracing::debug!(error = %e, "shaped send failed");
         }
     }
+    // The endpoint let go of the socket: the receive task stops with the last reference.
+    let _ = nat.current.lock().map(|mut c| std::mem::replace(&mut c.1, oneshot::channel().0));
 }
 
 /// Receives from the real socket, passes each datagram through the downlink and releases it to
@@ -180,7 +278,7 @@ impl AsyncUdpSocket for ShapedSocket {
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.socket.local_addr()
+        self.nat.socket().local_addr()
     }
 
     fn may_fragment(&self) -> bool {
