@@ -14,7 +14,12 @@
 //! - **data**: this device's share of its data: the embedded set's index, or a scenario's files
 //!   (labels read and split with the data crate's loaders, the backbone's weights loaded);
 //! - **metrics**: `[metrics] textfile`'s folder exists (node_exporter's textfile collector
-//!   folder; the device does not create it).
+//!   folder; the device does not create it);
+//! - **privacy**: `[privacy]` makes a guarantee ([`PrivacyConfig::check`]) and local noise has
+//!   its `noise_multiplier` ([`crate::privacy::DevicePrivacy::for_device`]; a table that fails
+//!   is refused when the config loads, so **config** fails with the same message).
+//!
+//! [`PrivacyConfig::check`]: anchorage_shared::privacy::PrivacyConfig::check
 //!
 //! Exit status 0 when nothing failed (warnings and skipped checks included), 1 otherwise.
 
@@ -94,7 +99,31 @@ pub fn run(path: &Path) -> Report {
     report.checks.extend(check_pair(&config));
     report.checks.push(check_data(&config));
     report.checks.push(check_metrics(&config));
+    report.checks.push(check_privacy(&config));
     report
+}
+
+/// `[privacy]`: who noises, the clips and σ.
+fn check_privacy(config: &ClientConfig) -> Check {
+    match config.device_privacy() {
+        Ok(None) => {
+            Check::new("privacy", Status::Skip, "no [privacy]: updates and prototypes as the method makes them")
+        }
+        Ok(Some(p)) => {
+            let noise = match p.noise_multiplier {
+                Some(sigma) => format!(
+                    "local noise: σ = {sigma} on the delta clipped to {} and on prototype sums of features \
+                     clipped to {}",
+                    p.clip, p.prototype_clip
+                ),
+                None => {
+                    format!("central noise (the server's): prototype sums of features clipped to {}", p.prototype_clip)
+                }
+            };
+            Check::new("privacy", Status::Ok, format!("{noise}; the server's [engine.privacy] must agree"))
+        }
+        Err(e) => Check::new("privacy", Status::Fail, format!("{e:#}")),
+    }
 }
 
 /// `[metrics] textfile`: its folder must be there (the device writes the file, never the folder).
@@ -298,9 +327,11 @@ mod tests {
                 "chain",
                 "key-pair",
                 "data",
-                "metrics"
+                "metrics",
+                "privacy"
             ]
         );
+        assert_eq!(report.get("privacy").unwrap().status, Status::Skip, "no [privacy] table");
         assert_eq!(report.get("metrics").unwrap().status, Status::Skip, "no [metrics] table");
         assert!(report.get("server").unwrap().detail.contains("not dialled"));
         assert!(!dir.path().join("state").exists(), "nothing is made");
@@ -372,6 +403,33 @@ mod tests {
         assert_eq!(present.status, Status::Ok, "{}", present.detail);
         assert!(present.detail.contains("every 15 s"), "{}", present.detail);
         assert!(!dir.path().join("collector/anchorage-client.prom").exists(), "nothing is written");
+    }
+
+    /// `[privacy]`: local noise without noise_multiplier is refused with a message naming it;
+    /// with it, or central noise, the device can start and the check says what it adds.
+    #[test]
+    fn a_local_noise_privacy_table_needs_its_noise_multiplier() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = device(dir.path());
+        let text = std::fs::read_to_string(&config).unwrap();
+        let with = |table: &str| {
+            std::fs::write(&config, format!("{text}[privacy]\n{table}")).unwrap();
+            run(&config)
+        };
+        let refused = with("noise = \"local\"\ntarget_epsilon = 4.0\n");
+        let c = refused.get("config").unwrap();
+        assert_eq!(c.status, Status::Fail, "{}", refused.render());
+        assert!(c.detail.contains("noise_multiplier"), "{}", c.detail);
+        assert!(format!("{:#}", ClientConfig::load(&config).unwrap_err()).contains("noise_multiplier"));
+        let local = with("noise = \"local\"\nnoise_multiplier = 1.1\nclip = 0.5\n");
+        assert!(!local.failed(), "{}", local.render());
+        let p = local.get("privacy").unwrap();
+        assert_eq!(p.status, Status::Ok);
+        assert!(p.detail.contains("σ = 1.1") && p.detail.contains("0.5"), "{}", p.detail);
+        let central = with("noise = \"central\"\ntarget_epsilon = 8.0\n");
+        assert!(central.get("privacy").unwrap().detail.contains("central"), "{}", central.render());
+        let bad = with("noise = \"central\"\nnoise_multiplier = 1.0\ndelta = 2.0\n");
+        assert!(bad.get("config").unwrap().detail.contains("delta"), "{}", bad.render());
     }
 
     #[test]

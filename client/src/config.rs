@@ -220,6 +220,11 @@ pub struct ClientConfig {
     /// The device's metrics as a Prometheus textfile (`[metrics]`); absent: none written.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Differential privacy of what this device sends (`[privacy]`, issue 34; must match the
+    /// server's `[engine.privacy]`); absent: off. Local noise needs `noise_multiplier`
+    /// ([`crate::privacy::DevicePrivacy::for_device`]).
+    #[serde(default, skip_serializing_if = "anchorage_shared::privacy::PrivacyConfig::is_off")]
+    pub privacy: anchorage_shared::privacy::PrivacyConfig,
 }
 
 fn default_server_name() -> String {
@@ -269,7 +274,14 @@ impl ClientConfig {
         self.connection.validate()?;
         self.update_compression()?;
         self.metrics.validate()?;
+        self.device_privacy()?;
         self.eligibility.validate()
+    }
+
+    /// What this device does under `[privacy]` (`None`: off); refuses a table that makes no
+    /// guarantee, and local noise without `noise_multiplier`.
+    pub fn device_privacy(&self) -> anyhow::Result<Option<crate::privacy::DevicePrivacy>> {
+        crate::privacy::DevicePrivacy::for_device(&self.privacy)
     }
 
     /// How the device shrinks its updates (`top_k`, `compress`, `encoding`).
@@ -515,6 +527,29 @@ public_classes = 25
         let example: super::MetricsConfig = toml::from_str(&table).unwrap();
         example.validate().unwrap();
         assert!(example.textfile.is_some(), "{table}");
+    }
+
+    /// deploy/client.toml's commented `[privacy]` example parses once uncommented, and the device
+    /// accepts it.
+    #[test]
+    fn the_example_privacy_table_parses() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/client.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let table: String = text
+            .lines()
+            .skip_while(|l| *l != "# [privacy]")
+            .skip(1)
+            .map_while(|l| l.strip_prefix("# "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let example: anchorage_shared::privacy::PrivacyConfig = toml::from_str(&table).unwrap();
+        let device = crate::privacy::DevicePrivacy::for_device(&example).unwrap().unwrap();
+        assert!(example.is_on() && device.noise_multiplier.is_some(), "{table}");
+        let parsed: super::ClientConfig = toml::from_str(&format!("{MINIMAL}[privacy]\n{table}")).unwrap();
+        parsed.validate().unwrap();
+        assert_eq!(parsed.privacy, example);
+        let minimal: super::ClientConfig = toml::from_str(MINIMAL).unwrap();
+        assert!(minimal.privacy.is_off() && minimal.device_privacy().unwrap().is_none(), "absent: off");
     }
 
     /// deploy/client.toml's commented `[eligibility]` example parses once uncommented.

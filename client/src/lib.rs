@@ -14,6 +14,8 @@
 //! - [`memory`]: the process's peak memory, reported with every update.
 //! - [`metrics`]: the device's own metrics, written as a Prometheus textfile for node_exporter.
 //! - [`compress`]: smaller updates for any method (top-k with error feedback, zstd).
+//! - [`privacy`]: the device's half of differential privacy (`[privacy]`: clipped prototype
+//!   sums, local noise, the `prototype_sums` marker).
 
 pub mod broadcasts;
 pub mod check_config;
@@ -25,6 +27,7 @@ pub mod encoding;
 pub mod memory;
 pub mod methods;
 pub mod metrics;
+pub mod privacy;
 pub mod runner;
 pub mod session;
 pub mod share;

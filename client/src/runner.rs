@@ -10,8 +10,10 @@ use anyhow::Context;
 
 use crate::config::{ClientConfig, DataSource};
 use crate::memory::{self, MemoryNeeds, MemoryPlan};
+use crate::methods::protos::PrototypeRelease;
 use crate::methods::{self, BatchCap, ClientMethod, MethodContext};
 use crate::metrics::ClientMetrics;
+use crate::privacy::DevicePrivacy;
 use crate::share;
 use crate::store::ClientStore;
 use crate::transport::{self, Backoff, ClientCert, ClientOptions};
@@ -67,6 +69,8 @@ fn metrics_textfile(
 /// The method's client half on this device's local data.
 pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn ClientMethod>> {
     let compression = config.update_compression()?;
+    let privacy = config.device_privacy()?;
+    let release = privacy.as_ref().map_or(PrototypeRelease::Means, DevicePrivacy::prototype_release);
     let enc = compression.method_encoding(config.encoding.encoding());
     let method = match &config.data {
         DataSource::Synthetic { seed, clients, index, alpha } => {
@@ -82,7 +86,7 @@ pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn Cli
                 None => (train, test),
             };
             let context = MethodContext::embedded(&train, &test, dev.clone().autodiff(), config.optimizer, enc, 0);
-            let mut method = methods::build(&config.method, context)?;
+            let mut method = methods::build(&config.method, MethodContext { prototype_release: release, ..context })?;
             if let Some(p) = plan {
                 method = Box::new(BatchCap { inner: method, max: u32::try_from(p.batch_size).unwrap_or(u32::MAX) });
             }
@@ -93,8 +97,25 @@ pub fn method(config: &ClientConfig, dev: &Device) -> anyhow::Result<Box<dyn Cli
                 tracing::warn!("max_memory_mb plans the embedded model only; it is not applied to a scenario share");
             }
             let context = share::scenario_context(config, dev)?;
-            methods::build(&config.method, methods::MethodContext { encoding: enc, ..context })?
+            methods::build(
+                &config.method,
+                methods::MethodContext { encoding: enc, prototype_release: release, ..context },
+            )?
         }
+    };
+    // Privatize first, then compress (a top-k of a noised delta is post-processing).
+    let method = match privacy {
+        Some(p) => {
+            tracing::info!(
+                noise = ?p.noise,
+                clip = p.clip,
+                prototype_clip = p.prototype_clip,
+                sigma = ?p.noise_multiplier,
+                "differential privacy on: prototypes are uploaded as sums of clipped features"
+            );
+            crate::privacy::wrap(method, Some(p), crate::privacy::system_rng()?)
+        }
+        None => method,
     };
     Ok(crate::compress::wrap(method, compression))
 }

@@ -149,6 +149,7 @@ pub fn scenario_context(config: &ClientConfig, device: &Device) -> anyhow::Resul
         encoding: config.encoding.encoding(),
         seed: *client as u64,
         backbone: Some(share.backbone),
+        prototype_release: crate::methods::protos::PrototypeRelease::of(&config.privacy),
     })
 }
 

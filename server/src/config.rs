@@ -257,6 +257,7 @@ impl ServerConfig {
             "server.toml gives both metrics_bind and [metrics] bind: keep one"
         );
         let method = config.method.config()?;
+        crate::engine::privacy::check_config(&config.engine, &method).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             config.sikf.is_none() || matches!(method, MethodConfig::FedTa(_)),
             "[sikf] is FedTA's distillation; this server runs `{}`",

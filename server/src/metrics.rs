@@ -849,6 +849,7 @@ mod tests {
             closed: std::time::Duration::from_secs(1),
             influence: Default::default(),
             held_out_accuracy: None,
+            privacy: None,
         }
     }
 

@@ -506,6 +506,19 @@ fn log_round(report: &RoundReport, held_out: &str) {
     } else {
         line!(info);
     }
+    if let Some(p) = &report.privacy {
+        tracing::info!(
+            round = report.round,
+            epsilon = %format!("{:.3}", p.epsilon),
+            delta = p.delta,
+            noise = p.noise.name(),
+            noise_multiplier = %format!("{:.3}", p.noise_multiplier),
+            clip = %format!("{:.4}", p.clip),
+            sampling_rate = %format!("{:.3}", p.sampling_rate),
+            rounds = p.rounds,
+            "privacy spent"
+        );
+    }
 }
 
 /// Logs the server's shortfall of devices: when it starts (at most once per round: a wait ends
@@ -640,6 +653,7 @@ mod round_log_tests {
             closed: Duration::ZERO,
             influence: Default::default(),
             held_out_accuracy: None,
+            privacy: None,
         }
     }
 

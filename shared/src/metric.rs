@@ -36,6 +36,10 @@ pub enum MetricKey {
     PseudoClasses,
     /// FedProK: how far the device's prototypes moved (`prototype_drift`).
     PrototypeDrift,
+    /// 1 when the update's prototypes are per-class sums of clipped features, not means
+    /// (`[privacy]` on, issue 34; `prototype_sums`): the server refuses a mismatch with its own
+    /// `[privacy]`.
+    PrototypeSums,
     /// A name this build does not know (a newer device's metric): kept as it came.
     Other(String),
 }
@@ -66,11 +70,12 @@ impl MetricKey {
             Self::AnchorKeyMatch => "anchor_key_match",
             Self::PseudoClasses => "pseudo_classes",
             Self::PrototypeDrift => "prototype_drift",
+            Self::PrototypeSums => "prototype_sums",
             Self::TaskAccuracy(_) | Self::SelectedAccuracy(_) | Self::Other(_) => return None,
         })
     }
 
-    const FIXED: [MetricKey; 10] = [
+    const FIXED: [MetricKey; 11] = [
         Self::TrainLoss,
         Self::LocalAccuracy,
         Self::TargetAccuracy,
@@ -81,6 +86,7 @@ impl MetricKey {
         Self::AnchorKeyMatch,
         Self::PseudoClasses,
         Self::PrototypeDrift,
+        Self::PrototypeSums,
     ];
 
     /// The key a wire name stands for ([`MetricKey::Other`] for one this build does not know).

@@ -7,6 +7,7 @@ use anchorage_data::DataSpec;
 use anchorage_server::aggregate::RobustConfig;
 use anchorage_server::engine::AggregationMode;
 use anchorage_shared::method::MethodConfig;
+use anchorage_shared::privacy::PrivacyConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::device::{DeviceProfile, deal_by_share};
@@ -37,6 +38,10 @@ pub struct SimConfig {
     pub model: ModelConfig,
     /// The method and its hyperparameters (`[method]`).
     pub method: MethodConfig,
+    /// Differential privacy of what the devices send (`[privacy]`, issue 34): the server and
+    /// every device get the same table.
+    #[serde(skip_serializing_if = "PrivacyConfig::is_off")]
+    pub privacy: PrivacyConfig,
     /// The devices and links the clients run on, the clock, failures.
     #[serde(flatten)]
     pub systems: SystemsConfig,
@@ -295,6 +300,9 @@ impl SimConfig {
     pub fn from_table(mut table: toml::Table) -> Result<Self, KeyError> {
         let model = table.remove("model").map(|v| section("model", v)).transpose()?.unwrap_or_default();
         let method = table.remove("method").map(|v| section("method", v)).transpose()?.unwrap_or_default();
+        let privacy: PrivacyConfig =
+            table.remove("privacy").map(|v| section("privacy", v)).transpose()?.unwrap_or_default();
+        privacy.check().map_err(|e| KeyError { key: "privacy".into(), message: e.to_string() })?;
         let declared = [
             field_names::<FederationConfig>(),
             field_names::<DataConfig>(),
@@ -305,7 +313,7 @@ impl SimConfig {
         for (key, value) in table {
             let Some(i) = declared.iter().position(|names| names.contains(&key.as_str())) else {
                 let mut known: Vec<&str> = declared.concat();
-                known.extend(["model", "method"]);
+                known.extend(["model", "method", "privacy"]);
                 known.sort_unstable();
                 let message = format!("unknown key `{key}`: a simulation's keys are `{}`", known.join("`, `"));
                 return Err(KeyError { key, message });
@@ -318,6 +326,7 @@ impl SimConfig {
             data: fields(data)?,
             model,
             method,
+            privacy,
             systems: fields(systems)?,
             output: fields(output)?,
         })

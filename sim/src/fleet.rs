@@ -150,6 +150,7 @@ pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: 
         decode_errors: metrics.decode_errors_total(),
         wall_seconds: started.elapsed().as_secs_f64(),
         local_eval: crate::record::LocalEval::of(&config),
+        privacy: crate::record::PrivacySpent::of(closed.rounds.iter().map(|(r, _)| r.as_ref())),
     };
     record_run(&config, out, ledger, closed, inputs)
 }

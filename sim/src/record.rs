@@ -66,6 +66,9 @@ pub struct RunSummary {
     /// continual metrics' local side) were computed.
     #[serde(default)]
     pub local_eval: LocalEval,
+    /// The privacy spent (`[privacy]`); absent when it was off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privacy: Option<PrivacySpent>,
 }
 
 /// Where a run is: see [`RunSummary::status`].
@@ -145,6 +148,37 @@ pub struct SummaryInputs {
     pub decode_errors: u64,
     pub wall_seconds: f64,
     pub local_eval: LocalEval,
+    /// The privacy the run spent (`[privacy]`): from its last round report that has it.
+    pub privacy: Option<PrivacySpent>,
+}
+
+/// ε spent by a run under `[privacy]` (issue 34), as metrics.json and the report give it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrivacySpent {
+    pub epsilon: f64,
+    pub delta: f64,
+    /// `central` or `local`.
+    pub noise: anchorage_shared::privacy::NoiseSite,
+    pub noise_multiplier: f64,
+    /// The clip of the last round (it moves under adaptive clipping).
+    pub clip: f64,
+    /// Rounds aggregated under privacy.
+    pub rounds: u64,
+}
+
+impl PrivacySpent {
+    /// What the last report with an account says, if any does.
+    pub fn of<'a>(reports: impl DoubleEndedIterator<Item = &'a anchorage_server::RoundReport>) -> Option<Self> {
+        let account = reports.rev().find_map(|r| r.privacy.as_ref())?;
+        Some(Self {
+            epsilon: account.epsilon,
+            delta: account.delta,
+            noise: account.noise,
+            noise_multiplier: account.noise_multiplier,
+            clip: account.clip,
+            rounds: account.rounds,
+        })
+    }
 }
 
 /// What a run produced.
@@ -184,6 +218,7 @@ impl SummaryInputs {
             decode_errors: 0,
             wall_seconds: 1.0,
             local_eval: Default::default(),
+            privacy: None,
         }
     }
 }
@@ -280,6 +315,7 @@ impl RunSummary {
             wall_seconds: inputs.wall_seconds,
             continual: ContinualMetrics::from_records(accuracy),
             local_eval: inputs.local_eval,
+            privacy: inputs.privacy,
         }
     }
 }

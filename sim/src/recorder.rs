@@ -467,6 +467,7 @@ impl Recorder {
             decode_errors: 0,
             wall_seconds: self.started.elapsed().as_secs_f64(),
             local_eval: Default::default(),
+            privacy: None,
         };
         let mut summary = RunSummary::new(inputs, self.rows.clone(), &[], &[]);
         summary.status = RunStatus::Running;

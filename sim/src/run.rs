@@ -87,6 +87,7 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
         decode_errors: metrics.decode_errors_total(),
         wall_seconds: started.elapsed().as_secs_f64(),
         local_eval: crate::record::LocalEval::of(&config),
+        privacy: crate::record::PrivacySpent::of(record.reports.iter()),
     };
     let RealRecord { ledger, rows, reports, accuracy_rows, .. } = record;
     let mut summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anchorage_client::compress::UpdateCompression;
+use anchorage_client::methods::protos::PrototypeRelease;
 use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
+use anchorage_client::privacy::DevicePrivacy;
 use anchorage_data::partition::FederatedSplit;
 use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
 use anchorage_model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
@@ -13,6 +16,7 @@ use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::ServerMethod;
 use anchorage_shared::protocol::{Broadcast, RoundConfig};
 use anchorage_shared::prototype::Prototype;
+use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
 use burn::tensor::Device;
@@ -21,6 +25,40 @@ use crate::accuracy::AccuracyRow;
 use crate::config::SimConfig;
 use crate::device::{self, Charge, DeviceProfile, SimulatedDevice};
 use crate::record::{accuracy_records, round_accuracy};
+
+/// The sub-stream of the scenario seed that the devices' local privacy noise comes from (device
+/// i: [`Rng::derive`] of the seed xor this and i), apart from the server's own noise seed.
+const PRIVACY_NOISE_STREAM: u64 = 0xDE71_CE00_0000_0034;
+
+/// What every simulated device wraps its method in, in this order: `[privacy]` (issue 34; σ of
+/// local noise from the run's rounds, each device's noise seeded from the scenario seed and its
+/// index), then compression (a top-k of a noised delta is post-processing).
+struct DeviceWraps {
+    privacy: Option<DevicePrivacy>,
+    compression: UpdateCompression,
+}
+
+impl DeviceWraps {
+    fn of(config: &SimConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            privacy: DevicePrivacy::for_simulation(&config.privacy, config.federation.rounds)?,
+            compression: config.systems.update_compression()?,
+        })
+    }
+
+    /// What the methods upload as prototypes: sums of clipped features under `[privacy]`.
+    fn prototype_release(&self) -> PrototypeRelease {
+        self.privacy.map_or(PrototypeRelease::Means, |p| p.prototype_release())
+    }
+
+    /// Client `i`'s method as its device runs it.
+    fn method(&self, config: &SimConfig, context: MethodContext, i: usize) -> anyhow::Result<Box<dyn ClientMethod>> {
+        let method = methods::build(&config.method, context)?;
+        let noise = Rng::derive(config.federation.seed ^ PRIVACY_NOISE_STREAM, i as u64);
+        let method = anchorage_client::privacy::wrap(method, self.privacy, noise);
+        Ok(if self.compression.is_off() { method } else { anchorage_client::compress::wrap(method, self.compression) })
+    }
+}
 
 /// The federation a run simulates.
 pub struct Setup {
@@ -364,6 +402,8 @@ fn engine_config(config: &SimConfig, protocol: Protocol) -> EngineConfig {
         seed: config.federation.seed,
         mode: config.federation.aggregation.clone(),
         robust: config.federation.robust.clone(),
+        privacy: config.privacy.clone(),
+        noise_seed: Some(config.federation.seed ^ 0xD1FF_E4E7),
         ..EngineConfig::default()
     }
 }
@@ -420,8 +460,8 @@ impl Setup {
             "clients {client_range:?} are outside the federation's {}",
             config.federation.clients
         );
-        let compression = config.systems.update_compression()?;
-        let encoding = compression.method_encoding(config.systems.encoding.encoding());
+        let wraps = DeviceWraps::of(config)?;
+        let encoding = wraps.compression.method_encoding(config.systems.encoding.encoding());
         let plain = Device::flex();
         let train_device = Device::flex().autodiff();
         let Prepared { train, test, split, source } = prepare_data(config)?;
@@ -449,6 +489,7 @@ impl Setup {
             encoding,
             seed,
             backbone: Some(features.backbone.clone()),
+            prototype_release: wraps.prototype_release(),
         };
         let global = protocol.global_rows(&split);
         let rows = Rows::new(&features);
@@ -466,10 +507,7 @@ impl Setup {
         let mut clients = Vec::with_capacity(client_range.len());
         for (i, stream) in client_range.zip(streams) {
             let seed = config.federation.seed.wrapping_add(i as u64);
-            let mut method = methods::build(&config.method, context(stream, seed))?;
-            if !compression.is_off() {
-                method = anchorage_client::compress::wrap(method, compression);
-            }
+            let method = wraps.method(config, context(stream, seed), i)?;
             let mut device =
                 SimulatedDevice::new(method, devices[i].clone(), config.systems.straggler_ratio, charge, seed);
             if let Some(attack) = config.federation.attack.as_ref().filter(|a| a.clients.contains(&i)) {
@@ -477,8 +515,10 @@ impl Setup {
             }
             clients.push(device);
         }
+        let engine = engine_config(config, protocol);
+        anchorage_server::engine::privacy::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
         Ok(Self {
-            engine: engine_config(config, protocol),
+            engine,
             initial,
             clients,
             devices,

@@ -621,6 +621,7 @@ impl VirtualRun {
             decode_errors: 0,
             wall_seconds: started.elapsed().as_secs_f64(),
             local_eval: crate::record::LocalEval::of(config),
+            privacy: crate::record::PrivacySpent::of(self.reports.iter()),
         };
         let mut summary = RunSummary::new(inputs, self.rows, &self.ledger, &self.accuracy_rows);
         let simulated: Duration = summary.rounds.iter().map(|r| Duration::from_secs_f64(r.seconds.max(0.0))).sum();

@@ -312,6 +312,7 @@ fn fedta_client(method: &FedTaConfig) -> anchorage_client::methods::FedTaClient 
         encoding: Encoding::F32,
         seed: 3,
         backbone: Some(InputBackbone { net: backbone, sample_shape: vec![3, 8, 8] }),
+        prototype_release: Default::default(),
     };
     anchorage_client::methods::FedTaClient::new(context, method.clone()).unwrap()
 }

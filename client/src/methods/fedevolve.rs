@@ -21,7 +21,7 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::protos::{PrototypeTable, batch_class_means, class_means, from_wire, to_wire};
+use super::protos::{PrototypeTable, batch_class_means, from_wire, means_and_upload};
 use super::{ClientMethod, MethodContext, TaskData, TrainError, common_metrics};
 use anchorage_model::blocks::{body_blocks, load_body_block};
 use anchorage_model::net::{layer_shapes, seeded_layers};
@@ -180,7 +180,12 @@ impl ClientMethod for FedEvolveClient {
             }
         }
         self.rng = rng;
-        let prototypes = class_means(maps.valid().phi.embed(last.train.features().inner()), &last.train.labels_host);
+        let (prototypes, uploaded) = means_and_upload(
+            maps.valid().phi.embed(last.train.features().inner()),
+            &last.train.labels_host,
+            self.ctx.prototype_release,
+            self.ctx.encoding,
+        );
         let table = PrototypeTable::new(&prototypes, &device);
         let accuracies = self
             .ctx
@@ -190,7 +195,7 @@ impl ClientMethod for FedEvolveClient {
             round: broadcast.round,
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),
             blocks: maps.to_blocks(self.ctx.encoding)?,
-            prototypes: to_wire(&prototypes, self.ctx.encoding),
+            prototypes: uploaded,
             metrics: common_metrics(loss, accuracies),
             // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
             compute_seconds: 0.0,
@@ -262,6 +267,7 @@ mod tests {
             encoding: Encoding::F32,
             seed: 3,
             backbone: None,
+            prototype_release: Default::default(),
         };
         let mut client = FedEvolveClient::new(ctx, FedEvolveConfig { temperature, ..FedEvolveConfig::default() });
         let mut blocks = client.initial_blocks().unwrap();

@@ -11,6 +11,11 @@
 //! - After training, a personalized copy fine-tunes w and the last layer of φ for
 //!   `personal_epochs` on the last source domain; the upload is the shared model, the client's
 //!   reported accuracy is the personalized one, the server's is the global model's.
+//! - Under `[privacy]` (issue 34) the upload is each class's sum of clipped φ-features over every
+//!   seen domain pooled, with its count ([`uploaded_prototypes`]); the server's mean of those
+//!   sums is Eq. 5's equal-weight average of the domains' means when the domains hold a class
+//!   equally often (the sample-weighted average otherwise). The device still trains on its
+//!   evolving prototypes.
 
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::prototype_rules::{ClassMean, evolving_prototype};
@@ -21,7 +26,9 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::{Gradients, Tensor};
 
-use super::protos::{PrototypeTable, class_means, from_wire, merge_missing, to_wire};
+use super::protos::{
+    PrototypeRelease, PrototypeTable, add_sums, class_clipped_sums, class_means, from_wire, merge_missing, to_wire,
+};
 use super::{ClientMethod, MethodContext, TaskData, TrainError, common_metrics};
 use anchorage_model::ops::index_tensor;
 use anchorage_model::train::{Trainer, accuracy, whole};
@@ -77,6 +84,27 @@ fn evolving_prototypes(net: &Net, domains: &[TaskData]) -> Vec<ClassMean> {
     evolving
 }
 
+/// What the device uploads: the evolving prototypes (privacy off) or, under
+/// `[privacy]`, the per-class sums of φ-features clipped to the release's clip over every seen
+/// domain, with their counts (a sum over domains of Eq. 5's weights would let one sample move
+/// the upload by more than the clip).
+fn uploaded_prototypes(
+    net: &Net,
+    domains: &[TaskData],
+    release: PrototypeRelease,
+    encoding: anchorage_shared::tensor::Encoding,
+) -> Vec<anchorage_shared::prototype::Prototype> {
+    let PrototypeRelease::ClippedSums { clip } = release else {
+        return to_wire(&evolving_prototypes(net, domains), encoding);
+    };
+    let net = net.valid();
+    let mut sums = Vec::new();
+    for d in domains {
+        add_sums(&mut sums, class_clipped_sums(net.represent(d.train.features().inner()), &d.train.labels_host, clip));
+    }
+    to_wire(&sums, encoding)
+}
+
 impl FedEvpClient {
     pub fn new(ctx: MethodContext, config: anchorage_shared::method::FedEvpConfig) -> Self {
         Self { rng: Rng::derive(ctx.seed, 0xE7B), ctx, config, task: 0 }
@@ -128,7 +156,7 @@ impl ClientMethod for FedEvpClient {
         for _ in 0..c.local_epochs {
             (net, loss) = trainer.epoch(net, &pooled, &mut rng, whole, objective);
         }
-        let prototypes = evolving_prototypes(&net, &domains);
+        let prototypes = uploaded_prototypes(&net, &domains, self.ctx.prototype_release, self.ctx.encoding);
         let blocks = net.to_blocks(self.ctx.encoding)?;
         // Personalization: w and the last layer of φ, on a copy that stays on the device.
         let mut personal = net;
@@ -144,7 +172,7 @@ impl ClientMethod for FedEvpClient {
             round: broadcast.round,
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),
             blocks,
-            prototypes: to_wire(&prototypes, self.ctx.encoding),
+            prototypes,
             metrics: common_metrics(loss, accuracies),
             // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
             compute_seconds: 0.0,

@@ -21,7 +21,7 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::protos::{class_means, from_wire, host, merge_missing, to_wire};
+use super::protos::{class_means, from_wire, host, merge_missing, to_wire, upload_prototypes};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
 use anchorage_model::ops::index_tensor;
 use anchorage_model::train::{Batch, Part, Trainer, accuracy, head_only, whole};
@@ -63,6 +63,15 @@ fn translations(global: &[ClassMean], new: &[ClassMean], current: &[u32]) -> Vec
 
 impl FedProKClient {
     pub fn new(ctx: MethodContext, config: anchorage_shared::method::FedProKConfig) -> Self {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        if config.drift_compensation && ctx.prototype_release.is_sums() {
+            ONCE.call_once(|| {
+                tracing::warn!(
+                    "fedprok: under [privacy] the drift-compensated prototypes of old classes are not uploaded \
+                     (they are not sums of clipped features); the new classes' sums are"
+                )
+            });
+        }
         Self { rng: Rng::derive(ctx.seed, 0xF9A0), ctx, config, task: 0 }
     }
 
@@ -205,10 +214,13 @@ impl ClientMethod for FedProKClient {
         self.rng = rng;
         let end_rep = net.valid().represent(train.features().inner());
         let after = before.is_some().then(|| host(end_rep.clone()));
-        let mut fresh = class_means(end_rep, &train.labels_host);
-        if let (Some(before), Some(after)) = (before, after) {
+        let release = self.ctx.prototype_release;
+        let mut prototypes = upload_prototypes(end_rep, &train.labels_host, release, self.ctx.encoding);
+        // The old classes' drift-compensated prototypes are means moved by a data-weighted
+        // shift, not sums of clipped features: under [privacy] they stay on the device.
+        if let (Some(before), Some(after), false) = (before, after, release.is_sums()) {
             let old: Vec<ClassMean> = global.iter().filter(|g| !current.contains(&g.class)).cloned().collect();
-            fresh.extend(compensate_drift(&old, &before, &after, dim));
+            prototypes.extend(to_wire(&compensate_drift(&old, &before, &after, dim), self.ctx.encoding));
         }
         let drift = self
             .ctx
@@ -229,7 +241,7 @@ impl ClientMethod for FedProKClient {
             round: broadcast.round,
             num_samples: train.len() as u64,
             blocks: net.to_blocks(self.ctx.encoding)?,
-            prototypes: to_wire(&fresh, self.ctx.encoding),
+            prototypes,
             metrics,
             // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
             compute_seconds: 0.0,

@@ -29,7 +29,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Tensor};
 
-use super::protos::{PrototypeTable, batch_class_means, class_means, from_wire, to_wire};
+use super::protos::{PrototypeTable, batch_class_means, from_wire, means_and_upload};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
 use anchorage_model::ops::{index_tensor, squared_distances};
 use anchorage_model::train::{Batch, Trainer, accuracy_of, body_only, head_only};
@@ -179,7 +179,12 @@ impl ClientMethod for GldpClient {
                 .epoch(net, &train, &mut rng, head_only, |m, b| self.loss(m, b, local.as_ref(), global.as_ref()));
         }
         self.rng = rng;
-        let fresh = class_means(net.valid().represent(train.features().inner()), &train.labels_host);
+        let (fresh, prototypes) = means_and_upload(
+            net.valid().represent(train.features().inner()),
+            &train.labels_host,
+            self.ctx.prototype_release,
+            self.ctx.encoding,
+        );
         self.remember(&fresh);
         let predict_with = match self.config.prediction {
             PrototypeSource::Local => table(&self.local, &device),
@@ -196,7 +201,7 @@ impl ClientMethod for GldpClient {
             round: broadcast.round,
             num_samples: train.len() as u64,
             blocks,
-            prototypes: to_wire(&fresh, self.ctx.encoding),
+            prototypes,
             metrics: common_metrics(loss, accuracies),
             // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
             compute_seconds: 0.0,

@@ -48,6 +48,9 @@ pub enum TrainError {
     /// Shrinking the update (top-k, zstd: [`crate::compress`]) failed.
     #[error("compressing the update: {0}")]
     Compress(anchorage_shared::tensor::TensorError),
+    /// Clipping or noising the update (`[privacy]`: [`crate::privacy`]) failed.
+    #[error("privatizing the update: {0}")]
+    Privacy(anchorage_shared::tensor::TensorError),
 }
 
 /// The client half of a federated method (Flower's `Client::fit`, plus the evaluation of the
@@ -129,6 +132,9 @@ pub struct MethodContext {
     /// The frozen backbone on raw samples, for methods that enhance its input (FedTA); the task
     /// stream's caches then carry their raw samples ([`FeatureCache::inputs`]).
     pub backbone: Option<InputBackbone>,
+    /// What the method uploads as prototypes: class means, or under `[privacy]` per-class sums
+    /// of clipped features ([`protos::PrototypeRelease::of`]).
+    pub prototype_release: protos::PrototypeRelease,
 }
 
 impl MethodContext {
@@ -146,7 +152,16 @@ impl MethodContext {
         let backbone = std::sync::Arc::new(FrozenBackbone::new(&spec, &device.clone().inner()));
         let stream = TaskStream::single(backbone.as_ref(), train, test, &device);
         let backbone = Some(InputBackbone { net: backbone, sample_shape: train.sample_shape.clone() });
-        Self { net: spec.net(), stream, device, optimizer, encoding, seed, backbone }
+        Self {
+            net: spec.net(),
+            stream,
+            device,
+            optimizer,
+            encoding,
+            seed,
+            backbone,
+            prototype_release: protos::PrototypeRelease::Means,
+        }
     }
 }
 

@@ -1,8 +1,14 @@
 //! Prototypes on the client: class means of a representation (FedProK Eq. 5, GLDP Eq. 6,
-//! FedEvolve Eq. 3), the wire form, and nearest-prototype prediction (GLDP Eq. 13).
+//! FedEvolve Eq. 3), what a device uploads of them ([`PrototypeRelease`]: the means, or under
+//! `[privacy]` sums of clipped features), the wire form, and nearest-prototype prediction (GLDP
+//! Eq. 13).
+
+use std::collections::BTreeMap;
 
 use anchorage_model::ops::{cosine_similarities, squared_distances};
 use anchorage_shared::method::Distance;
+use anchorage_shared::privacy::PrivacyConfig;
+use anchorage_shared::privacy::mechanism::clip_feature;
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::prototype_rules::ClassMean;
 use anchorage_shared::tensor::{Encoding, TensorError};
@@ -13,25 +19,143 @@ pub fn host(t: Tensor<2>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default()
 }
 
-/// Per-class means of `rep` `[n, d]` (no gradient), sorted by class.
-pub fn class_means(rep: Tensor<2>, labels: &[u32]) -> Vec<ClassMean> {
-    let [n, d] = rep.dims();
-    let values = host(rep);
-    let mut sums: std::collections::BTreeMap<u32, (Vec<f64>, u64)> = Default::default();
+/// What a device uploads as its prototypes (issue 34).
+///
+/// - [`PrototypeRelease::Means`] (`[privacy]` off, the papers' rule): each class's mean feature
+///   and its count.
+/// - [`PrototypeRelease::ClippedSums`] (`[privacy]` on, central or local noise): each class's
+///   **sum** of per-sample features, every one first clipped to L2 norm `clip`
+///   ([`clip_feature`]), and its count. One sample then moves a sum by at most `clip`, so
+///   Gaussian noise of σ·`clip` on the sum (by the device under local noise, by the server under
+///   central noise) makes it private, and sums add up across devices, a buffer and a secure
+///   aggregate; the server divides the summed sums by the summed counts. The update says so with
+///   the metric `prototype_sums` = 1 ([`anchorage_shared::MetricKey::PrototypeSums`], added by
+///   [`crate::privacy::Privatized`]).
+///
+/// The prototypes a method keeps on the device for its own loss and prediction stay means.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum PrototypeRelease {
+    #[default]
+    Means,
+    ClippedSums {
+        clip: f64,
+    },
+}
+
+impl PrototypeRelease {
+    /// The release `[privacy]` asks for: sums of features clipped to `prototype_clip` when it is
+    /// on, means when off.
+    pub fn of(privacy: &PrivacyConfig) -> Self {
+        if privacy.is_on() { Self::ClippedSums { clip: privacy.prototype_clip } } else { Self::Means }
+    }
+
+    /// Whether uploads are sums.
+    pub fn is_sums(self) -> bool {
+        matches!(self, Self::ClippedSums { .. })
+    }
+}
+
+/// Per-class sums (in f64) and counts of the rows of `values` (`[n, d]` row-major), each row
+/// clipped to L2 norm `clip` first when given.
+fn accumulate(values: &[f32], [n, d]: [usize; 2], labels: &[u32], clip: Option<f64>) -> BTreeMap<u32, (Vec<f64>, u64)> {
+    let mut sums: BTreeMap<u32, (Vec<f64>, u64)> = Default::default();
     for i in 0..n.min(labels.len()) {
+        let row = &values[i * d..(i + 1) * d];
+        let clipped = clip.map(|c| clip_feature(row, c));
         let (sum, count) = sums.entry(labels[i]).or_insert_with(|| (vec![0.0; d], 0));
-        for (s, v) in sum.iter_mut().zip(&values[i * d..(i + 1) * d]) {
+        for (s, v) in sum.iter_mut().zip(clipped.as_deref().unwrap_or(row)) {
             *s += *v as f64;
         }
         *count += 1;
     }
-    sums.into_iter()
-        .map(|(class, (sum, count))| ClassMean {
+    sums
+}
+
+fn means_of(sums: &BTreeMap<u32, (Vec<f64>, u64)>) -> Vec<ClassMean> {
+    sums.iter()
+        .map(|(&class, (sum, count))| ClassMean {
             class,
-            count,
-            vector: sum.iter().map(|s| (s / count as f64) as f32).collect(),
+            count: *count,
+            vector: sum.iter().map(|s| (s / *count as f64) as f32).collect(),
         })
         .collect()
+}
+
+fn sums_of(sums: &BTreeMap<u32, (Vec<f64>, u64)>) -> Vec<ClassMean> {
+    sums.iter()
+        .map(|(&class, (sum, count))| ClassMean {
+            class,
+            count: *count,
+            vector: sum.iter().map(|s| *s as f32).collect(),
+        })
+        .collect()
+}
+
+/// Per-class means of `rep` `[n, d]` (no gradient), sorted by class.
+pub fn class_means(rep: Tensor<2>, labels: &[u32]) -> Vec<ClassMean> {
+    let dims = rep.dims();
+    means_of(&accumulate(&host(rep), dims, labels, None))
+}
+
+/// Per-class sums of the rows of `rep` `[n, d]`, each clipped to L2 norm `clip` before it is
+/// added, sorted by class ([`ClassMean::vector`] holds the sum): a class's sum has norm at most
+/// its count · `clip`.
+pub fn class_clipped_sums(rep: Tensor<2>, labels: &[u32], clip: f64) -> Vec<ClassMean> {
+    let dims = rep.dims();
+    sums_of(&accumulate(&host(rep), dims, labels, Some(clip)))
+}
+
+/// Adds `more` class sums into `into` (the same class: sums and counts added; rows of another
+/// dimension are left out), sorted by class.
+pub fn add_sums(into: &mut Vec<ClassMean>, more: Vec<ClassMean>) {
+    for m in more {
+        match into.iter_mut().find(|s| s.class == m.class) {
+            Some(s) if s.vector.len() == m.vector.len() => {
+                s.vector.iter_mut().zip(&m.vector).for_each(|(a, b)| *a += b);
+                s.count += m.count;
+            }
+            Some(_) => {}
+            None => into.push(m),
+        }
+    }
+    into.sort_by_key(|m| m.class);
+}
+
+/// The class means of `rep` `[n, d]` with `labels` (what the method keeps) and the prototypes
+/// it uploads under `release`, from one copy of `rep`'s values: with [`PrototypeRelease::Means`]
+/// the means' wire form, exactly as [`to_wire`] of [`class_means`] (byte for byte); with
+/// [`PrototypeRelease::ClippedSums`] the per-class sums of clipped features.
+pub fn means_and_upload(
+    rep: Tensor<2>,
+    labels: &[u32],
+    release: PrototypeRelease,
+    encoding: Encoding,
+) -> (Vec<ClassMean>, Vec<Prototype>) {
+    let dims = rep.dims();
+    let values = host(rep);
+    let means = means_of(&accumulate(&values, dims, labels, None));
+    let wire = match release {
+        PrototypeRelease::Means => to_wire(&means, encoding),
+        PrototypeRelease::ClippedSums { clip } => {
+            to_wire(&sums_of(&accumulate(&values, dims, labels, Some(clip))), encoding)
+        }
+    };
+    (means, wire)
+}
+
+/// The prototypes a device uploads of `rep` `[n, d]` with `labels` under `release`: the class
+/// means' wire form (privacy off), or the per-class sums of features clipped to the release's
+/// clip, with their counts (privacy on).
+pub fn upload_prototypes(
+    rep: Tensor<2>,
+    labels: &[u32],
+    release: PrototypeRelease,
+    encoding: Encoding,
+) -> Vec<Prototype> {
+    match release {
+        PrototypeRelease::Means => to_wire(&class_means(rep, labels), encoding),
+        PrototypeRelease::ClippedSums { clip } => to_wire(&class_clipped_sums(rep, labels, clip), encoding),
+    }
 }
 
 /// `primary` plus the classes only `fallback` has (e.g. global prototypes, completed by the
@@ -180,6 +304,81 @@ mod tests {
         let (classes, means) = batch_class_means(z, &[2, 0, 2]);
         assert_eq!(classes, vec![0, 2]);
         assert_eq!(host(means), vec![3.0, 4.0, 5.5, 6.0]);
+    }
+
+    /// Per-sample clipping bounds each class sum's norm by count · clip; features within the clip
+    /// are summed as they are.
+    #[test]
+    fn clipped_sums_are_bounded_by_count_times_clip() {
+        let mut rng = anchorage_shared::rng::Rng::new(4);
+        let (n, d, clip) = (60, 16, 0.5);
+        let values: Vec<f32> = (0..n * d).map(|_| (rng.normal() * 3.0) as f32).collect();
+        let labels: Vec<u32> = (0..n as u32).map(|i| i % 3).collect();
+        let sums = class_clipped_sums(t(&values, [n, d]), &labels, clip);
+        assert_eq!(sums.iter().map(|s| (s.class, s.count)).collect::<Vec<_>>(), [(0, 20), (1, 20), (2, 20)]);
+        for s in &sums {
+            let norm = s.vector.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+            assert!(norm <= s.count as f64 * clip * (1.0 + 1e-6), "class {}: {norm}", s.class);
+            assert!(norm > 0.1, "not all clipped away");
+        }
+        // One sample per class, every feature far beyond the clip: each sum has norm clip.
+        let one = class_clipped_sums(t(&[30.0, 40.0, 0.0, -7.0], [2, 2]), &[1, 2], clip);
+        assert!((one[0].vector[0] - 0.3).abs() < 1e-6 && (one[0].vector[1] - 0.4).abs() < 1e-6);
+        assert!((one[1].vector[1] + 0.5).abs() < 1e-6);
+        // Within the clip: the plain sum.
+        let plain = class_clipped_sums(t(&[0.1, 0.0, 0.2, 0.1], [2, 2]), &[5, 5], 10.0);
+        assert_eq!(plain[0].count, 2);
+        assert!((plain[0].vector[0] - 0.3).abs() < 1e-6 && (plain[0].vector[1] - 0.1).abs() < 1e-6);
+    }
+
+    /// Off, the upload is the means' wire form byte for byte (what every method sent before
+    /// issue 34); on, the sums divided by the counts give the means when nothing is clipped.
+    #[test]
+    fn the_upload_is_the_means_when_off_and_the_sums_when_on() {
+        let values = [1.0, 0.0, 3.0, 2.0, 5.0, 5.0, 0.25, -1.5];
+        let labels = [4, 4, 1, 4];
+        let before = to_wire(&class_means(t(&values, [4, 2]), &labels), Encoding::F16);
+        let (means, off) = means_and_upload(t(&values, [4, 2]), &labels, PrototypeRelease::Means, Encoding::F16);
+        assert_eq!(postcard::to_allocvec(&off).unwrap(), postcard::to_allocvec(&before).unwrap());
+        assert_eq!(upload_prototypes(t(&values, [4, 2]), &labels, PrototypeRelease::Means, Encoding::F16), before);
+        assert_eq!(means, class_means(t(&values, [4, 2]), &labels), "the kept prototypes stay means");
+        let release = PrototypeRelease::ClippedSums { clip: 100.0 };
+        let (kept, on) = means_and_upload(t(&values, [4, 2]), &labels, release, Encoding::F32);
+        assert_eq!(kept, means, "the kept prototypes stay means under privacy too");
+        for (sum, mean) in from_wire(&on).unwrap().iter().zip(&means) {
+            assert_eq!((sum.class, sum.count), (mean.class, mean.count));
+            for (s, m) in sum.vector.iter().zip(&mean.vector) {
+                assert!((s / sum.count as f32 - m).abs() < 1e-6, "{s} / {} against {m}", sum.count);
+            }
+        }
+        let off_config = PrivacyConfig::default();
+        assert_eq!(PrototypeRelease::of(&off_config), PrototypeRelease::Means);
+        let on = PrivacyConfig {
+            noise: anchorage_shared::privacy::NoiseSite::Central,
+            prototype_clip: 2.5,
+            ..PrivacyConfig::default()
+        };
+        assert_eq!(PrototypeRelease::of(&on), PrototypeRelease::ClippedSums { clip: 2.5 });
+    }
+
+    #[test]
+    fn sums_add_up_by_class() {
+        let mut into = vec![ClassMean { class: 2, count: 1, vector: vec![1.0, 1.0] }];
+        add_sums(
+            &mut into,
+            vec![
+                ClassMean { class: 2, count: 3, vector: vec![0.5, -1.0] },
+                ClassMean { class: 0, count: 2, vector: vec![4.0, 0.0] },
+                ClassMean { class: 2, count: 9, vector: vec![1.0] },
+            ],
+        );
+        assert_eq!(
+            into,
+            vec![
+                ClassMean { class: 0, count: 2, vector: vec![4.0, 0.0] },
+                ClassMean { class: 2, count: 4, vector: vec![1.5, 0.0] }
+            ]
+        );
     }
 
     #[test]

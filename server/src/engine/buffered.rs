@@ -219,6 +219,9 @@ impl BufferedState {
             return;
         }
         let version = core.last_round;
+        if !self.history.contains_key(&version) && !core.privacy_allows_a_round() {
+            return;
+        }
         if let Entry::Vacant(entry) = self.history.entry(version) {
             entry.insert(Arc::new(core.global.clone()));
             self.version_started = now;
@@ -337,6 +340,7 @@ impl BufferedState {
             closed: now,
             influence,
             held_out_accuracy: None,
+            privacy: None,
         };
         core.close_version(report);
         // Keep only the versions a non-stale update can still have trained on.
@@ -373,7 +377,7 @@ impl BufferedState {
             Some(reason) => (RoundOutcome::Failed { reason }, Vec::new(), Default::default()),
             None => {
                 let inputs: Vec<(&str, &Update)> = rebased.iter().map(|(c, u)| (c.as_str(), u)).collect();
-                core.aggregate(&inputs)
+                core.aggregate(&inputs, inputs.len())
             }
         }
     }

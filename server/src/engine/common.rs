@@ -11,6 +11,7 @@ use anchorage_shared::protocol::{Decline, Goodbye, Hello, Message, Refusal, Refu
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
 
+use super::privacy::{PrivacyAccount, PrivacyState};
 use super::{
     Action, Checkpoint, ClientId, EngineConfig, EngineStats, INVITATIONS_KEPT, Persist, ROLLBACK_QUORUM, RoundOutcome,
     RoundReport,
@@ -45,6 +46,8 @@ pub(super) struct Core {
     pub(super) ahead: BTreeMap<ClientId, u64>,
     pub(super) finished: bool,
     pub(super) actions: VecDeque<Action>,
+    /// Differential privacy (`[engine.privacy]`); `None` when off.
+    pub(super) privacy: Option<PrivacyState>,
 }
 
 impl Core {
@@ -57,8 +60,11 @@ impl Core {
         round_floor: u64,
     ) -> Self {
         let rng = Rng::derive(config.seed, checkpoint.round);
+        let privacy = privacy_state(&config, method.name(), None);
         Self {
-            finished: config.rounds > 0 && checkpoint.round >= config.rounds,
+            // A `[engine.privacy]` that cannot be met runs no round (`EngineConfig::check` refuses it first).
+            finished: privacy.is_err() || (config.rounds > 0 && checkpoint.round >= config.rounds),
+            privacy: privacy.unwrap_or(None),
             config,
             method,
             rng,
@@ -277,7 +283,11 @@ impl Core {
     /// finite is refused and the model stays as it was. Returns the outcome, the updates screened
     /// out (only one that decodes no more, which the ack-time screen makes impossible) and what
     /// the bounds did.
-    pub(super) fn aggregate(&mut self, inputs: &[(&str, &Update)]) -> (RoundOutcome, Vec<Screened>, InfluenceReport) {
+    pub(super) fn aggregate(
+        &mut self,
+        inputs: &[(&str, &Update)],
+        invited: usize,
+    ) -> (RoundOutcome, Vec<Screened>, InfluenceReport) {
         let round = self.last_round + 1;
         let RoundScreen { kept, screened, mut influence } = self.config.robust.screen_round(inputs, &self.global);
         if self.config.robust.min_norm_ratio.is_some() && self.last_median_norm.is_none() {
@@ -301,7 +311,57 @@ impl Core {
             return (RoundOutcome::Failed { reason }, screened, influence);
         }
         let kept: Vec<(&str, &Update)> = kept.iter().map(|(c, u)| (*c, u.as_ref())).collect();
-        (self.run_method(round, &kept), screened, influence)
+        let connected = self.connected();
+        let Some(privacy) = self.privacy.as_mut() else { return (self.run_method(round, &kept), screened, influence) };
+        let private = privacy.privatize(&kept, &self.global, invited, connected);
+        let with_prototypes = kept.iter().any(|(_, u)| !u.prototypes.is_empty());
+        let kept: Vec<(&str, &Update)> = kept.iter().zip(&private).map(|((c, _), u)| (*c, u)).collect();
+        let outcome = self.run_method(round, &kept);
+        if matches!(outcome, RoundOutcome::Aggregated)
+            && let Some(Err(e)) = self.privacy.as_mut().map(|p| p.account(with_prototypes))
+        {
+            tracing::error!(round, error = %e, "the privacy accountant could not take the round");
+        }
+        (outcome, screened, influence)
+    }
+
+    /// Continues the privacy account from the last round report's (a restart).
+    pub(super) fn resume_privacy(&mut self, account: Option<&PrivacyAccount>) {
+        if account.is_none() {
+            return;
+        }
+        match privacy_state(&self.config, self.method.name(), account) {
+            Ok(privacy) => self.privacy = privacy,
+            Err(_) => self.finished = true,
+        }
+    }
+
+    /// Whether the privacy budget allows another round; when it does not, the federation
+    /// finishes (logged, and every device told why).
+    pub(super) fn privacy_allows_a_round(&mut self) -> bool {
+        let Some(privacy) = &self.privacy else { return true };
+        if privacy.may_open() {
+            return true;
+        }
+        let account = privacy.snapshot();
+        tracing::warn!(
+            epsilon = account.epsilon,
+            delta = account.delta,
+            limit = ?self.config.privacy.epsilon_limit(),
+            rounds = account.rounds,
+            "the privacy budget is spent: another round would take ε past its limit; the federation finishes"
+        );
+        self.finish("privacy budget spent");
+        false
+    }
+
+    /// The federation is over: every connected device is told `reason`.
+    fn finish(&mut self, reason: &str) {
+        self.finished = true;
+        for client in self.connected_ids() {
+            self.actions.push_back(Action::Send { to: client, msg: goodbye(reason) });
+        }
+        self.actions.push_back(Action::Finished);
     }
 
     /// Counts and logs acked updates that the round's screen took out.
@@ -341,7 +401,8 @@ impl Core {
 
     /// A new global version exists (a round closed, or a buffer aggregated): persist it before
     /// anything is announced, report it, and finish after the last configured round.
-    pub(super) fn close_version(&mut self, report: RoundReport) {
+    pub(super) fn close_version(&mut self, mut report: RoundReport) {
+        report.privacy = self.privacy.as_ref().map(PrivacyState::snapshot);
         if matches!(report.outcome, RoundOutcome::Failed { .. }) {
             self.stats.failed_rounds += 1;
         }
@@ -355,11 +416,9 @@ impl Core {
             .push_back(Action::Persist(Persist::Closed { checkpoint: checkpoint.clone(), report: report.clone() }));
         self.actions.push_back(Action::RoundClosed(report, checkpoint));
         if self.config.rounds > 0 && self.last_round >= self.config.rounds {
-            self.finished = true;
-            for client in self.connected_ids() {
-                self.actions.push_back(Action::Send { to: client, msg: goodbye("federation finished") });
-            }
-            self.actions.push_back(Action::Finished);
+            self.finish("federation finished");
+        } else {
+            self.privacy_allows_a_round();
         }
     }
 }
@@ -390,4 +449,24 @@ pub(super) fn same_layout(reference: &[ParamBlock], update: &[ParamBlock]) -> Re
         }
     }
     Ok(())
+}
+
+/// The privacy state `config` asks for, continuing `account` (logged when it cannot be met).
+fn privacy_state(
+    config: &EngineConfig,
+    method: &str,
+    account: Option<&PrivacyAccount>,
+) -> Result<Option<PrivacyState>, String> {
+    let seed = config.noise_seed.unwrap_or_else(os_seed);
+    let prototypes = super::privacy::sends_prototypes(method);
+    PrivacyState::new(&config.privacy, (config.rounds, config.fraction), prototypes, seed, account).inspect_err(|e| {
+        tracing::error!(error = %e, "[engine.privacy] cannot be met: no round runs without it");
+    })
+}
+
+/// A seed nobody can predict, from the operating system.
+fn os_seed() -> u64 {
+    let mut bytes = [0u8; 8];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
+    u64::from_le_bytes(bytes)
 }

@@ -47,6 +47,12 @@ pub struct EngineConfig {
     /// `[engine.robust]`: update screening and the aggregation rule every method's block
     /// averaging uses (default: the sample-weighted mean, no norm bound).
     pub robust: RobustConfig,
+    /// `[engine.privacy]`: differential privacy of updates and prototypes (issue 34; off by
+    /// default). The devices' `[privacy]` must agree.
+    pub privacy: anchorage_shared::privacy::PrivacyConfig,
+    /// Seed of the central noise, for reproducible simulations; unset (the field), the server
+    /// draws it from the operating system at start, so nobody can predict the noise.
+    pub noise_seed: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +73,8 @@ impl Default for EngineConfig {
             seed: 0,
             mode: AggregationMode::Synchronous,
             robust: RobustConfig::default(),
+            privacy: Default::default(),
+            noise_seed: None,
         }
     }
 }

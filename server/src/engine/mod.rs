@@ -14,6 +14,9 @@ mod common;
 pub mod config;
 mod decode;
 mod persist;
+pub mod privacy;
+#[cfg(test)]
+mod privacy_tests;
 mod report;
 mod rounds;
 #[cfg(test)]
@@ -172,6 +175,7 @@ impl Engine {
                 last_accepted: Vec::new(),
                 round_floor: 0,
                 invitations: Vec::new(),
+                privacy: None,
             },
         )
     }
@@ -181,13 +185,14 @@ impl Engine {
     /// lost), and the buffered updates no version has aggregated yet. A recovered round gets a
     /// fresh deadline; if it already holds its target, it closes on the first poll.
     pub fn recover(config: EngineConfig, mut method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
-        let Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations } = recovered;
+        let Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations, privacy } = recovered;
         if let Err(e) = method.load_state(&checkpoint.method_state) {
             tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");
         }
         let mode = Mode::new(&config.mode);
         let mut engine = Self { core: Core::resume(config, method, checkpoint, round_floor), mode };
         engine.core.restore_invitations(invitations);
+        engine.core.resume_privacy(privacy.as_ref());
         if engine.core.finished {
             tracing::info!(
                 round = engine.core.last_round,
@@ -355,6 +360,10 @@ impl Engine {
     fn on_update(&mut self, now: Duration, client: &str, update: Update) {
         if !self.core.clients.contains_key(client) {
             self.core.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
+            return;
+        }
+        if let Err(detail) = privacy::PrivacyState::check_update(&update, &self.core.config.privacy) {
+            self.core.refuse(client, RefusalReason::Malformed, detail);
             return;
         }
         let (core, mode) = self.mode_mut();

@@ -70,4 +70,6 @@ pub struct Recovered {
     /// The last rounds' invitations: (round, invited clients, those whose cost record the
     /// ledger holds), so that resent cost records are judged as before the restart.
     pub invitations: Invitations,
+    /// The privacy account of the last round report that has one (`[engine.privacy]`).
+    pub privacy: Option<super::privacy::PrivacyAccount>,
 }

@@ -81,6 +81,9 @@ pub struct RoundReport {
     /// server.toml), when the server evaluates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_out_accuracy: Option<f64>,
+    /// The privacy spent so far (`[engine.privacy]`, issue 34): ε at δ after this round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privacy: Option<super::privacy::PrivacyAccount>,
 }
 
 impl RoundReport {

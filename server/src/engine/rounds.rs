@@ -70,7 +70,7 @@ impl ModeState for RoundsState {
             return;
         }
         // Count before collecting: every hello lands here, and fleets have thousands of clients.
-        if core.connected() < core.config.min_available.max(1) {
+        if core.connected() < core.config.min_available.max(1) || !core.privacy_allows_a_round() {
             return;
         }
         let available = core.connected_ids();
@@ -251,7 +251,7 @@ impl RoundsState {
         } else {
             let inputs: Vec<(&str, &Update)> =
                 open.updates.iter().map(|(id, (a, _))| (id.as_str(), &a.update)).collect();
-            core.aggregate(&inputs)
+            core.aggregate(&inputs, open.sampled.len())
         };
         // The report lists the updates aggregated: the screened-out ones count as refused.
         updates.retain(|u| !screened.iter().any(|s| s.client == u.client));
@@ -283,6 +283,7 @@ impl RoundsState {
             closed: now,
             influence,
             held_out_accuracy: None,
+            privacy: None,
         };
         core.close_version(report);
     }

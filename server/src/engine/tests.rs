@@ -13,21 +13,21 @@ use crate::methods::FedAvg;
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
-fn config(min_available: usize, min_fit: usize) -> EngineConfig {
+pub(super) fn config(min_available: usize, min_fit: usize) -> EngineConfig {
     // The papers' plain mean, so that the arithmetic below is FedAvg's; the bounds have their own tests.
     let robust = crate::aggregate::RobustConfig::unbounded();
     EngineConfig { rounds: 3, min_available, min_fit, round_deadline: DEADLINE, robust, ..EngineConfig::default() }
 }
 
-fn engine(config: EngineConfig) -> Engine {
+pub(super) fn engine(config: EngineConfig) -> Engine {
     Engine::new(config, Box::new(FedAvg::default()), vec![block(&[0.0, 0.0])])
 }
 
-fn block(values: &[f32]) -> ParamBlock {
+pub(super) fn block(values: &[f32]) -> ParamBlock {
     ParamBlock::encode("head.weight", &[values.len() as u32], values, Encoding::F32)
 }
 
-fn hello(id: &str) -> Message {
+pub(super) fn hello(id: &str) -> Message {
     let mut methods = heapless::Vec::new();
     methods.push(heapless::String::try_from("fedavg").unwrap()).unwrap();
     Message::Hello(Box::new(Hello {
@@ -38,7 +38,7 @@ fn hello(id: &str) -> Message {
     }))
 }
 
-fn update(round: u64, values: &[f32], n: u64) -> Message {
+pub(super) fn update(round: u64, values: &[f32], n: u64) -> Message {
     Message::Update(Update {
         round,
         num_samples: n,
@@ -49,11 +49,11 @@ fn update(round: u64, values: &[f32], n: u64) -> Message {
     })
 }
 
-fn secs(s: u64) -> Duration {
+pub(super) fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-fn drain(e: &mut Engine) -> Vec<Action> {
+pub(super) fn drain(e: &mut Engine) -> Vec<Action> {
     std::iter::from_fn(|| e.poll_action()).collect()
 }
 
@@ -67,7 +67,7 @@ fn broadcast_targets(actions: &[Action]) -> Vec<Vec<ClientId>> {
         .collect()
 }
 
-fn reports(actions: &[Action]) -> Vec<Arc<RoundReport>> {
+pub(super) fn reports(actions: &[Action]) -> Vec<Arc<RoundReport>> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -87,7 +87,7 @@ fn acks(actions: &[Action], client: &str) -> Vec<(u64, bool)> {
         .collect()
 }
 
-fn refusals(actions: &[Action], client: &str) -> Vec<RefusalReason> {
+pub(super) fn refusals(actions: &[Action], client: &str) -> Vec<RefusalReason> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -98,7 +98,7 @@ fn refusals(actions: &[Action], client: &str) -> Vec<RefusalReason> {
         .collect()
 }
 
-fn join(e: &mut Engine, now: Duration, ids: &[&str]) -> Vec<Action> {
+pub(super) fn join(e: &mut Engine, now: Duration, ids: &[&str]) -> Vec<Action> {
     for id in ids {
         e.handle_message(now, id, hello(id));
     }
@@ -536,6 +536,7 @@ fn a_crash_mid_round_resumes_the_round_with_its_acked_updates() {
         last_accepted: vec![],
         round_floor: 0,
         invitations: vec![],
+        privacy: None,
     };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b", "c"]));
     e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
@@ -570,6 +571,7 @@ fn a_recovered_round_that_holds_its_target_closes_at_once() {
         last_accepted: vec![],
         round_floor: 0,
         invitations: vec![],
+        privacy: None,
     };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b"]));
     e.handle_message(secs(1), "a", update(1, &[1.0, 1.0], 1));
@@ -601,6 +603,7 @@ fn a_buffered_engine_restores_its_accepted_updates() {
         last_accepted: vec![],
         round_floor: 0,
         invitations: vec![],
+        privacy: None,
     };
     replay_into(&mut stored, &join(&mut e, secs(0), &["a", "b"]));
     e.handle_message(secs(1), "a", update(1, &[2.0, 2.0], 1));
@@ -873,6 +876,7 @@ fn after_an_accepted_rollback_round_numbers_are_not_reused() {
         last_accepted: vec![],
         round_floor: 26,
         invitations: vec![],
+        privacy: None,
     };
     let mut e = Engine::recover(config(2, 2), Box::new(FedAvg::default()), stored);
     e.handle_message(secs(0), "a", hello_at("a", 26));
@@ -921,6 +925,7 @@ fn cost_records_are_confirmed_and_a_restarted_engine_confirms_resends() {
         last_accepted: vec![],
         round_floor: 0,
         invitations: vec![(1, vec!["a".into(), "b".into()], vec!["a".into()])],
+        privacy: None,
     };
     let mut e = Engine::recover(config(2, 2), Box::new(FedAvg::default()), stored);
     e.handle_message(secs(0), "b", hello("b"));

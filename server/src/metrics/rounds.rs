@@ -73,6 +73,8 @@ struct State {
     missing: Option<usize>,
     /// The last held-out evaluation: the round it followed and the accuracy.
     held_out: Option<(u64, f64)>,
+    /// The privacy spent as of the last closed round (`[engine.privacy]`).
+    privacy: Option<crate::engine::privacy::PrivacyAccount>,
     /// Devices a round needs (0: not told, never waiting).
     min_available: usize,
     /// Synchronous rounds: devices are needed only between rounds.
@@ -182,6 +184,9 @@ impl RoundStatus {
             if let Some(a) = report.held_out_accuracy {
                 s.held_out = Some((report.round, a));
             }
+            if report.privacy.is_some() {
+                s.privacy = report.privacy.clone();
+            }
         });
     }
 
@@ -274,13 +279,6 @@ impl Collector for RoundStatus {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let now = super::unix_now();
         let s = self.with(|s| s.clone());
-        let gauge = |encoder: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: Option<f64>| {
-            let metric = encoder.encode_descriptor(name, help, unit, MetricType::Gauge)?;
-            match v {
-                Some(v) => ConstGauge::new(v).encode(metric),
-                None => Ok(()),
-            }
-        };
         gauge(
             &mut encoder,
             "round_device_accuracy",
@@ -311,6 +309,7 @@ impl Collector for RoundStatus {
             None,
             s.held_out.map(|(r, _)| r as f64),
         )?;
+        encode_privacy(&mut encoder, s.privacy.as_ref())?;
         gauge(
             &mut encoder,
             "round_missing_devices",
@@ -344,6 +343,53 @@ impl Collector for RoundStatus {
         )?;
         Ok(())
     }
+}
+
+/// A gauge, or only its descriptor when there is no value yet.
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    v: Option<f64>,
+) -> std::fmt::Result {
+    let metric = encoder.encode_descriptor(name, help, unit, MetricType::Gauge)?;
+    match v {
+        Some(v) => ConstGauge::new(v).encode(metric),
+        None => Ok(()),
+    }
+}
+
+/// The privacy spent (`[engine.privacy]`, issue 34); the descriptors only when it is off.
+fn encode_privacy(
+    encoder: &mut DescriptorEncoder,
+    account: Option<&crate::engine::privacy::PrivacyAccount>,
+) -> std::fmt::Result {
+    let privacy = |f: fn(&crate::engine::privacy::PrivacyAccount) -> f64| account.map(f);
+    gauge(
+        encoder,
+        "privacy_epsilon",
+        "ε spent so far at anchorage_privacy_delta ([engine.privacy], RDP accountant); absent when privacy is off",
+        None,
+        privacy(|p| p.epsilon),
+    )?;
+    gauge(encoder, "privacy_delta", "δ of anchorage_privacy_epsilon", None, privacy(|p| p.delta))?;
+    gauge(
+        encoder,
+        "privacy_noise_multiplier",
+        "σ: the noise's standard deviation over the clip",
+        None,
+        privacy(|p| p.noise_multiplier),
+    )?;
+    gauge(
+        encoder,
+        "privacy_clip",
+        "The L2 clip of update deltas in the last round (moves under adaptive clipping)",
+        None,
+        privacy(|p| p.clip),
+    )?;
+    gauge(encoder, "privacy_rounds", "Rounds aggregated under privacy", None, privacy(|p| p.rounds as f64))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -403,6 +449,7 @@ mod tests {
             closed: Duration::ZERO,
             influence: Default::default(),
             held_out_accuracy: None,
+            privacy: None,
         };
         status.round_closed(&report, 200);
         assert_eq!(status.waiting(200).map(|w| (w.needed, w.since)), Some((2, 200)), "a new shortfall, a new clock");

@@ -132,7 +132,30 @@ impl ServerStore {
         let last_accepted =
             self.strings("SELECT client FROM updates WHERE closed_in = ?1 AND round = ?1 ORDER BY client", version)?;
         let invitations = self.recover_invitations()?;
-        Ok(Some(Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations }))
+        let privacy = self.recover_privacy()?;
+        Ok(Some(Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations, privacy }))
+    }
+
+    /// The privacy account of the newest round report (`[engine.privacy]`): what ε a restarted
+    /// server continues from. A report that fails its checksum stops the start, since the ε
+    /// spent would be unknown.
+    fn recover_privacy(&self) -> Result<Option<crate::engine::privacy::PrivacyAccount>, StoreError> {
+        let row: Option<(i64, String, Option<Vec<u8>>)> = self
+            .conn()
+            .query_row(
+                "SELECT round, report, report_checksum FROM rounds WHERE report IS NOT NULL ORDER BY round DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(|e| self.classify(e))?;
+        let Some((round, json, sum)) = row else { return Ok(None) };
+        if sum.is_some_and(|sum| sum != report_checksum(round.max(0) as u64, &json)) {
+            return Err(self.corrupt(format!("round {round}'s report does not match its checksum")));
+        }
+        let report: RoundReport =
+            serde_json::from_str(&json).map_err(|e| self.corrupt(format!("round {round}'s report: {e}")))?;
+        Ok(report.privacy)
     }
 
     /// The newest global version, checked against its checksum, the method and its round.

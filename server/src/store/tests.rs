@@ -62,6 +62,7 @@ fn report(round: u64) -> Arc<RoundReport> {
         closed: Duration::from_secs(1),
         influence: Default::default(),
         held_out_accuracy: None,
+        privacy: None,
     })
 }
 

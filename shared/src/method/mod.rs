@@ -117,8 +117,30 @@ pub struct MethodInfo {
     /// Whether its paper measures a run's efficiency as E = (τ1 + τ2) / R, compute and transfer
     /// seconds per round (FedProK); reports add that row for it.
     pub reports_efficiency: bool,
+    /// Whether it can run under differential privacy (`[privacy]`, issue 34): its server half
+    /// must aggregate sums (of clipped deltas, of prototype sums and counts), so that the noise
+    /// on a sum protects every device. `Err` says why not.
+    pub privacy: fn(&MethodConfig) -> Result<(), &'static str>,
     /// The method with its defaults.
     pub defaults: fn() -> MethodConfig,
+}
+
+/// A method whose server half aggregates sums: it runs under differential privacy.
+fn sums(_: &MethodConfig) -> Result<(), &'static str> {
+    Ok(())
+}
+
+/// FedTA runs under differential privacy only with BGPS off: Best Global Prototype Selection
+/// picks one device's uploaded prototype as the class's global one (FedTA Eq. 9–10), which no
+/// noise on a sum protects.
+fn fedta_privacy(config: &MethodConfig) -> Result<(), &'static str> {
+    match config {
+        MethodConfig::FedTa(c) if c.bgps => {
+            Err("FedTA's Best Global Prototype Selection sends one device's prototype on as the global one; \
+             set bgps = false (the count-weighted mean of the uploads, a sum) to run it with [privacy]")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The registry: every method, in the order reports list them.
@@ -130,6 +152,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         reports_efficiency: false,
+        privacy: sums,
         defaults: || MethodConfig::FedAvg(FedAvgConfig::default()),
     },
     MethodInfo {
@@ -139,6 +162,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         reports_efficiency: false,
+        privacy: sums,
         defaults: || MethodConfig::FedAvgM(FedAvgMConfig::default()),
     },
     MethodInfo {
@@ -148,6 +172,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         reports_efficiency: false,
+        privacy: sums,
         defaults: || MethodConfig::FedProx(FedProxConfig::default()),
     },
     MethodInfo {
@@ -157,6 +182,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::None,
         reads_raw_samples: false,
         reports_efficiency: false,
+        privacy: sums,
         defaults: || MethodConfig::FedRep(FedRepConfig::default()),
     },
     MethodInfo {
@@ -166,6 +192,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::None,
         reads_raw_samples: false,
         reports_efficiency: false,
+        privacy: sums,
         defaults: || MethodConfig::Local(LocalConfig::default()),
     },
     MethodInfo {
@@ -175,6 +202,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: false,
         reports_efficiency: false,
+        privacy: sums,
         defaults: || MethodConfig::Gldp(GldpConfig::default()),
     },
     MethodInfo {
@@ -184,6 +212,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         reports_efficiency: true,
+        privacy: sums,
         defaults: || MethodConfig::FedProK(FedProKConfig::default()),
     },
     MethodInfo {
@@ -193,6 +222,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: false,
         reports_efficiency: false,
+        privacy: sums,
         defaults: || MethodConfig::FedEvolve(FedEvolveConfig::default()),
     },
     MethodInfo {
@@ -202,6 +232,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::Head,
         reads_raw_samples: false,
         reports_efficiency: false,
+        privacy: sums,
         defaults: || MethodConfig::FedEvp(FedEvpConfig::default()),
     },
     MethodInfo {
@@ -211,6 +242,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         predicts_with: Prediction::NearestPrototype,
         reads_raw_samples: true,
         reports_efficiency: false,
+        privacy: fedta_privacy,
         defaults: || MethodConfig::FedTa(FedTaConfig::default()),
     },
 ];

@@ -241,9 +241,15 @@ pub fn epsilon_from_rdp(orders: &[f64], rdp: &[f64], delta: f64) -> Result<(f64,
     }
 }
 
-/// ε at `delta` after `rounds` rounds at (`q`, `sigma`); checked inputs.
-fn epsilon_of_rounds(q: f64, sigma: f64, rounds: u64, orders: &[f64], delta: f64) -> f64 {
-    let rdp: Vec<f64> = rdp_orders_unchecked(q, sigma, orders).iter().map(|r| rounds as f64 * r).collect();
+/// ε at `delta` after `rounds` rounds at sampling rate `q`, each round composing one Gaussian
+/// mechanism of multiplier `sigma · s` per `s` in `scales`; checked inputs.
+fn epsilon_of_rounds(q: f64, sigma: f64, scales: &[f64], rounds: u64, orders: &[f64], delta: f64) -> f64 {
+    let mut rdp = alloc::vec![0.0; orders.len()];
+    for s in scales {
+        for (total, r) in rdp.iter_mut().zip(rdp_orders_unchecked(q, sigma * s, orders)) {
+            *total += rounds as f64 * r;
+        }
+    }
     best_epsilon(orders, &rdp, delta).0
 }
 
@@ -258,6 +264,20 @@ pub fn noise_multiplier_for(
     rounds: u64,
     orders: &[f64],
 ) -> Result<f64, PrivacyError> {
+    noise_multiplier_for_mechanisms(target_epsilon, delta, q, rounds, orders, &[1.0])
+}
+
+/// [`noise_multiplier_for`] where each round releases several Gaussian mechanisms at once, of
+/// multipliers σ·s for each `s` in `scales` (a server under `[privacy]` that noises a method's
+/// update deltas, σ, and its prototype sums and counts, σ/√2 for the pair).
+pub fn noise_multiplier_for_mechanisms(
+    target_epsilon: f64,
+    delta: f64,
+    q: f64,
+    rounds: u64,
+    orders: &[f64],
+    scales: &[f64],
+) -> Result<f64, PrivacyError> {
     if !(target_epsilon > 0.0 && target_epsilon.is_finite()) {
         return Err(PrivacyError::TargetEpsilon(target_epsilon));
     }
@@ -267,7 +287,10 @@ pub fn noise_multiplier_for(
     if rounds == 0 {
         return Err(PrivacyError::NoRounds);
     }
-    let meets = |sigma: f64| epsilon_of_rounds(q, sigma, rounds, orders, delta) <= target_epsilon;
+    if scales.is_empty() || scales.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err(PrivacyError::NoiseMultiplier(scales.first().copied().unwrap_or(0.0)));
+    }
+    let meets = |sigma: f64| epsilon_of_rounds(q, sigma, scales, rounds, orders, delta) <= target_epsilon;
     let mut hi = 1.0;
     while !meets(hi) {
         hi *= 2.0;

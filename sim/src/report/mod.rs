@@ -709,6 +709,18 @@ fn cost_rows(md: &mut String, doc: &Doc) {
         );
     }
     let _ = writeln!(md, "| late updates / refused | {} / {} |", summary.late_updates, summary.refused);
+    if let Some(p) = &summary.privacy {
+        let _ = writeln!(
+            md,
+            "| differential privacy | ε = {:.3} at δ = {:e} after {} rounds ({} noise, σ = {:.3}, clip {:.4}) |",
+            p.epsilon,
+            p.delta,
+            p.rounds,
+            p.noise.name(),
+            p.noise_multiplier,
+            p.clip
+        );
+    }
     let wall = if source.server.is_some() { "time in rounds (sum of round durations)" } else { "wall time of the run" };
     let _ = writeln!(md, "| {wall} | {:.1} s |", summary.wall_seconds);
     local_eval_row(md, summary);

@@ -80,6 +80,7 @@ pub fn read(dir: &Path, config: Option<&Path>) -> anyhow::Result<Source> {
         decode_errors: 0,
         wall_seconds: rows.iter().map(|r| r.seconds).sum(),
         local_eval: Default::default(),
+        privacy: crate::record::PrivacySpent::of(run.reports.iter()),
     };
     let mut summary = RunSummary::new(inputs, rows, &ledger, &[]);
     summary.status = if run.finished() { RunStatus::Finished } else { RunStatus::Running };
@@ -373,6 +374,7 @@ mod tests {
                 closed: Default::default(),
                 influence: Default::default(),
                 held_out_accuracy: None,
+                privacy: None,
             })
             .collect();
         let configured = configured.map(|r| (r, PathBuf::from("server.toml")));

@@ -247,6 +247,7 @@ impl<'a> RunFiles<'a> {
             decode_errors: metrics.map_or(0, |m| m.decode_errors),
             wall_seconds: metrics.map_or_else(|| rows.iter().map(|r| r.seconds).sum(), |m| m.wall_seconds),
             local_eval: metrics.map_or_else(LocalEval::default, |m| m.local_eval),
+            privacy: metrics.and_then(|m| m.privacy.clone()),
         };
         let mut summary = RunSummary::new(inputs, rows, ledger, accuracy);
         summary.status = metrics.map_or(RunStatus::Running, |m| m.status);

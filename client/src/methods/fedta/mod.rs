@@ -41,7 +41,7 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use self::anchors::{StageTwo, TailModel, is_tail_block};
-use super::protos::{PrototypeTable, class_means, from_wire, to_wire};
+use super::protos::{PrototypeTable, class_means, from_wire, upload_prototypes};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
 use anchorage_model::blocks::{load_tensor, tensor_block};
 use anchorage_model::prompts::pool::{IeModel, IeShape, InputEnhancement, enhanced_cache};
@@ -291,7 +291,8 @@ impl ClientMethod for FedTaClient {
         let valid_tail = tail.valid();
         let plain_features = enhanced.features().inner();
         let anchored = valid_tail.anchored_by_class(plain_features.clone(), &enhanced.labels_host).0;
-        let fresh = class_means(anchored, &enhanced.labels_host);
+        let prototypes =
+            upload_prototypes(anchored, &enhanced.labels_host, self.ctx.prototype_release, self.ctx.encoding);
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| self.local_accuracy(&ie, &valid_tail, t));
         let mut blocks = ie.to_blocks(self.ctx.encoding)?;
         if self.config.share_tail {
@@ -321,7 +322,7 @@ impl ClientMethod for FedTaClient {
             round: broadcast.round,
             num_samples: train.len() as u64,
             blocks,
-            prototypes: to_wire(&fresh, self.ctx.encoding),
+            prototypes,
             metrics,
             // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
             compute_seconds: 0.0,

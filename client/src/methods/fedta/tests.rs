@@ -54,6 +54,7 @@ fn context(backbone: SharedBackboneArc, shape: [usize; 3], classes: u32) -> Meth
         encoding: Encoding::F32,
         seed: 3,
         backbone: Some(InputBackbone { net: backbone, sample_shape: shape.to_vec() }),
+        prototype_release: Default::default(),
     }
 }
 
@@ -218,4 +219,27 @@ fn a_context_without_a_backbone_or_inputs_is_an_error() {
     let mut bad = broadcast(&client, 1);
     bad.blocks[1] = ParamBlock::encode("ie.sets", &[1, 1], &[0.0], Encoding::F32);
     assert!(client.train(&bad).is_err());
+}
+
+/// Under `[privacy]` a round uploads per-class sums of the anchored features, each clipped to
+/// the prototype clip, with the class counts (issue 34).
+#[test]
+fn under_privacy_a_round_uploads_clipped_sums_of_the_anchored_features() {
+    let plain = Device::flex();
+    let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
+    let backbone: SharedBackboneArc = Arc::new(FrozenBackbone::new(&spec, &plain));
+    let clip = 0.05;
+    let ctx = MethodContext {
+        prototype_release: crate::methods::protos::PrototypeRelease::ClippedSums { clip },
+        ..context(backbone, [3, 8, 8], 3)
+    };
+    let mut client = FedTaClient::new(ctx, method()).unwrap();
+    let update = client.train(&broadcast(&client, 1)).unwrap();
+    assert_eq!(update.prototypes.iter().map(|p| (p.class, p.count)).collect::<Vec<_>>(), [(0, 8), (1, 8), (2, 8)]);
+    for p in &update.prototypes {
+        let v = p.values().unwrap();
+        assert_eq!(v.len(), 24 + 4);
+        let norm = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!(norm <= 8.0 * clip * (1.0 + 1e-5) && norm > 0.0, "class {}: {norm}", p.class);
+    }
 }
