@@ -31,12 +31,11 @@ use anchorage_model::FeatureCache;
 use anchorage_shared::MetricKey;
 use anchorage_shared::method::fedta_blocks::TAIL_TRAINED;
 use anchorage_shared::privacy::mechanism::{add_gaussian, clip_in_place, noisy_count};
-use anchorage_shared::privacy::{NoiseSite, PrivacyConfig, default_orders, noise_multiplier_for};
+use anchorage_shared::privacy::{NoiseSite, PrivacyConfig};
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{EncodedTensor, Encoding, ParamBlock, TensorError};
-use anyhow::Context;
 
 use crate::methods::protos::PrototypeRelease;
 use crate::methods::{ClientMethod, TrainError};
@@ -71,14 +70,14 @@ impl DevicePrivacy {
         Ok(Self::new(config, config.noise_multiplier))
     }
 
-    /// A simulated device: σ is `noise_multiplier`, or, with only `target_epsilon`, the smallest
-    /// that keeps it after `rounds` releases of the device's own at sampling rate 1
-    /// ([`device_noise_multiplier`]): each participation releases the device's whole data.
-    pub fn for_simulation(config: &PrivacyConfig, rounds: u64) -> anyhow::Result<Option<Self>> {
+    /// A simulated device of a method that sends `prototypes` or not: σ is `noise_multiplier`,
+    /// or, with only `target_epsilon`, the smallest that keeps it after `rounds` releases of the
+    /// device's own at sampling rate 1 (each participation releases the device's whole data):
+    /// [`PrivacyConfig::noise_multiplier`], the σ the server's accountant counts.
+    pub fn for_simulation(config: &PrivacyConfig, rounds: u64, prototypes: bool) -> anyhow::Result<Option<Self>> {
         config.check()?;
-        let sigma = match (config.noise, config.noise_multiplier) {
-            (NoiseSite::Local, None) => Some(device_noise_multiplier(config, rounds)?),
-            (NoiseSite::Local, sigma) => sigma,
+        let sigma = match config.noise {
+            NoiseSite::Local => Some(config.noise_multiplier(rounds.max(1), 1.0, prototypes)?),
             _ => None,
         };
         Ok(Self::new(config, sigma))
@@ -103,16 +102,6 @@ impl DevicePrivacy {
     fn local_sigma(&self) -> Option<f64> {
         if self.noise == NoiseSite::Local { self.noise_multiplier } else { None }
     }
-}
-
-/// σ of local noise for `target_epsilon` at `delta` after `rounds` releases at sampling rate 1
-/// (each of a device's participations releases its own data whole), over the accountant's
-/// default orders: [`noise_multiplier_for`]`(target_epsilon, delta, 1.0, rounds, &default_orders())`.
-pub fn device_noise_multiplier(config: &PrivacyConfig, rounds: u64) -> anyhow::Result<f64> {
-    let target = config.target_epsilon.context("[privacy] set noise_multiplier or target_epsilon")?;
-    noise_multiplier_for(target, config.delta, 1.0, rounds.max(1), &default_orders()).with_context(|| {
-        format!("[privacy] σ for target_epsilon = {target} at delta = {} after {rounds} rounds", config.delta)
-    })
 }
 
 /// The noise generator of a device in the field, seeded from the operating system

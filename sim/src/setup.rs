@@ -41,7 +41,11 @@ struct DeviceWraps {
 impl DeviceWraps {
     fn of(config: &SimConfig) -> anyhow::Result<Self> {
         Ok(Self {
-            privacy: DevicePrivacy::for_simulation(&config.privacy, config.federation.rounds)?,
+            privacy: DevicePrivacy::for_simulation(
+                &config.privacy,
+                config.federation.rounds,
+                config.method.info().shared.has_prototypes(),
+            )?,
             compression: config.systems.update_compression()?,
         })
     }

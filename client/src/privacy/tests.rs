@@ -3,6 +3,7 @@ use anchorage_model::train::OptimizerKind;
 use anchorage_model::{Identity, NetSpec};
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::privacy::mechanism::l2_norm;
+use anchorage_shared::privacy::{default_orders, noise_multiplier_for};
 use anchorage_shared::protocol::RoundConfig;
 use burn::tensor::Device;
 
@@ -270,13 +271,18 @@ fn a_device_needs_sigma_for_local_noise() {
     let local = PrivacyConfig { noise: NoiseSite::Local, target_epsilon: Some(4.0), ..PrivacyConfig::default() };
     let e = format!("{:#}", DevicePrivacy::for_device(&local).unwrap_err());
     assert!(e.contains("noise_multiplier") && e.contains("local"), "{e}");
-    let sim = DevicePrivacy::for_simulation(&local, 20).unwrap().unwrap();
+    let sim = DevicePrivacy::for_simulation(&local, 20, false).unwrap().unwrap();
     let expected = noise_multiplier_for(4.0, 1e-5, 1.0, 20, &default_orders()).unwrap();
     assert_eq!(sim.noise_multiplier, Some(expected));
     assert!(expected > 1.0, "20 full releases at ε = 4 need σ above 1: {expected}");
+    let with_prototypes = DevicePrivacy::for_simulation(&local, 20, true).unwrap().unwrap().noise_multiplier.unwrap();
+    assert!(
+        with_prototypes > expected,
+        "prototype sums are a second release each round: {with_prototypes} > {expected}"
+    );
     let given = PrivacyConfig { noise_multiplier: Some(1.5), ..local.clone() };
     assert_eq!(DevicePrivacy::for_device(&given).unwrap().unwrap().noise_multiplier, Some(1.5));
-    assert_eq!(DevicePrivacy::for_simulation(&given, 20).unwrap().unwrap().noise_multiplier, Some(1.5));
+    assert_eq!(DevicePrivacy::for_simulation(&given, 20, false).unwrap().unwrap().noise_multiplier, Some(1.5));
     let central = PrivacyConfig { noise: NoiseSite::Central, ..local };
     let c = DevicePrivacy::for_device(&central).unwrap().unwrap();
     assert_eq!((c.noise_multiplier, c.prototype_release()), (None, PrototypeRelease::ClippedSums { clip: 1.0 }));

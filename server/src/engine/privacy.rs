@@ -32,9 +32,7 @@
 use std::collections::BTreeMap;
 
 use anchorage_shared::privacy::mechanism::{adapt_clip, add_gaussian, clip_in_place, noisy_count};
-use anchorage_shared::privacy::{
-    Accountant, NoiseSite, PrivacyConfig, default_orders, noise_multiplier_for_mechanisms,
-};
+use anchorage_shared::privacy::{Accountant, NoiseSite, PrivacyConfig};
 use anchorage_shared::protocol::Update;
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::rng::Rng;
@@ -87,10 +85,7 @@ pub fn check_config(
 
 /// Whether the method `name` uploads prototypes (the registry's `shared`).
 pub(super) fn sends_prototypes(name: &str) -> bool {
-    use anchorage_shared::method::Shared;
-    anchorage_shared::method::info(name).is_some_and(|m| {
-        matches!(m.shared, Shared::BodyAndPrototypes | Shared::NetAndPrototypes | Shared::PromptsAndPrototypes)
-    })
+    anchorage_shared::method::info(name).is_some_and(|m| m.shared.has_prototypes())
 }
 
 /// The server's privacy state.
@@ -124,15 +119,7 @@ impl PrivacyState {
             return Ok(None);
         }
         let q = if config.noise == NoiseSite::Local { 1.0 } else { q.clamp(f64::MIN_POSITIVE, 1.0) };
-        let sigma = match (config.noise_multiplier, config.target_epsilon) {
-            (Some(sigma), _) => sigma,
-            (None, Some(eps)) if rounds > 0 => {
-                let scales: &[f64] = if prototypes { &[1.0, std::f64::consts::FRAC_1_SQRT_2] } else { &[1.0] };
-                noise_multiplier_for_mechanisms(eps, config.delta, q, rounds, &default_orders(), scales)
-                    .map_err(|e| format!("[privacy] no noise multiplier reaches ε = {eps} in {rounds} rounds: {e}"))?
-            }
-            (None, _) => return Err("[privacy] target_epsilon needs a number of rounds to spread it over".into()),
-        };
+        let sigma = config.noise_multiplier(rounds, q, prototypes).map_err(|e| e.to_string())?;
         config.delta_noise_multiplier(sigma).ok_or("[privacy] adaptive.count_noise_multiplier is too small for σ")?;
         let (accountant, clip, rounds) = match account {
             Some(a) if a.accountant.delta() != config.delta => {

@@ -90,6 +90,13 @@ pub enum Shared {
     Nothing,
 }
 
+impl Shared {
+    /// Whether class prototypes are among what is shared.
+    pub fn has_prototypes(self) -> bool {
+        matches!(self, Self::BodyAndPrototypes | Self::NetAndPrototypes | Self::PromptsAndPrototypes)
+    }
+}
+
 /// How the method's global model predicts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prediction {

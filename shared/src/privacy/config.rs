@@ -168,6 +168,30 @@ impl PrivacyConfig {
         Ok(())
     }
 
+    /// σ: `noise_multiplier`, or the smallest that keeps `target_epsilon` at `delta` after
+    /// `rounds` rounds at sampling rate `q` (1 under local noise: each participation releases
+    /// the device's own data), each round releasing the deltas' sum and, for a method that
+    /// sends `prototypes`, the prototype sums and counts too (multiplier σ/√2 for that pair).
+    /// The server's accountant and the devices' noise both come from here.
+    pub fn noise_multiplier(&self, rounds: u64, q: f64, prototypes: bool) -> Result<f64, PrivacyConfigError> {
+        use alloc::format;
+        if let Some(sigma) = self.noise_multiplier {
+            return Ok(sigma);
+        }
+        let eps =
+            self.target_epsilon.ok_or(PrivacyConfigError::Invalid("set noise_multiplier or target_epsilon".into()))?;
+        if rounds == 0 {
+            return Err(PrivacyConfigError::Invalid(
+                "target_epsilon needs a number of rounds to spread it over".into(),
+            ));
+        }
+        let q = if self.noise == NoiseSite::Local { 1.0 } else { q.clamp(f64::MIN_POSITIVE, 1.0) };
+        let scales: &[f64] = if prototypes { &[1.0, core::f64::consts::FRAC_1_SQRT_2] } else { &[1.0] };
+        super::noise_multiplier_for_mechanisms(eps, self.delta, q, rounds, &super::default_orders(), scales).map_err(
+            |e| PrivacyConfigError::Invalid(format!("no noise multiplier reaches ε = {eps} in {rounds} rounds: {e}")),
+        )
+    }
+
     /// The noise multiplier of the deltas' sum: the configured or computed σ, which under
     /// adaptive clipping pays for the noised count: σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) (Andrew et al.
     /// 2021, Theorem 1), so the pair costs what σ alone would.
