@@ -154,3 +154,19 @@ fn configs_that_cannot_keep_the_promise_are_refused() {
     eps.privacy.target_epsilon = Some(4.0);
     assert!(check_config(&eps, &fedavg).is_ok());
 }
+
+#[test]
+fn buffered_versions_are_privatized_and_accounted_at_the_buffer_s_rate() {
+    use super::tests::{buffered, dispatched};
+    let config = EngineConfig { privacy: private(1e-9, None).privacy, noise_seed: Some(7), ..buffered(2, 3, 5) };
+    let mut e = engine(config);
+    let first = dispatched(&join(&mut e, secs(0), &["a", "b", "c", "d"]));
+    e.handle_message(secs(1), &first[0].0, update(1, &[30.0, 40.0], 1_000_000));
+    e.handle_message(secs(2), &first[1].0, update(1, &[0.0, 0.5], 1));
+    let report = reports(&drain(&mut e)).pop().expect("two buffered updates make version 1");
+    let g = global(&e);
+    assert!((g[0] - 0.3).abs() < 1e-3 && (g[1] - 0.65).abs() < 1e-3, "clipped deltas, equal weights: {g:?}");
+    let account = report.privacy.clone().expect("the version's report carries the account");
+    assert_eq!(account.sampling_rate, 0.5, "a buffer of 2 of 4 connected devices");
+    assert_eq!(account.rounds, 1);
+}

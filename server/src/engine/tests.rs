@@ -379,11 +379,11 @@ fn cost_reports_and_dropped_clients_land_in_the_ledger() {
     assert_eq!(refusals(&drain(&mut e), "x"), vec![RefusalReason::NotEnrolled]);
 }
 
-fn buffered(buffer: usize, concurrency: usize, max_staleness: u64) -> EngineConfig {
+pub(super) fn buffered(buffer: usize, concurrency: usize, max_staleness: u64) -> EngineConfig {
     EngineConfig { mode: AggregationMode::Buffered { buffer, concurrency, max_staleness }, rounds: 10, ..config(2, 1) }
 }
 
-fn dispatched(actions: &[Action]) -> Vec<(ClientId, u64)> {
+pub(super) fn dispatched(actions: &[Action]) -> Vec<(ClientId, u64)> {
     actions
         .iter()
         .filter_map(|a| match a {
