@@ -18,7 +18,9 @@
 pub mod condition;
 pub mod http;
 pub mod process;
-pub use process::{AllocatorStats, set_allocator_probe};
+pub use process::{
+    AllocatorStats, flush_allocator_if_requested, request_allocator_flush, set_allocator_flush, set_allocator_probe,
+};
 pub mod rounds;
 pub mod text;
 

@@ -162,7 +162,10 @@ pub fn main() -> anyhow::Result<()> {
             config.metrics_bind = None;
             config.metrics.bind = Some(bind);
         }
-        tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
+        // A worker going idle gives its allocator cache back once a large fleet has left.
+        let mut runtime = tokio::runtime::Builder::new_multi_thread();
+        runtime.enable_all().on_thread_park(crate::metrics::flush_allocator_if_requested);
+        runtime.build()?.block_on(serve(config))
     });
     logging::exit_on_error(result, cli.log_format.format())
 }

@@ -32,6 +32,7 @@ async fn a_thousand_invited_silent_devices_cost_bounded_memory() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let start = server.rss_bytes().unwrap();
     println!("at start: {}, {}", server.rss_parts(), connected(metrics));
+    println!("at start: {}", server.largest_mappings(12));
     let peers = server.connect_peers("silent", peers_n).await;
     // The round is open and broadcasting to all of them; sample the peak for a few seconds.
     let mut peak = 0;
@@ -64,6 +65,7 @@ async fn a_thousand_invited_silent_devices_cost_bounded_memory() {
         left.elapsed().as_secs_f64()
     );
     println!("{}, {}", server.rss_parts(), connected(metrics));
+    println!("after: {}", server.largest_mappings(12));
     server.stop(Ending::Term);
     assert!(peak < peak_bound, "{peers_n} invited devices hold {:.1} MiB", mib(peak));
     // Issue 30: back within 20 MB of the start after they leave (jemalloc's background purge;

@@ -93,6 +93,41 @@ pub fn allocator() -> Option<AllocatorStats> {
     ALLOCATOR_PROBE.get().and_then(|probe| probe())
 }
 
+static ALLOCATOR_FLUSH: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+/// Bumped by [`request_allocator_flush`]; each runtime worker flushes once per bump.
+static FLUSH_REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+thread_local! {
+    /// The last of [`FLUSH_REQUESTS`] this thread acted on.
+    static FLUSHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Lets the binary that chose the global allocator give the calling thread's cache of freed
+/// objects back to it (jemalloc's tcache), for [`flush_allocator_if_requested`].
+pub fn set_allocator_flush(flush: fn()) {
+    let _ = ALLOCATOR_FLUSH.set(flush);
+}
+
+/// Asks every runtime worker to give its allocator cache back the next time it goes idle (after
+/// a large fleet has left). An idle thread's cache is never trimmed otherwise, and the objects
+/// in it keep their pages: measured with 10,000 invited silent devices, 1.1 MB of RSS a minute
+/// after they left (tests/tests/silent_fleet.rs).
+pub fn request_allocator_flush() {
+    FLUSH_REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Runs on each runtime worker as it parks (`on_thread_park`): flushes its allocator cache
+/// once per [`request_allocator_flush`], and costs one atomic load otherwise.
+pub fn flush_allocator_if_requested() {
+    let requested = FLUSH_REQUESTS.load(std::sync::atomic::Ordering::Relaxed);
+    if FLUSHED.get() != requested {
+        FLUSHED.set(requested);
+        if let Some(flush) = ALLOCATOR_FLUSH.get() {
+            flush();
+        }
+    }
+}
+
 /// The process metrics, collected at each scrape.
 #[derive(Debug, Default)]
 pub struct ProcessCollector;

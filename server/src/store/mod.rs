@@ -180,6 +180,14 @@ impl ServerStore {
         &self.inner.retention
     }
 
+    /// Hands the connection's page cache back to the C library's heap
+    /// (`sqlite3_db_release_memory`), for it to be trimmed after a large fleet has left.
+    pub fn release_memory(&self) {
+        if let Err(e) = self.conn().release_memory() {
+            tracing::debug!(error = %e, "SQLite kept its page cache");
+        }
+    }
+
     fn conn(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the connection cannot leave a half-done transaction behind
         // (SQLite rolls it back), so a poisoned lock is safe to take over.

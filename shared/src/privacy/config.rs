@@ -199,8 +199,8 @@ impl PrivacyConfig {
         match &self.adaptive {
             None => Some(sigma),
             Some(a) => {
-                let rest = sigma.powi(-2) - (2.0 * a.count_noise_multiplier).powi(-2);
-                (rest > 0.0).then(|| rest.powf(-0.5))
+                let rest = 1.0 / (sigma * sigma) - 1.0 / (4.0 * a.count_noise_multiplier * a.count_noise_multiplier);
+                (rest > 0.0).then(|| 1.0 / libm::sqrt(rest))
             }
         }
     }
