@@ -215,22 +215,31 @@ fn state_round_trips_and_bad_state_is_refused() {
     assert!(postcard::from_bytes::<Accountant>(&bytes).is_err());
 }
 
+// Monotone up to the fractional orders' series: where it stops before it converges (small σ, large q; dp-accounting
+// does the same) those orders count as ∞ and the best order moves, so ε may go the wrong way by a hair. Seen:
+// q = 0.754, σ = 0.735, 886 rounds: ε 1010.314, and 1010.294 at 1.25 q (orders 1.3 to 1.6 ∞ at q only). Hence σ
+// from 0.5 and a relative 1e-3.
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    // A fixed seed: the same 24 cases on every run, so that CI sees what a developer sees.
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_ac0c),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
-    fn epsilon_falls_with_sigma(q in 0.001f64..1.0, sigma in 0.3f64..8.0, rounds in 1u64..2000) {
-        prop_assert!(eps(q, sigma * 1.25, rounds) <= eps(q, sigma, rounds));
+    fn epsilon_falls_with_sigma(q in 0.001f64..1.0, sigma in 0.5f64..8.0, rounds in 1u64..2000) {
+        prop_assert!(eps(q, sigma * 1.25, rounds) <= eps(q, sigma, rounds) * (1.0 + 1e-3));
     }
 
     #[test]
-    fn epsilon_grows_with_rounds(q in 0.001f64..1.0, sigma in 0.3f64..8.0, rounds in 1u64..2000) {
-        prop_assert!(eps(q, sigma, rounds + 1 + rounds / 2) >= eps(q, sigma, rounds));
+    fn epsilon_grows_with_rounds(q in 0.001f64..1.0, sigma in 0.5f64..8.0, rounds in 1u64..2000) {
+        prop_assert!(eps(q, sigma, rounds + 1 + rounds / 2) >= eps(q, sigma, rounds) * (1.0 - 1e-3));
     }
 
     #[test]
-    fn epsilon_grows_with_q(q in 0.001f64..0.8, sigma in 0.3f64..8.0, rounds in 1u64..2000) {
-        prop_assert!(eps(q * 1.25, sigma, rounds) >= eps(q, sigma, rounds));
+    fn epsilon_grows_with_q(q in 0.001f64..0.8, sigma in 0.5f64..8.0, rounds in 1u64..2000) {
+        prop_assert!(eps(q * 1.25, sigma, rounds) >= eps(q, sigma, rounds) * (1.0 - 1e-3));
     }
 
     #[test]
