@@ -1281,9 +1281,9 @@ pub(crate) mod tests {
         (silent, options)
     }
 
-    /// A QUIC connection on loopback: the server's side, the client's side, and both endpoints
-    /// (keep them alive for the connection's life).
-    pub(crate) async fn loopback() -> (quinn::Connection, quinn::Connection, [quinn::Endpoint; 2]) {
+    /// A QUIC server config with a throwaway self-signed certificate for `localhost`, and that
+    /// certificate.
+    fn self_signed_server() -> (quinn::ServerConfig, CertificateDer<'static>) {
         let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
         let cert = certified.cert.der().clone();
         let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
@@ -1298,6 +1298,13 @@ pub(crate) mod tests {
         let config = quinn::ServerConfig::with_crypto(Arc::new(
             quinn::crypto::rustls::QuicServerConfig::try_from(crypto).unwrap(),
         ));
+        (config, cert)
+    }
+
+    /// A QUIC connection on loopback: the server's side, the client's side, and both endpoints
+    /// (keep them alive for the connection's life).
+    pub(crate) async fn loopback() -> (quinn::Connection, quinn::Connection, [quinn::Endpoint; 2]) {
+        let (config, cert) = self_signed_server();
         let server = quinn::Endpoint::server(config, "127.0.0.1:0".parse().unwrap()).unwrap();
         let options = ClientOptions::new(server.local_addr().unwrap(), cert, "c");
         let client = endpoint(&options).unwrap();
@@ -1438,20 +1445,7 @@ pub(crate) mod tests {
     fn closing_server(
         close: fn(&quinn::Connection),
     ) -> (SocketAddr, CertificateDer<'static>, Arc<std::sync::atomic::AtomicUsize>) {
-        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-        let cert = certified.cert.der().clone();
-        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
-        let mut crypto =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_protocol_versions(&[&rustls::version::TLS13])
-                .unwrap()
-                .with_no_client_auth()
-                .with_single_cert(vec![cert.clone()], key)
-                .unwrap();
-        crypto.alpn_protocols = vec![ALPN.to_vec()];
-        let config = quinn::ServerConfig::with_crypto(Arc::new(
-            quinn::crypto::rustls::QuicServerConfig::try_from(crypto).unwrap(),
-        ));
+        let (config, cert) = self_signed_server();
         let endpoint = quinn::Endpoint::server(config, "127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = endpoint.local_addr().unwrap();
         let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
