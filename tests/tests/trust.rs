@@ -186,7 +186,10 @@ async fn a_device_revoked_while_connected_is_closed_within_seconds() {
     let mut refused = false;
     while let Ok(e) = events.try_recv() {
         if let ClientEvent::Finished { reason } = e {
-            refused |= reason.contains("revoked") || reason.contains("NotEnrolled");
+            // Either the server closes the live connection naming the revocation, or the next
+            // handshake fails with TLS alert 44 (`Revoked`): any case of the word counts.
+            let reason = reason.to_lowercase();
+            refused |= reason.contains("revoked") || reason.contains("notenrolled");
         }
     }
     assert!(refused, "the device was told its certificate is revoked");
