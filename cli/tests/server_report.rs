@@ -89,6 +89,7 @@ fn state_folder(site: &Path, rounds: u64, open_after: bool) -> PathBuf {
             influence: Default::default(),
             held_out_accuracy: (round % 10 == 0).then_some(0.45 + 0.004 * round as f64),
             privacy: None,
+            secagg: None,
         };
         store.commit(&Persist::Closed { checkpoint: Arc::new(checkpoint(round)), report: Arc::new(report) }).unwrap();
         let costs: Vec<CostRecord> = ["edge-001", "edge-002"]

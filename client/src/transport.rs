@@ -823,7 +823,12 @@ impl Client {
                 }
             }
             SessionAction::Train(b) => self.train(b),
-            SessionAction::Upload(update) => self.start_upload(update, conn, tasks),
+            SessionAction::Upload(update) => {
+                let priority = Priority::of_update(&update);
+                self.start_upload(update.round, Message::Update(update), priority, conn, tasks)
+            }
+            // A masked vector is as large as an update and travels the same way.
+            SessionAction::UploadMasked { round, msg } => self.start_upload(round, msg, Priority::Blocks, conn, tasks),
             SessionAction::Cost(record) => self.report(record, control).await,
             SessionAction::Persist(update) => {
                 if let Some(store) = &self.options.store {
@@ -906,16 +911,22 @@ impl Client {
     }
 
     /// Starts the upload of `update` unless the same round's is still going on this connection.
-    fn start_upload(&mut self, update: Update, conn: &quinn::Connection, tasks: &mut tokio::task::JoinSet<()>) {
-        let round = update.round;
+    fn start_upload(
+        &mut self,
+        round: u64,
+        msg: Message,
+        priority: Priority,
+        conn: &quinn::Connection,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) {
         if self.uploading.get(&round).is_some_and(|task| !task.is_finished()) {
             tracing::debug!(round, "the round's update is already being uploaded");
             return;
         }
         let (max_frame, resume) = (self.options.max_frame_bytes, self.options.resume_uploads);
-        let priority = Priority::of_update(&update).when(self.options.stream_priorities);
+        let priority = priority.when(self.options.stream_priorities);
         let (done, metrics) = (self.uploaded.clone(), self.options.metrics.clone());
-        let task = tasks.spawn(upload(conn.clone(), update, max_frame, (resume, priority), done, metrics));
+        let task = tasks.spawn(upload(conn.clone(), (round, msg), max_frame, (resume, priority), done, metrics));
         self.uploading.retain(|_, t| !t.is_finished());
         self.uploading.insert(round, task);
     }
@@ -1087,14 +1098,13 @@ async fn report_cost(control: &mut quinn::SendStream, record: CostRecord, max_fr
 /// meanwhile, its seconds and the RTT at its end.
 async fn upload(
     conn: quinn::Connection,
-    update: Update,
+    (round, msg): (u64, Message),
     max_frame: usize,
     (resume, priority): (bool, Option<Priority>),
     done: mpsc::UnboundedSender<Uploaded>,
     metrics: Arc<ClientMetrics>,
 ) {
-    let round = update.round;
-    let frame = match encode_frame(&Message::Update(update), max_frame) {
+    let frame = match encode_frame(&msg, max_frame) {
         Ok(f) => f,
         Err(e) => {
             tracing::error!(round, error = %e, "update does not fit in a frame");

@@ -1,6 +1,8 @@
 //! The client's state machine (Bonawitz et al. 2017, Fig. 4, the user's side of rounds 0, 1, 2 and
 //! 4, on the neighbourhood of Bell et al. 2020, §3). No I/O: the shell hands in each server message
 //! and sends back the one reply. The unmasked input lives only here and is wiped once masked.
+//! It may arrive late: a device advertises and shares keys while it trains, and its input is
+//! needed only for round 2 ([`ClientState::awaiting_input`], [`ClientState::provide_input`]).
 
 use std::collections::BTreeMap;
 
@@ -26,6 +28,7 @@ struct RoundInfo {
     number: u64,
     neighbours: Vec<ClientId>,
     threshold: usize,
+    vector_len: u32,
 }
 
 /// One client's side of one SecAgg+ round.
@@ -33,7 +36,8 @@ pub struct ClientState {
     id: ClientId,
     rng: ChaCha20Rng,
     stage: Stage,
-    input: Vec<u32>,
+    /// `None` until provided, and again once masked.
+    input: Option<Vec<u32>>,
     round: Option<RoundInfo>,
     secrets: Option<Secrets>,
     peers: BTreeMap<ClientId, PublicKeys>,
@@ -45,17 +49,49 @@ impl ClientState {
     /// A client with its quantised input for this round. `entropy` must be 32 fresh random bytes
     /// (from the OS in production); every round needs a new `ClientState` and new entropy.
     pub fn new(id: ClientId, input: Vec<u32>, entropy: [u8; 32]) -> Self {
+        let mut client = Self::awaiting_input(id, entropy);
+        client.input = Some(input);
+        client
+    }
+
+    /// A client whose input is not there yet (it is still training): rounds 0 and 1 run without
+    /// it, and round 2 is refused with [`SecAggError::NoInput`] until [`Self::provide_input`].
+    pub fn awaiting_input(id: ClientId, entropy: [u8; 32]) -> Self {
         Self {
             id,
             rng: ChaCha20Rng::from_seed(entropy),
             stage: Stage::AdvertiseKeys,
-            input,
+            input: None,
             round: None,
             secrets: None,
             peers: BTreeMap::new(),
             held: BTreeMap::new(),
             revealed: BTreeMap::new(),
         }
+    }
+
+    /// Sets (or replaces) the quantised input, any time before the masked vector is produced;
+    /// after that the input is wiped unused. Its length is checked in round 2.
+    pub fn provide_input(&mut self, mut input: Vec<u32>) {
+        if let Some(old) = self.input.as_mut() {
+            wipe(old);
+        }
+        if self.masked() {
+            wipe(&mut input);
+            self.input = None;
+        } else {
+            self.input = Some(input);
+        }
+    }
+
+    /// True while the round still needs an input that was not provided.
+    pub fn needs_input(&self) -> bool {
+        self.input.is_none() && !self.masked()
+    }
+
+    /// The masked vector was produced (round 2 answered).
+    fn masked(&self) -> bool {
+        matches!(self.stage, Stage::Unmask | Stage::Done | Stage::Failed)
     }
 
     /// This client's id.
@@ -98,13 +134,13 @@ impl ClientState {
         if !graph.contains(self.id) {
             return Err(SecAggError::BadParams("this client is not in the round's sample"));
         }
-        if config.vector_len as usize != self.input.len() {
-            let (expected, got) = (config.vector_len as usize, self.input.len());
-            return Err(SecAggError::WrongLength { what: "input vector", expected, got });
+        if let Some(input) = &self.input {
+            check_len(config.vector_len, input)?;
         }
         let secrets = Secrets::generate(&mut self.rng);
         let keys = secrets.public();
-        self.round = Some(RoundInfo { number: config.round, neighbours: graph.neighbours(self.id), threshold: t });
+        let neighbours = graph.neighbours(self.id);
+        self.round = Some(RoundInfo { number: config.round, neighbours, threshold: t, vector_len: config.vector_len });
         self.secrets = Some(secrets);
         Ok(ClientMessage::Keys { round: config.round, keys })
     }
@@ -137,6 +173,7 @@ impl ClientState {
     }
 
     /// Round 2: open the shares addressed here, then mask the input with b_u and every sender.
+    /// Without an input it is refused with [`SecAggError::NoInput`] and nothing changes.
     fn on_collect(
         &mut self,
         round: u64,
@@ -144,6 +181,7 @@ impl ClientState {
     ) -> Result<ClientMessage, SecAggError> {
         let (info, _) = self.round(round)?;
         let threshold = info.threshold;
+        check_len(info.vector_len, self.input.as_ref().ok_or(SecAggError::NoInput)?)?;
         let mut held = BTreeMap::new();
         for (v, ct) in shares {
             if held.contains_key(&v) {
@@ -155,8 +193,9 @@ impl ClientState {
             return Err(SecAggError::BelowThreshold { what: "shares received", have: held.len(), need: threshold });
         }
         let vector = self.masked_input(round, &held)?;
-        self.input.iter_mut().for_each(|x| *x = 0);
-        self.input = Vec::new();
+        if let Some(mut input) = self.input.take() {
+            wipe(&mut input);
+        }
         self.held = held;
         Ok(ClientMessage::Masked { round, vector })
     }
@@ -187,7 +226,7 @@ impl ClientState {
     /// y_u = x_u + PRG(b_u) + Σ_{v ∈ held} ±PRG(s_{u,v}) mod 2^32.
     fn masked_input(&self, round: u64, held: &BTreeMap<ClientId, SharePair>) -> Result<Vec<u32>, SecAggError> {
         let (_, secrets) = self.round(round)?;
-        let mut y = self.input.clone();
+        let mut y = self.input.clone().ok_or(SecAggError::NoInput)?;
         mask::apply(&mut y, &keys::self_mask_seed(&secrets.self_seed, round), Op::Add);
         for &v in held.keys() {
             let shared = keys::agree(&secrets.mask_key, &self.peers[&v].mask, v)?;
@@ -242,6 +281,19 @@ impl ClientState {
             None => SecAggError::WrongStage { expected: Stage::Done, got: Stage::Unmask },
         }
     }
+}
+
+/// Refuses an input whose length is not the round's.
+fn check_len(vector_len: u32, input: &[u32]) -> Result<(), SecAggError> {
+    if vector_len as usize != input.len() {
+        return Err(SecAggError::WrongLength { what: "input vector", expected: vector_len as usize, got: input.len() });
+    }
+    Ok(())
+}
+
+/// Zeroes an input before it is dropped.
+fn wipe(input: &mut [u32]) {
+    input.iter_mut().for_each(|x| *x = 0);
 }
 
 /// The round's facts and secrets once round 0 fixed them, if `round` is that round.

@@ -61,6 +61,13 @@ pub enum SecAggError {
     /// The secret-sharing library refused (a bug or an impossible input; never a peer's doing).
     #[error("secret sharing failed: {0}")]
     Sharing(&'static str),
+    /// Round 2 reached a client whose input was not provided yet; retry after providing it.
+    #[error("the input is not there yet")]
+    NoInput,
+    /// An update or global model that does not fit the round's layout (a block's name or shape, a
+    /// prototype's class, an undecodable tensor).
+    #[error("the update does not fit the layout: {0}")]
+    BadUpdate(String),
 }
 
 impl SecAggError {
@@ -85,6 +92,8 @@ impl SecAggError {
             Self::BadParams(_) => "bad_params",
             Self::Decode(_) => "decode",
             Self::Sharing(_) => "sharing",
+            Self::NoInput => "no_input",
+            Self::BadUpdate(_) => "bad_update",
         }
     }
 }

@@ -32,7 +32,9 @@
 //! with a clipping range sized so that a sum of up to `max_clients` never wraps. A caller may
 //! put several things in one vector, e.g. quantised prototype sums followed by raw per-class
 //! counts: each segment is summed element-wise, and each segment's own bound (quantiser levels,
-//! or count ≤ (2^32 − 1) / n) rules out overflow.
+//! or count ≤ (2^32 − 1) / n) rules out overflow. [`layout`] is that vector for a federated
+//! update: the clipped delta from the global model, prototype sums and counts ([`Layout`]), and
+//! the frame that carries the layout to a device with round 0 ([`ServerFrame`]).
 //!
 //! # Security model
 //!
@@ -63,6 +65,7 @@ mod client;
 pub mod error;
 pub mod graph;
 mod keys;
+pub mod layout;
 mod mask;
 pub mod messages;
 pub mod quantize;
@@ -75,6 +78,7 @@ mod tests;
 pub use client::ClientState;
 pub use error::SecAggError;
 pub use graph::{Graph, Params};
+pub use layout::{Layout, ServerFrame};
 pub use messages::{ClientId, ClientMessage, PublicKeys, RoundConfig, ServerMessage, Stage};
 pub use quantize::{Quantizer, Rounding};
 pub use server::{Advance, Aggregate, ServerState};

@@ -114,6 +114,12 @@ impl ServerState {
         if self.sum.is_empty() { Vec::new() } else { vec![&self.sum[..]] }
     }
 
+    /// The clients whose masked vector is in the sum: those still live once the masked-input
+    /// stage closed (before that, those who may still answer).
+    pub fn contributors(&self) -> Vec<ClientId> {
+        self.live.iter().copied().collect()
+    }
+
     /// Accepts one client message, or refuses it and stays as it was.
     pub fn handle_message(&mut self, from: ClientId, msg: ClientMessage) -> Result<(), SecAggError> {
         if !self.graph.contains(from) {

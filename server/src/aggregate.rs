@@ -325,6 +325,23 @@ impl RobustConfig {
     }
 }
 
+impl RobustConfig {
+    /// The screens and bounds that judge each update on its own, each with whether it is set
+    /// (beyond its default, for those on by default) and its name: under secure aggregation
+    /// (issue 34) the server sees only the sum, so none of them can run.
+    pub fn per_update_screens(&self) -> [(bool, &'static str); 6] {
+        let d = Self::default();
+        [
+            (self.max_norm.is_some(), "max_norm"),
+            (self.max_norm_z.is_some(), "max_norm_z"),
+            (self.weight_cap.is_some() && self.weight_cap != d.weight_cap, "weight_cap"),
+            (self.norm_cap.is_some() && self.norm_cap != d.norm_cap, "norm_cap"),
+            (self.min_norm_ratio.is_some() && self.min_norm_ratio != d.min_norm_ratio, "min_norm_ratio"),
+            (self.max_sign_agreement.is_some() && self.max_sign_agreement != d.max_sign_agreement, "max_sign_agreement"),
+        ]
+    }
+}
+
 /// `[engine.robust]` as written, checked into a [`RobustConfig`].
 #[derive(Deserialize)]
 #[serde(default, deny_unknown_fields)]

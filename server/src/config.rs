@@ -258,6 +258,7 @@ impl ServerConfig {
         );
         let method = config.method.config()?;
         crate::engine::privacy::check_config(&config.engine, &method).map_err(anyhow::Error::msg)?;
+        crate::engine::secagg::check_config(&config.engine, &method).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             config.sikf.is_none() || matches!(method, MethodConfig::FedTa(_)),
             "[sikf] is FedTA's distillation; this server runs `{}`",

@@ -852,6 +852,7 @@ mod tests {
             influence: Default::default(),
             held_out_accuracy: None,
             privacy: None,
+            secagg: None,
         }
     }
 

@@ -657,6 +657,7 @@ mod round_log_tests {
             influence: Default::default(),
             held_out_accuracy: None,
             privacy: None,
+            secagg: None,
         }
     }
 

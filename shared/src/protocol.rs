@@ -178,6 +178,16 @@ pub struct Decline {
     pub detail: String,
 }
 
+/// One message of the SecAgg+ sub-protocol of a round (issue 34; Bell et al. 2020), opaque at
+/// this layer: from the server a `anchorage_secagg::ServerFrame`, from a device a
+/// `anchorage_secagg::ClientMessage`, each postcard. The secagg crate decodes and checks it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecAggFrame {
+    pub round: u64,
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+}
+
 /// Longest [`Decline::detail`] accepted.
 pub const MAX_DECLINE_DETAIL: usize = 256;
 
@@ -242,12 +252,16 @@ pub enum Message {
     Chunk(Chunk),
     /// An invited device declines the round (kind 14).
     Decline(Decline),
+    /// A SecAgg+ message of a round under secure aggregation (kind 15).
+    SecAgg(SecAggFrame),
 }
 
 /// Kind bytes of the messages that may be large (readers give them their own size limit).
 pub const KIND_BROADCAST: u8 = 3;
 pub const KIND_UPDATE: u8 = 4;
 pub const KIND_CHUNK: u8 = 13;
+/// A masked vector is as large as an update (it travels as a resumable transfer).
+pub const KIND_SECAGG: u8 = 15;
 
 impl Message {
     /// The kind byte on the wire.
@@ -267,6 +281,7 @@ impl Message {
             Message::TransferResume(_) => 12,
             Message::Chunk(_) => KIND_CHUNK,
             Message::Decline(_) => 14,
+            Message::SecAgg(_) => KIND_SECAGG,
         }
     }
 
@@ -292,6 +307,7 @@ impl Message {
             Message::TransferResume(m) => postcard::to_allocvec(m),
             Message::Chunk(m) => postcard::to_allocvec(m),
             Message::Decline(m) => postcard::to_allocvec(m),
+            Message::SecAgg(m) => postcard::to_allocvec(m),
         };
         // Serialising owned in-memory structs into a growable Vec cannot fail.
         r.unwrap_or_default()
@@ -316,6 +332,7 @@ impl Message {
             12 => Message::TransferResume(postcard::from_bytes(body).map_err(bad)?),
             KIND_CHUNK => Message::Chunk(postcard::from_bytes(body).map_err(bad)?),
             14 => Message::Decline(postcard::from_bytes(body).map_err(bad)?),
+            KIND_SECAGG => Message::SecAgg(postcard::from_bytes(body).map_err(bad)?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
         msg.validate()?;
@@ -388,6 +405,7 @@ pub fn kind_name(kind: u8) -> Option<&'static str> {
         12 => "transfer_resume",
         13 => "chunk",
         14 => "decline",
+        15 => "secagg",
         _ => return None,
     })
 }

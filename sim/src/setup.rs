@@ -521,6 +521,7 @@ impl Setup {
         }
         let engine = engine_config(config, protocol);
         anchorage_server::engine::privacy::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
+        anchorage_server::engine::secagg::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
         Ok(Self {
             engine,
             initial,

@@ -841,20 +841,23 @@ fn drive_client(
                 // The session queues the decline; this loop sends it.
                 Err(decline) => c.session.declined(b.round, decline.kind(), &decline.to_string()),
             },
-            SessionAction::Upload(update) => {
-                let round = update.round;
-                let msg = Message::Update(update);
-                let bytes = frame_len(&msg);
-                let (at, wire_bytes) = c.up.carry_transfer(now, bytes, c.resume_uploads);
-                // The link model knows at once when the last byte arrives.
-                let measure = UploadMeasure { wire_bytes, transfer: at - now, rtt: Duration::ZERO };
-                c.session.uploaded(at, round, measure);
-                queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
-            }
+            SessionAction::Upload(update) => upload(i, now, c, queue, update.round, Message::Update(update)),
+            SessionAction::UploadMasked { round, msg } => upload(i, now, c, queue, round, msg),
             SessionAction::Cost(record) => completed.push((i, record)),
             SessionAction::Persist(_) | SessionAction::SetAsidePending { .. } | SessionAction::Finished { .. } => {}
         }
     }
+}
+
+/// Sends an upload (an update, or a masked vector under secure aggregation) as a transfer over
+/// client `i`'s link: the session hears what it took, the server gets it when the last byte is in.
+fn upload(i: usize, now: Duration, c: &mut VirtualClient, queue: &mut Queue, round: u64, msg: Message) {
+    let bytes = frame_len(&msg);
+    let (at, wire_bytes) = c.up.carry_transfer(now, bytes, c.resume_uploads);
+    // The link model knows at once when the last byte arrives.
+    let measure = UploadMeasure { wire_bytes, transfer: at - now, rtt: Duration::ZERO };
+    c.session.uploaded(at, round, measure);
+    queue.push(at, Event::ToServer { from: i, msg, conn: c.conn });
 }
 
 #[cfg(test)]

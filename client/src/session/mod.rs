@@ -15,6 +15,7 @@
 //! clock), the session does the accounting.
 
 mod cost;
+mod secagg;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -36,6 +37,10 @@ pub enum SessionAction {
     Train(Broadcast),
     /// Upload this update on its own stream and report what it took with [`Session::uploaded`].
     Upload(Update),
+    /// Under secure aggregation (issue 34): send this masked vector of `round`'s update as a
+    /// resumable transfer on its own stream, like an update, and report it with
+    /// [`Session::uploaded`].
+    UploadMasked { round: u64, msg: Message },
     /// Persist the unacknowledged update (`None`: clear it, only ever after the ack for its round)
     /// before anything else happens.
     Persist(Option<Update>),
@@ -75,6 +80,9 @@ pub enum SessionState {
 pub enum SessionError {
     #[error("unexpected {kind} while {state:?}")]
     Unexpected { kind: &'static str, state: SessionState },
+    /// A secure aggregation message refused (its `reason` names the kind, for metrics).
+    #[error("secure aggregation message refused ({reason}): {detail}")]
+    SecAgg { reason: &'static str, detail: String },
 }
 
 /// One client's session. See the module docs.
@@ -94,6 +102,8 @@ pub struct Session {
     refused: Option<Refusal>,
     /// The cost records of the rounds in flight.
     costs: cost::Costs,
+    /// Secure aggregation (`[privacy] secure_aggregation`): the update never travels in the clear.
+    secagg: Option<secagg::DeviceSecAgg>,
     actions: VecDeque<SessionAction>,
 }
 
@@ -116,8 +126,17 @@ impl Session {
             last_trained,
             refused: None,
             costs: cost::Costs::default(),
+            secagg: None,
             actions: VecDeque::new(),
         }
+    }
+
+    /// Secure aggregation on (issue 34): the update is only ever sent masked, and `entropy` (32
+    /// random bytes; the operating system's in the field, a seed's in a simulation) roots each
+    /// round's keys.
+    pub fn with_secure_aggregation(mut self, entropy: [u8; 32]) -> Self {
+        self.secagg = Some(secagg::DeviceSecAgg::new(entropy));
+        self
     }
 
     /// Counts only a broadcast's parameter blocks in its rounds' `payload_down`, not its
@@ -134,8 +153,11 @@ impl Session {
     pub fn restart(&mut self, num_samples: u64) {
         let costs = std::mem::take(&mut self.costs);
         let pending = self.pending.take();
+        // A restart loses the round's keys and shares; the entropy root stays.
+        let secagg = self.secagg.take().map(|s| s.restarted());
         *self = Self::new(self.client_id.clone(), self.capabilities.clone(), num_samples, pending);
         self.costs = costs;
+        self.secagg = secagg;
     }
 
     pub fn state(&self) -> SessionState {
@@ -198,7 +220,7 @@ impl Session {
                     SessionState::Training { .. } => return Ok(()),
                     _ => return Err(self.unexpected("welcome")),
                 }
-                if let Some(update) = self.pending.clone() {
+                if let Some(update) = self.pending.clone().filter(|_| self.secagg.is_none()) {
                     tracing::info!(round = update.round, "resending the unacknowledged update");
                     self.upload(update);
                 }
@@ -251,6 +273,7 @@ impl Session {
                 }
             }
             Message::Goodbye(g) => self.finish(g.reason),
+            Message::SecAgg(frame) => self.on_secagg(&frame)?,
             // Reporting cost records and resending unconfirmed ones is the real shell's.
             Message::Heartbeat(_) | Message::CostAck(_) => {}
             // Transfer messages ride their own streams (the shell's), never the control stream.
@@ -269,8 +292,12 @@ impl Session {
         if self.state == SessionState::Finished {
             return;
         }
-        // Already trained for this round: the server lost or never got the update; resend it.
-        if let Some(update) = self.pending.as_ref().filter(|u| u.round == b.round).cloned() {
+        if let Some(secagg) = self.secagg.as_mut() {
+            secagg.broadcast(b.round, &b.blocks);
+        }
+        // Already trained for this round: the server lost or never got the update; resend it
+        // (never in the clear under secure aggregation: the server asks for it masked).
+        if let Some(update) = self.pending.as_ref().filter(|u| u.round == b.round && self.secagg.is_none()).cloned() {
             self.upload(update);
             return;
         }
@@ -294,12 +321,49 @@ impl Session {
         if self.state == SessionState::Finished {
             return;
         }
+        if let Some(secagg) = self.secagg.as_mut() {
+            self.costs.upload(&update);
+            self.state = if self.connected { SessionState::Uploading { round: update.round } } else { SessionState::Disconnected };
+            let reply = secagg.trained(&update);
+            // A refusal here is the device's own (its update does not fit the layout): logged.
+            let _ = self.secagg_reply(update.round, reply);
+            return;
+        }
         if !self.connected {
             // The welcome after reconnecting uploads it.
             self.state = SessionState::Disconnected;
         } else if matches!(self.state, SessionState::Training { .. }) {
             self.upload(update);
         }
+    }
+
+    /// A message of the round's secure aggregation: answered at once, or (the ask for the
+    /// masked vector) once the update is trained.
+    fn on_secagg(&mut self, frame: &anchorage_shared::protocol::SecAggFrame) -> Result<(), SessionError> {
+        let Some(secagg) = self.secagg.as_mut() else {
+            let detail = "secure aggregation is off on this device ([privacy] secure_aggregation)".to_string();
+            return Err(SessionError::SecAgg { reason: "off", detail });
+        };
+        let reply = secagg.on_frame(frame, self.pending.as_ref());
+        self.secagg_reply(frame.round, reply)
+    }
+
+    /// Queues what the device's secure aggregation answered, or reports its refusal.
+    fn secagg_reply(
+        &mut self,
+        round: u64,
+        reply: Result<secagg::Reply, anchorage_secagg::SecAggError>,
+    ) -> Result<(), SessionError> {
+        match reply {
+            Ok(secagg::Reply::Control(msg)) => self.actions.push_back(SessionAction::Send(msg)),
+            Ok(secagg::Reply::Masked(msg)) => self.actions.push_back(SessionAction::UploadMasked { round, msg }),
+            Ok(secagg::Reply::Nothing) => {}
+            Err(e) => {
+                tracing::warn!(round, reason = e.reason(), error = %e, "secure aggregation message refused");
+                return Err(SessionError::SecAgg { reason: e.reason(), detail: e.to_string() });
+            }
+        }
+        Ok(())
     }
 
     /// An upload of `round`'s update ended at `now` (the shell's clock) having taken what `m`

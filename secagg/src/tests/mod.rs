@@ -1,6 +1,8 @@
 //! The crate's protocol tests: a harness that carries messages between one [`ServerState`] and
 //! its [`ClientState`]s through their postcard encodings, as a shell would.
 
+mod input;
+mod layout;
 mod malformed;
 mod privacy;
 mod rounds;
@@ -50,15 +52,14 @@ impl Harness {
         graph_seed[..8].copy_from_slice(&seed.to_le_bytes());
         let config = RoundConfig { round, clients: clients_ids, params, graph_seed, vector_len: len };
         let server = ServerState::new(config).expect("valid config");
-        let clients = inputs
-            .iter()
-            .map(|(&c, x)| {
-                let mut entropy = [0u8; 32];
-                ChaCha20Rng::seed_from_u64(seed.wrapping_add(u64::from(c.0))).fill_bytes(&mut entropy);
-                (c, ClientState::new(c, x.clone(), entropy))
-            })
-            .collect();
+        let clients = inputs.iter().map(|(&c, x)| (c, ClientState::new(c, x.clone(), entropy(seed, c)))).collect();
         Self { server, clients, inputs, round }
+    }
+
+    /// The same round with clients that have no input yet (they get theirs with `provide_input`).
+    pub fn awaiting_inputs(mut self, seed: u64) -> Self {
+        self.clients = self.inputs.keys().map(|&c| (c, ClientState::awaiting_input(c, entropy(seed, c)))).collect();
+        self
     }
 
     /// Every queued server message, through the wire encoding.
@@ -117,6 +118,13 @@ impl Harness {
         self.inputs.iter().filter(|(c, _)| !absent.contains(c)).for_each(|(_, x)| crate::mask::add_into(&mut sum, x));
         sum
     }
+}
+
+/// A client's 32 bytes of entropy, seeded.
+fn entropy(seed: u64, c: ClientId) -> [u8; 32] {
+    let mut entropy = [0u8; 32];
+    ChaCha20Rng::seed_from_u64(seed.wrapping_add(u64::from(c.0))).fill_bytes(&mut entropy);
+    entropy
 }
 
 /// `count` clients picked by a seeded shuffle.

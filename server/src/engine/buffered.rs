@@ -341,6 +341,7 @@ impl BufferedState {
             influence,
             held_out_accuracy: None,
             privacy: None,
+            secagg: None,
         };
         core.close_version(report);
         // Keep only the versions a non-stale update can still have trained on.

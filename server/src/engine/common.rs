@@ -325,6 +325,24 @@ impl Core {
         (outcome, screened, influence)
     }
 
+    /// A securely aggregated round (issue 34, [`super::secagg`]): the method's one input is the
+    /// dequantised sum, after the value screen (finite, within `max_abs_value`); the per-update
+    /// screens cannot run on a sum. Under local noise the accountant steps as for any round.
+    pub(super) fn aggregate_secure(&mut self, sum: &Update) -> RoundOutcome {
+        let round = self.last_round + 1;
+        if let Err(reason) = self.config.robust.screen_values(sum) {
+            tracing::error!(round, %reason, "the securely aggregated sum failed the value screen");
+            return RoundOutcome::Failed { reason: format!("the sum failed the value screen: {reason}") };
+        }
+        let outcome = self.run_method(round, &[("secure-aggregate", sum)]);
+        if matches!(outcome, RoundOutcome::Aggregated)
+            && let Some(Err(e)) = self.privacy.as_mut().map(|p| p.account(!sum.prototypes.is_empty()))
+        {
+            tracing::error!(round, error = %e, "the privacy accountant could not take the round");
+        }
+        outcome
+    }
+
     /// Continues the privacy account from the last round report's (a restart).
     pub(super) fn resume_privacy(&mut self, account: Option<&PrivacyAccount>) {
         if account.is_none() {

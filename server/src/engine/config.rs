@@ -53,6 +53,8 @@ pub struct EngineConfig {
     /// Seed of the central noise, for reproducible simulations; unset (the field), the server
     /// draws it from the operating system at start, so nobody can predict the noise.
     pub noise_seed: Option<u64>,
+    /// `[engine.secagg]`: secure aggregation (SecAgg+, issue 34; off by default).
+    pub secagg: super::secagg::SecAggConfig,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +77,7 @@ impl Default for EngineConfig {
             robust: RobustConfig::default(),
             privacy: Default::default(),
             noise_seed: None,
+            secagg: Default::default(),
         }
     }
 }

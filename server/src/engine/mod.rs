@@ -19,6 +19,9 @@ pub mod privacy;
 mod privacy_tests;
 mod report;
 mod rounds;
+pub mod secagg;
+#[cfg(test)]
+mod secagg_tests;
 #[cfg(test)]
 mod tests;
 
@@ -306,6 +309,12 @@ impl Engine {
             Message::Heartbeat(_) => {}
             Message::Goodbye(_) => self.handle_disconnect(now, client),
             Message::Cost(record) => self.core.on_cost(client, record),
+            Message::SecAgg(frame) => match &mut self.mode {
+                Mode::Rounds(rounds) if self.core.clients.contains_key(client) => {
+                    rounds.on_secagg(&mut self.core, now, client, &frame)
+                }
+                _ => self.core.refuse(client, RefusalReason::Malformed, "no secure aggregation here".into()),
+            },
             Message::Decline(decline) if self.core.clients.contains_key(client) => {
                 let (core, mode) = self.mode_mut();
                 mode.on_decline(core, now, client, decline);
@@ -353,6 +362,12 @@ impl Engine {
         if let Some(msg) = again {
             self.core.actions.push_back(Action::Broadcast { to: vec![client.into()], msg });
         }
+        // And the secure aggregation's message it has not answered.
+        if let Mode::Rounds(rounds) = &self.mode
+            && let Some(msg) = rounds.secagg_resend(client)
+        {
+            self.core.actions.push_back(Action::Send { to: client.into(), msg });
+        }
         let (core, mode) = self.mode_mut();
         mode.start(core, now);
     }
@@ -360,6 +375,12 @@ impl Engine {
     fn on_update(&mut self, now: Duration, client: &str, update: Update) {
         if !self.core.clients.contains_key(client) {
             self.core.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
+            return;
+        }
+        if self.core.config.secagg.enabled {
+            let detail = "this server aggregates securely ([engine.secagg]): updates travel masked, never in the clear \
+                          (turn on [privacy] secure_aggregation on the device)";
+            self.core.refuse(client, RefusalReason::Malformed, detail.into());
             return;
         }
         if let Err(detail) = privacy::PrivacyState::check_update(&update, &self.core.config.privacy) {
@@ -372,6 +393,16 @@ impl Engine {
         match decode::densify(update, mode.base_of(core, round)) {
             Ok(update) => mode.on_update(core, now, client, update),
             Err(e) => core.refuse(client, RefusalReason::BadTensor, format!("update not decodable: {e}")),
+        }
+    }
+
+    /// How many vectors the open round's secure aggregation holds: 1 (the running sum of
+    /// masked vectors) or 0, never one per device; `None` outside a SecAgg round. For audits
+    /// and the tests that check it.
+    pub fn secagg_held_vectors(&self) -> Option<usize> {
+        match &self.mode {
+            Mode::Rounds(rounds) => rounds.secagg_held_vectors(),
+            Mode::Buffered(_) => None,
         }
     }
 

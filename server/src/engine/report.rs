@@ -35,7 +35,7 @@ pub enum RoundOutcome {
 }
 
 /// One accepted update, as the round report lists it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UpdateReport {
     pub client: ClientId,
     pub num_samples: u64,
@@ -84,6 +84,9 @@ pub struct RoundReport {
     /// The privacy spent so far (`[engine.privacy]`, issue 34): ε at δ after this round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privacy: Option<super::privacy::PrivacyAccount>,
+    /// What the round's secure aggregation did (`[engine.secagg]`, issue 34).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secagg: Option<super::secagg::SecAggReport>,
 }
 
 impl RoundReport {

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::ledger::DeclineReason;
-use anchorage_shared::protocol::{Broadcast, Decline, Message, RefusalReason, Update};
+use anchorage_shared::protocol::{Broadcast, Decline, Message, RefusalReason, SecAggFrame, Update};
 use anchorage_shared::tensor::payload_bytes;
 
 use super::common::{Core, same_layout};
+use super::secagg::{SecAggReport, SecAggRound, Step};
 use super::{
     AcceptedUpdate, Action, ClientId, ModeState, OpenedRound, Persist, RoundOutcome, RoundReport, UpdateReport, report,
 };
@@ -35,6 +36,8 @@ pub(super) struct OpenRound {
     pub(super) refused: u64,
     /// Invited devices that declined, and why (no longer in `sampled`).
     pub(super) declined: BTreeMap<ClientId, DeclineReason>,
+    /// The round's secure aggregation (`[engine.secagg]`); `None` when off.
+    pub(super) secagg: Option<SecAggRound>,
 }
 
 /// State of the synchronous mode: the open round, and who the last closed round aggregated.
@@ -52,12 +55,15 @@ impl ModeState for RoundsState {
     }
 
     fn timeout(&self, _core: &Core) -> Option<Duration> {
-        self.open.as_ref().map(|o| o.deadline)
+        self.open.as_ref().map(|o| o.secagg.as_ref().map_or(o.deadline, |s| s.timeout(o.deadline)))
     }
 
-    /// Closes the open round if its deadline passed, then opens the next if it may.
+    /// Closes the open round if its deadline passed (under secure aggregation: moves the
+    /// protocol on), then opens the next if it may.
     fn on_timeout(&mut self, core: &mut Core, now: Duration) {
-        if self.open.as_ref().is_some_and(|o| now >= o.deadline) {
+        if self.open.as_ref().is_some_and(|o| o.secagg.is_some()) {
+            self.step_secagg(core, now);
+        } else if self.open.as_ref().is_some_and(|o| now >= o.deadline) {
             self.close_round(core, now);
         }
         self.start(core, now);
@@ -87,7 +93,7 @@ impl ModeState for RoundsState {
             invited_ids = %report::preview(sampled.iter(), 5),
             "round opened"
         );
-        let open = open_round_record(core, now, round, target, sampled);
+        let mut open = open_round_record(core, now, round, target, sampled);
         core.note_invited(round, open.sampled.iter().cloned());
         // The invitations are durable before anyone trains on them.
         core.actions.push_back(Action::Persist(Persist::Opened(OpenedRound {
@@ -98,7 +104,21 @@ impl ModeState for RoundsState {
         })));
         core.actions
             .push_back(Action::Broadcast { to: open.sampled.iter().cloned().collect(), msg: open.broadcast.clone() });
+        let secagg = core.config.secagg.enabled.then(|| {
+            SecAggRound::open(&core.config.secagg, (round, core.config.seed), &open.sampled, &core.global, now)
+        });
+        match secagg {
+            Some(Ok(secagg)) => open.secagg = Some(secagg),
+            Some(Err(why)) => {
+                tracing::error!(round, reason = %why, "secure aggregation could not start; the round fails");
+                self.open = Some(open);
+                self.close_secure(core, now, Err(format!("secure aggregation could not start: {why}")));
+                return;
+            }
+            None => {}
+        }
         self.open = Some(open);
+        self.step_secagg(core, now);
     }
 
     /// Checks an update for the open round in order (invited, not a second copy, the model's
@@ -158,6 +178,10 @@ impl ModeState for RoundsState {
         open.sampled.remove(client);
         open.declined.insert(client.into(), decline.reason);
         core.record_decline(client, &decline);
+        if open.secagg.is_some() {
+            tracing::info!(round = open.round, client, "no replacement: a secure aggregation's cohort is fixed at round 0");
+            return;
+        }
         let free: Vec<ClientId> = core
             .connected_ids()
             .into_iter()
@@ -203,7 +227,9 @@ impl ModeState for RoundsState {
         core.note_invited(round.round, round.sampled.iter().cloned());
         let full = round.updates.len() >= round.target;
         self.open = Some(round);
-        if full {
+        if core.config.secagg.enabled {
+            self.close_secure(core, Duration::ZERO, Err(super::secagg::failed_after_restart()));
+        } else if full {
             self.close_round(core, Duration::ZERO);
         }
     }
@@ -237,12 +263,7 @@ impl RoundsState {
     /// cost record for each invited client that sent nothing, and closes the version.
     fn close_round(&mut self, core: &mut Core, now: Duration) {
         let Some(open) = self.open.take() else { return };
-        let payload_down = match open.broadcast.as_ref() {
-            Message::Broadcast(b) => payload_bytes(&b.blocks) as u64,
-            _ => 0,
-        };
         let mut updates = update_reports(&open);
-        let missing: Vec<ClientId> = open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
         let enough = open.updates.len() >= core.config.min_updates.max(1);
         let (outcome, screened, influence) = if !enough {
             let reason =
@@ -255,38 +276,148 @@ impl RoundsState {
         };
         // The report lists the updates aggregated: the screened-out ones count as refused.
         updates.retain(|u| !screened.iter().any(|s| s.client == u.client));
-        core.stats.dropped += missing.len() as u64;
-        for client in &missing {
-            core.actions.push_back(Action::Ledger(CostRecord {
-                client: client.clone(),
-                round: open.round,
-                payload_down,
-                dropped: true,
-                wall_seconds: now.saturating_sub(open.started).as_secs_f64(),
-                ..CostRecord::default()
-            }));
-        }
         self.last_accepted = open.updates.keys().cloned().collect();
-        let report = RoundReport {
-            round: open.round,
-            outcome,
-            sampled: open.sampled.len(),
-            target: open.target,
-            updates,
-            missing,
-            declined: open.declined.into_iter().collect(),
-            duplicates: open.duplicates,
-            refused: open.refused + screened.len() as u64,
-            late_total: core.stats.late_updates,
-            payload_down,
-            started: open.started,
-            closed: now,
-            influence,
-            held_out_accuracy: None,
-            privacy: None,
-        };
-        core.close_version(report);
+        let missing = open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
+        let closing = Closing { outcome, updates, missing, influence, refused: screened.len() as u64, secagg: None };
+        finish_close(core, now, open, closing);
     }
+
+    /// A device's message of the open round's secure aggregation; a refused one is counted,
+    /// logged and answered with a refusal. Then the protocol moves on if it may.
+    pub(super) fn on_secagg(&mut self, core: &mut Core, now: Duration, client: &str, frame: &SecAggFrame) {
+        let Some(open) = self.open.as_mut().filter(|o| o.round == frame.round) else {
+            tracing::debug!(client, round = frame.round, "a secure aggregation message for a round that is not open; ignored");
+            return;
+        };
+        let Some(secagg) = open.secagg.as_mut() else {
+            core.refuse(client, RefusalReason::Malformed, "this server does not aggregate securely".into());
+            return;
+        };
+        if let Err((reason, detail)) = secagg.on_message(client, frame) {
+            open.refused += 1;
+            tracing::warn!(client, round = frame.round, reason, %detail, "secure aggregation message refused");
+            core.refuse(client, RefusalReason::Malformed, format!("secure aggregation ({reason}): {detail}"));
+            return;
+        }
+        self.step_secagg(core, now);
+        self.start(core, now);
+    }
+
+    /// How many vectors the open round's secure aggregation holds (see `Engine::secagg_held_vectors`).
+    pub(super) fn secagg_held_vectors(&self) -> Option<usize> {
+        self.open.as_ref()?.secagg.as_ref().map(SecAggRound::held_vectors)
+    }
+
+    /// What a device that reconnected during the open round's secure aggregation has not
+    /// answered yet: the current stage's message, again.
+    pub(super) fn secagg_resend(&self, client: &str) -> Option<Message> {
+        self.open.as_ref()?.secagg.as_ref()?.resend(client)
+    }
+
+    /// Moves the open round's secure aggregation on as far as `now` allows, sends what it
+    /// queued, and closes the round when it output the sum or failed.
+    fn step_secagg(&mut self, core: &mut Core, now: Duration) {
+        let Some(open) = self.open.as_mut() else { return };
+        let Some(secagg) = open.secagg.as_mut() else { return };
+        let step = secagg.step(now, open.deadline, &core.global);
+        for (to, msg) in secagg.transmit(open.round) {
+            core.actions.push_back(Action::Send { to, msg });
+        }
+        match step {
+            Step::Waiting => {}
+            Step::Done { update, contributors } => self.close_secure(core, now, Ok((update, contributors))),
+            Step::Failed(why) => self.close_secure(core, now, Err(why)),
+        }
+    }
+
+    /// Closes a securely aggregated round: the method aggregates the sum (with at least
+    /// `min_updates` contributors), the version closes, and only then are the contributors
+    /// acked. A failed protocol fails the round and exposes nothing.
+    fn close_secure(&mut self, core: &mut Core, now: Duration, result: Result<(Box<Update>, Vec<ClientId>), String>) {
+        let Some(open) = self.open.take() else { return };
+        let mut report = open.secagg.as_ref().map(SecAggRound::report).unwrap_or_else(|| SecAggReport {
+            failed: result.as_ref().err().cloned(),
+            ..SecAggReport::default()
+        });
+        let min = core.config.min_updates.max(1);
+        let (outcome, contributors) = match result {
+            Ok((_, contributors)) if contributors.len() < min => {
+                let reason = format!("{} of at least {min} devices in the secure sum", contributors.len());
+                report.failed = Some(reason.clone());
+                (RoundOutcome::Failed { reason }, Vec::new())
+            }
+            Ok((sum, contributors)) => (core.aggregate_secure(&sum), contributors),
+            Err(why) => (RoundOutcome::Failed { reason: format!("secure aggregation failed: {why}") }, Vec::new()),
+        };
+        let vector_bytes = 4 * report.vector_len as u64;
+        let updates = contributors
+            .iter()
+            .map(|c| UpdateReport { client: c.clone(), num_samples: 1, payload_up: vector_bytes, ..UpdateReport::default() })
+            .collect();
+        self.last_accepted = BTreeSet::new();
+        let aggregated = matches!(outcome, RoundOutcome::Aggregated);
+        let round = open.round;
+        let missing = open.sampled.iter().filter(|c| !contributors.contains(*c)).cloned().collect();
+        let influence = InfluenceReport::default();
+        let closing = Closing { outcome, updates, missing, influence, refused: 0, secagg: Some(report) };
+        finish_close(core, now, open, closing);
+        // After the version is durable: an ack still means "in this round's aggregate".
+        for client in contributors.iter().filter(|_| aggregated) {
+            core.ack(client, round, true);
+        }
+    }
+}
+
+/// How a round ended, for its report.
+struct Closing {
+    outcome: RoundOutcome,
+    updates: Vec<UpdateReport>,
+    /// Invited devices whose update is not in the round (dropped).
+    missing: Vec<ClientId>,
+    influence: InfluenceReport,
+    /// Updates refused at close (screened out).
+    refused: u64,
+    secagg: Option<SecAggReport>,
+}
+
+/// Writes a dropped cost record for each invited device that is not in the round's updates,
+/// and closes the version with the round's report.
+fn finish_close(core: &mut Core, now: Duration, open: OpenRound, closing: Closing) {
+    let payload_down = match open.broadcast.as_ref() {
+        Message::Broadcast(b) => payload_bytes(&b.blocks) as u64,
+        _ => 0,
+    };
+    core.stats.dropped += closing.missing.len() as u64;
+    for client in &closing.missing {
+        core.actions.push_back(Action::Ledger(CostRecord {
+            client: client.clone(),
+            round: open.round,
+            payload_down,
+            dropped: true,
+            wall_seconds: now.saturating_sub(open.started).as_secs_f64(),
+            ..CostRecord::default()
+        }));
+    }
+    let report = RoundReport {
+        round: open.round,
+        outcome: closing.outcome,
+        sampled: open.sampled.len(),
+        target: open.target,
+        updates: closing.updates,
+        missing: closing.missing,
+        declined: open.declined.into_iter().collect(),
+        duplicates: open.duplicates,
+        refused: open.refused + closing.refused,
+        late_total: core.stats.late_updates,
+        payload_down,
+        started: open.started,
+        closed: now,
+        influence: closing.influence,
+        held_out_accuracy: None,
+        privacy: None,
+        secagg: closing.secagg,
+    };
+    core.close_version(report);
 }
 
 /// The checks an update for the open round passes before the screens' verdict is final: the
@@ -334,6 +465,7 @@ fn open_round_record(core: &Core, now: Duration, round: u64, target: usize, samp
         duplicates: 0,
         refused: 0,
         declined: BTreeMap::new(),
+        secagg: None,
     }
 }
 

@@ -450,6 +450,7 @@ mod tests {
             influence: Default::default(),
             held_out_accuracy: None,
             privacy: None,
+            secagg: None,
         };
         status.round_closed(&report, 200);
         assert_eq!(status.waiting(200).map(|w| (w.needed, w.since)), Some((2, 200)), "a new shortfall, a new clock");

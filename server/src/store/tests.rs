@@ -63,6 +63,7 @@ fn report(round: u64) -> Arc<RoundReport> {
         influence: Default::default(),
         held_out_accuracy: None,
         privacy: None,
+        secagg: None,
     })
 }
 

@@ -375,6 +375,7 @@ mod tests {
                 influence: Default::default(),
                 held_out_accuracy: None,
                 privacy: None,
+                secagg: None,
             })
             .collect();
         let configured = configured.map(|r| (r, PathBuf::from("server.toml")));
