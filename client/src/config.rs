@@ -225,6 +225,10 @@ pub struct ClientConfig {
     /// ([`crate::privacy::DevicePrivacy::for_device`]).
     #[serde(default, skip_serializing_if = "anchorage_shared::privacy::PrivacyConfig::is_off")]
     pub privacy: anchorage_shared::privacy::PrivacyConfig,
+    /// Secure aggregation (issue 34; the server's `[engine.secagg]`): the update leaves the
+    /// device only masked, and the server learns only the round's sum. Off by default.
+    #[serde(default)]
+    pub secure_aggregation: bool,
 }
 
 fn default_server_name() -> String {

@@ -170,6 +170,7 @@ pub fn options(config: &ClientConfig) -> anyhow::Result<ClientOptions> {
     options.idle_timeout = config.connection.idle_timeout();
     options.connect_timeout = config.connection.connect_timeout();
     options.eligibility = config.eligibility.clone();
+    options.secure_aggregation = config.secure_aggregation;
     options.sys_root = Some(crate::eligibility::SysRoot::default());
     Ok(options)
 }

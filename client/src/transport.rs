@@ -102,6 +102,9 @@ pub struct ClientOptions {
     /// receives only what it does not hold. `false`: whole on a uni stream, received again from
     /// the start (the behaviour before issue 33, and a server's that does not offer it).
     pub resume_broadcasts: bool,
+    /// Secure aggregation (issue 34; `secure_aggregation` in client.toml): the update is sent
+    /// only masked, with keys from the operating system's entropy.
+    pub secure_aggregation: bool,
     /// When this device may train (`[eligibility]` of client.toml, issue 33): an invited device
     /// that may not declines the round with its reason. Empty: always trains.
     pub eligibility: crate::eligibility::Eligibility,
@@ -278,6 +281,7 @@ impl ClientOptions {
             socket_wrapper: None,
             resume_uploads: true,
             resume_broadcasts: true,
+            secure_aggregation: false,
             eligibility: Default::default(),
             sys_root: Default::default(),
             stream_priorities: true,
@@ -569,7 +573,13 @@ impl Client {
         if let Some(store) = &options.store {
             restore_device_state(store, method.as_mut(), &options.client_id)?;
         }
-        let session = Session::new(options.client_id.clone(), capabilities, method.num_samples(), pending);
+        let mut session = Session::new(options.client_id.clone(), capabilities, method.num_samples(), pending);
+        if options.secure_aggregation {
+            let mut entropy = [0u8; 32];
+            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut entropy)
+                .map_err(|_| anyhow::anyhow!("the operating system gave no entropy for secure aggregation"))?;
+            session = session.with_secure_aggregation(entropy);
+        }
         Ok(Self {
             endpoint: endpoint(&options)?,
             rng: Rng::derive(options.seed, 0xBAC0FF),

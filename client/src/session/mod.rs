@@ -102,7 +102,7 @@ pub struct Session {
     refused: Option<Refusal>,
     /// The cost records of the rounds in flight.
     costs: cost::Costs,
-    /// Secure aggregation (`[privacy] secure_aggregation`): the update never travels in the clear.
+    /// Secure aggregation (`secure_aggregation` in client.toml): the update never travels in the clear.
     secagg: Option<secagg::DeviceSecAgg>,
     actions: VecDeque<SessionAction>,
 }
@@ -341,7 +341,7 @@ impl Session {
     /// masked vector) once the update is trained.
     fn on_secagg(&mut self, frame: &anchorage_shared::protocol::SecAggFrame) -> Result<(), SessionError> {
         let Some(secagg) = self.secagg.as_mut() else {
-            let detail = "secure aggregation is off on this device ([privacy] secure_aggregation)".to_string();
+            let detail = "secure aggregation is off on this device (secure_aggregation in client.toml)".to_string();
             return Err(SessionError::SecAgg { reason: "off", detail });
         };
         let reply = secagg.on_frame(frame, self.pending.as_ref());

@@ -379,7 +379,7 @@ impl Engine {
         }
         if self.core.config.secagg.enabled {
             let detail = "this server aggregates securely ([engine.secagg]): updates travel masked, never in the clear \
-                          (turn on [privacy] secure_aggregation on the device)";
+                          (set secure_aggregation = true in the device's client.toml)";
             self.core.refuse(client, RefusalReason::Malformed, detail.into());
             return;
         }

@@ -34,8 +34,8 @@ use serde::{Deserialize, Serialize};
 use super::ClientId;
 use super::config::duration_ms;
 
-/// `[engine.secagg]`: secure aggregation (off by default). The devices' `[privacy]
-/// secure_aggregation` must be on too: a device never sends its update in the clear when it is.
+/// `[engine.secagg]`: secure aggregation (off by default). The devices' `secure_aggregation`
+/// (client.toml) must be on too: a device never sends its update in the clear when it is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SecAggConfig {
