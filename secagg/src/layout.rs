@@ -1,8 +1,12 @@
 //! A federated update as one `u32` vector and back, so that SecAgg+ sums whole updates (Bonawitz
 //! et al. 2017, §3: the inputs are vectors over Z_R; Bell et al. 2020 sum the same way).
 //!
-//! The vector is the quantised delta from the global model, block by block, then the quantised
-//! prototype sums (class-major, `classes × dim`), then the per-class sample counts as raw integers.
+//! The vector is the quantised weighted delta from the global model, block by block, then the
+//! quantised prototype sums (class-major, `classes × dim`), then the per-class sample counts as
+//! raw integers, then the device's quantised weight w. With `weight_scale` > 0, w = min(n /
+//! weight_scale, 1) for a device of n samples, so the sum gives FedAvg's sample-weighted mean
+//! Σ w_u Δ_u / Σ w_u (McMahan et al. 2017) with each device's voice capped at weight_scale
+//! samples; with 0, every w is 1 (equal weights, as differential privacy needs).
 //! Each segment has its own bound, so no sum of up to `max_clients` vectors wraps: the delta is
 //! L2-clipped to `clip` and each element lies in `[-clip, clip]`; a class sum is clipped to
 //! `count · prototype_clip ≤ max_count · prototype_clip`; a count is at most `max_count`, and
@@ -37,12 +41,17 @@ pub struct Layout {
     pub max_count: u32,
     /// Most contributors a sum may hold (the quantisers' headroom).
     pub max_clients: u32,
+    /// The sample count of a full weight (see the module doc); 0: equal weights.
+    #[serde(default)]
+    pub weight_scale: f32,
 }
 
 /// The two quantisers of a layout: the delta's, and the prototype sums' (none without classes).
 struct Quantizers {
     delta: Quantizer,
     sums: Option<Quantizer>,
+    /// The weight's, over [0, 1].
+    weight: Quantizer,
 }
 
 impl Layout {
@@ -64,7 +73,12 @@ impl Layout {
     /// Elements of the whole vector, or `None` on overflow.
     fn checked_len(&self) -> Option<u64> {
         let classes = u64::from(self.classes);
-        self.delta_len()?.checked_add(classes * u64::from(self.dim))?.checked_add(classes)
+        self.delta_len()?.checked_add(classes * u64::from(self.dim))?.checked_add(classes)?.checked_add(1)
+    }
+
+    /// A device's weight w in [0, 1] for `num_samples` (see the module doc).
+    pub fn weight(&self, num_samples: u64) -> f64 {
+        if self.weight_scale > 0.0 { (num_samples as f64 / f64::from(self.weight_scale)).min(1.0) } else { 1.0 }
     }
 
     /// Elements of the prototype-sum segment.
@@ -81,8 +95,12 @@ impl Layout {
         if !self.blocks.iter().all(|(name, _)| names.insert(name)) {
             return Err(SecAggError::BadParams("a block name appears twice in the layout"));
         }
+        if !(self.weight_scale.is_finite() && self.weight_scale >= 0.0) {
+            return Err(SecAggError::BadParams("weight_scale must be finite and not negative"));
+        }
+        let weight = Quantizer::new(1.0, self.max_clients)?;
         if self.classes == 0 {
-            return Ok(Quantizers { delta, sums: None });
+            return Ok(Quantizers { delta, sums: None, weight });
         }
         if !(self.prototype_clip.is_finite() && self.prototype_clip > 0.0) {
             return Err(SecAggError::BadParams("prototype_clip must be finite and positive"));
@@ -94,7 +112,7 @@ impl Layout {
             return Err(SecAggError::BadParams("max_count · max_clients counts could wrap"));
         }
         let sums = Quantizer::new(self.max_count as f32 * self.prototype_clip, self.max_clients)?;
-        Ok(Quantizers { delta, sums: Some(sums) })
+        Ok(Quantizers { delta, sums: Some(sums), weight })
     }
 
     /// One device's vector: its delta from `global` (clipped), its prototype sums (clipped) and
@@ -107,6 +125,7 @@ impl Layout {
         prototypes_are_sums: bool,
     ) -> Result<Vec<u32>, SecAggError> {
         let q = self.quantizers()?;
+        let weight = self.weight(update.num_samples);
         if update.blocks.len() != self.blocks.len() {
             let (expected, got) = (self.blocks.len(), update.blocks.len());
             return Err(SecAggError::WrongLength { what: "update blocks", expected, got });
@@ -118,12 +137,14 @@ impl Layout {
             delta.extend(mine.iter().zip(&base).map(|(&u, &g)| finite(f64::from(u) - f64::from(g))));
         }
         clip_norm(&mut delta, f64::from(self.clip));
+        delta.iter_mut().for_each(|d| *d *= weight);
         let mut vector = q.delta.quantize(&to_f32(&delta), Rounding::Nearest);
         if let Some(sums_q) = q.sums {
             let (sums, counts) = self.prototype_sums(&update.prototypes, prototypes_are_sums)?;
             vector.extend(sums_q.quantize(&to_f32(&sums), Rounding::Nearest));
             vector.extend(counts);
         }
+        vector.extend(q.weight.quantize(&[weight as f32], Rounding::Nearest));
         Ok(vector)
     }
 
@@ -178,8 +199,12 @@ impl Layout {
             return Err(SecAggError::BadParams("a sum of no contributors"));
         }
         let (delta_part, rest) = sum.split_at(self.delta_len().unwrap_or(0) as usize);
+        let (rest, weight_part) = rest.split_at(rest.len() - 1);
         let delta = q.delta.dequantize_sum(delta_part, contributors)?;
-        let n = f64::from(contributors);
+        let n = f64::from(q.weight.dequantize_sum(weight_part, contributors)?[0]);
+        if !(n > 0.0) {
+            return Err(SecAggError::BadParams("the summed weight is not positive"));
+        }
         let mut blocks = Vec::with_capacity(self.blocks.len());
         let mut offset = 0;
         for (name, shape) in &self.blocks {
@@ -194,7 +219,8 @@ impl Layout {
             Some(sums_q) => self.prototype_means(&sums_q, rest, contributors)?,
             None => Vec::new(),
         };
-        let num_samples = u64::from(contributors);
+        let num_samples =
+            if self.weight_scale > 0.0 { (n * f64::from(self.weight_scale)).round() as u64 } else { u64::from(contributors) };
         Ok(Update { round, num_samples, blocks, prototypes, metrics: Vec::new(), compute_seconds: 0.0 })
     }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anchorage_data::DataSpec;
 use anchorage_server::aggregate::RobustConfig;
 use anchorage_server::engine::AggregationMode;
+use anchorage_server::engine::secagg::SecAggConfig;
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::privacy::PrivacyConfig;
 use serde::{Deserialize, Serialize};
@@ -42,6 +43,11 @@ pub struct SimConfig {
     /// every device get the same table.
     #[serde(skip_serializing_if = "PrivacyConfig::is_off")]
     pub privacy: PrivacyConfig,
+    /// Secure aggregation (`[secagg]`, issue 34: the server's `[engine.secagg]`; every device
+    /// masks its update). `classes` and `prototype_dim` left at 0 are sized from the data and
+    /// the method.
+    #[serde(skip_serializing_if = "is_off")]
+    pub secagg: SecAggConfig,
     /// The devices and links the clients run on, the clock, failures.
     #[serde(flatten)]
     pub systems: SystemsConfig,
@@ -293,6 +299,11 @@ impl SimConfig {
     }
 }
 
+/// Whether `[secagg]` is off (then the run folder's config does not list it).
+fn is_off(secagg: &SecAggConfig) -> bool {
+    !secagg.enabled
+}
+
 impl SimConfig {
     /// A config file's table: the flat keys dealt to the section that declares them, and the
     /// `[model]`, `[method]` and `[data]` tables. An unknown key, or a value of the wrong type,
@@ -303,6 +314,7 @@ impl SimConfig {
         let privacy: PrivacyConfig =
             table.remove("privacy").map(|v| section("privacy", v)).transpose()?.unwrap_or_default();
         privacy.check().map_err(|e| KeyError { key: "privacy".into(), message: e.to_string() })?;
+        let secagg = table.remove("secagg").map(|v| section("secagg", v)).transpose()?.unwrap_or_default();
         let declared = [
             field_names::<FederationConfig>(),
             field_names::<DataConfig>(),
@@ -313,7 +325,7 @@ impl SimConfig {
         for (key, value) in table {
             let Some(i) = declared.iter().position(|names| names.contains(&key.as_str())) else {
                 let mut known: Vec<&str> = declared.concat();
-                known.extend(["model", "method", "privacy"]);
+                known.extend(["model", "method", "privacy", "secagg"]);
                 known.sort_unstable();
                 let message = format!("unknown key `{key}`: a simulation's keys are `{}`", known.join("`, `"));
                 return Err(KeyError { key, message });
@@ -327,6 +339,7 @@ impl SimConfig {
             model,
             method,
             privacy,
+            secagg,
             systems: fields(systems)?,
             output: fields(output)?,
         })

@@ -298,6 +298,7 @@ pub(crate) fn device_options(
     options.connect_timeout = options.idle_timeout;
     options.resume_uploads = config.systems.resume_uploads;
     options.resume_broadcasts = config.systems.resume_broadcasts;
+    options.secure_aggregation = config.secagg.enabled;
     let Some(profile) = link else { return Ok((options, None)) };
     let (slot, seed): (LinkSlot, u64) =
         (Arc::new(Mutex::new(None)), config.federation.seed.wrapping_add(5000 + i as u64));

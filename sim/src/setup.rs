@@ -408,6 +408,7 @@ fn engine_config(config: &SimConfig, protocol: Protocol) -> EngineConfig {
         robust: config.federation.robust.clone(),
         privacy: config.privacy.clone(),
         noise_seed: Some(config.federation.seed ^ 0xD1FF_E4E7),
+        secagg: config.secagg.clone(),
         ..EngineConfig::default()
     }
 }
@@ -519,7 +520,11 @@ impl Setup {
             }
             clients.push(device);
         }
-        let engine = engine_config(config, protocol);
+        let mut engine = engine_config(config, protocol);
+        if engine.secagg.enabled {
+            let probe = || wraps.method(config, context(builder.of(&split.clients[0]), config.federation.seed), 0);
+            size_secagg(&mut engine, &config.method, features.num_classes, probe, &initial)?;
+        }
         anchorage_server::engine::privacy::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
         anchorage_server::engine::secagg::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
         Ok(Self {
@@ -533,6 +538,38 @@ impl Setup {
             server_method,
         })
     }
+}
+
+/// `[secagg]`'s vector for this federation: the data's classes, and the dimension of the
+/// prototypes the method sends (each method has its own feature space), from one probe round of
+/// training on client 0's stream. A method that sends no prototypes needs neither.
+fn size_secagg(
+    engine: &mut EngineConfig,
+    method: &anchorage_shared::method::MethodConfig,
+    num_classes: usize,
+    probe: impl FnOnce() -> anyhow::Result<Box<dyn ClientMethod>>,
+    initial: &[ParamBlock],
+) -> anyhow::Result<()> {
+    let sends_prototypes = anchorage_shared::method::info(method.name()).is_some_and(|m| m.shared.has_prototypes());
+    if !sends_prototypes {
+        return Ok(());
+    }
+    if engine.secagg.classes == 0 {
+        engine.secagg.classes = num_classes as u32;
+    }
+    if engine.secagg.prototype_dim == 0 {
+        let broadcast = Broadcast {
+            round: 1,
+            task: 0,
+            config: engine.round.clone(),
+            blocks: initial.to_vec(),
+            prototypes: Vec::new(),
+        };
+        let update = probe()?.train(&broadcast).context("the probe round that sizes [secagg]'s prototypes")?;
+        let dim = update.prototypes.first().and_then(|p| p.vector.shape.first().copied());
+        engine.secagg.prototype_dim = dim.context("the probe round sent no prototype: set prototype_dim in [secagg]")?;
+    }
+    Ok(())
 }
 
 /// The server half `config.method` names; FedTA's distiller runs on the split's surrogate set

@@ -307,9 +307,16 @@ fn virtual_clients<M: ClientMethod + 'static>(
         .enumerate()
         .map(|(i, method)| {
             let profile = links[i].clone().unwrap_or_default();
-            let session = Session::new(client_id(i), capabilities.clone(), method.num_samples(), None)
+            let mut session = Session::new(client_id(i), capabilities.clone(), method.num_samples(), None)
                 .payload_down_without_prototypes();
             let seed = config.federation.seed.wrapping_add(5000 + i as u64);
+            if config.secagg.enabled {
+                // Seeded: a simulation is reproducible; a device in the field takes the OS's entropy.
+                let mut entropy = [0u8; 32];
+                let mut rng = Rng::derive(seed, 0x5EC);
+                entropy.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&rng.next_u64().to_le_bytes()));
+                session = session.with_secure_aggregation(entropy);
+            }
             VirtualClient {
                 session,
                 device: devices[i].clone(),

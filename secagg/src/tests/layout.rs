@@ -23,6 +23,7 @@ fn layout() -> Layout {
         prototype_clip: 2.0,
         max_count: 1000,
         max_clients: 1 << 12,
+        weight_scale: 0.0,
     }
 }
 
@@ -103,7 +104,7 @@ fn assert_mean(got: &Update, devices: &[(Vec<f64>, Update)]) {
 fn five_devices_sum_to_the_mean_delta_and_the_pooled_prototypes() {
     let l = layout();
     l.check().unwrap();
-    assert_eq!(l.vector_len(), 10 + 4 * 5 + 4);
+    assert_eq!(l.vector_len(), 10 + 4 * 5 + 4 + 1, "delta, sums, counts, weight");
     let devices: Vec<_> = (0..DEVICES).map(device).collect();
     let vectors: Vec<Vec<u32>> = devices.iter().map(|(_, u)| l.encode(u, &global(), false).unwrap()).collect();
     assert!(vectors.iter().all(|v| v.len() == l.vector_len()));
@@ -253,7 +254,8 @@ fn bad_sums_and_layouts_are_refused() {
     assert!(bad(&|l| l.blocks.push(("huge".into(), vec![u32::MAX, 2]))), "a vector past 2^32 - 1");
     assert!(bad(&|l| l.blocks.push(("head.bias".into(), vec![1]))), "a block name twice");
     let no_prototypes = Layout { classes: 0, dim: 0, prototype_clip: 0.0, max_count: 0, ..layout() };
-    assert_eq!((no_prototypes.check(), no_prototypes.vector_len()), (Ok(()), 10));
+    assert_eq!((no_prototypes.check(), no_prototypes.vector_len()), (Ok(()), 11));
+    assert!(bad(&|l| l.weight_scale = -1.0) && bad(&|l| l.weight_scale = f32::NAN));
 }
 
 #[test]
@@ -285,4 +287,30 @@ fn server_frames_round_trip_and_garbage_is_refused() {
         rng.fill_bytes(&mut garbage);
         let _ = ServerFrame::decode(&garbage);
     }
+}
+
+#[test]
+fn a_weight_scale_gives_the_sample_weighted_mean_with_each_voice_capped() {
+    let l = Layout { classes: 0, dim: 0, weight_scale: 100.0, ..layout() };
+    let g = global();
+    // Three devices of 10, 50 and 400 samples (the last capped at 100), each moving one value.
+    let moved = |by: f32, n: u64| {
+        let mut blocks = g.clone();
+        let mut v = blocks[1].decode().unwrap();
+        v[0] += by;
+        blocks[1] = ParamBlock::encode("head.bias", &[4], &v, Encoding::F32);
+        Update { round: 1, num_samples: n, blocks, prototypes: vec![], metrics: vec![], compute_seconds: 0.0 }
+    };
+    let updates = [moved(0.3, 10), moved(-0.1, 50), moved(0.2, 400)];
+    let mut sum = vec![0u32; l.vector_len()];
+    for u in &updates {
+        for (s, x) in sum.iter_mut().zip(l.encode(u, &g, false).unwrap()) {
+            *s = s.wrapping_add(x);
+        }
+    }
+    let out = l.decode(&sum, 3, &g, 1).unwrap();
+    let want = (0.3 * 0.1 - 0.1 * 0.5 + 0.2 * 1.0) / (0.1 + 0.5 + 1.0);
+    let got = out.blocks[1].decode().unwrap()[0] - 1.0;
+    assert!((f64::from(got) - want).abs() < 1e-5, "{got} vs {want}");
+    assert_eq!(out.num_samples, 160, "Σ w · weight_scale");
 }

@@ -24,6 +24,8 @@ pub(super) struct ClientInfo {
     pub(super) connected: bool,
     /// Buffered mode: the last version this client was dispatched to train on.
     pub(super) last_version: Option<u64>,
+    /// The sample count its hello claimed (secure aggregation's weights, issue 34).
+    pub(super) num_samples: u64,
 }
 
 /// The engine's state that does not depend on its mode. See the module docs.

@@ -338,7 +338,8 @@ impl Engine {
         self.core.compare_witness(client, hello.last_round, current_round.is_some());
         let core = &mut self.core;
         let last_version = core.clients.get(client).and_then(|c| c.last_version);
-        core.clients.insert(client.into(), ClientInfo { connected: true, last_version });
+        let num_samples = hello.num_samples;
+        core.clients.insert(client.into(), ClientInfo { connected: true, last_version, num_samples });
         core.actions.push_back(Action::Persist(Persist::Seen { client: client.into(), fingerprint: None }));
         core.actions.push_back(Action::Send {
             to: client.into(),

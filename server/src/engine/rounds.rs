@@ -105,7 +105,10 @@ impl ModeState for RoundsState {
         core.actions
             .push_back(Action::Broadcast { to: open.sampled.iter().cloned().collect(), msg: open.broadcast.clone() });
         let secagg = core.config.secagg.enabled.then(|| {
-            SecAggRound::open(&core.config.secagg, (round, core.config.seed), &open.sampled, &core.global, now)
+            let counts = open.sampled.iter().filter_map(|c| core.clients.get(c)).map(|c| c.num_samples).collect();
+            let private = core.config.privacy.is_on();
+            let scale = super::secagg::weight_scale(counts, &core.config.robust, private);
+            SecAggRound::open(&core.config.secagg, (round, core.config.seed, scale), &open.sampled, &core.global, now)
         });
         match secagg {
             Some(Ok(secagg)) => open.secagg = Some(secagg),

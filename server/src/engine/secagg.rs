@@ -84,8 +84,25 @@ impl SecAggConfig {
             prototype_clip: self.prototype_clip,
             max_count: self.max_count,
             max_clients: max_clients.max(1) as u32,
+            weight_scale: 0.0,
         }
     }
+}
+
+/// The sample count of a full weight in a SecAgg round ([`Layout::weight`]): the invited
+/// devices' claimed counts (their hellos'), capped at `max_samples`; the largest of them, or
+/// with `weight_cap` that many times their lower median, so that no device's voice exceeds the
+/// bound the plain path's `bound_round` gives it. Under differential privacy every weight is 1
+/// (0: equal weights), as the noise is calibrated to equal weights.
+pub(super) fn weight_scale(mut counts: Vec<u64>, robust: &crate::aggregate::RobustConfig, private: bool) -> f32 {
+    counts.iter_mut().for_each(|c| *c = (*c).clamp(1, robust.max_samples.max(1)));
+    counts.sort_unstable();
+    if private || counts.is_empty() {
+        return 0.0;
+    }
+    let largest = counts[counts.len() - 1] as f64;
+    let capped = robust.weight_cap.map_or(largest, |cap| largest.min(cap * counts[(counts.len() - 1) / 2] as f64));
+    capped as f32
 }
 
 /// Refuses an `[engine.secagg]` that cannot hold, with why: a rule or screen that needs each
@@ -185,13 +202,13 @@ impl SecAggRound {
     /// Round 0 for the `invited` devices: the Setup, with the layout, queued for each.
     pub(super) fn open(
         config: &SecAggConfig,
-        (round, seed): (u64, u64),
+        (round, seed, weight_scale): (u64, u64, f32),
         invited: &BTreeSet<ClientId>,
         global: &[ParamBlock],
         now: Duration,
     ) -> Result<Self, String> {
         let devices: Vec<ClientId> = invited.iter().cloned().collect();
-        let layout = config.layout(global, devices.len());
+        let layout = Layout { weight_scale, ..config.layout(global, devices.len()) };
         layout.check().map_err(|e| e.to_string())?;
         let mut rng = Rng::derive(seed ^ 0x5EC_A66, round);
         let mut graph_seed = [0u8; 32];
