@@ -22,6 +22,7 @@ pub use process::{
     AllocatorStats, flush_allocator_if_requested, request_allocator_flush, set_allocator_flush, set_allocator_probe,
 };
 pub mod rounds;
+pub mod secagg;
 pub mod text;
 
 use std::collections::HashMap;

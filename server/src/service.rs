@@ -522,6 +522,19 @@ fn log_round(report: &RoundReport, held_out: &str) {
             "privacy spent"
         );
     }
+    if let Some(s) = &report.secagg {
+        let refused: u64 = s.refused.values().sum();
+        tracing::info!(
+            round = report.round,
+            contributors = s.contributors,
+            dropped_after_masking = s.dropped_after_masking,
+            threshold = s.threshold,
+            vector_len = s.vector_len,
+            refused,
+            failed = s.failed.as_deref().unwrap_or("no"),
+            "secure aggregation: the server holds only the sum"
+        );
+    }
 }
 
 /// Logs the server's shortfall of devices: when it starts (at most once per round: a wait ends

@@ -1,5 +1,6 @@
 //! Issue 34, item 5, measured: what the server can see of each device's true per-class mean
-//! (the prototypes every method here uploads), without protection and under differential privacy.
+//! (the prototypes every method here uploads): without protection, under differential privacy, and
+//! under secure aggregation (SecAgg+).
 //!
 //! The devices' features are real where the data folder is there: the first 2,000 lossless
 //! CIFAR-10 training records (`cifar10/data_batch_1.first4000.bin.gz`) through the frozen
@@ -25,8 +26,18 @@
 //! similarity and relative L2 error ‖estimate − true‖ / ‖true‖ are averaged over devices and the
 //! classes each holds.
 //!
+//! Under SecAgg the uploads are the unprotected means, but they go through a real SecAgg+ round
+//! (`anchorage_secagg`, driven here as the server's and the client's shells drive it: the layout
+//! and the device's id with round 0's Setup, every message through its wire encoding) over a
+//! seeded sample of the 20 devices at the same q = 0.5. The server's only output is the sum, which
+//! `Layout::decode` turns into each class's mean pooled over the round's devices: that is its
+//! estimate of every contributor's own class mean. The test checks that the server never holds
+//! more than the one running sum while the masked vectors arrive, and that this estimate is further
+//! from each device's mean than the unprotected upload.
+//!
 //! `cargo test -p anchorage-tests --test reconstruction -- --nocapture` prints the table.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anchorage_client::methods::protos::{PrototypeRelease, host, upload_prototypes};
@@ -34,6 +45,10 @@ use anchorage_client::methods::{ClientMethod, TrainError};
 use anchorage_client::privacy::{DevicePrivacy, wrap};
 use anchorage_data::Dataset;
 use anchorage_model::{FeatureCache, zoo};
+use anchorage_secagg::{
+    Advance, Aggregate, ClientId, ClientMessage, ClientState, Layout, Params, ServerFrame, ServerMessage, ServerState,
+    Stage,
+};
 use anchorage_shared::privacy::mechanism::{add_gaussian, l2_norm, noisy_count};
 use anchorage_shared::privacy::{NoiseSite, PrivacyConfig};
 use anchorage_shared::protocol::{Broadcast, RoundConfig, Update};
@@ -319,6 +334,115 @@ fn central_row(fleet: &Fleet, truths: &[Vec<(u32, Vec<f32>)>], epsilon: Option<f
     }
 }
 
+/// One device in a SecAgg+ round as the client's shell runs it: its trained update, and the
+/// round's layout and protocol state once the Setup frame came.
+struct SecAggDevice {
+    update: Update,
+    entropy: [u8; 32],
+    layout: Option<Layout>,
+    state: Option<ClientState>,
+}
+
+impl SecAggDevice {
+    /// Answers one server frame (wire bytes) with one client message (wire bytes); the update is
+    /// encoded with the frame's layout when the masked input is asked for.
+    fn answer(&mut self, frame: &[u8]) -> Vec<u8> {
+        let ServerFrame { layout, you, message } = ServerFrame::decode(frame).expect("a server frame");
+        if let (Some(layout), Some(you)) = (layout, you) {
+            layout.check().expect("a valid layout");
+            self.state = Some(ClientState::awaiting_input(you, self.entropy));
+            self.layout = Some(layout);
+        }
+        let state = self.state.as_mut().expect("a Setup came first");
+        if message.stage() == Stage::MaskedInput && state.needs_input() {
+            let layout = self.layout.as_ref().expect("the round's layout");
+            state.provide_input(layout.encode(&self.update, &[], false).expect("the update fits the layout"));
+        }
+        state.handle_message(message).expect("the device accepts the frame").encode()
+    }
+}
+
+/// One SecAgg+ round over `updates` (no dropouts), to its aggregate. Checks that the server holds
+/// only the one running sum after each masked vector arrives, and nothing once it is output.
+fn secagg_round(layout: &Layout, updates: Vec<(ClientId, Update)>) -> Aggregate {
+    let n = updates.len();
+    let mut rng = Rng::derive(34, 0x5EC);
+    let mut seed = || {
+        let mut bytes = [0u8; 32];
+        bytes.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&rng.next_u64().to_le_bytes()));
+        bytes
+    };
+    let graph_seed = seed();
+    let clients: Vec<ClientId> = updates.iter().map(|(c, _)| *c).collect();
+    let vector_len = layout.vector_len() as u32;
+    let config = anchorage_secagg::RoundConfig {
+        round: 1,
+        clients,
+        params: Params::recommended(n, 0.1),
+        graph_seed,
+        vector_len,
+    };
+    let mut server = ServerState::new(config).expect("a valid SecAgg+ round");
+    let mut devices: BTreeMap<ClientId, SecAggDevice> = updates
+        .into_iter()
+        .map(|(c, update)| (c, SecAggDevice { update, entropy: seed(), layout: None, state: None }))
+        .collect();
+    loop {
+        while let Some((c, message)) = server.poll_transmit() {
+            let setup = matches!(message, ServerMessage::Setup(_));
+            let frame = ServerFrame { layout: setup.then(|| layout.clone()), you: setup.then_some(c), message };
+            let reply = devices.get_mut(&c).expect("a sampled device").answer(&frame.encode());
+            let reply = ClientMessage::decode(&reply).expect("a client message");
+            let masked = matches!(reply, ClientMessage::Masked { .. });
+            server.handle_message(c, reply).expect("the server accepts the message");
+            if masked {
+                let held = server.held_vectors().len();
+                assert!(held <= 1, "the server holds {held} vectors after {c}'s masked vector, not one running sum");
+            }
+        }
+        assert_eq!(server.awaiting(), 0, "every device answered the stage");
+        if let Advance::Done(aggregate) = server.advance().expect("the round goes on") {
+            assert!(server.held_vectors().is_empty(), "the sum left the server with the aggregate");
+            return aggregate;
+        }
+    }
+}
+
+/// SecAgg+: a seeded sample of the devices (q = `SAMPLING_RATE`) sends its unprotected means
+/// through one real round; the server's estimate of each contributor's class mean is the decoded
+/// aggregate's pooled class mean. Compared with the contributors' own means.
+fn secagg_row(fleet: &Fleet, truths: &[Vec<(u32, Vec<f32>)>], clip: f64) -> Row {
+    let mut picked = Rng::derive(34, 0x5A).sample_indices(DEVICES, (DEVICES as f64 * SAMPLING_RATE).round() as usize);
+    picked.sort_unstable();
+    let classes = fleet.devices.iter().flat_map(|(_, l)| l).max().map_or(0, |c| c + 1);
+    let layout = Layout {
+        blocks: Vec::new(),
+        classes,
+        dim: fleet.dim as u32,
+        clip: 1.0,
+        prototype_clip: clip as f32,
+        max_count: 1000,
+        max_clients: picked.len() as u32,
+        weight_scale: 0.0,
+    };
+    let updates: Vec<(ClientId, Update)> = picked
+        .iter()
+        .map(|&d| {
+            let (values, labels) = &fleet.devices[d];
+            let mut method = Uploads(upload(values, labels, fleet.dim, PrototypeRelease::Means));
+            (ClientId(d as u32), method.train(&broadcast(1)).expect("an update"))
+        })
+        .collect();
+    let aggregate = secagg_round(&layout, updates);
+    assert_eq!(aggregate.contributors as usize, picked.len(), "every sampled device is in the sum");
+    let decoded = layout.decode(&aggregate.sum, aggregate.contributors, &[], 1).expect("the aggregate decodes");
+    let pooled: Vec<(u32, Vec<f32>)> =
+        decoded.prototypes.iter().map(|p| (p.class, p.values().expect("finite pooled mean"))).collect();
+    let pairs: Vec<(f64, f64)> = picked.iter().flat_map(|&d| compare(&truths[d], &pooled)).collect();
+    let what = format!("SecAgg+, one round of {} devices: the round's pooled class means", picked.len());
+    row(what, None, &pairs)
+}
+
 fn print_table(fleet: &Fleet, clip: f64, rows: &[Row]) {
     println!("\nReconstruction of each device's per-class mean feature (issue 34, item 5)");
     println!("data: {}", fleet.source);
@@ -333,7 +457,7 @@ fn print_table(fleet: &Fleet, clip: f64, rows: &[Row]) {
         let sigma = r.sigma.map_or("–".to_string(), |s| format!("{s:.2}"));
         println!("| {} | {sigma} | {:.3} | {:.3} | {:.3} |", r.what, r.cosine, r.error, r.median_error);
     }
-    println!("| SecAgg | – | – | – | – |  (not measurable yet: SecAgg is not wired into the protocol)\n");
+    println!();
 }
 
 #[test]
@@ -374,6 +498,8 @@ fn what_the_server_sees_of_each_devices_class_means() {
     }
     rows.push(central_row(&fleet, &truths, None, clip));
     rows.extend(EPSILONS.iter().map(|&eps| central_row(&fleet, &truths, Some(eps), clip)));
+    let secagg = secagg_row(&fleet, &truths, clip);
+    rows.push(secagg.clone());
     print_table(&fleet, clip, &rows);
 
     let none = &rows[0];
@@ -390,5 +516,9 @@ fn what_the_server_sees_of_each_devices_class_means() {
     assert!(
         one_at_1.cosine < none.cosine - 0.5 && all_at_1.cosine < none.cosine - 0.3,
         "at ε = 1 local noise hides the device's means: {one_at_1:?} / {all_at_1:?} against {none:?}"
+    );
+    assert!(
+        secagg.cosine < none.cosine && secagg.error > none.error,
+        "under SecAgg the server's estimate is no closer than the unprotected upload: {secagg:?} against {none:?}"
     );
 }

@@ -63,6 +63,7 @@ impl Core {
     ) -> Self {
         let rng = Rng::derive(config.seed, checkpoint.round);
         let privacy = privacy_state(&config, method.name(), None);
+        super::secagg::log_screening(&config);
         Self {
             // A `[engine.privacy]` that cannot be met runs no round (`EngineConfig::check` refuses it first).
             finished: privacy.is_err() || (config.rounds > 0 && checkpoint.round >= config.rounds),

@@ -135,6 +135,14 @@ pub fn check_config(
     }
     (method.info().privacy)(method)
         .map_err(|why| format!("[engine.secagg] with `{}`: the server half must aggregate sums: {why}", method.name()))?;
+    let sends_prototypes = super::privacy::sends_prototypes(method.name());
+    if sends_prototypes && (config.classes == 0 || config.prototype_dim == 0) {
+        return Err(format!(
+            "[engine.secagg] with `{}`: its prototypes need a place in every device's vector: set classes \
+             (the data's classes) and prototype_dim (the prototypes' dimension)",
+            method.name()
+        ));
+    }
     if !(config.dropout.is_finite() && (0.0..1.0).contains(&config.dropout)) {
         return Err("[engine.secagg] dropout must be in [0, 1)".into());
     }
@@ -144,6 +152,21 @@ pub fn check_config(
 /// The most devices one SecAgg round is checked for at start (each round's quantisers are
 /// sized for its own invitations).
 pub const MAX_DEVICES: usize = 10_000;
+
+/// What screening means under secure aggregation, said once at start (`[engine.secagg]` on).
+pub(super) fn log_screening(config: &super::EngineConfig) {
+    if !config.secagg.enabled {
+        return;
+    }
+    tracing::info!(
+        clip = config.secagg.clip,
+        max_abs_value = config.robust.max_abs_value,
+        "secure aggregation: the server sees only each round's sum, so no update is screened on its own \
+         (max_norm, max_norm_z, norm_cap, min_norm_ratio and max_sign_agreement do not run); each device clips \
+         its delta to `clip` itself (a bound it does not prove), weights are capped by weight_cap × the \
+         invited devices' lower median claimed count, and the sum is checked for finite values within max_abs_value"
+    );
+}
 
 /// What a SecAgg round did (in its round report; `anchorage_secagg_*` on /metrics).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -230,4 +230,35 @@ fn configurations_that_need_each_update_are_refused_with_why() {
         assert!(err.contains(says) && err.contains("[engine.secagg]"), "{err}");
     }
     check_config(&secure(3), &fedavg).expect("the mean with the default bounds runs");
+    let mut capped = secure(3);
+    capped.robust.norm_cap = Some(3.0);
+    assert!(check_config(&capped, &fedavg).unwrap_err().contains("norm_cap"));
+    let fedprok = MethodConfig::named("fedprok").unwrap();
+    let err = check_config(&secure(3), &fedprok).expect_err("prototypes need their place in the vector");
+    assert!(err.contains("prototype_dim"), "{err}");
+    let sized = SecAggConfig { classes: 10, prototype_dim: 64, ..secure(3).secagg };
+    check_config(&EngineConfig { secagg: sized, ..secure(3) }, &fedprok).expect("sized for prototypes");
+}
+
+#[test]
+fn local_noise_under_secure_aggregation_is_accounted_each_round() {
+    let privacy = anchorage_shared::privacy::PrivacyConfig {
+        noise: anchorage_shared::privacy::NoiseSite::Local,
+        clip: 1.0,
+        noise_multiplier: Some(1.0),
+        ..Default::default()
+    };
+    let config = EngineConfig { privacy, ..secure(3) };
+    check_config(&config, &MethodConfig::named("fedavg").unwrap()).expect("local noise and SecAgg combine");
+    let mut e = engine(config);
+    let mut devs = devices(&[[0.1, 0.2], [0.3, -0.1], [0.2, 0.2]]);
+    let start = join(&mut e, secs(0), &["d0", "d1", "d2"]);
+    let actions = run(&mut e, &mut devs, start);
+    let report = reports(&actions).into_iter().next().expect("the round closed");
+    assert!(matches!(report.outcome, RoundOutcome::Aggregated), "{:?}", report.outcome);
+    let account = report.privacy.as_ref().expect("the account");
+    assert_eq!(account.rounds, 1);
+    assert!(account.epsilon > 0.0);
+    let g = e.global()[0].decode().unwrap();
+    assert!((g[0] - 0.2).abs() < 1e-5 && (g[1] - 0.1).abs() < 1e-5, "equal weights: {g:?}");
 }

@@ -75,6 +75,8 @@ struct State {
     held_out: Option<(u64, f64)>,
     /// The privacy spent as of the last closed round (`[engine.privacy]`).
     privacy: Option<crate::engine::privacy::PrivacyAccount>,
+    /// What secure aggregation did (`[engine.secagg]`), once a secure round closed.
+    secagg: Option<super::secagg::SecAggTotals>,
     /// Devices a round needs (0: not told, never waiting).
     min_available: usize,
     /// Synchronous rounds: devices are needed only between rounds.
@@ -186,6 +188,9 @@ impl RoundStatus {
             }
             if report.privacy.is_some() {
                 s.privacy = report.privacy.clone();
+            }
+            if let Some(secagg) = &report.secagg {
+                s.secagg.get_or_insert_default().add(secagg);
             }
         });
     }
@@ -310,6 +315,9 @@ impl Collector for RoundStatus {
             s.held_out.map(|(r, _)| r as f64),
         )?;
         encode_privacy(&mut encoder, s.privacy.as_ref())?;
+        if let Some(secagg) = &s.secagg {
+            secagg.encode(&mut encoder)?;
+        }
         gauge(
             &mut encoder,
             "round_missing_devices",
