@@ -408,6 +408,19 @@ fn secagg_round(layout: &Layout, updates: Vec<(ClientId, Update)>) -> Aggregate 
     }
 }
 
+/// Per class, Σ count · mean / Σ count over the updates' prototypes (what the aggregate should give).
+fn pooled_means(updates: &[(ClientId, Update)]) -> Vec<(u32, Vec<f32>)> {
+    let sums: Vec<Vec<Prototype>> = updates
+        .iter()
+        .map(|(_, u)| {
+            let scaled =
+                |p: &Prototype| p.values().expect("finite").iter().map(|v| v * p.count as f32).collect::<Vec<_>>();
+            u.prototypes.iter().map(|p| Prototype::encode(p.class, p.count, &scaled(p), Encoding::F32)).collect()
+        })
+        .collect();
+    totals(&sums).into_iter().map(|(c, sum, count)| (c, sum.iter().map(|s| (s / count) as f32).collect())).collect()
+}
+
 /// SecAgg+: a seeded sample of the devices (q = `SAMPLING_RATE`) sends its unprotected means
 /// through one real round; the server's estimate of each contributor's class mean is the decoded
 /// aggregate's pooled class mean. Compared with the contributors' own means.
@@ -433,11 +446,15 @@ fn secagg_row(fleet: &Fleet, truths: &[Vec<(u32, Vec<f32>)>], clip: f64) -> Row 
             (ClientId(d as u32), method.train(&broadcast(1)).expect("an update"))
         })
         .collect();
+    let exact = pooled_means(&updates);
     let aggregate = secagg_round(&layout, updates);
     assert_eq!(aggregate.contributors as usize, picked.len(), "every sampled device is in the sum");
     let decoded = layout.decode(&aggregate.sum, aggregate.contributors, &[], 1).expect("the aggregate decodes");
     let pooled: Vec<(u32, Vec<f32>)> =
         decoded.prototypes.iter().map(|p| (p.class, p.values().expect("finite pooled mean"))).collect();
+    for (cos, err) in compare(&exact, &pooled) {
+        assert!(cos > 0.9999 && err < 1e-4, "the aggregate is the round's pooled means: cosine {cos}, error {err}");
+    }
     let pairs: Vec<(f64, f64)> = picked.iter().flat_map(|&d| compare(&truths[d], &pooled)).collect();
     let what = format!("SecAgg+, one round of {} devices: the round's pooled class means", picked.len());
     row(what, None, &pairs)

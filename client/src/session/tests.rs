@@ -376,3 +376,65 @@ fn a_declined_round_is_told_to_the_server_and_may_be_trained_later() {
     s.receive(Message::Broadcast(broadcast(3))).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast(3))]);
 }
+
+/// A Setup for a three-device SecAgg round in which this device is `you`, over a layout of
+/// no blocks and no prototypes (the vector holds only the weight).
+fn secagg_setup(round: u64, you: u32) -> Message {
+    use anchorage_secagg::{ClientId, Layout, Params, RoundConfig as SecAggRound, ServerFrame, ServerMessage};
+    let layout = Layout {
+        blocks: vec![],
+        classes: 0,
+        dim: 0,
+        clip: 1.0,
+        prototype_clip: 1.0,
+        max_count: 1,
+        max_clients: 3,
+        weight_scale: 0.0,
+    };
+    let config = SecAggRound {
+        round,
+        clients: (0..3).map(ClientId).collect(),
+        params: Params { degree: 2, threshold: 2 },
+        graph_seed: [1; 32],
+        vector_len: layout.vector_len() as u32,
+    };
+    let frame = ServerFrame { layout: Some(layout), you: Some(ClientId(you)), message: ServerMessage::Setup(config) };
+    Message::SecAgg(anchorage_shared::protocol::SecAggFrame { round, body: frame.encode() })
+}
+
+#[test]
+fn under_secure_aggregation_an_update_never_leaves_in_the_clear() {
+    // A pending update from before a restart is not resent after the welcome, nor when the
+    // round's broadcast comes again.
+    let mut s = Session::new("c1", capabilities(), 5, Some(update(3))).with_secure_aggregation([7; 32]);
+    s.connected();
+    s.receive(welcome()).unwrap();
+    s.receive(Message::Broadcast(broadcast(3))).unwrap();
+    let actions = drain(&mut s);
+    assert!(!actions.iter().any(|a| matches!(a, SessionAction::Upload(_))), "{actions:?}");
+    // A fresh round: keys go out at once; the trained update is persisted, never uploaded.
+    s.receive(Message::Broadcast(broadcast(4))).unwrap();
+    s.receive(secagg_setup(4, 1)).unwrap();
+    s.trained(update(4), COMPUTE);
+    let actions = drain(&mut s);
+    assert!(actions.iter().any(|a| matches!(a, SessionAction::Send(Message::SecAgg(f)) if f.round == 4)), "keys sent");
+    assert!(actions.iter().any(|a| matches!(a, SessionAction::Persist(Some(u)) if u.round == 4)), "persisted");
+    assert!(!actions.iter().any(|a| matches!(a, SessionAction::Upload(_))), "{actions:?}");
+    // The same Setup again (its answer lost with a connection) gets the same answer.
+    s.receive(secagg_setup(4, 1)).unwrap();
+    assert!(matches!(drain(&mut s).as_slice(), [SessionAction::Send(Message::SecAgg(_))]));
+}
+
+#[test]
+fn secure_aggregation_messages_that_do_not_fit_are_refused_with_their_reason() {
+    let mut plain = joined(None);
+    let err = plain.receive(secagg_setup(1, 0)).unwrap_err();
+    assert!(matches!(err, SessionError::SecAgg { reason: "off", .. }), "{err}");
+    let mut s = Session::new("c1", capabilities(), 5, None).with_secure_aggregation([7; 32]);
+    s.connected();
+    s.receive(welcome()).unwrap();
+    let garbage = Message::SecAgg(anchorage_shared::protocol::SecAggFrame { round: 1, body: vec![0xff; 5] });
+    assert!(matches!(s.receive(garbage), Err(SessionError::SecAgg { reason: "decode", .. })));
+    let err = s.receive(secagg_setup(1, 9)).unwrap_err();
+    assert!(matches!(err, SessionError::SecAgg { reason: "bad_params", .. }), "not in the round's sample: {err}");
+}
