@@ -556,6 +556,18 @@ public_classes = 25
         assert!(minimal.privacy.is_off() && minimal.device_privacy().unwrap().is_none(), "absent: off");
     }
 
+    /// deploy/client.toml's commented `secure_aggregation` line turns it on once uncommented.
+    #[test]
+    fn the_example_secure_aggregation_line_parses() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/client.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let line = text.lines().find_map(|l| l.strip_prefix("# secure_aggregation")).expect("the example line");
+        let parsed: super::ClientConfig = toml::from_str(&format!("secure_aggregation{line}\n{MINIMAL}")).unwrap();
+        assert!(parsed.secure_aggregation);
+        let minimal: super::ClientConfig = toml::from_str(MINIMAL).unwrap();
+        assert!(!minimal.secure_aggregation, "absent: off");
+    }
+
     /// deploy/client.toml's commented `[eligibility]` example parses once uncommented.
     #[test]
     fn the_example_eligibility_table_parses() {

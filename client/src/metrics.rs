@@ -47,6 +47,7 @@ pub struct ClientMetrics {
     transfers_refused: Family<[(&'static str, &'static str); 2], Counter>,
     transfers_resumed: Family<Label, Counter>,
     readings_refused: Counter,
+    secagg_refused: Family<Label, Counter>,
     rounds_trained: Counter,
     training_failures: Counter,
     rounds_declined: Family<Label, Counter>,
@@ -73,6 +74,7 @@ impl ClientMetrics {
             transfers_refused: Family::default(),
             transfers_resumed: Family::default(),
             readings_refused: Counter::default(),
+            secagg_refused: Family::default(),
             rounds_trained: Counter::default(),
             training_failures: Counter::default(),
             rounds_declined: Family::default(),
@@ -108,6 +110,12 @@ impl ClientMetrics {
             "readings_refused",
             "Values this device read of itself (sysfs, procfs) and refused as wrong (each also a warning in the log)",
             self.readings_refused.clone(),
+        );
+        r.register(
+            "secagg_refused",
+            "Secure aggregation messages from the server this device refused, by reason (undecodable, a wrong \
+             round or stage, a bad key or share, a second Setup of a round it unmasked); each also a warning",
+            self.secagg_refused.clone(),
         );
         r.register("rounds_trained", "Rounds this device trained", self.rounds_trained.clone());
         r.register("training_failures", "Trainings that failed", self.training_failures.clone());
@@ -181,6 +189,16 @@ impl ClientMetrics {
     }
 
     /// `n` values refused by one reading of the device.
+    /// A secure aggregation message refused for `reason` (`SecAggError::reason`).
+    pub fn secagg_refused(&self, reason: &'static str) {
+        self.secagg_refused.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// How many secure aggregation messages were refused for `reason`.
+    pub fn secagg_refusals(&self, reason: &'static str) -> u64 {
+        self.secagg_refused.get_or_create(&[("reason", reason)]).get()
+    }
+
     pub fn readings_refused(&self, n: usize) {
         self.readings_refused.inc_by(n as u64);
     }

@@ -965,6 +965,9 @@ impl Client {
             _ => {}
         }
         if let Err(e) = self.session.handle_message(self.now(), msg, wire_bytes) {
+            if let crate::session::SessionError::SecAgg { reason, .. } = &e {
+                self.options.metrics.secagg_refused(reason);
+            }
             tracing::warn!(client = %self.options.client_id, error = %e, "ignored a message");
         }
     }

@@ -311,6 +311,27 @@ mod tests {
 
     const BASE: &str = "bind = \"127.0.0.1:4433\"\nstate_dir = \"s\"\ntls_dir = \"t\"\n";
 
+    /// deploy/server.toml's commented `[engine.secagg]` example parses once uncommented, and a
+    /// rule that needs each update is refused at load with why.
+    #[test]
+    fn the_example_secagg_table_parses_and_a_median_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/server.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let table: String = text
+            .lines()
+            .skip_while(|l| *l != "# [engine.secagg]")
+            .skip(1)
+            .map_while(|l| l.strip_prefix("# "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let parsed = ServerConfig::parse(&format!("method = \"fedprok\"\n{BASE}[engine.secagg]\n{table}")).unwrap();
+        let secagg = &parsed.engine.secagg;
+        assert!(secagg.enabled && secagg.classes == 10 && secagg.prototype_dim == 64, "{table}");
+        let median = format!("method = \"fedprok\"\n{BASE}[engine.robust]\naggregation = {{ rule = \"median\" }}\n[engine.secagg]\n{table}");
+        let err = format!("{:#}", ServerConfig::parse(&median).unwrap_err());
+        assert!(err.contains("[engine.secagg]") && err.contains("sees only their sum"), "{err}");
+    }
+
     #[test]
     fn the_method_is_a_name_or_a_table_of_hyperparameters() {
         let named = ServerConfig::parse(&format!("method = \"fedta\"\n{BASE}")).unwrap();
