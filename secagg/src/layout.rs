@@ -202,7 +202,7 @@ impl Layout {
         let (rest, weight_part) = rest.split_at(rest.len() - 1);
         let delta = q.delta.dequantize_sum(delta_part, contributors)?;
         let n = f64::from(q.weight.dequantize_sum(weight_part, contributors)?[0]);
-        if !(n > 0.0) {
+        if n.is_nan() || n <= 0.0 {
             return Err(SecAggError::BadParams("the summed weight is not positive"));
         }
         let mut blocks = Vec::with_capacity(self.blocks.len());
@@ -219,8 +219,11 @@ impl Layout {
             Some(sums_q) => self.prototype_means(&sums_q, rest, contributors)?,
             None => Vec::new(),
         };
-        let num_samples =
-            if self.weight_scale > 0.0 { (n * f64::from(self.weight_scale)).round() as u64 } else { u64::from(contributors) };
+        let num_samples = if self.weight_scale > 0.0 {
+            (n * f64::from(self.weight_scale)).round() as u64
+        } else {
+            u64::from(contributors)
+        };
         Ok(Update { round, num_samples, blocks, prototypes, metrics: Vec::new(), compute_seconds: 0.0 })
     }
 

@@ -337,7 +337,10 @@ impl RobustConfig {
             (self.weight_cap.is_some() && self.weight_cap != d.weight_cap, "weight_cap"),
             (self.norm_cap.is_some() && self.norm_cap != d.norm_cap, "norm_cap"),
             (self.min_norm_ratio.is_some() && self.min_norm_ratio != d.min_norm_ratio, "min_norm_ratio"),
-            (self.max_sign_agreement.is_some() && self.max_sign_agreement != d.max_sign_agreement, "max_sign_agreement"),
+            (
+                self.max_sign_agreement.is_some() && self.max_sign_agreement != d.max_sign_agreement,
+                "max_sign_agreement",
+            ),
         ]
     }
 }

@@ -327,7 +327,9 @@ mod tests {
         let parsed = ServerConfig::parse(&format!("method = \"fedprok\"\n{BASE}[engine.secagg]\n{table}")).unwrap();
         let secagg = &parsed.engine.secagg;
         assert!(secagg.enabled && secagg.classes == 10 && secagg.prototype_dim == 64, "{table}");
-        let median = format!("method = \"fedprok\"\n{BASE}[engine.robust]\naggregation = {{ rule = \"median\" }}\n[engine.secagg]\n{table}");
+        let median = format!(
+            "method = \"fedprok\"\n{BASE}[engine.robust]\naggregation = {{ rule = \"median\" }}\n[engine.secagg]\n{table}"
+        );
         let err = format!("{:#}", ServerConfig::parse(&median).unwrap_err());
         assert!(err.contains("[engine.secagg]") && err.contains("sees only their sum"), "{err}");
     }

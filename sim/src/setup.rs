@@ -520,13 +520,8 @@ impl Setup {
             }
             clients.push(device);
         }
-        let mut engine = engine_config(config, protocol);
-        if engine.secagg.enabled {
-            let probe = || wraps.method(config, context(builder.of(&split.clients[0]), config.federation.seed), 0);
-            size_secagg(&mut engine, &config.method, features.num_classes, probe, &initial)?;
-        }
-        anchorage_server::engine::privacy::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
-        anchorage_server::engine::secagg::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
+        let probe = || wraps.method(config, context(builder.of(&split.clients[0]), config.federation.seed), 0);
+        let engine = checked_engine(config, protocol, (features.num_classes, &initial), probe)?;
         Ok(Self {
             engine,
             initial,
@@ -538,6 +533,23 @@ impl Setup {
             server_method,
         })
     }
+}
+
+/// The engine's configuration for `config`, with `[secagg]` sized (`probe` builds client 0's
+/// method for it), refused where `[privacy]` or `[secagg]` cannot hold.
+fn checked_engine(
+    config: &SimConfig,
+    protocol: Protocol,
+    (num_classes, initial): (usize, &[ParamBlock]),
+    probe: impl FnOnce() -> anyhow::Result<Box<dyn ClientMethod>>,
+) -> anyhow::Result<EngineConfig> {
+    let mut engine = engine_config(config, protocol);
+    if engine.secagg.enabled {
+        size_secagg(&mut engine, &config.method, num_classes, probe, initial)?;
+    }
+    anchorage_server::engine::privacy::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
+    anchorage_server::engine::secagg::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
+    Ok(engine)
 }
 
 /// `[secagg]`'s vector for this federation: the data's classes, and the dimension of the
@@ -567,7 +579,8 @@ fn size_secagg(
         };
         let update = probe()?.train(&broadcast).context("the probe round that sizes [secagg]'s prototypes")?;
         let dim = update.prototypes.first().and_then(|p| p.vector.shape.first().copied());
-        engine.secagg.prototype_dim = dim.context("the probe round sent no prototype: set prototype_dim in [secagg]")?;
+        engine.secagg.prototype_dim =
+            dim.context("the probe round sent no prototype: set prototype_dim in [secagg]")?;
     }
     Ok(())
 }

@@ -29,11 +29,13 @@
 //! Under SecAgg the uploads are the unprotected means, but they go through a real SecAgg+ round
 //! (`anchorage_secagg`, driven here as the server's and the client's shells drive it: the layout
 //! and the device's id with round 0's Setup, every message through its wire encoding) over a
-//! seeded sample of the 20 devices at the same q = 0.5. The server's only output is the sum, which
-//! `Layout::decode` turns into each class's mean pooled over the round's devices: that is its
-//! estimate of every contributor's own class mean. The test checks that the server never holds
-//! more than the one running sum while the masked vectors arrive, and that this estimate is further
-//! from each device's mean than the unprotected upload.
+//! seeded sample of the 20 devices at the same q = 0.5; the layout clips a class sum to count ×
+//! `prototype_clip`. The server's only output is the sum, which `Layout::decode` turns into each
+//! class's mean pooled over the round's devices: that is its estimate of every contributor's own
+//! class mean, compared with the contributors' means. The test checks that the server never holds
+//! more than the one running sum while the masked vectors arrive, that the decoded sum is the
+//! contributors' pooled (clipped) means, and that the estimate is further from each device's mean
+//! than the unprotected upload.
 //!
 //! `cargo test -p anchorage-tests --test reconstruction -- --nocapture` prints the table.
 
@@ -408,16 +410,20 @@ fn secagg_round(layout: &Layout, updates: Vec<(ClientId, Update)>) -> Aggregate 
     }
 }
 
-/// Per class, Σ count · mean / Σ count over the updates' prototypes (what the aggregate should give).
-fn pooled_means(updates: &[(ClientId, Update)]) -> Vec<(u32, Vec<f32>)> {
-    let sums: Vec<Vec<Prototype>> = updates
-        .iter()
-        .map(|(_, u)| {
-            let scaled =
-                |p: &Prototype| p.values().expect("finite").iter().map(|v| v * p.count as f32).collect::<Vec<_>>();
-            u.prototypes.iter().map(|p| Prototype::encode(p.class, p.count, &scaled(p), Encoding::F32)).collect()
-        })
-        .collect();
+/// Per class, Σ count · mean / Σ count over the updates' prototypes, each mean clipped to norm
+/// `clip` as the layout clips a class sum to count · clip: what the aggregate should decode to.
+fn pooled_means(updates: &[(ClientId, Update)], clip: f64) -> Vec<(u32, Vec<f32>)> {
+    let sum = |p: &Prototype| {
+        let mean = p.values().expect("finite prototype");
+        let scale = p.count as f64 * (clip / l2_norm([mean.as_slice()])).min(1.0);
+        Prototype::encode(
+            p.class,
+            p.count,
+            &mean.iter().map(|v| (f64::from(*v) * scale) as f32).collect::<Vec<_>>(),
+            Encoding::F32,
+        )
+    };
+    let sums: Vec<Vec<Prototype>> = updates.iter().map(|(_, u)| u.prototypes.iter().map(sum).collect()).collect();
     totals(&sums).into_iter().map(|(c, sum, count)| (c, sum.iter().map(|s| (s / count) as f32).collect())).collect()
 }
 
@@ -446,7 +452,7 @@ fn secagg_row(fleet: &Fleet, truths: &[Vec<(u32, Vec<f32>)>], clip: f64) -> Row 
             (ClientId(d as u32), method.train(&broadcast(1)).expect("an update"))
         })
         .collect();
-    let exact = pooled_means(&updates);
+    let exact = pooled_means(&updates, clip);
     let aggregate = secagg_round(&layout, updates);
     assert_eq!(aggregate.contributors as usize, picked.len(), "every sampled device is in the sum");
     let decoded = layout.decode(&aggregate.sum, aggregate.contributors, &[], 1).expect("the aggregate decodes");

@@ -51,7 +51,29 @@ async fn fedavg_and_fedprok_aggregate_securely_on_both_clocks() {
             assert!(result.summary.rounds.iter().all(|r| r.outcome == "aggregated"), "{name}: every round aggregated");
             assert_eq!(contributors(result), vec![5, 5, 5], "{name}: every device in every sum");
         }
-        assert!((a_virtual - a_plain).abs() < 0.02, "{name}: the secure sum is the plain sum: {a_virtual} vs {a_plain}");
+        assert!(
+            (a_virtual - a_plain).abs() < 0.02,
+            "{name}: the secure sum is the plain sum: {a_virtual} vs {a_plain}"
+        );
         assert!((a_real - a_plain).abs() < 0.05, "{name}: over QUIC too: {a_real} vs {a_plain}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_killed_mid_federation_leaves_the_others_sum_intact_over_quic() {
+    let mut config = federation(MethodConfig::FedAvg(Default::default()), true);
+    config.secagg.stage_timeout = std::time::Duration::from_secs(2);
+    config.federation.min_available = Some(4);
+    config.systems.kill = vec![anchorage_sim::KillAt { client: 4, round: 2 }];
+    let result = run(config).await.expect("runs over QUIC");
+    let sums = contributors(&result);
+    let seconds: Vec<f64> = result.reports.iter().map(|r| r.closed.saturating_sub(r.started).as_secs_f64()).collect();
+    println!("devices in each sum with device 4 killed at round 2's broadcast: {sums:?}; round seconds {seconds:?}");
+    assert!(result.summary.rounds.iter().all(|r| r.outcome == "aggregated"), "every round aggregated");
+    let killed = "client-004";
+    for report in &result.reports[1..] {
+        let secagg = report.secagg.as_ref().unwrap();
+        assert!(!report.updates.iter().any(|u| u.client == killed), "round {}: the killed device", report.round);
+        assert_eq!(secagg.contributors, 4, "round {}: everyone else in the sum", report.round);
     }
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anchorage_client::methods::{ClientMethod, TrainError};
 use anchorage_client::session::{Session, SessionAction};
+use anchorage_client::store::ClientStore;
 use anchorage_client::transport::{self as client, ClientOptions};
 use anchorage_model::FeatureCache;
 use anchorage_server::aggregate::RobustConfig;
@@ -76,10 +77,17 @@ fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
     }
 }
 
-/// Every aligned 16-byte window of each block's data: one f32 of a device's own values is in
-/// each, so none of them can be in anything the server keeps.
-fn windows(blocks: &[ParamBlock]) -> Vec<Vec<u8>> {
-    blocks.iter().flat_map(|b| b.tensor.data.chunks_exact(16).map(<[u8]>::to_vec).collect::<Vec<_>>()).collect()
+/// The 16-byte windows of each of `update`'s blocks (a shorter last one) that differ from the
+/// same bytes of the `base` it was trained from: each holds some of the device's own change, so
+/// none of them can be in anything the server keeps.
+fn own_windows(update: &[ParamBlock], base: &[ParamBlock]) -> Vec<Vec<u8>> {
+    update
+        .iter()
+        .zip(base)
+        .flat_map(|(u, b)| {
+            u.tensor.data.chunks(16).zip(b.tensor.data.chunks(16)).filter(|(u, b)| u != b).map(|(u, _)| u.to_vec())
+        })
+        .collect()
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -93,7 +101,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// One device: its real session, the deltas it trains, and what the test saw of it.
 struct Device {
     session: Session,
-    /// Its delta of round r (the same each round): recognisable, distinct per device.
+    /// Its delta (the same each round): recognisable, distinct per device.
     delta: Vec<Vec<f32>>,
     /// Messages reach it (a dropped device gets nothing more).
     up: bool,
@@ -101,6 +109,10 @@ struct Device {
     drops_in: Option<u64>,
     /// Rounds acked `aggregated: true`.
     acked: BTreeSet<u64>,
+    /// The server's goodbye (the federation finished) reached it.
+    goodbye: bool,
+    /// Rounds whose ack came only after that goodbye.
+    acked_after_goodbye: BTreeSet<u64>,
     /// SecAgg control messages it sent, by round (keys, shares, unmasking).
     secagg_sent: BTreeMap<u64, usize>,
     /// The round it is training for (answers of the SecAgg frames carry no round otherwise).
@@ -263,6 +275,8 @@ fn the_engine_holds_only_the_running_sum_and_persists_no_update() {
                 up: true,
                 drops_in,
                 acked: BTreeSet::new(),
+                goodbye: false,
+                acked_after_goodbye: BTreeSet::new(),
                 secagg_sent: BTreeMap::new(),
                 round: 0,
                 trained: BTreeMap::new(),
@@ -280,7 +294,8 @@ fn the_engine_holds_only_the_running_sum_and_persists_no_update() {
         drain_session(now, id, device, &mut engine, &mut queue);
     }
     let mut steps = 0;
-    while !watch.finished {
+    // Until the federation finished and every message queued before and after it was delivered.
+    while !(watch.finished && queue.is_empty()) {
         steps += 1;
         assert!(steps < 100_000, "the federation does not finish");
         match queue.pop_front() {
@@ -293,10 +308,15 @@ fn the_engine_holds_only_the_running_sum_and_persists_no_update() {
                 if !device.up {
                     continue;
                 }
-                if let Message::Ack(ack) = &msg
-                    && ack.aggregated
-                {
-                    device.acked.insert(ack.round);
+                match &msg {
+                    Message::Ack(ack) if ack.aggregated => {
+                        device.acked.insert(ack.round);
+                        if device.goodbye {
+                            device.acked_after_goodbye.insert(ack.round);
+                        }
+                    }
+                    Message::Goodbye(_) => device.goodbye = true,
+                    _ => {}
                 }
                 device.session.handle_message(now, msg, 0).unwrap_or_else(|e| panic!("{to} refused a message: {e}"));
                 if drain_session(now, &to, device, &mut engine, &mut queue) {
@@ -356,7 +376,9 @@ fn the_engine_holds_only_the_running_sum_and_persists_no_update() {
     // What the engine asked to persist (the checkpoints) holds no device's block bytes.
     for (id, device) in &devices {
         for (round, update) in &device.trained {
-            for window in windows(&update.blocks) {
+            let own = own_windows(&update.blocks, &device.broadcast[round]);
+            assert!(!own.is_empty(), "{id}'s update of round {round} changes something");
+            for window in own {
                 assert!(
                     !watch.persisted_blobs.iter().any(|blob| contains(blob, &window)),
                     "{id}'s blocks of round {round} are in a persisted checkpoint"
@@ -374,6 +396,18 @@ fn the_engine_holds_only_the_running_sum_and_persists_no_update() {
         secagg[1].dropped_after_masking,
         devices.iter().map(|(id, d)| (id.as_str(), d.acked.len())).collect::<Vec<_>>()
     );
+
+    // An ack must reach a device before the goodbye: a real client leaves on the goodbye
+    // (client/src/transport.rs, `SessionAction::Finished`) and never reads what follows it.
+    let late: Vec<(&str, &BTreeSet<u64>)> = devices
+        .iter()
+        .filter(|(_, d)| !d.acked_after_goodbye.is_empty())
+        .map(|(id, d)| (id.as_str(), &d.acked_after_goodbye))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the engine queued the last round's aggregated acks after the federation's goodbye: {late:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -385,11 +419,15 @@ const ELEMENTS: usize = 64;
 const MARKER: f64 = 31_415.926_5;
 
 /// A FedAvg device that trains nothing: its update is the broadcast plus its own recognisable
-/// delta (every element moves), and the test keeps a copy of each update it made.
+/// delta (every element moves), and the test keeps a copy of each update it made with the
+/// blocks it was trained from.
 struct Marked {
     index: usize,
-    trained: Arc<Mutex<Vec<(usize, Update)>>>,
+    trained: Log,
 }
+
+/// Each update a device made: (device, update, the blocks it was trained from).
+type Log = Arc<Mutex<Vec<(usize, Update, Vec<ParamBlock>)>>>;
 
 impl Marked {
     fn delta(&self, j: usize) -> f32 {
@@ -416,7 +454,7 @@ impl ClientMethod for Marked {
             metrics: vec![Metric { name: "marker".into(), value: MARKER + self.index as f64 }],
             compute_seconds: 0.0,
         };
-        self.trained.lock().unwrap().push((self.index, update.clone()));
+        self.trained.lock().unwrap().push((self.index, update.clone(), broadcast.blocks.clone()));
         Ok(update)
     }
     fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
@@ -453,7 +491,7 @@ fn every_value(conn: &rusqlite::Connection) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     for table in tables {
         let mut stmt = conn.prepare(&format!("SELECT * FROM \"{table}\"")).unwrap();
-        let columns: Vec<String> = stmt.column_names().into_iter().map(String::from).collect();
+        let columns: Vec<String> = stmt.column_names().map(String::from).collect();
         let mut rows = stmt.query([]).unwrap();
         while let Some(row) = rows.next().unwrap() {
             for (c, column) in columns.iter().enumerate() {
@@ -512,6 +550,7 @@ async fn the_database_holds_no_device_update_under_secure_aggregation() {
             let mut options = ClientOptions::new(handle.local_addr, identity.cert.clone(), format!("d{i}"));
             options.secure_aggregation = true;
             options.seed = i as u64;
+            options.store = Some(ClientStore::new(tmp.path().join(format!("client-d{i}"))));
             let method = Marked { index: i, trained: trained.clone() };
             tokio::spawn(client::run(options, Box::new(method), None))
         })
@@ -545,9 +584,11 @@ async fn the_database_holds_no_device_update_under_secure_aggregation() {
     // What to look for: every 16-byte window of each device's blocks, its whole encoded update
     // (the `updates.body` blob a plain round stores), and its marker metric (bytes and text).
     let mut needles: Vec<(String, Vec<u8>)> = Vec::new();
-    for (i, update) in &trained {
+    for (i, update, base) in &trained {
         let who = format!("d{i} round {}", update.round);
-        needles.extend(windows(&update.blocks).into_iter().map(|w| (format!("{who}: a window of its blocks"), w)));
+        let own = own_windows(&update.blocks, base);
+        assert_eq!(own.len(), (ELEMENTS + 16) / 4, "{who}: every element of its blocks moved");
+        needles.extend(own.into_iter().map(|w| (format!("{who}: a window of its blocks"), w)));
         needles.push((format!("{who}: its encoded update"), Message::Update(update.clone()).encode_body()));
         let marker = update.metrics[0].value;
         needles.push((format!("{who}: its marker's bytes"), marker.to_le_bytes().to_vec()));
@@ -568,6 +609,13 @@ async fn the_database_holds_no_device_update_under_secure_aggregation() {
 
     // The database through SQLite (a normal connection reads whatever the WAL holds).
     let conn = rusqlite::Connection::open(state_dir.join(DB_FILE)).unwrap();
+    let ledger: Vec<(i64, String, i64)> = conn
+        .prepare("SELECT round, kind, COUNT(*) FROM ledger GROUP BY round, kind ORDER BY round, kind")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
     let updates: i64 = conn.query_row("SELECT COUNT(*) FROM updates", [], |r| r.get(0)).unwrap();
     assert_eq!(updates, 0, "no accepted update is stored under secure aggregation");
     let values = every_value(&conn);
@@ -613,5 +661,20 @@ async fn the_database_holds_no_device_update_under_secure_aggregation() {
         needles.len(),
         on_disk.len(),
         values.len()
+    );
+
+    println!("cost ledger rows (round, kind, devices): {ledger:?}");
+
+    // Every device's update is in an aggregate, so every device heard so and cleared it.
+    let still_pending: Vec<(String, u64)> = (0..N)
+        .filter_map(|i| {
+            let pending = ClientStore::new(tmp.path().join(format!("client-d{i}"))).load_pending().unwrap();
+            pending.map(|u| (format!("d{i}"), u.round))
+        })
+        .collect();
+    assert!(
+        still_pending.is_empty(),
+        "devices still hold updates the server aggregated (device, round): {still_pending:?}; \
+         their aggregated ack never reached them"
     );
 }

@@ -323,7 +323,11 @@ impl Session {
         }
         if let Some(secagg) = self.secagg.as_mut() {
             self.costs.upload(&update);
-            self.state = if self.connected { SessionState::Uploading { round: update.round } } else { SessionState::Disconnected };
+            self.state = if self.connected {
+                SessionState::Uploading { round: update.round }
+            } else {
+                SessionState::Disconnected
+            };
             let reply = secagg.trained(&update);
             // A refusal here is the device's own (its update does not fit the layout): logged.
             let _ = self.secagg_reply(update.round, reply);

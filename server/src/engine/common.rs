@@ -266,8 +266,7 @@ impl Core {
 
     /// Acknowledges `round`'s update from `client`.
     pub(super) fn ack(&mut self, client: &str, round: u64, aggregated: bool) {
-        let ack = anchorage_shared::protocol::Ack { round, aggregated };
-        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Ack(ack) });
+        self.actions.push_back(ack(client, round, aggregated));
     }
 
     /// The screens of `[engine.robust]` that run before an update's ack, against `reference`
@@ -422,7 +421,14 @@ impl Core {
 
     /// A new global version exists (a round closed, or a buffer aggregated): persist it before
     /// anything is announced, report it, and finish after the last configured round.
-    pub(super) fn close_version(&mut self, mut report: RoundReport) {
+    pub(super) fn close_version(&mut self, report: RoundReport) {
+        self.close_version_then(report, Vec::new());
+    }
+
+    /// [`Core::close_version`], with `after_commit` queued right after the version's commit and
+    /// before anything else (a secure round's acks: durable first, and ahead of the goodbyes that
+    /// end the federation after its last round).
+    pub(super) fn close_version_then(&mut self, mut report: RoundReport, after_commit: Vec<Action>) {
         report.privacy = self.privacy.as_ref().map(PrivacyState::snapshot);
         if matches!(report.outcome, RoundOutcome::Failed { .. }) {
             self.stats.failed_rounds += 1;
@@ -436,12 +442,19 @@ impl Core {
         self.actions
             .push_back(Action::Persist(Persist::Closed { checkpoint: checkpoint.clone(), report: report.clone() }));
         self.actions.push_back(Action::RoundClosed(report, checkpoint));
+        self.actions.extend(after_commit);
         if self.config.rounds > 0 && self.last_round >= self.config.rounds {
             self.finish("federation finished");
         } else {
             self.privacy_allows_a_round();
         }
     }
+}
+
+/// The ack of `round`'s update from `client`.
+pub(super) fn ack(client: &str, round: u64, aggregated: bool) -> Action {
+    let ack = anchorage_shared::protocol::Ack { round, aggregated };
+    Action::Send { to: client.into(), msg: Message::Ack(ack) }
 }
 
 fn cost_ack(client: &str, round: u64) -> Action {

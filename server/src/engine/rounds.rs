@@ -37,7 +37,7 @@ pub(super) struct OpenRound {
     /// Invited devices that declined, and why (no longer in `sampled`).
     pub(super) declined: BTreeMap<ClientId, DeclineReason>,
     /// The round's secure aggregation (`[engine.secagg]`); `None` when off.
-    pub(super) secagg: Option<SecAggRound>,
+    pub(super) secagg: Option<Box<SecAggRound>>,
 }
 
 /// State of the synchronous mode: the open round, and who the last closed round aggregated.
@@ -111,7 +111,7 @@ impl ModeState for RoundsState {
             SecAggRound::open(&core.config.secagg, (round, core.config.seed, scale), &open.sampled, &core.global, now)
         });
         match secagg {
-            Some(Ok(secagg)) => open.secagg = Some(secagg),
+            Some(Ok(secagg)) => open.secagg = Some(Box::new(secagg)),
             Some(Err(why)) => {
                 tracing::error!(round, reason = %why, "secure aggregation could not start; the round fails");
                 self.open = Some(open);
@@ -182,7 +182,11 @@ impl ModeState for RoundsState {
         open.declined.insert(client.into(), decline.reason);
         core.record_decline(client, &decline);
         if open.secagg.is_some() {
-            tracing::info!(round = open.round, client, "no replacement: a secure aggregation's cohort is fixed at round 0");
+            tracing::info!(
+                round = open.round,
+                client,
+                "no replacement: a secure aggregation's cohort is fixed at round 0"
+            );
             return;
         }
         let free: Vec<ClientId> = core
@@ -282,14 +286,18 @@ impl RoundsState {
         self.last_accepted = open.updates.keys().cloned().collect();
         let missing = open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
         let closing = Closing { outcome, updates, missing, influence, refused: screened.len() as u64, secagg: None };
-        finish_close(core, now, open, closing);
+        finish_close(core, now, open, closing, Vec::new());
     }
 
     /// A device's message of the open round's secure aggregation; a refused one is counted,
     /// logged and answered with a refusal. Then the protocol moves on if it may.
     pub(super) fn on_secagg(&mut self, core: &mut Core, now: Duration, client: &str, frame: &SecAggFrame) {
         let Some(open) = self.open.as_mut().filter(|o| o.round == frame.round) else {
-            tracing::debug!(client, round = frame.round, "a secure aggregation message for a round that is not open; ignored");
+            tracing::debug!(
+                client,
+                round = frame.round,
+                "a secure aggregation message for a round that is not open; ignored"
+            );
             return;
         };
         let Some(secagg) = open.secagg.as_mut() else {
@@ -308,7 +316,7 @@ impl RoundsState {
 
     /// How many vectors the open round's secure aggregation holds (see `Engine::secagg_held_vectors`).
     pub(super) fn secagg_held_vectors(&self) -> Option<usize> {
-        self.open.as_ref()?.secagg.as_ref().map(SecAggRound::held_vectors)
+        self.open.as_ref()?.secagg.as_ref().map(|s| s.held_vectors())
     }
 
     /// What a device that reconnected during the open round's secure aggregation has not
@@ -338,10 +346,11 @@ impl RoundsState {
     /// acked. A failed protocol fails the round and exposes nothing.
     fn close_secure(&mut self, core: &mut Core, now: Duration, result: Result<(Box<Update>, Vec<ClientId>), String>) {
         let Some(open) = self.open.take() else { return };
-        let mut report = open.secagg.as_ref().map(SecAggRound::report).unwrap_or_else(|| SecAggReport {
-            failed: result.as_ref().err().cloned(),
-            ..SecAggReport::default()
-        });
+        let mut report = open
+            .secagg
+            .as_ref()
+            .map(|s| s.report())
+            .unwrap_or_else(|| SecAggReport { failed: result.as_ref().err().cloned(), ..SecAggReport::default() });
         let min = core.config.min_updates.max(1);
         let (outcome, contributors) = match result {
             Ok((_, contributors)) if contributors.len() < min => {
@@ -355,7 +364,12 @@ impl RoundsState {
         let vector_bytes = 4 * report.vector_len as u64;
         let updates = contributors
             .iter()
-            .map(|c| UpdateReport { client: c.clone(), num_samples: 1, payload_up: vector_bytes, ..UpdateReport::default() })
+            .map(|c| UpdateReport {
+                client: c.clone(),
+                num_samples: 1,
+                payload_up: vector_bytes,
+                ..UpdateReport::default()
+            })
             .collect();
         self.last_accepted = BTreeSet::new();
         let aggregated = matches!(outcome, RoundOutcome::Aggregated);
@@ -363,11 +377,10 @@ impl RoundsState {
         let missing = open.sampled.iter().filter(|c| !contributors.contains(*c)).cloned().collect();
         let influence = InfluenceReport::default();
         let closing = Closing { outcome, updates, missing, influence, refused: 0, secagg: Some(report) };
-        finish_close(core, now, open, closing);
-        // After the version is durable: an ack still means "in this round's aggregate".
-        for client in contributors.iter().filter(|_| aggregated) {
-            core.ack(client, round, true);
-        }
+        // After the version is durable (an ack still means "in this round's aggregate"), and before
+        // the goodbyes that follow the last round.
+        let acks = contributors.iter().filter(|_| aggregated).map(|client| super::common::ack(client, round, true));
+        finish_close(core, now, open, closing, acks.collect());
     }
 }
 
@@ -385,7 +398,7 @@ struct Closing {
 
 /// Writes a dropped cost record for each invited device that is not in the round's updates,
 /// and closes the version with the round's report.
-fn finish_close(core: &mut Core, now: Duration, open: OpenRound, closing: Closing) {
+fn finish_close(core: &mut Core, now: Duration, open: OpenRound, closing: Closing, after_commit: Vec<Action>) {
     let payload_down = match open.broadcast.as_ref() {
         Message::Broadcast(b) => payload_bytes(&b.blocks) as u64,
         _ => 0,
@@ -420,7 +433,7 @@ fn finish_close(core: &mut Core, now: Duration, open: OpenRound, closing: Closin
         privacy: None,
         secagg: closing.secagg,
     };
-    core.close_version(report);
+    core.close_version_then(report, after_commit);
 }
 
 /// The checks an update for the open round passes before the screens' verdict is final: the

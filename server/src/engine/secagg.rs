@@ -124,7 +124,9 @@ pub fn check_config(
     }
     for (set, screen) in robust.per_update_screens() {
         if set {
-            return Err(format!("[engine.secagg] with [engine.robust] {screen}: this screen {needs_each}; each device clips its own delta to [engine.secagg] clip instead"));
+            return Err(format!(
+                "[engine.secagg] with [engine.robust] {screen}: this screen {needs_each}; each device clips its own delta to [engine.secagg] clip instead"
+            ));
         }
     }
     if !matches!(engine.mode, super::AggregationMode::Synchronous) {
@@ -133,8 +135,9 @@ pub fn check_config(
     if engine.privacy.is_on() && engine.privacy.noise == anchorage_shared::privacy::NoiseSite::Central {
         return Err("[engine.secagg] with central noise: the server would clip and noise each update, which it never sees; use noise = \"local\" (the devices noise what they mask)".into());
     }
-    (method.info().privacy)(method)
-        .map_err(|why| format!("[engine.secagg] with `{}`: the server half must aggregate sums: {why}", method.name()))?;
+    (method.info().privacy)(method).map_err(|why| {
+        format!("[engine.secagg] with `{}`: the server half must aggregate sums: {why}", method.name())
+    })?;
     let sends_prototypes = super::privacy::sends_prototypes(method.name());
     if sends_prototypes && (config.classes == 0 || config.prototype_dim == 0) {
         return Err(format!(
@@ -246,7 +249,8 @@ impl SecAggRound {
         };
         let state = ServerState::new(round_config).map_err(|e| e.to_string())?;
         let ids = devices.iter().enumerate().map(|(i, d)| (d.clone(), anchorage_secagg::ClientId(i as u32))).collect();
-        let report = SecAggReport { threshold: state.threshold(), vector_len: layout.vector_len(), ..Default::default() };
+        let report =
+            SecAggReport { threshold: state.threshold(), vector_len: layout.vector_len(), ..Default::default() };
         Ok(Self {
             state,
             layout,
@@ -294,10 +298,14 @@ impl SecAggRound {
 
     fn accept(&mut self, device: &str, frame: &SecAggFrame) -> Result<(), (&'static str, String)> {
         let refuse = |e: SecAggError| (e.reason(), e.to_string());
-        let id = *self.ids.get(device).ok_or(("not_invited", "not invited to this round's secure aggregation".into()))?;
+        let id =
+            *self.ids.get(device).ok_or(("not_invited", "not invited to this round's secure aggregation".into()))?;
         let msg = ClientMessage::decode(&frame.body).map_err(refuse)?;
         if msg.round() != frame.round {
-            return Err(("wrong_round", format!("a frame of round {} holds a message of round {}", frame.round, msg.round())));
+            return Err((
+                "wrong_round",
+                format!("a frame of round {} holds a message of round {}", frame.round, msg.round()),
+            ));
         }
         self.state.handle_message(id, msg).map_err(refuse)
     }
@@ -323,8 +331,7 @@ impl SecAggRound {
                         self.shared = self.state.contributors().len();
                     }
                     if next == Stage::Unmask {
-                        self.report.dropped_after_masking =
-                            self.shared.saturating_sub(self.state.contributors().len());
+                        self.report.dropped_after_masking = self.shared.saturating_sub(self.state.contributors().len());
                     }
                     self.stage_deadline = (next != Stage::MaskedInput).then(|| now + self.stage_timeout);
                     self.unanswered.clear();
