@@ -1,7 +1,8 @@
 //! Secure aggregation (issue 34; SecAgg+) over real QUIC on loopback and on the virtual clock:
 //! the simulator's real server and real clients run FedAvg and FedProK with `[secagg]`; every
 //! round's report says how many devices the sum holds, and the accuracy matches the run without
-//! it (the sum is the plain sum to quantisation).
+//! it (the sum is the plain sum to quantisation). A device killed in the middle of a round (after
+//! it shared its keys, or before) is left out of the sum and the others' round still aggregates.
 
 use anchorage_server::engine::secagg::SecAggConfig;
 use anchorage_shared::method::MethodConfig;
@@ -63,12 +64,19 @@ async fn fedavg_and_fedprok_aggregate_securely_on_both_clocks() {
 async fn a_device_killed_mid_federation_leaves_the_others_sum_intact_over_quic() {
     let mut config = federation(MethodConfig::FedAvg(Default::default()), true);
     config.secagg.stage_timeout = std::time::Duration::from_secs(2);
+    // The masked stage waits for a device that shared keys until the deadline, then unmasks
+    // without it.
+    config.federation.round_deadline_secs = 10.0;
     config.federation.min_available = Some(4);
     config.systems.kill = vec![anchorage_sim::KillAt { client: 4, round: 2 }];
     let result = run(config).await.expect("runs over QUIC");
     let sums = contributors(&result);
     let seconds: Vec<f64> = result.reports.iter().map(|r| r.closed.saturating_sub(r.started).as_secs_f64()).collect();
-    println!("devices in each sum with device 4 killed at round 2's broadcast: {sums:?}; round seconds {seconds:?}");
+    let dropped: Vec<usize> = result.reports.iter().map(|r| r.secagg.as_ref().unwrap().dropped_after_masking).collect();
+    println!(
+        "devices in each sum with device 4 killed at round 2's broadcast: {sums:?}; dropped after sharing keys \
+         {dropped:?}; round seconds {seconds:?}"
+    );
     assert!(result.summary.rounds.iter().all(|r| r.outcome == "aggregated"), "every round aggregated");
     let killed = "client-004";
     for report in &result.reports[1..] {
