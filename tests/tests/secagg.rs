@@ -85,3 +85,18 @@ async fn a_device_killed_mid_federation_leaves_the_others_sum_intact_over_quic()
         assert_eq!(secagg.contributors, 4, "round {}: everyone else in the sum", report.round);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masked_vectors_also_travel_whole_on_a_uni_stream() {
+    // Devices that do not resume uploads send each frame whole on a uni stream: a masked vector
+    // (1 MB here) is as large as an update and the server reads it under the update's limit.
+    let mut config = federation(MethodConfig::FedAvg(Default::default()), true);
+    config.federation.rounds = 2;
+    config.systems.resume_uploads = false;
+    let result = run(config).await.expect("runs over QUIC");
+    let vector_len = result.reports[0].secagg.as_ref().unwrap().vector_len;
+    println!("whole uploads: devices in each sum {:?}, {} B masked vectors", contributors(&result), 4 * vector_len);
+    assert!(4 * vector_len > 64 << 10, "larger than a control frame");
+    assert!(result.summary.rounds.iter().all(|r| r.outcome == "aggregated"));
+    assert!(contributors(&result).iter().all(|&n| n >= 4));
+}
