@@ -7,6 +7,10 @@
 //!   (a 1024³ product), so that the step's arithmetic can be put as a fraction of it. Threads
 //!   follow `RAYON_NUM_THREADS` (burn's gemm parallelises products of ≥ 192³ only, so a batch-32
 //!   step runs on one thread whatever it says).
+//! - **parallel**: independent trainings on 1 and on 2 threads of one process (each thread its
+//!   own model, optimiser and batches, as two simulated devices): steps per second in all, and
+//!   the speed-up. It measures what burn-autodiff's locks leave of a second core (issue 35: each
+//!   graph has its own lock since burn 0.19, and one process-wide lock is taken per recorded op).
 //! - **aggregate**: the server's FedAvg (`methods::average_blocks`: decode each update's f32
 //!   block, the sample-weighted mean in f64, encode) of 100 updates of 1 MB, and the core
 //!   weighted mean alone, against a STREAM-like copy (`dst.copy_from_slice(src)` over 256 MiB,
@@ -38,6 +42,10 @@ pub struct Figures {
     pub matmul_gflops: f64,
     /// The step's rate as a fraction of that.
     pub step_fraction_of_matmul: f64,
+    /// Steps per second, all threads together, of independent trainings on 1 and on 2 threads.
+    pub parallel_steps_per_s: [f64; 2],
+    /// The second's over the first's.
+    pub parallel_speedup: f64,
     /// STREAM-like copy bandwidth, GB/s (read + write).
     pub copy_gbps: f64,
     /// FedAvg of 100 updates of 1 MB through the server's path: milliseconds, GB/s of updates read.
@@ -75,9 +83,27 @@ fn random(n: usize, rng: &mut Rng) -> Vec<f32> {
 /// the timing): one batch trained on for thousands of steps drives the loss to zero and the
 /// gradients into subnormal floats, which the CPU computes many times slower.
 pub fn step_ms(steps: usize, warmup: usize) -> f64 {
+    median(step_times(steps, warmup, 1))
+}
+
+/// Steps per second of `threads` independent trainings at once, `steps` each after `warmup`
+/// (counted from the first thread's start to the last one's end).
+pub fn parallel_steps_per_s(threads: usize, steps: usize, warmup: usize) -> f64 {
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> =
+            (0..threads).map(|t| scope.spawn(move || step_times(steps, warmup, 1 + t as u64))).collect();
+        workers.into_iter().for_each(|w| drop(w.join()));
+    });
+    let wall = started.elapsed().as_secs_f64();
+    (threads * (steps + warmup)) as f64 / wall
+}
+
+/// Each step's milliseconds (after `warmup`) of one training on its own model and batches.
+fn step_times(steps: usize, warmup: usize, seed: u64) -> Vec<f64> {
     let device = Device::flex().autodiff();
     let spec = NetSpec { input_dim: 784, hidden: vec![256], num_classes: 10, seed: 7, residual: false };
-    let mut rng = Rng::new(1);
+    let mut rng = Rng::new(seed);
     let batch = 32;
     let batches: Vec<(Tensor<2>, Tensor<1, Int>)> = (0..64)
         .map(|_| {
@@ -103,7 +129,7 @@ pub fn step_ms(steps: usize, warmup: usize) -> f64 {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    median(times)
+    times
 }
 
 /// The flex backend's f32 matmul rate on an n³ product, GFLOP/s (best of 5).
@@ -180,6 +206,7 @@ pub fn run() -> anyhow::Result<Figures> {
     let forward = 2.0 * b * (784.0 * 256.0 + 256.0 * 10.0);
     let step_flop = 2.0 * forward + 2.0 * b * 256.0 * 10.0;
     let matmul = matmul_gflops(1024);
+    let parallel = [parallel_steps_per_s(1, 1000, 100), parallel_steps_per_s(2, 1000, 100)];
     let copy = copy_gbps(256 << 20);
     let (updates, values) = (100, 262_144);
     let (full, decode, mean) = aggregate_ms(updates, values)?;
@@ -190,6 +217,8 @@ pub fn run() -> anyhow::Result<Figures> {
         step_flop,
         matmul_gflops: matmul,
         step_fraction_of_matmul: step_flop / (step / 1e3) / 1e9 / matmul,
+        parallel_steps_per_s: parallel,
+        parallel_speedup: parallel[1] / parallel[0],
         copy_gbps: copy,
         aggregate_ms: full,
         aggregate_gbps: read / (full / 1e3) / 1e9,
