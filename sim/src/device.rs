@@ -388,10 +388,11 @@ pub enum Charge {
 /// Waiting for the pool is not charged as compute. (A Mutex and a Condvar: training runs on
 /// blocking threads, where an async semaphore cannot be awaited.)
 ///
-/// One slot is the right size on the CPU backend: burn-autodiff 0.22 registers every operation
-/// of every graph under one process-wide lock, so two trainings at once each took twice as long
-/// (virtual clock, 100 clients × 600 samples: 0.019 s per training alone, 0.039 s two at a
-/// time, the same wall time). Processes do run in parallel: a local fleet's workers.
+/// One slot per core (`[systems] threads`): burn 0.22.1's autodiff keeps a graph (and its lock)
+/// per training and takes its process-wide lock only to find the graph of each recorded op, so
+/// independent trainings scale: 2.0× the steps per second on 2 threads (`anchorage microbench`,
+/// `parallel_speedup`; issue 35). An earlier measurement here, with one slot found right, saw
+/// two trainings at once each take twice as long.
 #[derive(Debug)]
 pub struct ComputePool {
     limit: usize,

@@ -75,7 +75,7 @@ pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Ta
     let mut ca = ProjectCa::open(&target.ca_dir)?.detached();
     let root = ca.cert().clone();
     let links = config.links()?;
-    let pool = Arc::new(ComputePool::new(1));
+    let pool = Arc::new(ComputePool::new(config.systems.training_threads()));
     let mut handles = Vec::with_capacity(range.len());
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     for (i, mut device) in range.clone().zip(setup.clients) {

@@ -146,7 +146,7 @@ impl Fleet {
         let mut handles = Vec::new();
         let mut link_handles = Vec::new();
         let links = config.links()?;
-        let pool = Arc::new(crate::device::ComputePool::new(1));
+        let pool = Arc::new(crate::device::ComputePool::new(config.systems.training_threads()));
         for (i, mut method) in clients.into_iter().enumerate() {
             method.in_pool(pool.clone());
             if let Some(k) = config.systems.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {

@@ -374,7 +374,7 @@ impl VirtualRun {
             clients,
             index,
             queue: Queue::default(),
-            trainer: Trainer::new(config.systems.threads)?,
+            trainer: Trainer::new(config.systems.training_threads())?,
             now: Duration::ZERO,
             initial_accuracy,
             chance,
@@ -725,7 +725,6 @@ struct Trained {
 
 impl Trainer {
     fn new(threads: usize) -> anyhow::Result<Self> {
-        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let pool = if threads > 1 {
             Some(rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("train-{i}")).build()?)
         } else {
@@ -899,6 +898,27 @@ mod tests {
     fn clients_of(result: &SimResult, round: u64) -> Vec<String> {
         let report = result.reports.iter().find(|r| r.round == round).expect("round report");
         report.updates.iter().map(|u| u.client.to_string()).collect()
+    }
+
+    /// Issue 35: trainings run on every core by default; the accuracy records are the same to
+    /// the bit on one thread or several (a training sees only its own client and the broadcast).
+    #[test]
+    fn one_thread_or_several_give_the_same_run() {
+        let on = |threads| SimConfig {
+            federation: FederationConfig { clients: 6, rounds: 3, seed: 5, local_epochs: 1, ..Default::default() },
+            data: DataConfig { train_per_class: 20, test_per_class: 5, ..Default::default() },
+            systems: SystemsConfig { threads, ..Default::default() },
+            ..SimConfig::default()
+        };
+        let one = run_virtual(&on(1)).unwrap();
+        for threads in [2, 3] {
+            let several = run_virtual(&on(threads)).unwrap();
+            assert_eq!(one.accuracy, several.accuracy, "{threads} threads");
+            let weights = |r: &SimResult| -> Vec<Vec<u64>> {
+                r.reports.iter().map(|p| p.updates.iter().map(|u| u.num_samples).collect()).collect()
+            };
+            assert_eq!(weights(&one), weights(&several));
+        }
     }
 
     #[test]
