@@ -180,9 +180,11 @@ async fn a_device_whose_address_changes_mid_upload_carries_on_through_the_link_m
     // About 1,700 datagrams carry the update; a good share of them left from the new address.
     assert!(moved.datagrams_after_rebind > 300, "the upload was under way when the address changed: {moved:?}");
     // Sending it again from zero would add what went up in the first 12 s, about 60 % of the
-    // update; the migration itself cost 15 % (measured: 2.49 MB against 2.17 MB without it).
+    // update, on top of the migration's own retransmissions. The migration itself cost 15 %
+    // on a quiet machine (2.49 MB against 2.17 MB without it) and 36 % once in CI on a loaded
+    // one (the link model runs on wall time, so a slow machine loses more around the change).
     let extra = moved.up.bytes as f64 - steady.up.bytes as f64;
-    assert!(extra < 0.35 * payload as f64, "{extra} B more sent up: the upload started again?");
+    assert!(extra < 0.55 * payload as f64, "{extra} B more sent up: the upload started again?");
 }
 
 /// One device's 2 MB upload over a 1 Mbit/s uplink whose address changes at `rebind_ms`: the
