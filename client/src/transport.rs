@@ -11,14 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anchorage_shared::frame::{DEFAULT_MAX_FRAME, encode_frame};
-use anchorage_shared::io::{FrameIoError, read_frame, udp_socket, write_frame};
+use anchorage_shared::io::{FrameIoError, read_frame, write_frame};
 use anchorage_shared::ledger::CostRecord;
 pub use anchorage_shared::priority::Priority;
 use anchorage_shared::protocol::{Broadcast, Capabilities, Goodbye, Heartbeat, Message, RefusalReason, Update};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::transfer;
 use anyhow::Context;
-use quinn::crypto::rustls::QuicClientConfig;
 use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
 
@@ -27,6 +26,9 @@ use crate::methods::ClientMethod;
 use crate::metrics::ClientMetrics;
 use crate::session::{Session, SessionAction, UploadMeasure};
 use crate::store::ClientStore;
+
+mod endpoint;
+pub use endpoint::{DeviceEndpoint, endpoint, shared_endpoint};
 
 /// ALPN protocol id of Anchorage v1 (the server's `tls::ALPN`).
 pub const ALPN: &[u8] = b"anchorage/1";
@@ -93,6 +95,10 @@ pub struct ClientOptions {
     /// Wraps the client's UDP socket before QUIC uses it (the simulator's link model). `None`:
     /// plain UDP.
     pub socket_wrapper: Option<SocketWrapper>,
+    /// An endpoint that this process's devices share ([`shared_endpoint`]: the simulator's and a
+    /// fleet worker's, issue 35); ignored when `socket_wrapper` asks for a socket of the device's
+    /// own. `None`: the device binds its own.
+    pub shared_endpoint: Option<quinn::Endpoint>,
     /// Uploads are resumable transfers ([`send_resumable`]); `false`: one frame on a uni stream,
     /// sent again from the start after an interruption (the behaviour before issue 33, kept as
     /// the baseline the simulator measures against).
@@ -279,6 +285,7 @@ impl ClientOptions {
             seed: 0,
             stop: None,
             socket_wrapper: None,
+            shared_endpoint: None,
             resume_uploads: true,
             resume_broadcasts: true,
             secure_aggregation: false,
@@ -341,41 +348,6 @@ pub fn client_crypto(
     };
     config.alpn_protocols = vec![ALPN.to_vec()];
     Ok(config)
-}
-
-/// The QUIC endpoint of `options`: its socket (wrapped when asked), its timers, and a client
-/// config that trusts `server_cert` and shows `client_cert`.
-pub fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
-    let bind: SocketAddr = if options.server.is_ipv4() { "0.0.0.0:0".parse()? } else { "[::]:0".parse()? };
-    let socket = udp_socket(bind, 4 << 20).context("binding the client socket")?;
-    let mut endpoint = match &options.socket_wrapper {
-        Some(wrap) => {
-            let socket = (wrap.0)(socket).context("wrapping the client socket")?;
-            quinn::Endpoint::new_with_abstract_socket(
-                quinn::EndpointConfig::default(),
-                None,
-                socket,
-                Arc::new(quinn::TokioRuntime),
-            )
-        }
-        None => quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime)),
-    }
-    .context("starting the QUIC endpoint")?;
-    let mut transport = quinn::TransportConfig::default();
-    transport
-        .max_idle_timeout(Some(options.idle_timeout.try_into().context("idle timeout")?))
-        .keep_alive_interval(Some(options.keep_alive))
-        .send_window(16 << 20)
-        .stream_receive_window(quinn::VarInt::from_u32(8 << 20))
-        .receive_window(quinn::VarInt::from_u32(16 << 20));
-    let mut crypto = client_crypto(&options.server_cert, options.client_cert.as_deref())?;
-    if options.resume_broadcasts {
-        crypto.alpn_protocols.insert(0, crate::broadcasts::RESUMABLE_BROADCASTS_ALPN.to_vec());
-    }
-    let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(crypto)?));
-    config.transport_config(Arc::new(transport));
-    endpoint.set_default_client_config(config);
-    Ok(endpoint)
 }
 
 pub(crate) enum Inbound {
@@ -525,7 +497,7 @@ struct Client {
     /// The session's clock: times passed to it are since this instant.
     epoch: Instant,
     method: Arc<Mutex<Box<dyn ClientMethod>>>,
-    endpoint: quinn::Endpoint,
+    endpoint: DeviceEndpoint,
     rng: Rng,
     trained: mpsc::UnboundedSender<Trained>,
     uploaded: mpsc::UnboundedSender<Uploaded>,
@@ -581,7 +553,7 @@ impl Client {
             session = session.with_secure_aggregation(entropy);
         }
         Ok(Self {
-            endpoint: endpoint(&options)?,
+            endpoint: DeviceEndpoint::new(&options)?,
             rng: Rng::derive(options.seed, 0xBAC0FF),
             options,
             session,
@@ -613,7 +585,7 @@ impl Client {
     /// The server refused this device for good: the events hear that it finished, the endpoint
     /// closes, and the refusal becomes the client's error.
     fn refused(&self, refused: Refused) -> anyhow::Error {
-        self.endpoint.close(quinn::VarInt::from_u32(0), b"refused");
+        self.endpoint.close(b"refused");
         self.emit(ClientEvent::Finished { reason: format!("refused: {:?}: {}", refused.kind, refused.detail) });
         anyhow::Error::new(refused)
     }
@@ -624,7 +596,7 @@ impl Client {
 
     /// Leaving on the stop signal with no connection to say goodbye on.
     fn stopped_unconnected(&self) -> String {
-        self.endpoint.close(quinn::VarInt::from_u32(0), b"stopping");
+        self.endpoint.close(b"stopping");
         tracing::info!(client = %self.options.client_id, "stopped while not connected");
         self.emit(ClientEvent::Finished { reason: "stopped".into() });
         "stopped".to_string()
@@ -639,7 +611,7 @@ impl Client {
             // does not answer at all: without the connect timeout the attempt would wait out the
             // whole idle timeout.
             let options = &self.options;
-            let connecting = self.endpoint.connect(options.server, &options.server_name)?;
+            let connecting = self.endpoint.connect(options)?;
             let attempt = async {
                 let conn = connecting.await.map_err(|e| match definite_refusal(&e) {
                     Some(refusal) => Err(refusal),
@@ -751,7 +723,7 @@ impl Client {
                     let _ = write_frame(&mut control, &frame).await;
                     let _ = control.finish();
                     conn.close(quinn::VarInt::from_u32(0), b"stopping");
-                    tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await.ok();
+                    self.endpoint.wait_idle(Duration::from_secs(2)).await;
                     self.emit(ClientEvent::Finished { reason: "stopped".into() });
                     break 'conn Ended::Exit("stopped".into());
                 }
@@ -867,11 +839,11 @@ impl Client {
                         _ => RefusalKind::Incompatible,
                     };
                     let refused = self.refusal(kind, format!("{:?}: {}", refusal.reason, refusal.detail));
-                    tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await.ok();
+                    self.endpoint.wait_idle(Duration::from_secs(1)).await;
                     return Ok(Some(Ended::Refused(refused)));
                 }
                 self.emit(ClientEvent::Finished { reason: reason.clone() });
-                tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await.ok();
+                self.endpoint.wait_idle(Duration::from_secs(1)).await;
                 return Ok(Some(Ended::Exit(reason)));
             }
         }

@@ -29,7 +29,7 @@ pub fn pack(tensor: &EncodedTensor) -> Option<EncodedTensor> {
     (data.len() < tensor.data.len()).then(|| EncodedTensor {
         shape: tensor.shape.clone(),
         encoding: Encoding::Zstd { inner },
-        data,
+        data: data.into(),
     })
 }
 
@@ -103,7 +103,7 @@ pub(crate) fn unpack(_: &[u8], _: usize) -> Result<Vec<u8>, TensorError> {
 pub(crate) fn unpacked(shape: &[u32], inner: Packed, src: &[u8]) -> Result<EncodedTensor, TensorError> {
     let encoding = inner.encoding();
     let expected = crate::tensor::data_len(shape, encoding)?;
-    Ok(EncodedTensor { shape: shape.to_vec(), encoding, data: unpack(src, expected)? })
+    Ok(EncodedTensor { shape: shape.to_vec(), encoding, data: unpack(src, expected)?.into() })
 }
 
 #[cfg(all(test, feature = "zstd"))]
@@ -150,7 +150,7 @@ mod tests {
     #[test]
     fn bytes_after_the_frame_are_refused() {
         let mut t = packed(&wave(4096));
-        t.data.extend_from_slice(&[0, 1, 2]);
+        t.data = [&t.data[..], &[0, 1, 2]].concat().into();
         assert!(matches!(t.validate(), Err(TensorError::BadFrame { .. })));
     }
 
@@ -163,7 +163,7 @@ mod tests {
         let t = EncodedTensor {
             shape: vec![16],
             encoding: Encoding::Zstd { inner: Packed::Dense(Dense::F32) },
-            data: bomb,
+            data: bomb.into(),
         };
         assert_eq!(t.validate(), Err(TensorError::Inflated { limit: 64 }));
         assert_eq!(t.decode(), Err(TensorError::Inflated { limit: 64 }));
@@ -181,7 +181,7 @@ mod tests {
         let t = EncodedTensor {
             shape: vec![16],
             encoding: Encoding::Zstd { inner: Packed::Dense(Dense::F32) },
-            data: lying,
+            data: lying.into(),
         };
         let err = t.decode().unwrap_err();
         assert!(matches!(err, TensorError::Inflated { .. } | TensorError::BadFrame { .. }), "{err:?}");
@@ -193,7 +193,7 @@ mod tests {
         let t = EncodedTensor {
             shape: vec![16],
             encoding: Encoding::Zstd { inner: Packed::Dense(Dense::F32) },
-            data: short,
+            data: short.into(),
         };
         assert!(matches!(t.validate(), Err(TensorError::BadFrame { .. })));
     }

@@ -47,7 +47,11 @@ pub fn encode(shape: &[u32], delta: &[f32], indices: &[u32], values: Dense) -> E
     indices.iter().for_each(|i| data.extend_from_slice(&i.to_le_bytes()));
     data.extend_from_slice(&packed.data);
     let values = packed.encoding.as_dense().unwrap_or(values);
-    EncodedTensor { shape: shape.to_vec(), encoding: Encoding::TopK { k: indices.len() as u32, values }, data }
+    EncodedTensor {
+        shape: shape.to_vec(),
+        encoding: Encoding::TopK { k: indices.len() as u32, values },
+        data: data.into(),
+    }
 }
 
 /// The delta a top-k tensor carries, as (index, value) pairs, checked: `k` within the block,
@@ -61,7 +65,7 @@ pub(crate) fn entries(n: usize, k: u32, values: Dense, data: &[u8]) -> Result<(V
     let values = EncodedTensor {
         shape: alloc::vec![k],
         encoding: values.into(),
-        data: data.get(index_bytes..).unwrap_or_default().to_vec(),
+        data: bytes::Bytes::copy_from_slice(data.get(index_bytes..).unwrap_or_default()),
     };
     let expected = index_bytes + k_len * values.encoding.bytes_per_value();
     if data.len() != expected {
@@ -142,17 +146,17 @@ mod tests {
     #[test]
     fn an_index_past_the_end_is_refused() {
         let mut t = block(&[1, 3], &[2.0, -1.0], 4);
-        t.data[4..8].copy_from_slice(&4u32.to_le_bytes());
+        t.edit_data(|d| d[4..8].copy_from_slice(&4u32.to_le_bytes()));
         assert_eq!(t.validate(), Err(TensorError::IndexPastEnd { index: 4, len: 4 }));
         assert_eq!(t.decode_against(&[0.0; 4]), Err(TensorError::IndexPastEnd { index: 4, len: 4 }));
-        t.data[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        t.edit_data(|d| d[4..8].copy_from_slice(&u32::MAX.to_le_bytes()));
         assert!(matches!(t.validate(), Err(TensorError::IndexPastEnd { .. })));
     }
 
     #[test]
     fn repeated_or_unordered_indices_are_refused() {
         let mut t = block(&[1, 3], &[2.0, -1.0], 4);
-        t.data[4..8].copy_from_slice(&1u32.to_le_bytes());
+        t.edit_data(|d| d[4..8].copy_from_slice(&1u32.to_le_bytes()));
         assert_eq!(t.validate(), Err(TensorError::IndexOrder { position: 1, index: 1 }));
     }
 

@@ -5,6 +5,7 @@
 
 use alloc::string::String;
 use alloc::vec::Vec;
+use bytes::Bytes;
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 
@@ -158,8 +159,10 @@ pub enum TensorError {
 pub struct EncodedTensor {
     pub shape: Vec<u32>,
     pub encoding: Encoding,
-    #[serde(with = "serde_bytes")]
-    pub data: Vec<u8>,
+    /// Shared, not copied: a cloned block (a broadcast to every connection, an update kept for
+    /// resending) points at the same bytes. Serialized as `serde_bytes` did, so the wire and
+    /// every stable hash are unchanged.
+    pub data: Bytes,
 }
 
 /// Number of elements of a shape, or `None` on overflow.
@@ -229,7 +232,14 @@ impl EncodedTensor {
             }
             sparse_or_packed => sparse_or_packed,
         };
-        Self { shape: shape.to_vec(), encoding, data }
+        Self { shape: shape.to_vec(), encoding, data: data.into() }
+    }
+
+    /// Edits the bytes (copy on write: whoever else holds them keeps theirs).
+    pub fn edit_data(&mut self, edit: impl FnOnce(&mut Vec<u8>)) {
+        let mut data = self.data.to_vec();
+        edit(&mut data);
+        self.data = data.into();
     }
 
     /// Number of elements the shape declares (checked).

@@ -67,7 +67,7 @@ fn top_k_and_zstd_blocks_round_trip_through_a_frame() {
 #[test]
 fn an_index_past_the_end_is_refused_at_the_frame() {
     let mut b = top_k_block();
-    b.tensor.data[..4].copy_from_slice(&1000u32.to_le_bytes());
+    b.tensor.edit_data(|d| d[..4].copy_from_slice(&1000u32.to_le_bytes()));
     refused_with(&update(vec![b]), |e| matches!(e, TensorError::IndexPastEnd { index: 1000, len: 1000 }));
 }
 
@@ -81,7 +81,7 @@ fn k_past_the_block_is_refused_at_the_frame() {
 #[test]
 fn a_zstd_bomb_is_refused_at_the_frame() {
     let mut b = zstd_block();
-    b.tensor.data = zstd::bulk::compress(&vec![0u8; 16 << 20], 3).unwrap();
+    b.tensor.data = zstd::bulk::compress(&vec![0u8; 16 << 20], 3).unwrap().into();
     refused_with(&update(vec![b]), |e| matches!(e, TensorError::Inflated { limit: 4000 }));
 }
 

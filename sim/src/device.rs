@@ -382,48 +382,44 @@ pub enum Charge {
     Report,
 }
 
-/// At most `limit` simulated devices of this process train at once; the others wait their turn.
-/// A process that hosts hundreds of devices (a fleet worker, the real clock) would otherwise run
-/// them all at once, and their measured compute seconds would measure contention, not work.
-/// Waiting for the pool is not charged as compute. (A Mutex and a Condvar: training runs on
-/// blocking threads, where an async semaphore cannot be awaited.)
+/// At most `limit` simulated devices of this process train at once, each on one of the pool's
+/// `limit` threads; the others wait their turn. A process that hosts hundreds of devices (a fleet
+/// worker, the real clock) would otherwise run them all at once, and their measured compute
+/// seconds would measure contention, not work. Waiting for the pool is not charged as compute.
 ///
-/// One slot per core (`[systems] threads`): burn 0.22.1's autodiff keeps a graph (and its lock)
+/// Dedicated threads (rayon's `install` from the device's blocking thread), not slots on the
+/// callers' threads: the matmul kernels keep a scratch buffer per thread that trains, and with
+/// slots every blocking thread that ever trained kept one (214 MB at peak on the 1,000-device
+/// peer job, issue 35: `heaptrack` of `anchorage sim --clock real`).
+///
+/// One thread per core (`[systems] threads`): burn 0.22.1's autodiff keeps a graph (and its lock)
 /// per training and takes its process-wide lock only to find the graph of each recorded op, so
 /// independent trainings scale: 2.0× the steps per second on 2 threads (`anchorage microbench`,
 /// `parallel_speedup`; issue 35). An earlier measurement here, with one slot found right, saw
 /// two trainings at once each take twice as long.
-#[derive(Debug)]
 pub struct ComputePool {
-    limit: usize,
-    busy: std::sync::Mutex<usize>,
-    freed: std::sync::Condvar,
+    threads: rayon::ThreadPool,
+}
+
+impl std::fmt::Debug for ComputePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ComputePool").field("threads", &self.threads.current_num_threads()).finish()
+    }
 }
 
 impl ComputePool {
-    /// A pool of `limit` slots (at least 1).
-    pub fn new(limit: usize) -> Self {
-        Self { limit: limit.max(1), busy: std::sync::Mutex::new(0), freed: std::sync::Condvar::new() }
+    /// A pool of `limit` threads (at least 1).
+    pub fn new(limit: usize) -> anyhow::Result<Self> {
+        let threads = rayon::ThreadPoolBuilder::new()
+            .num_threads(limit.max(1))
+            .thread_name(|i| format!("anchorage-train-{i}"))
+            .build()?;
+        Ok(Self { threads })
     }
 
-    /// Runs `work` in a slot, after waiting for one.
-    pub fn run<T>(&self, work: impl FnOnce() -> T) -> T {
-        {
-            let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-            while *busy >= self.limit {
-                busy = self.freed.wait(busy).unwrap_or_else(|e| e.into_inner());
-            }
-            *busy += 1;
-        }
-        struct Release<'a>(&'a ComputePool);
-        impl Drop for Release<'_> {
-            fn drop(&mut self) {
-                *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-                self.0.freed.notify_one();
-            }
-        }
-        let _release = Release(self);
-        work()
+    /// Runs `work` on one of the pool's threads, after waiting for one; the caller blocks.
+    pub fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> T {
+        self.threads.install(work)
     }
 }
 

@@ -75,13 +75,17 @@ pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Ta
     let mut ca = ProjectCa::open(&target.ca_dir)?.detached();
     let root = ca.cert().clone();
     let links = config.links()?;
-    let pool = Arc::new(ComputePool::new(config.systems.training_threads()));
+    let pool = Arc::new(ComputePool::new(config.systems.training_threads())?);
     let mut handles = Vec::with_capacity(range.len());
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    // The worker's devices share one endpoint unless a link model gives one its own socket
+    // (`client_transport::DeviceEndpoint`).
+    let shared = client_transport::shared_endpoint(target.server)?;
     for (i, mut device) in range.clone().zip(setup.clients) {
         device.in_pool(pool.clone());
         let (mut options, _link) = device_options(config, i, target.server, &root, &mut ca, links[i].clone())?;
         options.server_name = target.server_name.clone();
+        options.shared_endpoint = Some(shared.clone());
         handles.push(tokio::spawn(client_transport::run(options, Box::new(device), Some(events_tx.clone()))));
     }
     drop(events_tx);

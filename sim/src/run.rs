@@ -146,13 +146,17 @@ impl Fleet {
         let mut handles = Vec::new();
         let mut link_handles = Vec::new();
         let links = config.links()?;
-        let pool = Arc::new(crate::device::ComputePool::new(config.systems.training_threads()));
+        let pool = Arc::new(crate::device::ComputePool::new(config.systems.training_threads())?);
+        // One endpoint for every device without a link model of its own (a per-device endpoint
+        // costs a 3 MB receive buffer and a driver task: `client_transport::DeviceEndpoint`).
+        let shared = client_transport::shared_endpoint(server)?;
         for (i, mut method) in clients.into_iter().enumerate() {
             method.in_pool(pool.clone());
             if let Some(k) = config.systems.kill.iter().filter(|k| k.client == i).map(|k| k.round).min() {
                 method.crash_in(k);
             }
-            let (options, link) = device_options(config, i, server, cert, ca, links[i].clone())?;
+            let (mut options, link) = device_options(config, i, server, cert, ca, links[i].clone())?;
+            options.shared_endpoint = Some(shared.clone());
             link_handles.push(link);
             let (tx, (ctx, mut crx)) = (event_tx.clone(), mpsc::unbounded_channel::<ClientEvent>());
             tokio::spawn(async move {

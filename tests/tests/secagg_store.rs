@@ -156,7 +156,7 @@ impl Watch {
                     panic!("device {}'s update of round {} was queued for the store", a.client, a.update.round)
                 }
                 Action::Persist(Persist::Closed { checkpoint, .. }) => {
-                    self.persisted_blobs.extend(checkpoint.global.iter().map(|b| b.tensor.data.clone()));
+                    self.persisted_blobs.extend(checkpoint.global.iter().map(|b| b.tensor.data.to_vec()));
                     self.persisted_blobs.push(checkpoint.method_state.clone());
                 }
                 Action::Persist(_) | Action::Ledger(_) => {}

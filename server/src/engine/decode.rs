@@ -72,7 +72,7 @@ mod tests {
         let base = [dense(&[0.0; 4])];
         let mut bad =
             ParamBlock { name: "w".into(), tensor: sparse::encode(&[4], &[1.0, 0.0, 0.0, 0.0], &[0], Dense::F32) };
-        bad.tensor.data[..4].copy_from_slice(&9u32.to_le_bytes());
+        bad.tensor.edit_data(|d| d[..4].copy_from_slice(&9u32.to_le_bytes()));
         let err = densify(update(vec![bad]), &base).unwrap_err();
         assert!(
             matches!(&err, TensorError::InBlock { source, .. } if matches!(**source, TensorError::IndexPastEnd { index: 9, len: 4 })),
@@ -107,7 +107,7 @@ mod tests {
         while e.poll_action().is_some() {}
         let sparse_block = |index: u32| {
             let mut t = sparse::encode(&[4], &[2.0, 0.0, 0.0, 0.0], &[0], Dense::F32);
-            t.data[..4].copy_from_slice(&index.to_le_bytes());
+            t.edit_data(|d| d[..4].copy_from_slice(&index.to_le_bytes()));
             ParamBlock { name: "w".into(), tensor: t }
         };
         let send = |e: &mut Engine, id: &str, b: ParamBlock| {

@@ -344,7 +344,7 @@ mod tests {
         for (n, at) in [(3, 1), (3 * TILE + 1, 2 * TILE + 7), (100_003, 99_999)] {
             let mut us = updates(n, &[Encoding::F32; 24], &mut rng);
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-                us[17].blocks[0].tensor.data[4 * at..4 * at + 4].copy_from_slice(&bad.to_le_bytes());
+                us[17].blocks[0].tensor.edit_data(|d| d[4 * at..4 * at + 4].copy_from_slice(&bad.to_le_bytes()));
                 let err = FedAvg::default().aggregate(&ROUND, &[], &named(&us)).unwrap_err();
                 let reference = mean_by_decoding(&us[0].blocks[0], n, &named(&us)).unwrap_err();
                 assert_eq!(format!("{err:?}"), format!("{reference:?}"));
