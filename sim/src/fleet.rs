@@ -110,6 +110,9 @@ pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Ta
         finished
     };
     let (rounds, finished) = tokio::join!(counting, joined);
+    // The last devices' close frames leave before the worker does (the server then need not
+    // wait out their idle timeouts).
+    tokio::time::timeout(std::time::Duration::from_secs(2), shared.wait_idle()).await.ok();
     summary.rounds = rounds;
     summary.finished = finished;
     Ok(summary)
