@@ -33,7 +33,12 @@ JOBS = {
     "100x600-10pct-r20": (100, 600, 0.1, 20, 1.0),
     "100x600-all-r20": (100, 600, 1.0, 20, 1.0),
     "1000x60-10pct-r20": (1000, 60, 0.1, 20, 1.0),
+    "1000x60-10pct-r20-eval": (1000, 60, 0.1, 20, 1.0),
 }
+# Jobs where each sampled client also evaluates its trained local model on the whole test set
+# every round, as the papers report (issue 35): Anchorage's default (no eval_every), Flower's
+# ClientApp after training (flower_job.py --local-eval).
+LOCAL_EVAL = {"1000x60-10pct-r20-eval"}
 QUICK = ["10x600-r3", "10x600-r20"]
 LABEL = {
     "10x600-r3": "10 clients × 600, 3 rounds",
@@ -41,6 +46,7 @@ LABEL = {
     "100x600-10pct-r20": "100 × 600, 10% per round, 20 rounds",
     "100x600-all-r20": "100 × 600, all per round, 20 rounds",
     "1000x60-10pct-r20": "1,000 × 60, 10% per round, 20 rounds",
+    "1000x60-10pct-r20-eval": "1,000 × 60, 10% per round, 20 rounds, clients evaluate",
 }
 
 SCENARIO = """# The peer benchmark's job {name} (written by benches/peers/compare.py).
@@ -191,16 +197,18 @@ def run_job(name, args, out):
     scenario = os.path.join(job, "scenario.toml")
     fields = dict(name=name, clients=clients, fraction=fraction, rounds=rounds, scale=scale)
     # Both sides evaluate the global model every round on the server; clients' own evaluation
-    # of their local model is off on both (Flower: fraction_evaluate = 0).
+    # of their local model is off on both (Flower: fraction_evaluate = 0), except in the
+    # LOCAL_EVAL jobs, where every sampled client evaluates after training on both.
+    client_eval = name in LOCAL_EVAL
     with open(scenario, "w") as f:
-        f.write(SCENARIO.format(eval_every=f"eval_every = {10**9}", **fields))
+        f.write(SCENARIO.format(eval_every="" if client_eval else f"eval_every = {10**9}", **fields))
     export = os.path.join(job, "export")
     res = subprocess.run(
         [args.anchorage, "export", scenario, "--data-dir", args.data_dir, "--out", export],
         capture_output=True,
         text=True,
     )
-    local_eval = "off"
+    local_eval = "every round" if client_eval else "off"
     if res.returncode != 0 and "eval_every" in res.stderr:
         # An anchorage without the evaluation policy: its clients evaluate every round.
         with open(scenario, "w") as f:
@@ -243,6 +251,8 @@ def run_job(name, args, out):
         env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
         cmd = [sys.executable, os.path.join(HERE, "flower_job.py"), export, flower_json]
         cmd += ["--cpus-per-client", str(args.flower_cpus)]
+        if client_eval:
+            cmd.append("--local-eval")
         m = measure(cmd, os.path.join(job, "flower.log"), env=env)
         fr = json.load(open(flower_json))
         m["accuracy"] = [r["accuracy"] for r in fr["rounds"] if r["round"] > 0]

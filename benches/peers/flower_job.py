@@ -1,13 +1,15 @@
 """The peer benchmark's Flower side: the job `anchorage export` wrote, run in Flower's simulation
 engine (Ray) with PyTorch on the CPU.
 
-    python flower_job.py EXPORT_DIR RESULT_JSON [--cpus-per-client N]
+    python flower_job.py EXPORT_DIR RESULT_JSON [--cpus-per-client N] [--local-eval]
 
 Same features (x_train.npy / x_test.npy), same rows per client, same clients per round
 (selection.npy), same batch order (batch_order.npy), same initial weights (init/*.npy), same
 optimiser (Adam, lr and epsilon from meta.json, a fresh optimiser per local round as in the
 Anchorage client), the same sample-weighted FedAvg, the global model evaluated on the server
-after every round. Client-side (federated) evaluation is off on both sides.
+after every round. Client-side (federated) evaluation is off on both sides, unless --local-eval:
+then each trained client evaluates its local model on the whole test set before it replies (as
+Anchorage's clients do when eval_every is not set).
 
 How the selection is matched: Flower's FedAvg samples node ids itself; this strategy keeps
 Flower's sampling of nodes and sends each sampled node, in its message, the data partition
@@ -38,6 +40,7 @@ from flwr.simulation import run_simulation
 
 EXPORT = os.environ.get("PEERS_EXPORT", "")
 RESULT = os.environ.get("PEERS_RESULT", "")
+LOCAL_EVAL = os.environ.get("PEERS_LOCAL_EVAL", "") == "1"
 
 _cache: dict = {}
 
@@ -115,12 +118,15 @@ def train(msg: Message, context: Context) -> Message:
             opt.step()
             total += loss.item() * len(idx)
             seen += len(idx)
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord(model.state_dict()),
-            "metrics": MetricRecord({"train_loss": total / max(seen, 1), "num-examples": n}),
-        }
-    )
+    metrics = {"train_loss": total / max(seen, 1), "num-examples": n}
+    if bool(cfg["local-eval"]):
+        # The trained local model on the whole test set (Anchorage's local accuracy).
+        model.eval()
+        with torch.no_grad():
+            x_test = torch.from_numpy(np.asarray(data["x_test"]))
+            y_test = torch.from_numpy(np.asarray(data["y_test"]))
+            metrics["local_accuracy"] = (model(x_test).argmax(1) == y_test).float().mean().item()
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 
 
@@ -144,7 +150,14 @@ class SameSelectionFedAvg(FedAvg):
             k = self.counts.get(pid, 0)
             self.counts[pid] = k + 1
             c = ConfigRecord(
-                {**dict(config), "server-round": server_round, "export": self.export, "partition": pid, "participation": k}
+                {
+                    **dict(config),
+                    "server-round": server_round,
+                    "export": self.export,
+                    "partition": pid,
+                    "participation": k,
+                    "local-eval": LOCAL_EVAL,
+                }
             )
             record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: c})
             messages.append(Message(content=record, message_type=MessageType.TRAIN, dst_node_id=node_id))
@@ -201,6 +214,9 @@ if __name__ == "__main__":
         i = args.index("--cpus-per-client")
         cpus = int(args[i + 1])
         del args[i : i + 2]
+    if "--local-eval" in args:
+        args.remove("--local-eval")
+        os.environ["PEERS_LOCAL_EVAL"] = "1"
     export, result = os.path.abspath(args[0]), os.path.abspath(args[1])
     os.environ["PEERS_EXPORT"], os.environ["PEERS_RESULT"] = export, result
     # Ray's workers import the module too: from this folder.
