@@ -150,7 +150,7 @@ mod tests {
     #[test]
     fn bytes_after_the_frame_are_refused() {
         let mut t = packed(&wave(4096));
-        t.data = [&t.data[..], &[0, 1, 2]].concat().into();
+        t.edit_data(|d| d.extend_from_slice(&[0, 1, 2]));
         assert!(matches!(t.validate(), Err(TensorError::BadFrame { .. })));
     }
 

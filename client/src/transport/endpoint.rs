@@ -17,7 +17,7 @@ use anchorage_shared::io::udp_socket;
 use anyhow::Context;
 use quinn::crypto::rustls::QuicClientConfig;
 
-use super::{ClientOptions, client_crypto};
+use super::{ClientOptions, SocketWrapper, client_crypto};
 
 /// Kernel buffer sizes asked for a device's socket.
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -38,7 +38,7 @@ impl DeviceEndpoint {
         let config = client_config(options)?;
         Ok(match (&options.shared_endpoint, &options.socket_wrapper) {
             (Some(shared), None) => Self { endpoint: shared.clone(), config, own: false },
-            _ => Self { endpoint: bind(options)?, config, own: true },
+            _ => Self { endpoint: bind(options.server, options.socket_wrapper.as_ref())?, config, own: true },
         })
     }
 
@@ -67,7 +67,7 @@ impl DeviceEndpoint {
 /// The QUIC endpoint of `options` alone: its socket (wrapped when asked), its timers, and a
 /// default client config that trusts `server_cert` and shows `client_cert`.
 pub fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
-    let mut endpoint = bind(options)?;
+    let mut endpoint = bind(options.server, options.socket_wrapper.as_ref())?;
     endpoint.set_default_client_config(client_config(options)?);
     Ok(endpoint)
 }
@@ -75,9 +75,7 @@ pub fn endpoint(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
 /// One endpoint for many in-process devices that talk to `server` ([`ClientOptions::shared_endpoint`]);
 /// it has no client config of its own: each device brings its own.
 pub fn shared_endpoint(server: SocketAddr) -> anyhow::Result<quinn::Endpoint> {
-    let socket = udp_socket(unspecified(server)?, SOCKET_BUFFER).context("binding the shared client socket")?;
-    quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime))
-        .context("starting the shared QUIC endpoint")
+    bind(server, None)
 }
 
 /// The any-address of `server`'s family, port 0.
@@ -85,10 +83,10 @@ fn unspecified(server: SocketAddr) -> anyhow::Result<SocketAddr> {
     Ok(if server.is_ipv4() { "0.0.0.0:0".parse()? } else { "[::]:0".parse()? })
 }
 
-/// A socket and endpoint for this device alone.
-fn bind(options: &ClientOptions) -> anyhow::Result<quinn::Endpoint> {
-    let socket = udp_socket(unspecified(options.server)?, SOCKET_BUFFER).context("binding the client socket")?;
-    match &options.socket_wrapper {
+/// A socket for talking to `server` and an endpoint on it, the socket wrapped when asked.
+fn bind(server: SocketAddr, wrapper: Option<&SocketWrapper>) -> anyhow::Result<quinn::Endpoint> {
+    let socket = udp_socket(unspecified(server)?, SOCKET_BUFFER).context("binding the client socket")?;
+    match wrapper {
         Some(wrap) => {
             let socket = (wrap.0)(socket).context("wrapping the client socket")?;
             quinn::Endpoint::new_with_abstract_socket(
