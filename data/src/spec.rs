@@ -601,7 +601,7 @@ fn load_inner(
     };
     let (mut train, test) = match spec.dataset {
         DatasetKind::Synthetic | DatasetKind::Circle => {
-            (train.subset(&pools.train_kept), test.subset(&pools.test_kept))
+            (train.into_subset(&pools.train_kept), test.into_subset(&pools.test_kept))
         }
         _ => (train, test),
     };

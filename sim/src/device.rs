@@ -8,6 +8,7 @@
 
 use anchorage_shared::MetricKey;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anchorage_client::methods::{ClientMethod, TrainError};
@@ -336,12 +337,14 @@ impl DeviceProfile {
 }
 
 /// Deals profiles to `clients` clients in proportion to their shares (largest remainder, then a
-/// seeded shuffle so the kinds are spread over client ids).
-pub fn assign(profiles: &[DeviceProfile], clients: usize, seed: u64) -> Vec<DeviceProfile> {
+/// seeded shuffle so the kinds are spread over client ids). The clients of a profile share it: a
+/// fleet of a million devices holds a handful of profiles, not a million copies.
+pub fn assign(profiles: &[DeviceProfile], clients: usize, seed: u64) -> Vec<Arc<DeviceProfile>> {
     if profiles.is_empty() {
-        return vec![DeviceProfile::default(); clients];
+        // One default profile, shared by every client.
+        return std::iter::repeat_n(Arc::new(DeviceProfile::default()), clients).collect();
     }
-    let weighted: Vec<(DeviceProfile, f64)> = profiles.iter().map(|p| (p.clone(), p.share)).collect();
+    let weighted: Vec<(Arc<DeviceProfile>, f64)> = profiles.iter().map(|p| (Arc::new(p.clone()), p.share)).collect();
     deal_by_share(&weighted, clients, seed)
 }
 
@@ -427,8 +430,8 @@ impl ComputePool {
 pub struct SimulatedDevice<M> {
     inner: M,
     /// Where its training takes turns with the process's other devices (none: no limit).
-    pool: Option<std::sync::Arc<ComputePool>>,
-    profile: DeviceProfile,
+    pool: Option<Arc<ComputePool>>,
+    profile: Arc<DeviceProfile>,
     straggler_ratio: f64,
     charge: Charge,
     rng: Rng,
@@ -441,7 +444,7 @@ pub struct SimulatedDevice<M> {
 }
 
 impl<M: ClientMethod> SimulatedDevice<M> {
-    pub fn new(inner: M, profile: DeviceProfile, straggler_ratio: f64, charge: Charge, seed: u64) -> Self {
+    pub fn new(inner: M, profile: Arc<DeviceProfile>, straggler_ratio: f64, charge: Charge, seed: u64) -> Self {
         Self {
             inner,
             pool: None,
@@ -460,7 +463,7 @@ impl<M: ClientMethod> SimulatedDevice<M> {
     }
 
     /// Trains in `pool`'s slots.
-    pub fn in_pool(&mut self, pool: std::sync::Arc<ComputePool>) {
+    pub fn in_pool(&mut self, pool: Arc<ComputePool>) {
         self.pool = Some(pool);
     }
 
@@ -595,7 +598,14 @@ mod tests {
         assert_eq!((count("jetson-nano"), count("raspberry-pi-4"), count("desktop")), (5, 3, 2));
         assert_eq!(fleet, assign(&profiles, 10, 1));
         assert_eq!(assign(&profiles, 7, 1).len(), 7);
-        assert_eq!(assign(&[], 3, 1), vec![DeviceProfile::default(); 3]);
+        let defaults = assign(&[], 3, 1);
+        assert_eq!(defaults.len(), 3);
+        assert!(
+            defaults.iter().all(|p| **p == DeviceProfile::default() && Arc::ptr_eq(p, &defaults[0])),
+            "one, shared"
+        );
+        let nanos: Vec<_> = fleet.iter().filter(|p| p.name == "jetson-nano").collect();
+        assert!(nanos.iter().all(|p| Arc::ptr_eq(p, nanos[0])), "a profile's clients share it");
     }
 
     fn s(v: f64) -> Duration {

@@ -189,7 +189,7 @@ impl RealRecord {
         i: usize,
         event: ClientEvent,
         config: &SimConfig,
-        devices: &[DeviceProfile],
+        devices: &[Arc<DeviceProfile>],
         handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
     ) {
         match event {
@@ -215,7 +215,7 @@ impl RealRecord {
         report: &anchorage_server::RoundReport,
         events: &mut mpsc::UnboundedReceiver<(usize, ClientEvent)>,
         config: &SimConfig,
-        devices: &[DeviceProfile],
+        devices: &[Arc<DeviceProfile>],
         handles: &mut [tokio::task::JoinHandle<anyhow::Result<String>>],
     ) -> Vec<CostRecord> {
         let waiting = report.updates.len();

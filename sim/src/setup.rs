@@ -72,7 +72,7 @@ pub struct Setup {
     /// order, on its simulated device.
     pub clients: Vec<SimulatedDevice<Box<dyn ClientMethod>>>,
     /// Each client's device profile.
-    pub devices: Vec<DeviceProfile>,
+    pub devices: Vec<std::sync::Arc<DeviceProfile>>,
     pub num_classes: usize,
     pub evaluator: Evaluator,
     /// One line on the run: method, data, sizes.

@@ -6,6 +6,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anchorage_client::methods::ClientMethod;
@@ -203,7 +204,7 @@ const GIVE_UP: Duration = Duration::from_secs(24 * 3600);
 
 struct VirtualClient {
     session: Session,
-    device: DeviceProfile,
+    device: Arc<DeviceProfile>,
     /// When the device is reachable (on its own timeline, `phase` ahead of the simulated clock).
     availability: Availability,
     phase: Duration,
@@ -247,7 +248,7 @@ struct VirtualRun {
     engine: Engine,
     schedule: EngineConfig,
     evaluator: Evaluator,
-    devices: Vec<DeviceProfile>,
+    devices: Vec<Arc<DeviceProfile>>,
     clients: Vec<VirtualClient>,
     index: HashMap<String, usize>,
     queue: Queue,
@@ -270,11 +271,11 @@ struct VirtualRun {
 
 /// Each device's availability; a trace is read once per profile, and a bad one is an error here,
 /// before the run.
-fn availabilities(devices: &[DeviceProfile]) -> anyhow::Result<Vec<Availability>> {
-    let mut read: Vec<(&DeviceProfile, Availability)> = Vec::new();
+fn availabilities(devices: &[Arc<DeviceProfile>]) -> anyhow::Result<Vec<Availability>> {
+    let mut read: Vec<(&Arc<DeviceProfile>, Availability)> = Vec::new();
     let mut out = Vec::with_capacity(devices.len());
     for d in devices {
-        let a = match read.iter().find(|(p, _)| *p == d) {
+        let a = match read.iter().find(|(p, _)| Arc::ptr_eq(p, d) || *p == d) {
             Some((_, a)) => a.clone(),
             None => {
                 let a = d.availability()?;
@@ -292,16 +293,16 @@ fn availabilities(devices: &[DeviceProfile]) -> anyhow::Result<Vec<Availability>
 fn virtual_clients<M: ClientMethod + 'static>(
     config: &SimConfig,
     methods: Vec<M>,
-    devices: &[DeviceProfile],
+    devices: &[Arc<DeviceProfile>],
 ) -> anyhow::Result<Vec<VirtualClient>> {
     let links = config.links()?;
     let availabilities = availabilities(devices)?;
     let metered = config.metered_links();
-    let powers = devices.iter().map(crate::power::Power::of).collect::<anyhow::Result<Vec<_>>>()?;
+    let powers = devices.iter().map(|d| crate::power::Power::of(d)).collect::<anyhow::Result<Vec<_>>>()?;
     let mut names = heapless::Vec::new();
     let name = methods.first().map_or("", |m| m.name());
     let _ = names.push(heapless::String::try_from(name).unwrap_or_default());
-    let capabilities = Capabilities { backend: "virtual".into(), memory_mb: 1024, methods: names };
+    let capabilities = Arc::new(Capabilities { backend: "virtual".into(), memory_mb: 1024, methods: names });
     let clients = methods
         .into_iter()
         .enumerate()

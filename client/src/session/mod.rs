@@ -18,6 +18,7 @@ mod cost;
 mod secagg;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
@@ -89,7 +90,8 @@ pub enum SessionError {
 #[derive(Debug)]
 pub struct Session {
     client_id: String,
-    capabilities: Capabilities,
+    /// Shared: a simulator holds a million sessions with the same capabilities.
+    capabilities: Arc<Capabilities>,
     num_samples: u64,
     state: SessionState,
     /// A connection is up (training may outlive a connection).
@@ -103,7 +105,8 @@ pub struct Session {
     /// The cost records of the rounds in flight.
     costs: cost::Costs,
     /// Secure aggregation (`secure_aggregation` in client.toml): the update never travels in the clear.
-    secagg: Option<secagg::DeviceSecAgg>,
+    /// Boxed: most sessions have none, and it is larger than the rest of the session.
+    secagg: Option<Box<secagg::DeviceSecAgg>>,
     actions: VecDeque<SessionAction>,
 }
 
@@ -111,14 +114,14 @@ impl Session {
     /// A session; `pending` is an unacknowledged update restored from the store.
     pub fn new(
         client_id: impl Into<String>,
-        capabilities: Capabilities,
+        capabilities: impl Into<Arc<Capabilities>>,
         num_samples: u64,
         pending: Option<Update>,
     ) -> Self {
         let last_trained = pending.as_ref().map(|u| u.round);
         Self {
             client_id: client_id.into(),
-            capabilities,
+            capabilities: capabilities.into(),
             num_samples,
             state: SessionState::Disconnected,
             connected: false,
@@ -135,7 +138,7 @@ impl Session {
     /// random bytes; the operating system's in the field, a seed's in a simulation) roots each
     /// round's keys.
     pub fn with_secure_aggregation(mut self, entropy: [u8; 32]) -> Self {
-        self.secagg = Some(secagg::DeviceSecAgg::new(entropy));
+        self.secagg = Some(Box::new(secagg::DeviceSecAgg::new(entropy)));
         self
     }
 
@@ -154,7 +157,7 @@ impl Session {
         let costs = std::mem::take(&mut self.costs);
         let pending = self.pending.take();
         // A restart loses the round's keys and shares; the entropy root stays.
-        let secagg = self.secagg.take().map(|s| s.restarted());
+        let secagg = self.secagg.take().map(|s| Box::new(s.restarted()));
         *self = Self::new(self.client_id.clone(), self.capabilities.clone(), num_samples, pending);
         self.costs = costs;
         self.secagg = secagg;
@@ -180,7 +183,12 @@ impl Session {
     }
 
     pub fn poll_action(&mut self) -> Option<SessionAction> {
-        self.actions.pop_front()
+        let action = self.actions.pop_front();
+        if action.is_none() && self.actions.capacity() > 0 {
+            // An idle session holds no buffer: a simulator keeps a million of them between rounds.
+            self.actions = VecDeque::new();
+        }
+        action
     }
 
     /// A connection is up: say hello.
@@ -194,7 +202,7 @@ impl Session {
         }
         self.actions.push_back(SessionAction::Send(Message::Hello(Box::new(Hello {
             client_id: self.client_id.clone(),
-            capabilities: self.capabilities.clone(),
+            capabilities: (*self.capabilities).clone(),
             num_samples: self.num_samples,
             last_round: self.last_trained,
         }))));

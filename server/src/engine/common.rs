@@ -33,7 +33,11 @@ pub(super) struct Core {
     pub(super) config: EngineConfig,
     pub(super) method: Box<dyn ServerMethod>,
     pub(super) rng: Rng,
+    /// Every client that said hello; change `connected` only through [`Core::connect`] and
+    /// [`Core::disconnect`], which keep [`Core::connected`]'s count.
     pub(super) clients: BTreeMap<ClientId, ClientInfo>,
+    /// How many of `clients` are connected: every hello asks, so it is kept rather than counted.
+    connected_count: usize,
     pub(super) global: Vec<ParamBlock>,
     pub(super) last_round: u64,
     /// Who was invited to each of the last [`INVITATIONS_KEPT`] rounds, and whether their cost
@@ -72,6 +76,7 @@ impl Core {
             method,
             rng,
             clients: BTreeMap::new(),
+            connected_count: 0,
             global: checkpoint.global,
             // After an accepted rollback, numbering continues above every round ever announced.
             last_round: checkpoint.round.max(round_floor),
@@ -100,7 +105,24 @@ impl Core {
 
     /// Number of connected clients.
     pub(super) fn connected(&self) -> usize {
-        self.clients.values().filter(|c| c.connected).count()
+        self.connected_count
+    }
+
+    /// A client said hello: it is connected, with what its hello claimed.
+    pub(super) fn connect(&mut self, client: &str, last_version: Option<u64>, num_samples: u64) {
+        let info = ClientInfo { connected: true, last_version, num_samples };
+        if !self.clients.insert(client.into(), info).is_some_and(|old| old.connected) {
+            self.connected_count += 1;
+        }
+    }
+
+    /// A client's connection is gone (it stays known).
+    pub(super) fn disconnect(&mut self, client: &str) {
+        if let Some(c) = self.clients.get_mut(client)
+            && std::mem::replace(&mut c.connected, false)
+        {
+            self.connected_count -= 1;
+        }
     }
 
     /// The connected clients, in id order.

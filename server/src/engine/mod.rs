@@ -39,7 +39,7 @@ pub use persist::{AcceptedUpdate, Invitations, OpenedRound, Persist, Recovered};
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport, preview};
 
 use buffered::BufferedState;
-use common::{ClientInfo, Core, goodbye};
+use common::{Core, goodbye};
 use rounds::{OpenRound, RoundsState};
 
 use crate::methods::ServerMethod;
@@ -296,9 +296,7 @@ impl Engine {
     /// A client's connection is gone. Its sampled slot stays open until the deadline: it may
     /// reconnect and upload.
     pub fn handle_disconnect(&mut self, _now: Duration, client: &str) {
-        if let Some(c) = self.core.clients.get_mut(client) {
-            c.connected = false;
-        }
+        self.core.disconnect(client);
     }
 
     /// A decoded message from a client. `client` is the identity the transport established.
@@ -339,7 +337,7 @@ impl Engine {
         let core = &mut self.core;
         let last_version = core.clients.get(client).and_then(|c| c.last_version);
         let num_samples = hello.num_samples;
-        core.clients.insert(client.into(), ClientInfo { connected: true, last_version, num_samples });
+        core.connect(client, last_version, num_samples);
         core.actions.push_back(Action::Persist(Persist::Seen { client: client.into(), fingerprint: None }));
         core.actions.push_back(Action::Send {
             to: client.into(),

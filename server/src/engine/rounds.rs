@@ -79,15 +79,17 @@ impl ModeState for RoundsState {
         if core.connected() < core.config.min_available.max(1) || !core.privacy_allows_a_round() {
             return;
         }
-        let available = core.connected_ids();
+        // Borrowed, not cloned: a fleet of a million devices would copy every id each round.
+        let available: Vec<&ClientId> = core.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id).collect();
         let target = core.config.sample_size(available.len());
         let invited = core.config.invited(target, available.len());
         let sampled: BTreeSet<ClientId> =
             core.rng.sample_indices(available.len(), invited).into_iter().map(|i| available[i].clone()).collect();
+        let available = available.len();
         let round = core.last_round + 1;
         tracing::info!(
             round,
-            available = available.len(),
+            available,
             target,
             invited = sampled.len(),
             invited_ids = %report::preview(sampled.iter(), 5),

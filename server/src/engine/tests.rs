@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Capabilities, Hello, Message, RefusalReason, Update};
+use anchorage_shared::protocol::{Capabilities, Goodbye, Hello, Message, RefusalReason, Update};
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 
 use super::*;
@@ -241,6 +241,24 @@ fn hellos_that_lie_or_run_another_method_are_closed() {
     e.handle_message(secs(0), "x", h);
     assert_eq!(refusals(&drain(&mut e), "x"), vec![RefusalReason::UnknownMethod]);
     assert_eq!(e.connected(), 0);
+}
+
+#[test]
+fn the_connected_count_follows_hellos_and_departures() {
+    // Kept, not counted (a hello at a million devices must not walk them all): a repeated hello,
+    // a repeated departure and the departure of a stranger change it by the right amount.
+    let mut e = engine(config(10, 5));
+    for id in ["a", "b", "a", "c"] {
+        e.handle_message(secs(0), id, hello(id));
+    }
+    assert_eq!(e.connected(), 3);
+    e.handle_disconnect(secs(1), "b");
+    e.handle_disconnect(secs(1), "b");
+    e.handle_disconnect(secs(1), "nobody");
+    e.handle_message(secs(1), "c", Message::Goodbye(Goodbye { reason: "done".into() }));
+    assert_eq!(e.connected(), 1);
+    e.handle_message(secs(2), "b", hello("b"));
+    assert_eq!(e.connected(), 2);
 }
 
 #[test]
