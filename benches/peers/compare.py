@@ -326,6 +326,14 @@ def print_table(results, micro, args):
             a, p = micro["anchorage"][t], micro["torch"][t]
             print(f"| step as a fraction of its own matmul rate ({a['step_flop'] / 1e6:.1f} MFLOP per step) | {t} | "
                   f"{a['step_fraction_of_matmul'] * 100:.1f}% | {p['step_fraction_of_matmul'] * 100:.1f}% | – |")
+        for t in (1, 2):
+            a = micro["anchorage"][t]
+            if "step_ms_b256" not in a:  # an anchorage from before issue 35's batch-256 figures
+                continue
+            print(f"| its five matrix products alone, batch 32 | {t} | {a['step_products_ms']:.3f} ms | – | – |")
+            print(f"| training step, batch 256 (issue 35's target: ≥ 50 % of the matmul rate) | {t} | "
+                  f"{a['step_ms_b256']:.3f} ms, {a['step_fraction_of_matmul_b256'] * 100:.1f}% | – | – |")
+            print(f"| its five matrix products alone, batch 256 | {t} | {a['step_products_ms_b256']:.3f} ms | – | – |")
         print()
         print("| aggregation, 100 updates × 1 MB | threads | time | update bytes read / s | STREAM-like copy (same run) | fraction |")
         print("|---|---:|---:|---:|---:|---:|")

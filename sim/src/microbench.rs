@@ -4,7 +4,9 @@
 //! - **step**: one local training step as the FedAvg client takes it (`train::Trainer::step`:
 //!   forward, cross-entropy, backward, Adam, the loss read back) on the MLP 784-256-10, batch 32,
 //!   on the flex CPU backend; and the machine's f32 matmul rate measured with the same backend
-//!   (a 1024³ product), so that the step's arithmetic can be put as a fraction of it. Threads
+//!   (a 1024³ product), so that the step's arithmetic can be put as a fraction of it; the same at
+//!   batch 256 (issue 35's target), and at both batches the step's five matrix products alone
+//!   (no autodiff, no optimiser), which is what the step would cost at the products' own rate. Threads
 //!   follow `RAYON_NUM_THREADS` (burn's gemm parallelises products of ≥ 192³ only, so a batch-32
 //!   step runs on one thread whatever it says).
 //! - **parallel**: independent trainings on 1 and on 2 threads of one process (each thread its
@@ -43,6 +45,12 @@ pub struct Figures {
     pub matmul_gflops: f64,
     /// The step's rate as a fraction of that.
     pub step_fraction_of_matmul: f64,
+    /// Milliseconds of the batch-32 step's five matrix products alone, at their shapes.
+    pub step_products_ms: f64,
+    /// The same three figures at batch 256.
+    pub step_ms_b256: f64,
+    pub step_fraction_of_matmul_b256: f64,
+    pub step_products_ms_b256: f64,
     /// Steps per second, all threads together, of independent trainings on 1 and on 2 threads.
     pub parallel_steps_per_s: [f64; 2],
     /// The second's over the first's.
@@ -84,8 +92,45 @@ fn random(n: usize, rng: &mut Rng) -> Vec<f32> {
 /// batches with random labels, and the model and optimiser start afresh every 200 steps (outside
 /// the timing): one batch trained on for thousands of steps drives the loss to zero and the
 /// gradients into subnormal floats, which the CPU computes many times slower.
-pub fn step_ms(steps: usize, warmup: usize) -> f64 {
-    median(step_times(steps, warmup, 1))
+pub fn step_ms(steps: usize, warmup: usize, batch: usize) -> f64 {
+    median(step_times(steps, warmup, 1, batch))
+}
+
+/// Floating-point operations of one step at `batch`: forward 2·b·(784·256 + 256·10); backward
+/// both weight gradients and the hidden layer's input gradient (2·b·256·10); the first layer's
+/// input gradient is not needed.
+fn step_flop(batch: usize) -> f64 {
+    let b = batch as f64;
+    let forward = 2.0 * b * (784.0 * 256.0 + 256.0 * 10.0);
+    2.0 * forward + 2.0 * b * 256.0 * 10.0
+}
+
+/// Median milliseconds of the step's five products at `batch`, without autodiff or optimiser:
+/// forward X·W1 and H·W2, backward Xᵀ·G1 and Hᵀ·G2 (the weight gradients) and G2·W2ᵀ (the hidden
+/// layer's input gradient). What is left of a step beyond this is element-wise work (bias,
+/// ReLU, softmax, Adam), the autodiff graph and allocation.
+pub fn products_ms(reps: usize, batch: usize) -> f64 {
+    let device = Device::flex();
+    let mut rng = Rng::new(4);
+    let mut t = |rows: usize, cols: usize| {
+        Tensor::<2>::from_data(TensorData::new(random(rows * cols, &mut rng), [rows, cols]), &device)
+    };
+    let (x, w1, h, w2, g1, g2) = (t(batch, 784), t(784, 256), t(batch, 256), t(256, 10), t(batch, 256), t(batch, 10));
+    let times = (0..reps)
+        .map(|_| {
+            let started = Instant::now();
+            let outputs = [
+                x.clone().matmul(w1.clone()),
+                h.clone().matmul(w2.clone()),
+                x.clone().transpose().matmul(g1.clone()),
+                h.clone().transpose().matmul(g2.clone()),
+                g2.clone().matmul(w2.clone().transpose()),
+            ];
+            std::hint::black_box(outputs.map(|o| o.into_data()));
+            started.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    median(times)
 }
 
 /// Steps per second of `threads` independent trainings at once, `steps` each after `warmup`
@@ -94,19 +139,19 @@ pub fn parallel_steps_per_s(threads: usize, steps: usize, warmup: usize) -> f64 
     let started = Instant::now();
     std::thread::scope(|scope| {
         let workers: Vec<_> =
-            (0..threads).map(|t| scope.spawn(move || step_times(steps, warmup, 1 + t as u64))).collect();
+            (0..threads).map(|t| scope.spawn(move || step_times(steps, warmup, 1 + t as u64, 32))).collect();
         workers.into_iter().for_each(|w| drop(w.join()));
     });
     let wall = started.elapsed().as_secs_f64();
     (threads * (steps + warmup)) as f64 / wall
 }
 
-/// Each step's milliseconds (after `warmup`) of one training on its own model and batches.
-fn step_times(steps: usize, warmup: usize, seed: u64) -> Vec<f64> {
+/// Each step's milliseconds (after `warmup`) of one training on its own model and batches of
+/// `batch`.
+fn step_times(steps: usize, warmup: usize, seed: u64, batch: usize) -> Vec<f64> {
     let device = Device::flex().autodiff();
     let spec = NetSpec { input_dim: 784, hidden: vec![256], num_classes: 10, seed: 7, residual: false };
     let mut rng = Rng::new(seed);
-    let batch = 32;
     let batches: Vec<(Tensor<2>, Tensor<1, Int>)> = (0..64)
         .map(|_| {
             let x = Tensor::<2>::from_data(TensorData::new(random(batch * 784, &mut rng), [batch, 784]), &device);
@@ -201,13 +246,10 @@ pub fn aggregate_ms(updates: usize, values: usize) -> anyhow::Result<(f64, f64, 
 /// Every figure, on the current thread count.
 pub fn run() -> anyhow::Result<Figures> {
     let threads = rayon::current_num_threads();
-    let step = step_ms(2000, 200);
-    // Forward 2·b·(784·256 + 256·10); backward: both weight gradients and the hidden layer's
-    // input gradient (2·b·256·10); the first layer's input gradient is not needed.
-    let b = 32.0;
-    let forward = 2.0 * b * (784.0 * 256.0 + 256.0 * 10.0);
-    let step_flop = 2.0 * forward + 2.0 * b * 256.0 * 10.0;
+    let step = step_ms(2000, 200, 32);
+    let step_b256 = step_ms(400, 40, 256);
     let matmul = matmul_gflops(1024);
+    let fraction = |flop: f64, ms: f64| flop / (ms / 1e3) / 1e9 / matmul;
     let parallel = [parallel_steps_per_s(1, 1000, 100), parallel_steps_per_s(2, 1000, 100)];
     let copy = copy_gbps(256 << 20);
     let (updates, values) = (100, 262_144);
@@ -216,9 +258,13 @@ pub fn run() -> anyhow::Result<Figures> {
     Ok(Figures {
         threads,
         step_ms: step,
-        step_flop,
+        step_flop: step_flop(32),
         matmul_gflops: matmul,
-        step_fraction_of_matmul: step_flop / (step / 1e3) / 1e9 / matmul,
+        step_fraction_of_matmul: fraction(step_flop(32), step),
+        step_products_ms: products_ms(2000, 32),
+        step_ms_b256: step_b256,
+        step_fraction_of_matmul_b256: fraction(step_flop(256), step_b256),
+        step_products_ms_b256: products_ms(400, 256),
         parallel_steps_per_s: parallel,
         parallel_speedup: parallel[1] / parallel[0],
         copy_gbps: copy,
