@@ -169,22 +169,70 @@ pub fn accuracy(model: &Trainable, cache: &FeatureCache, batch_size: usize) -> O
 }
 
 /// Top-1 accuracy of any predictor (features `[n, d]` → class indices `[n, 1]`) on cached
-/// features, in batches; `None` for an empty set.
+/// features, in batches; `None` for an empty set. On the CPU the batches run on every thread of
+/// the current rayon pool (issue 35: evaluation records no graph, so nothing serialises it); each
+/// batch is the same rows as on one thread, so the count of correct answers is the same.
 pub fn accuracy_of(
     cache: &FeatureCache,
     batch_size: usize,
-    predict: impl Fn(Tensor<2>) -> Tensor<2, Int>,
+    predict: impl Fn(Tensor<2>) -> Tensor<2, Int> + Sync,
 ) -> Option<f64> {
+    use rayon::prelude::*;
     let n = cache.len();
     if n == 0 {
         return None;
     }
-    let mut correct = 0usize;
-    for start in (0..n).step_by(batch_size.max(1)) {
-        let end = (start + batch_size.max(1)).min(n);
-        let x = cache.slice(start..end);
-        let pred: Vec<i64> = predict(x).into_data().convert::<i64>().try_to_vec::<i64>().unwrap_or_default();
-        correct += pred.iter().zip(&cache.labels_host[start..end]).filter(|(p, l)| **p == **l as i64).count();
-    }
+    let batch = batch_size.max(1);
+    let correct_in = |start: usize| {
+        let end = (start + batch).min(n);
+        let pred: Vec<i64> =
+            predict(cache.slice(start..end)).into_data().convert::<i64>().try_to_vec::<i64>().unwrap_or_default();
+        pred.iter().zip(&cache.labels_host[start..end]).filter(|(p, l)| **p == **l as i64).count()
+    };
+    let starts: Vec<usize> = (0..n).step_by(batch).collect();
+    // A GPU takes one stream of work: its batches stay in order on this thread.
+    let correct: usize = if cache.device().inner() == Device::flex() {
+        starts.into_par_iter().map(correct_in).sum()
+    } else {
+        starts.into_iter().map(correct_in).sum()
+    };
     Some(correct as f64 / n as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::TensorData;
+
+    use super::*;
+
+    #[test]
+    fn accuracy_counts_the_same_on_one_thread_or_several() {
+        let device = Device::flex();
+        let (n, d) = (1000, 3);
+        // Distinct values in every row (7919 is prime to 1009), so the arg max has no tie.
+        let values: Vec<f32> = (0..n * d).map(|i| ((i * 7919) % 1009) as f32).collect();
+        let labels: Vec<u32> = (0..n).map(|i| (i % 3) as u32).collect();
+        let expected = (0..n)
+            .filter(|&r| {
+                let row = &values[r * d..(r + 1) * d];
+                let best = (0..d).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+                best as u32 == labels[r]
+            })
+            .count() as f64
+            / n as f64;
+        let cache = FeatureCache::from_parts(
+            Tensor::<2>::from_data(TensorData::new(values, [n, d]), &device),
+            &labels,
+            &device,
+        );
+        let predict = |x: Tensor<2>| x.argmax(1);
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| accuracy_of(&cache, 64, predict))
+        };
+        assert_eq!(accuracy_of(&cache, n, predict), Some(expected), "one batch");
+        assert_eq!(on(1), Some(expected), "16 batches on one thread");
+        assert_eq!(on(4), Some(expected), "16 batches on four threads");
+        assert!(expected > 0.2 && expected < 0.5, "a count that could come out wrong: {expected}");
+    }
 }
