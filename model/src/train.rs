@@ -168,10 +168,30 @@ pub fn accuracy(model: &Trainable, cache: &FeatureCache, batch_size: usize) -> O
     accuracy_of(cache, batch_size, |x| model.forward(x).argmax(1))
 }
 
+std::thread_local! {
+    /// Set by [`on_every_core`] for the calls of [`accuracy_of`] it makes.
+    static EVERY_CORE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with [`accuracy_of`] spreading its batches over the current rayon pool on the CPU:
+/// the simulator's evaluation of the global model (issue 35). A device's own evaluation is not
+/// spread: it runs on its training thread, whose CPU time is the device's compute time, and the
+/// devices already evaluate side by side.
+pub fn on_every_core<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            EVERY_CORE.set(self.0);
+        }
+    }
+    let _restore = Restore(EVERY_CORE.replace(true));
+    f()
+}
+
 /// Top-1 accuracy of any predictor (features `[n, d]` → class indices `[n, 1]`) on cached
-/// features, in batches; `None` for an empty set. On the CPU the batches run on every thread of
-/// the current rayon pool (issue 35: evaluation records no graph, so nothing serialises it); each
-/// batch is the same rows as on one thread, so the count of correct answers is the same.
+/// features, in batches; `None` for an empty set. Under [`on_every_core`] the batches run on the
+/// threads of the current rayon pool; each batch is the same rows as on one thread, so the count
+/// of correct answers is the same.
 pub fn accuracy_of(
     cache: &FeatureCache,
     batch_size: usize,
@@ -191,7 +211,7 @@ pub fn accuracy_of(
     };
     let starts: Vec<usize> = (0..n).step_by(batch).collect();
     // A GPU takes one stream of work: its batches stay in order on this thread.
-    let correct: usize = if cache.device().inner() == Device::flex() {
+    let correct: usize = if EVERY_CORE.get() && cache.device().inner() == Device::flex() {
         starts.into_par_iter().map(correct_in).sum()
     } else {
         starts.into_iter().map(correct_in).sum()
@@ -228,7 +248,7 @@ mod tests {
         let predict = |x: Tensor<2>| x.argmax(1);
         let on = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            pool.install(|| accuracy_of(&cache, 64, predict))
+            pool.install(|| on_every_core(|| accuracy_of(&cache, 64, predict)))
         };
         assert_eq!(accuracy_of(&cache, n, predict), Some(expected), "one batch");
         assert_eq!(on(1), Some(expected), "16 batches on one thread");

@@ -11,6 +11,7 @@ use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskD
 use anchorage_client::privacy::DevicePrivacy;
 use anchorage_data::partition::FederatedSplit;
 use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
+use anchorage_model::train::on_every_core;
 use anchorage_model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 use anchorage_server::engine::EngineConfig;
 use anchorage_server::methods::ServerMethod;
@@ -106,7 +107,8 @@ impl Evaluator {
     }
 
     /// Global accuracy on the test data of every task seen by a round of `task` (or on the
-    /// target), as `(test task, accuracy)`; methods without a global predictor give none.
+    /// target), as `(test task, accuracy)`, its batches on every core; methods without a global
+    /// predictor give none.
     pub fn evaluate(
         &self,
         blocks: &[ParamBlock],
@@ -123,7 +125,7 @@ impl Evaluator {
         let mut out = Vec::new();
         for (k, test) in &self.tests {
             if (self.target_only || *k <= task)
-                && let Some(a) = self.method.global_accuracy(&broadcast, test)?
+                && let Some(a) = on_every_core(|| self.method.global_accuracy(&broadcast, test))?
             {
                 out.push((*k, a));
             }
