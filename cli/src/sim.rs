@@ -76,6 +76,15 @@ pub(crate) struct SimArgs {
     /// whatever --data-scale is).
     #[arg(long, value_parser = fraction)]
     test_scale: Option<f64>,
+    /// Evaluate on the scenario's validation split instead of its test split (its `[data]
+    /// evaluate_on`): held-out training samples, or under evolving shifts the last source
+    /// domain's held-out rows. Choices are made there, never on the test or target data.
+    #[arg(long, value_parser = ["test", "validation"])]
+    evaluate_on: Option<String>,
+    /// Fraction of every class's training samples held out as the validation split (a
+    /// scenario's `[data] validation`; no client trains on them).
+    #[arg(long)]
+    validation: Option<f64>,
     /// Run folder (default: runs/sim-<seed>-<UTC date>T<time>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -272,6 +281,23 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
         })?;
         overrides(file, "--test-scale", v, &["data", "test_scale"]);
         data.test_scale = Some(v);
+    }
+    if let Some(v) = args.validation {
+        let data = config.data.spec.as_mut().with_context(|| {
+            format!("--validation holds out part of a scenario's [data] and {} has none (the embedded data)", from())
+        })?;
+        overrides(file, "--validation", v, &["data", "validation"]);
+        data.validation = v;
+    }
+    if let Some(v) = &args.evaluate_on {
+        let data = config.data.spec.as_mut().with_context(|| {
+            format!("--evaluate-on picks a scenario's [data] split and {} has none (the embedded data)", from())
+        })?;
+        overrides(file, "--evaluate-on", v, &["data", "evaluate_on"]);
+        data.evaluate_on = match v.as_str() {
+            "validation" => anchorage_data::EvaluateOn::Validation,
+            _ => anchorage_data::EvaluateOn::Test,
+        };
     }
     Ok(())
 }

@@ -223,6 +223,9 @@ impl<M: ClientMethod> ClientMethod for Privatized<M> {
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         self.inner.global_accuracy(broadcast, test)
     }
+    fn global_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<crate::methods::Probes, TrainError> {
+        self.inner.global_probes(broadcast, test)
+    }
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
         self.inner.initial_blocks()
     }

@@ -21,7 +21,7 @@ pub use describe::{Description, Summary, TaskRow, describe, describe_split};
 pub use error::DataError;
 pub use images::ImageSet;
 pub use spec::{
-    DataSpec, DatasetKind, FilesChecked, LabelPools, LoadedData, PartitionSpec, build_split, check_files, label_pools,
-    load, load_rows,
+    DataSpec, DatasetKind, EvaluateOn, FilesChecked, LabelPools, LoadedData, PartitionSpec, build_split, check_files,
+    label_pools, load, load_rows,
 };
 pub use synthetic::SyntheticConfig;

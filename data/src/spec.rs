@@ -181,6 +181,37 @@ pub struct DataSpec {
     /// The task advances every this many rounds (FedProK's R); informative for the simulator.
     #[serde(default)]
     pub rounds_per_task: Option<u64>,
+    /// Fraction of every class's (scaled) training samples held out as the validation split,
+    /// seeded: no client trains on them, whichever split the run is evaluated on (issue 36). 0:
+    /// none. Evolving shifts (a `domains` partition) validate on the last source domain's
+    /// held-out rows instead and take no fraction.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub validation: f64,
+    /// What the run is evaluated on: the test split (the default) or the validation split, where
+    /// choices (a hyperparameter, a variant) are made; never on the test or target data.
+    #[serde(default, skip_serializing_if = "EvaluateOn::is_test")]
+    pub evaluate_on: EvaluateOn,
+}
+
+/// Which held-out data a run is evaluated on ([`DataSpec::evaluate_on`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvaluateOn {
+    #[default]
+    Test,
+    /// The validation split: held-out training samples (class-incremental), or the last source
+    /// domain's held-out rows (evolving shifts).
+    Validation,
+}
+
+impl EvaluateOn {
+    fn is_test(&self) -> bool {
+        *self == EvaluateOn::Test
+    }
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// Labels of the training and test pools (after `scale`), and where they came from.
@@ -195,6 +226,9 @@ pub struct LabelPools {
     /// Indices kept by `scale` in the full training / test pools (ascending).
     pub train_kept: Vec<usize>,
     pub test_kept: Vec<usize>,
+    /// The "test" pool is the validation split, rows of the training files (`test_kept` indexes
+    /// the full training pool): [`EvaluateOn::Validation`].
+    pub test_in_train: bool,
     /// Human-readable origin: which files, or which stand-in.
     pub source: String,
 }
@@ -374,8 +408,14 @@ pub fn check_files(
         Ok((images.len(), images.sample_shape()))
     };
     let (train, sample_shape) = read(Split::Train, &pools.train_kept, &pools.train)?;
-    let (test, _) = read(Split::Test, &pools.test_kept, &pools.test)?;
+    let (test, _) = read(test_split(pools), &pools.test_kept, &pools.test)?;
     Ok(Some(FilesChecked { train, test, sample_shape }))
+}
+
+/// The files the pools' "test" rows come from: the test split, or the training split for a
+/// validation run.
+fn test_split(pools: &LabelPools) -> Split {
+    if pools.test_in_train { Split::Train } else { Split::Test }
 }
 
 fn circle_config(spec: &DataSpec) -> CircleConfig {
@@ -443,7 +483,15 @@ pub fn label_pools(spec: &DataSpec, data_dir: Option<&Path>) -> Result<LabelPool
         }
     };
     let train_kept = scale_indices(&train, num_classes, spec.scale, spec.seed)?;
-    let test_kept = scale_indices(&test, num_classes, spec.test_scale.unwrap_or(1.0), spec.seed ^ 0x7E57)?;
+    let (train_kept, validation_kept) = hold_out(&train, train_kept, num_classes, spec)?;
+    let evolving = matches!(spec.partition, PartitionSpec::Domains { .. });
+    let test_in_train = spec.evaluate_on == EvaluateOn::Validation && !evolving;
+    let (test, test_kept) = if test_in_train {
+        (train.clone(), validation_kept)
+    } else {
+        let kept = scale_indices(&test, num_classes, spec.test_scale.unwrap_or(1.0), spec.seed ^ 0x7E57)?;
+        (test, kept)
+    };
     Ok(LabelPools {
         dataset: spec.dataset,
         num_classes,
@@ -452,8 +500,45 @@ pub fn label_pools(spec: &DataSpec, data_dir: Option<&Path>) -> Result<LabelPool
         domain_of: domain_of.map(|d| train_kept.iter().map(|&i| d[i]).collect()),
         train_kept,
         test_kept,
+        test_in_train,
         source,
     })
+}
+
+/// Splits the kept training rows into those clients train on and the validation split
+/// ([`DataSpec::validation`] of every class, seeded, at least one of a class).
+fn hold_out(
+    train: &[u32],
+    kept: Vec<usize>,
+    num_classes: u32,
+    spec: &DataSpec,
+) -> Result<(Vec<usize>, Vec<usize>), DataError> {
+    let evolving = matches!(spec.partition, PartitionSpec::Domains { .. });
+    if spec.validation == 0.0 {
+        if spec.evaluate_on == EvaluateOn::Validation && !evolving {
+            return Err(DataError::Spec(
+                "evaluate_on = \"validation\" needs a validation split: set [data] validation (e.g. 0.1)".into(),
+            ));
+        }
+        return Ok((kept, Vec::new()));
+    }
+    if evolving {
+        return Err(DataError::Spec(
+            "a domains partition validates on the last source domain's held-out rows: leave [data] validation \
+             out and set evaluate_on = \"validation\""
+                .into(),
+        ));
+    }
+    if !(spec.validation > 0.0 && spec.validation < 1.0) {
+        return Err(DataError::Spec(format!("validation must be in [0, 1), got {}", spec.validation)));
+    }
+    let labels: Vec<u32> = kept.iter().map(|&i| train[i]).collect();
+    let picked = scale_indices(&labels, num_classes, spec.validation, spec.seed ^ 0x7A11)?;
+    let mut is_validation = vec![false; kept.len()];
+    picked.iter().for_each(|&p| is_validation[p] = true);
+    let (validation, rest): (Vec<(usize, bool)>, Vec<(usize, bool)>) =
+        kept.into_iter().zip(is_validation).partition(|(_, v)| *v);
+    Ok((rest.into_iter().map(|r| r.0).collect(), validation.into_iter().map(|r| r.0).collect()))
 }
 
 /// The number of domains of a `domains` partition on these pools.
@@ -586,7 +671,14 @@ fn load_inner(
         kind => {
             let dir = data_dir.ok_or_else(|| DataError::Spec(format!("{} needs a data directory", kind.name())))?;
             let tr = file_images(kind, dir, Split::Train)?;
-            let te = file_images(kind, dir, Split::Test)?;
+            let test_files;
+            let te = match pools.test_in_train {
+                true => &tr,
+                false => {
+                    test_files = file_images(kind, dir, Split::Test)?;
+                    &test_files
+                }
+            };
             let keep = |kept: &[usize], rows: Option<&[usize]>| -> Vec<usize> {
                 match rows {
                     Some(rows) => rows.iter().map(|&r| kept[r]).collect(),
@@ -600,6 +692,10 @@ fn load_inner(
         }
     };
     let (mut train, test) = match spec.dataset {
+        DatasetKind::Synthetic | DatasetKind::Circle if pools.test_in_train => {
+            let validation = train.subset(&pools.test_kept);
+            (train.into_subset(&pools.train_kept), validation)
+        }
         DatasetKind::Synthetic | DatasetKind::Circle => {
             (train.into_subset(&pools.train_kept), test.into_subset(&pools.test_kept))
         }

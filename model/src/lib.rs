@@ -22,6 +22,7 @@ pub mod prompts;
 pub mod resnet18;
 pub mod resnet_cifar;
 mod resnet_parts;
+pub mod separability;
 pub mod vit;
 pub mod weights;
 pub mod zoo;

@@ -497,6 +497,14 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
         self.inner.global_accuracy(broadcast, test)
     }
 
+    fn global_probes(
+        &self,
+        broadcast: &Broadcast,
+        test: &anchorage_model::FeatureCache,
+    ) -> Result<anchorage_client::methods::Probes, TrainError> {
+        self.inner.global_probes(broadcast, test)
+    }
+
     fn initial_blocks(&self) -> Result<Vec<anchorage_shared::tensor::ParamBlock>, TrainError> {
         self.inner.initial_blocks()
     }

@@ -3,6 +3,7 @@
 use anchorage_shared::MetricKey;
 use std::path::{Path, PathBuf};
 
+use anchorage_client::methods::Probes;
 use anchorage_shared::ledger::CostRecord;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,10 @@ pub struct RunSummary {
     /// The privacy spent (`[privacy]`); absent when it was off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privacy: Option<PrivacySpent>,
+    /// The last round's global model probed apart from its prediction rule (issue 36: the global
+    /// head's accuracy, the representation's separability); absent when the method has none.
+    #[serde(default, skip_serializing_if = "Probes::is_empty")]
+    pub probes: Probes,
 }
 
 /// Where a run is: see [`RunSummary::status`].
@@ -316,6 +321,7 @@ impl RunSummary {
             continual: ContinualMetrics::from_records(accuracy),
             local_eval: inputs.local_eval,
             privacy: inputs.privacy,
+            probes: Probes::default(),
         }
     }
 }

@@ -215,6 +215,23 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
             if let Some(t) = data.test_scale {
                 ensure(t > 0.0 && t <= 1.0, &["data", "test_scale"], &t, "must be in (0, 1]")?;
             }
+            let evolving = matches!(data.partition, anchorage_data::PartitionSpec::Domains { .. });
+            let validation = data.validation;
+            ensure(validation >= 0.0 && validation < 1.0, &["data", "validation"], &validation, "must be in [0, 1)")?;
+            ensure(
+                !(evolving && validation > 0.0),
+                &["data", "validation"],
+                &validation,
+                "takes no fraction under a domains partition: evolving shifts validate on the last source domain's \
+                 held-out rows (leave it out and set evaluate_on = \"validation\")",
+            )?;
+            let on_validation = data.evaluate_on == anchorage_data::EvaluateOn::Validation;
+            ensure(
+                !(on_validation && !evolving && validation == 0.0),
+                &["data", "evaluate_on"],
+                &"validation",
+                "needs a validation split: set [data] validation (e.g. 0.1) or --validation",
+            )?;
             let split = *partition_clients(&mut data.partition.clone());
             let rule = format!(
                 "the federation has {} clients, the data split {split}; make them equal (--clients sets both)",
@@ -263,7 +280,8 @@ mod tests {
     fn every_scenario_file_has_a_valid_data_table() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
         let mut seen = 0;
-        for entry in std::fs::read_dir(&dir).unwrap() {
+        let files = std::fs::read_dir(&dir).unwrap().chain(std::fs::read_dir(dir.join("fidelity")).unwrap());
+        for entry in files {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
                 data_spec(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
@@ -307,6 +325,31 @@ mod tests {
         assert_eq!(fedavg, MethodConfig::default());
         let error = format!("{:#}", switch_method(&gldp, "fedavgx").unwrap_err());
         assert!(error.contains("unknown method `fedavgx`"), "{error}");
+    }
+
+    #[test]
+    fn a_validation_split_is_checked_against_the_partition() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        let refused = |data: &str, partition: &str| {
+            std::fs::write(
+                &path,
+                format!("clients = 10\n[data]\ndataset = \"synthetic\"\n{data}\n[data.partition]\n{partition}\n"),
+            )
+            .unwrap();
+            let file = ConfigFile::read(&path).unwrap();
+            check(&file.config().unwrap(), Some(&file)).err().map(|e| format!("{e:#}"))
+        };
+        let iid = "kind = \"iid\"\nclients = 10";
+        let domains = "kind = \"domains\"\nclients = 10\ndomains = 3";
+        assert_eq!(refused("validation = 0.1\nevaluate_on = \"validation\"", iid), None);
+        assert_eq!(refused("evaluate_on = \"validation\"", domains), None, "the last source domain");
+        let error = refused("evaluate_on = \"validation\"", iid).unwrap();
+        assert!(error.contains("[data] evaluate_on") && error.contains("needs a validation split"), "{error}");
+        let error = refused("validation = 0.1", domains).unwrap();
+        assert!(error.contains("[data] validation") && error.contains("last source domain"), "{error}");
+        let error = refused("validation = 1.5", iid).unwrap();
+        assert!(error.contains("must be in [0, 1)"), "{error}");
     }
 
     #[test]

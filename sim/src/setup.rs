@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anchorage_client::compress::UpdateCompression;
 use anchorage_client::methods::protos::PrototypeRelease;
-use anchorage_client::methods::{self, ClientMethod, MethodContext, Reveal, TaskData, TaskStream};
+use anchorage_client::methods::{self, ClientMethod, MethodContext, Probes, Reveal, TaskData, TaskStream};
 use anchorage_client::privacy::DevicePrivacy;
 use anchorage_data::partition::FederatedSplit;
-use anchorage_data::{Dataset, SyntheticConfig, partition, synthetic};
+use anchorage_data::{Dataset, EvaluateOn, SyntheticConfig, partition, synthetic};
 use anchorage_model::train::on_every_core;
 use anchorage_model::{FeatureCache, InputBackbone, Inputs, NetSpec, zoo};
 use anchorage_server::engine::EngineConfig;
@@ -90,6 +90,8 @@ pub struct Evaluator {
     tests: Vec<(u32, FeatureCache)>,
     /// Evolving shifts: only the target is evaluated, whatever the task.
     target_only: bool,
+    /// The probes of the last round's global model (issue 36), for the run's summary.
+    last_probes: std::sync::Mutex<Probes>,
 }
 
 impl Evaluator {
@@ -102,8 +104,29 @@ impl Evaluator {
         task: u32,
     ) -> anyhow::Result<(f64, Vec<AccuracyRow>)> {
         let global = self.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
+        let probes = self.probe(&checkpoint.global, &checkpoint.prototypes, task)?;
+        if let Ok(mut last) = self.last_probes.lock() {
+            *last = probes;
+        }
         let rows = accuracy_records(report, task, &global);
         Ok((round_accuracy(&global, &rows), rows))
+    }
+
+    /// The probes of the last round [`Self::evaluate_round`] evaluated (none before one).
+    pub fn last_probes(&self) -> Probes {
+        self.last_probes.lock().map(|p| *p).unwrap_or_default()
+    }
+
+    /// The global model's probes, their mean over the test data [`Self::evaluate`] reads.
+    fn probe(&self, blocks: &[ParamBlock], prototypes: &[Prototype], task: u32) -> anyhow::Result<Probes> {
+        let broadcast = evaluation_broadcast(blocks, prototypes, task);
+        let mut all = Vec::new();
+        for (k, test) in &self.tests {
+            if self.target_only || *k <= task {
+                all.push(on_every_core(|| self.method.global_probes(&broadcast, test))?);
+            }
+        }
+        Ok(Probes::mean(&all))
     }
 
     /// Global accuracy on the test data of every task seen by a round of `task` (or on the
@@ -115,13 +138,7 @@ impl Evaluator {
         prototypes: &[Prototype],
         task: u32,
     ) -> anyhow::Result<Vec<(u32, f64)>> {
-        let broadcast = Broadcast {
-            round: 0,
-            task,
-            config: RoundConfig { local_epochs: 0, batch_size: 1, learning_rate: 0.0, deadline_ms: 0 },
-            blocks: blocks.to_vec(),
-            prototypes: prototypes.to_vec(),
-        };
+        let broadcast = evaluation_broadcast(blocks, prototypes, task);
         let mut out = Vec::new();
         for (k, test) in &self.tests {
             if (self.target_only || *k <= task)
@@ -131,6 +148,17 @@ impl Evaluator {
             }
         }
         Ok(out)
+    }
+}
+
+/// The global model as the method's evaluation reads it: a broadcast of round 0 with no training.
+fn evaluation_broadcast(blocks: &[ParamBlock], prototypes: &[Prototype], task: u32) -> Broadcast {
+    Broadcast {
+        round: 0,
+        task,
+        config: RoundConfig { local_epochs: 0, batch_size: 1, learning_rate: 0.0, deadline_ms: 0 },
+        blocks: blocks.to_vec(),
+        prototypes: prototypes.to_vec(),
     }
 }
 
@@ -159,6 +187,9 @@ enum Protocol {
     Evolving {
         num_tasks: usize,
         first_target: usize,
+        /// `[data] evaluate_on = "validation"`: the last source domain's held-out rows stand in
+        /// for the target (training-domain validation), which no choice may see.
+        validate: bool,
     },
 }
 
@@ -174,7 +205,8 @@ impl Protocol {
             num_tasks > held_out,
             "evolving shifts need more domains ({num_tasks}) than target domains ({held_out}): at least one source"
         );
-        Ok(Self::Evolving { num_tasks, first_target: num_tasks - held_out })
+        let validate = config.data.spec.as_ref().is_some_and(|d| d.evaluate_on == EvaluateOn::Validation);
+        Ok(Self::Evolving { num_tasks, first_target: num_tasks - held_out, validate })
     }
 
     fn num_tasks(self) -> usize {
@@ -193,7 +225,10 @@ impl Protocol {
         let num_tasks = self.num_tasks();
         let tasks: Vec<(usize, std::ops::Range<usize>)> = match self {
             Self::ClassIncremental { .. } => (0..num_tasks).map(|k| (k, k..k + 1)).collect(),
-            Self::Evolving { first_target, .. } => vec![(num_tasks - 1, first_target..num_tasks)],
+            Self::Evolving { first_target, validate: false, .. } => vec![(num_tasks - 1, first_target..num_tasks)],
+            Self::Evolving { first_target, validate: true, .. } => {
+                vec![(num_tasks - 1, first_target - 1..first_target)]
+            }
         };
         tasks.into_iter().map(|(k, targets)| self.global_rows_of(split, k, targets)).collect()
     }
@@ -210,7 +245,9 @@ impl Protocol {
         // once, not once per client (100,000 clients of an IID split: 800 MB of repeats).
         let mut lists_seen = std::collections::HashSet::new();
         for t in holders {
-            if self.is_evolving() {
+            if let Self::Evolving { validate: true, .. } = self {
+                idx.extend(&t.local_test);
+            } else if self.is_evolving() {
                 idx.extend(t.train.iter().chain(&t.local_test));
             } else if in_train {
                 idx.extend(&t.local_test);
@@ -349,10 +386,12 @@ impl Streams<'_> {
                 target: None,
                 eval_every,
             },
-            Protocol::Evolving { num_tasks, first_target } => {
+            Protocol::Evolving { num_tasks, first_target, validate } => {
                 let (sources, target) = client.tasks.split_at(first_target.min(client.tasks.len()));
-                let mut all: Vec<usize> =
-                    target.iter().flat_map(|t| t.train.iter().chain(&t.local_test)).copied().collect();
+                let mut all: Vec<usize> = match validate {
+                    true => sources.last().map(|t| t.local_test.clone()).unwrap_or_default(),
+                    false => target.iter().flat_map(|t| t.train.iter().chain(&t.local_test)).copied().collect(),
+                };
                 all.sort_unstable();
                 TaskStream {
                     tasks: sources.iter().enumerate().map(|(k, t)| self.task_data(k, t)).collect(),
@@ -507,6 +546,7 @@ impl Setup {
             method: methods::build(&config.method, context(TaskStream::default(), config.federation.seed))?,
             tests,
             target_only: protocol.is_evolving(),
+            last_probes: Default::default(),
         };
         let initial = evaluator.method.initial_blocks()?;
         let server_method = server_method(config, &features, &split)?;

@@ -132,7 +132,7 @@ impl MetricStats {
 
 /// The metrics a sweep summarises, in table order: the metrics.json key (`continual.*` for the
 /// continual-learning metrics), the label, the unit.
-pub const METRICS: [(&str, &str, Unit); 16] = [
+pub const METRICS: [(&str, &str, Unit); 18] = [
     ("final_accuracy", "final accuracy", Unit::Fraction),
     ("best_accuracy", "best accuracy (any round)", Unit::Fraction),
     ("continual.final_accuracy", "final average accuracy (seen tasks)", Unit::Fraction),
@@ -145,6 +145,8 @@ pub const METRICS: [(&str, &str, Unit); 16] = [
     ("continual.kr_spatial", "KR_s (FedTA Eq. 12)", Unit::Ratio),
     ("continual.local_final_accuracy", "A^loc clients' local models", Unit::Fraction),
     ("continual.selected_final_accuracy", "A^sel clients on their own classes (GLDP)", Unit::Fraction),
+    ("probes.head_accuracy", "global head on the global representation (probe)", Unit::Fraction),
+    ("probes.separability", "class separability tr(S_B)/tr(S_W) (probe)", Unit::Ratio),
     ("mean_upload_payload", "mean upload payload", Unit::Bytes),
     ("upload_wire_ratio", "upload wire / payload", Unit::Ratio),
     ("wall_seconds", "wall seconds", Unit::Seconds),
@@ -174,6 +176,8 @@ pub fn figures(summary: &RunSummary, clock: Clock) -> Vec<Option<f64>> {
         continual(c.kr_spatial),
         c.local_final_accuracy,
         c.selected_final_accuracy,
+        summary.probes.head_accuracy,
+        summary.probes.separability,
         summary.mean_upload_payload,
         summary.upload_wire_ratio,
         Some(summary.wall_seconds),

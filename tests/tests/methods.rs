@@ -1,7 +1,8 @@
 //! Every method over real QUIC on loopback: 3 clients, 2 class-incremental tasks of a synthetic
 //! set, 2 rounds per task. Each run must end above chance, and what reached the server must be
 //! what the method shares: prototypes for the prototype methods and none for the others, no head
-//! blocks from GLDP and FedRep (their personal layers never leave the device), no blocks at all
+//! blocks from GLDP and FedRep (their personal layers never leave the device; GLDP's head ablation
+//! shares an averaged head on purpose), no blocks at all
 //! from Local-only, and from FedTA its input enhancement (IE) and prototypes only (its anchors and
 //! heads stay on the device). What each method uploads and whether its global model is
 //! evaluated come from the method registry (`shared`, `predicts_with`), so every method is held to
@@ -92,7 +93,7 @@ fn check(method: &str) {
     check_config(config(method), prototypes, upload);
 }
 
-fn check_config(config: SimConfig, prototypes: bool, upload: u64) {
+fn check_config(config: SimConfig, prototypes: bool, upload: u64) -> SimResult {
     let method = config.method.name();
     let selected = config.output.selected_accuracy;
     let result = run(config);
@@ -124,6 +125,7 @@ fn check_config(config: SimConfig, prototypes: bool, upload: u64) {
     } else {
         assert!(sel.is_empty(), "{method}: A^sel only when asked");
     }
+    result
 }
 
 /// The registry's `predicts_with`: a method with a global predictor has its global model
@@ -168,7 +170,28 @@ fn gldp_keeps_its_personal_layer_and_shares_prototypes() {
     let mut config = config("gldp");
     config.output.selected_accuracy = true;
     let (upload, prototypes) = registered_upload("gldp");
-    check_config(config, prototypes, upload);
+    let result = check_config(config, prototypes, upload);
+    // The global model is probed apart from its prototypes: µ's separability, and no global head.
+    let probes = result.summary.probes;
+    assert!(probes.separability.is_some_and(|s| s > 0.0), "{probes:?}");
+    assert_eq!(probes.head_accuracy, None, "ν is personal: the global model has no head");
+}
+
+/// Issue 36's head ablation: with `prediction = "head"` ν travels up too, the server averages it
+/// into the global head, and the global model predicts with it (the head probe reads the same).
+#[test]
+fn gldp_predicting_with_its_head_shares_an_averaged_head() {
+    use anchorage_shared::method::{GldpConfig, GldpPrediction, MethodConfig};
+    let mut config = config("gldp");
+    config.method = MethodConfig::Gldp(GldpConfig { prediction: GldpPrediction::Head, ..GldpConfig::default() });
+    let result = check_config(config, true, ADAPTER_BYTES + HEAD_BYTES);
+    let s = &result.summary;
+    let head = s.probes.head_accuracy.expect("the global head is probed");
+    assert!(
+        (head - s.final_accuracy).abs() < 1e-9,
+        "the global model predicts with its head: {head} vs {}",
+        s.final_accuracy
+    );
 }
 
 #[test]

@@ -163,4 +163,17 @@ impl ClientMethod for Baseline {
         let model = self.ctx.global_net(broadcast)?;
         Ok(accuracy(&model, test, 1024))
     }
+
+    /// The global head's accuracy (the global accuracy) and the global body's separability.
+    fn global_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<super::Probes, TrainError> {
+        if self.info.predicts_with == Prediction::None || broadcast.blocks.is_empty() {
+            return Ok(super::Probes::default());
+        }
+        let model = self.ctx.global_net(broadcast)?;
+        let valid = model.valid();
+        Ok(super::Probes {
+            head_accuracy: accuracy(&model, test, 1024),
+            separability: anchorage_model::separability::fisher_ratio(test, 1024, |x| valid.represent(x)),
+        })
+    }
 }

@@ -16,10 +16,13 @@
 //!   the global prototypes, Σ_n (N_n/N)·‖C_n^batch − G_n‖², over the classes with a global prototype.
 //! - Prediction by the nearest prototype (Eq. 13), local (GLDP-LP) or global (GLDP-GP).
 //!
-//! λ = 1 and λ = 0 are the paper's ablations (local relation only, global alignment only).
+//! λ = 1 and λ = 0 are the paper's ablations (local relation only, global alignment only);
+//! `prototype_losses = false` drops both, and `prediction = "head"` predicts with ν instead of
+//! prototypes (the global model with ν averaged over the devices, `global_head`), issue 36's
+//! ablations. The global model's probes ([`super::Probes`]) read µ apart from the prediction rule.
 
 use anchorage_shared::math::moving_average;
-use anchorage_shared::method::{Distance, PrototypeSource};
+use anchorage_shared::method::{Distance, GldpPrediction};
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::prototype_rules::ClassMean;
 use anchorage_shared::rng::Rng;
@@ -30,9 +33,10 @@ use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Tensor};
 
 use super::protos::{PrototypeTable, batch_class_means, from_wire, means_and_upload};
-use super::{ClientMethod, MethodContext, TrainError, common_metrics};
+use super::{ClientMethod, MethodContext, Probes, TrainError, common_metrics};
 use anchorage_model::ops::{index_tensor, squared_distances};
-use anchorage_model::train::{Batch, Trainer, accuracy_of, body_only, head_only};
+use anchorage_model::separability::fisher_ratio;
+use anchorage_model::train::{Batch, Trainer, accuracy, accuracy_of, body_only, head_only};
 use anchorage_model::{BlockLayout, FeatureCache, Net, is_head_block};
 
 /// GLDP's client half. See the module docs.
@@ -101,6 +105,9 @@ impl GldpClient {
         let ce = CrossEntropyLossConfig::new().init(&batch.x.device());
         let z = net.represent(batch.x.clone());
         let mut loss = ce.forward(net.head.forward(z.clone()), batch.y.clone());
+        if !self.config.prototype_losses {
+            return loss;
+        }
         let lambda = self.config.lambda;
         if lambda > 0.0
             && let Some(l) =
@@ -142,6 +149,11 @@ fn prototype_accuracy(net: &Net, table: Option<&PrototypeTable>, test: &FeatureC
     accuracy_of(test, 1024, |x| table.predict(net.represent(x.inner()), Distance::Euclidean))
 }
 
+/// Top-1 accuracy of the global µ through the global ν; none when the broadcast has no head.
+fn global_head_accuracy(net: &Net, broadcast: &Broadcast, test: &FeatureCache) -> Option<f64> {
+    broadcast.blocks.iter().any(|b| is_head_block(&b.name)).then(|| accuracy(net, test, 1024)).flatten()
+}
+
 fn table(means: &[ClassMean], device: &Device) -> Option<PrototypeTable> {
     PrototypeTable::new(means, device)
 }
@@ -165,7 +177,9 @@ impl ClientMethod for GldpClient {
         let local = table(&self.local, &device);
         let c = &broadcast.config;
         let own = self.own.take().unwrap_or_else(|| Net::new(&self.ctx.net, &device));
-        let mut net = own.load_blocks(&broadcast.blocks, &device)?;
+        // ν is personal: a global head (`global_head`) is for the global model, never loaded here.
+        let shared: Vec<ParamBlock> = broadcast.blocks.iter().filter(|b| !is_head_block(&b.name)).cloned().collect();
+        let mut net = own.load_blocks(&shared, &device)?;
         let mut trainer = Trainer::new(self.ctx.optimizer, c.learning_rate as f64, c.batch_size as usize);
         let mut rng = self.rng.clone();
         let mut loss = f64::NAN;
@@ -187,15 +201,18 @@ impl ClientMethod for GldpClient {
         );
         self.remember(&fresh);
         let predict_with = match self.config.prediction {
-            PrototypeSource::Local => table(&self.local, &device),
-            PrototypeSource::Global => {
+            GldpPrediction::Local => table(&self.local, &device),
+            GldpPrediction::Global => {
                 table(&crate::methods::protos::merge_missing(&global_means, &self.local), &device)
             }
+            GldpPrediction::Head => None,
         };
-        let accuracies =
-            self.ctx.stream.accuracy_metrics(broadcast, |t| prototype_accuracy(&net, predict_with.as_ref(), t));
+        let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| match self.config.prediction {
+            GldpPrediction::Head => accuracy(&net, t, 1024),
+            _ => prototype_accuracy(&net, predict_with.as_ref(), t),
+        });
         let mut blocks = net.to_blocks(self.ctx.encoding)?;
-        blocks.retain(|b| !is_head_block(&b.name));
+        blocks.retain(|b| self.config.shares_head() || !is_head_block(&b.name));
         self.own = Some(net);
         Ok(Update {
             round: broadcast.round,
@@ -210,15 +227,149 @@ impl ClientMethod for GldpClient {
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
         let mut blocks = Net::new(&self.ctx.net, &self.ctx.device).to_blocks(Encoding::F32)?;
-        blocks.retain(|b| !is_head_block(&b.name));
+        blocks.retain(|b| self.config.shares_head() || !is_head_block(&b.name));
         Ok(blocks)
     }
 
-    /// GLDP-GP on the server's side: the global µ and the global prototypes (Eq. 13).
+    /// GLDP-GP on the server's side: the global µ and the global prototypes (Eq. 13); under
+    /// `prediction = "head"` the global µ and the averaged ν.
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         let device = &self.ctx.device;
         let net = self.ctx.global_net(broadcast)?;
+        if self.config.prediction == GldpPrediction::Head {
+            return Ok(global_head_accuracy(&net, broadcast, test));
+        }
         let global = table(&from_wire(&broadcast.prototypes)?, device);
         Ok(prototype_accuracy(&net, global.as_ref(), test))
+    }
+
+    /// The global head's accuracy on the global µ (with a global head) and µ's separability.
+    fn global_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Probes, TrainError> {
+        let net = self.ctx.global_net(broadcast)?;
+        let valid = net.valid();
+        Ok(Probes {
+            head_accuracy: global_head_accuracy(&net, broadcast, test),
+            separability: fisher_ratio(test, 1024, |x| valid.represent(x)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use anchorage_data::Dataset;
+    use anchorage_model::train::OptimizerKind;
+    use anchorage_model::{Identity, NetSpec};
+    use anchorage_shared::method::GldpConfig;
+    use anchorage_shared::protocol::RoundConfig;
+    use anchorage_shared::prototype::Prototype;
+
+    use super::*;
+    use crate::methods::TaskStream;
+
+    /// Three classes of 4 features around class-dependent centres.
+    fn data(n: usize, seed: u64) -> Dataset {
+        let mut rng = Rng::new(seed);
+        let labels: Vec<u32> = (0..n as u32).map(|i| i % 3).collect();
+        let features = labels
+            .iter()
+            .flat_map(|&l| {
+                (0..4).map(|j| if j == l as usize { 1.0 } else { 0.0 } + 0.3 * rng.f32()).collect::<Vec<_>>()
+            })
+            .collect();
+        Dataset::new(vec![4], 3, features, labels).unwrap()
+    }
+
+    fn client(config: GldpConfig) -> GldpClient {
+        let plain = Device::flex();
+        let stream = TaskStream::build(&Identity { dim: 4 }, &[(vec![0, 1, 2], data(30, 1), data(12, 2))], &plain);
+        let ctx = MethodContext {
+            net: NetSpec { input_dim: 4, hidden: vec![8], num_classes: 3, seed: 5, residual: false },
+            stream,
+            device: plain.autodiff(),
+            optimizer: OptimizerKind::Adam,
+            encoding: Encoding::F32,
+            seed: 3,
+            backbone: None,
+            prototype_release: Default::default(),
+        };
+        GldpClient::new(ctx, config)
+    }
+
+    fn broadcast(round: u64, blocks: Vec<ParamBlock>, prototypes: Vec<Prototype>) -> Broadcast {
+        let config = RoundConfig { local_epochs: 2, batch_size: 8, learning_rate: 0.05, deadline_ms: 0 };
+        Broadcast { round, task: 0, config, blocks, prototypes }
+    }
+
+    fn far_prototypes() -> Vec<Prototype> {
+        (0..3).map(|c| Prototype::encode(c, 10, &[5.0 * c as f32 - 7.0; 8], Encoding::F32)).collect()
+    }
+
+    fn bytes(blocks: &[ParamBlock]) -> Vec<u8> {
+        postcard::to_allocvec(blocks).unwrap()
+    }
+
+    #[test]
+    fn with_the_prototype_losses_off_the_global_prototypes_do_not_move_mu() {
+        let trained = |config: GldpConfig, prototypes: Vec<Prototype>| {
+            let mut c = client(config);
+            let b = broadcast(1, c.initial_blocks().unwrap(), prototypes);
+            c.train(&b).unwrap().blocks
+        };
+        let off = GldpConfig { prototype_losses: false, ..GldpConfig::default() };
+        assert_eq!(bytes(&trained(off.clone(), vec![])), bytes(&trained(off, far_prototypes())));
+        // On, L_GP pulls the batch means toward the far prototypes: µ learns something else.
+        let on = GldpConfig::default();
+        assert_ne!(bytes(&trained(on.clone(), vec![])), bytes(&trained(on, far_prototypes())));
+    }
+
+    #[test]
+    fn a_global_head_travels_up_but_never_replaces_the_devices_own() {
+        let plain = client(GldpConfig::default());
+        assert!(plain.initial_blocks().unwrap().iter().all(|b| !is_head_block(&b.name)), "ν is personal by default");
+        let config = GldpConfig { global_head: true, ..GldpConfig::default() };
+        let round_two = |head_value: f32| {
+            let mut c = client(config.clone());
+            let initial = c.initial_blocks().unwrap();
+            assert!(initial.iter().any(|b| is_head_block(&b.name)), "the global model has a head");
+            let first = c.train(&broadcast(1, initial, vec![])).unwrap();
+            assert!(first.blocks.iter().any(|b| is_head_block(&b.name)), "ν travels up");
+            // The next broadcast carries some other global head: the device trains on from its own ν.
+            let blocks: Vec<ParamBlock> = first
+                .blocks
+                .iter()
+                .map(|b| match is_head_block(&b.name) {
+                    true => {
+                        let n = b.tensor.len().unwrap();
+                        ParamBlock::encode(b.name.clone(), &b.tensor.shape, &vec![head_value; n], Encoding::F32)
+                    }
+                    false => b.clone(),
+                })
+                .collect();
+            c.train(&broadcast(2, blocks, first.prototypes)).unwrap().blocks
+        };
+        assert_eq!(bytes(&round_two(0.0)), bytes(&round_two(3.0)));
+    }
+
+    #[test]
+    fn the_global_model_predicts_with_its_head_under_head_prediction_and_probes_both() {
+        let mut c = client(GldpConfig { prediction: GldpPrediction::Head, ..GldpConfig::default() });
+        let mut blocks = c.initial_blocks().unwrap();
+        let mut prototypes = vec![];
+        for round in 1..=4 {
+            let update = c.train(&broadcast(round, blocks, prototypes)).unwrap();
+            (blocks, prototypes) = (update.blocks, update.prototypes);
+        }
+        let test = c.ctx.stream.current(0).unwrap().test.clone();
+        let b = broadcast(5, blocks.clone(), prototypes);
+        let by_head = c.global_accuracy(&b, &test).unwrap().unwrap();
+        let probes = c.global_probes(&b, &test).unwrap();
+        assert_eq!(probes.head_accuracy, Some(by_head), "the probe reads the same head");
+        assert!(by_head > 0.6, "three separable classes: {by_head}");
+        assert!(probes.separability.unwrap() > 0.0);
+        // Without a head in the broadcast the global model has nothing to predict with.
+        let headless: Vec<ParamBlock> = blocks.into_iter().filter(|b| !is_head_block(&b.name)).collect();
+        let b = broadcast(5, headless, vec![]);
+        assert_eq!(c.global_accuracy(&b, &test).unwrap(), None);
+        assert_eq!(c.global_probes(&b, &test).unwrap().head_accuracy, None);
     }
 }

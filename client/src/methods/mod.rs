@@ -53,6 +53,34 @@ pub enum TrainError {
     Privacy(anchorage_shared::tensor::TensorError),
 }
 
+/// Probes of the global model's representation µ(x) on test data, apart from the method's
+/// prediction rule (issue 36): do a method's losses shape the representation itself?
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Probes {
+    /// Top-1 accuracy of the global classifier head on µ(x) (none: the global model has no head).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_accuracy: Option<f64>,
+    /// Fisher's tr(S_B) / tr(S_W) of µ(x) ([`anchorage_model::separability`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub separability: Option<f64>,
+}
+
+impl Probes {
+    /// Nothing was probed.
+    pub fn is_empty(&self) -> bool {
+        self.head_accuracy.is_none() && self.separability.is_none()
+    }
+
+    /// The mean of each probe over the probes that have it (the tasks a round evaluates).
+    pub fn mean(all: &[Probes]) -> Probes {
+        let mean = |f: fn(&Probes) -> Option<f64>| {
+            let values: Vec<f64> = all.iter().filter_map(f).collect();
+            (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+        };
+        Probes { head_accuracy: mean(|p| p.head_accuracy), separability: mean(|p| p.separability) }
+    }
+}
+
 /// The client half of a federated method (Flower's `Client::fit`, plus the evaluation of the
 /// global model the way the method predicts).
 pub trait ClientMethod: Send {
@@ -75,6 +103,12 @@ pub trait ClientMethod: Send {
     /// Accuracy of the global model `broadcast` describes on `test` (`None`: the method has no
     /// global predictor, e.g. Local-only or FedRep's personal heads).
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError>;
+    /// What the global model's representation is worth apart from the method's prediction rule
+    /// ([`Probes`]); by default nothing is probed.
+    fn global_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Probes, TrainError> {
+        let _ = (broadcast, test);
+        Ok(Probes::default())
+    }
     /// The shared blocks of the seeded initial model: the server's first broadcast.
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError>;
     /// What the method keeps on the device between rounds and never uploads (FedTA's anchors and
@@ -106,6 +140,9 @@ impl<M: ClientMethod + ?Sized> ClientMethod for Box<M> {
     }
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         (**self).global_accuracy(broadcast, test)
+    }
+    fn global_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Probes, TrainError> {
+        (**self).global_probes(broadcast, test)
     }
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
         (**self).initial_blocks()
@@ -210,6 +247,9 @@ impl<M: ClientMethod> ClientMethod for BatchCap<M> {
     }
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         self.inner.global_accuracy(broadcast, test)
+    }
+    fn global_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Probes, TrainError> {
+        self.inner.global_probes(broadcast, test)
     }
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
         self.inner.initial_blocks()

@@ -13,13 +13,16 @@ pub enum Distance {
     Cosine,
 }
 
-/// Which prototypes GLDP predicts with (Eq. 13): the client's own (GLDP-LP) or the global ones (GLDP-GP).
+/// What GLDP predicts with: the nearest prototype (Eq. 13), the client's own (GLDP-LP) or the
+/// global ones (GLDP-GP); or, as an ablation (issue 36), the classifier head ν on µ(x): a device's
+/// own ν, the global model's ν averaged over the devices ([`GldpConfig::global_head`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum PrototypeSource {
+pub enum GldpPrediction {
     Local,
     #[default]
     Global,
+    Head,
 }
 
 /// FedAvg (McMahan et al. 2017): no hyperparameters beyond the round's.
@@ -86,16 +89,38 @@ pub struct GldpConfig {
     pub lambda: f32,
     /// Temperature of the softmax over prototype distances (Eq. 7).
     pub temperature: f32,
-    /// t, local epochs of the shared representation µ; the personal layer ν gets
-    /// `local_epochs − t` (s).
+    /// t, local epochs of the shared representation µ (before the personal layer ν's
+    /// `local_epochs`, s).
     pub shared_epochs: u32,
-    /// The prediction prototypes (Eq. 13).
-    pub prediction: PrototypeSource,
+    /// What the models predict with (Eq. 13, or the head as an ablation).
+    pub prediction: GldpPrediction,
+    /// L_LP and L_GP in the loss (Eq. 12); false leaves CE alone (the ablation of both).
+    pub prototype_losses: bool,
+    /// Devices also upload ν and the server averages it into a global head, which the devices
+    /// never load (ν stays personal): the head the global model predicts with under
+    /// `prediction = "head"`, and the simulator's head probe (issue 36). Implied by that
+    /// prediction.
+    pub global_head: bool,
+}
+
+impl GldpConfig {
+    /// Whether ν travels up to make a global head.
+    pub fn shares_head(&self) -> bool {
+        self.global_head || self.prediction == GldpPrediction::Head
+    }
 }
 
 impl Default for GldpConfig {
     fn default() -> Self {
-        Self { beta: 0.5, lambda: 0.5, temperature: 1.0, shared_epochs: 1, prediction: PrototypeSource::Global }
+        Self {
+            beta: 0.5,
+            lambda: 0.5,
+            temperature: 1.0,
+            shared_epochs: 1,
+            prediction: GldpPrediction::Global,
+            prototype_losses: true,
+            global_head: false,
+        }
     }
 }
 

@@ -358,7 +358,7 @@ mod tests {
     fn a_table_sets_its_methods_keys_only() {
         let gldp = parse("name = \"gldp\"\nbeta = 0.9\nprediction = \"local\"").unwrap();
         let MethodConfig::Gldp(c) = &gldp else { panic!("{gldp:?}") };
-        assert_eq!((c.beta, c.lambda, c.prediction), (0.9, 0.5, PrototypeSource::Local));
+        assert_eq!((c.beta, c.lambda, c.prediction), (0.9, 0.5, GldpPrediction::Local));
 
         let error = parse("name = \"gldp\"\nie_pool = 4").unwrap_err().to_string();
         assert!(error.contains("method `gldp`") && error.contains("unknown field `ie_pool`"), "{error}");
