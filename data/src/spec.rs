@@ -536,9 +536,9 @@ fn hold_out(
     let picked = scale_indices(&labels, num_classes, spec.validation, spec.seed ^ 0x7A11)?;
     let mut is_validation = vec![false; kept.len()];
     picked.iter().for_each(|&p| is_validation[p] = true);
-    let (validation, rest): (Vec<(usize, bool)>, Vec<(usize, bool)>) =
-        kept.into_iter().zip(is_validation).partition(|(_, v)| *v);
-    Ok((rest.into_iter().map(|r| r.0).collect(), validation.into_iter().map(|r| r.0).collect()))
+    let validation = kept.iter().zip(&is_validation).filter(|(_, v)| **v).map(|(k, _)| *k).collect();
+    let rest = kept.iter().zip(&is_validation).filter(|(_, v)| !**v).map(|(k, _)| *k).collect();
+    Ok((rest, validation))
 }
 
 /// The number of domains of a `domains` partition on these pools.
@@ -628,6 +628,36 @@ pub fn load_rows(
     load_inner(spec, data_dir, Some((train_rows, test_rows)))
 }
 
+/// The pools' rows (all, or `rows` of them) as samples, decoded from the dataset's files; the
+/// "test" rows from the training files for a validation run.
+fn read_files(
+    kind: DatasetKind,
+    data_dir: Option<&Path>,
+    pools: &LabelPools,
+    rows: Option<(&[usize], &[usize])>,
+) -> Result<(Dataset, Dataset), DataError> {
+    let dir = data_dir.ok_or_else(|| DataError::Spec(format!("{} needs a data directory", kind.name())))?;
+    let tr = file_images(kind, dir, Split::Train)?;
+    let test_files;
+    let te = match pools.test_in_train {
+        true => &tr,
+        false => {
+            test_files = file_images(kind, dir, Split::Test)?;
+            &test_files
+        }
+    };
+    let keep = |kept: &[usize], rows: Option<&[usize]>| -> Vec<usize> {
+        match rows {
+            Some(rows) => rows.iter().map(|&r| kept[r]).collect(),
+            None => kept.to_vec(),
+        }
+    };
+    Ok((
+        tr.subset(&keep(&pools.train_kept, rows.map(|r| r.0))).to_dataset(),
+        te.subset(&keep(&pools.test_kept, rows.map(|r| r.1))).to_dataset(),
+    ))
+}
+
 fn load_inner(
     spec: &DataSpec,
     data_dir: Option<&Path>,
@@ -668,28 +698,7 @@ fn load_inner(
             let empty = Dataset { features: Vec::new(), labels: Vec::new(), ..all.clone() };
             (all, empty)
         }
-        kind => {
-            let dir = data_dir.ok_or_else(|| DataError::Spec(format!("{} needs a data directory", kind.name())))?;
-            let tr = file_images(kind, dir, Split::Train)?;
-            let test_files;
-            let te = match pools.test_in_train {
-                true => &tr,
-                false => {
-                    test_files = file_images(kind, dir, Split::Test)?;
-                    &test_files
-                }
-            };
-            let keep = |kept: &[usize], rows: Option<&[usize]>| -> Vec<usize> {
-                match rows {
-                    Some(rows) => rows.iter().map(|&r| kept[r]).collect(),
-                    None => kept.to_vec(),
-                }
-            };
-            (
-                tr.subset(&keep(&pools.train_kept, rows.map(|r| r.0))).to_dataset(),
-                te.subset(&keep(&pools.test_kept, rows.map(|r| r.1))).to_dataset(),
-            )
-        }
+        kind => read_files(kind, data_dir, &pools, rows)?,
     };
     let (mut train, test) = match spec.dataset {
         DatasetKind::Synthetic | DatasetKind::Circle if pools.test_in_train => {

@@ -217,7 +217,7 @@ pub fn check(config: &SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()
             }
             let evolving = matches!(data.partition, anchorage_data::PartitionSpec::Domains { .. });
             let validation = data.validation;
-            ensure(validation >= 0.0 && validation < 1.0, &["data", "validation"], &validation, "must be in [0, 1)")?;
+            ensure((0.0..1.0).contains(&validation), &["data", "validation"], &validation, "must be in [0, 1)")?;
             ensure(
                 !(evolving && validation > 0.0),
                 &["data", "validation"],

@@ -5,6 +5,8 @@
 //!   where mean_m is the class mean of φ(x) over domain m, computed at the start of the round.
 //! - Loss (Eq. 6–7): CE(w(φ(x)), y) + `proto_weight`·‖φ(x) − C_y‖²/d (the alignment to the global
 //!   evolving prototype of the sample's class; the client's own ones before the server has any).
+//!   `alignment` (issue 36) puts a target nearer the unseen domain in Eq. 5's place: the last
+//!   source domain's class mean, or that mean moved one step further along the drift.
 //!   The squared distance is divided by the width d (a mean squared error, as the reference
 //!   MSE loss computes it): summed over 256 ReLU units it outweighs the CE term by orders of
 //!   magnitude and pulls every feature onto nearly equal class means, collapsing φ to chance.
@@ -17,6 +19,7 @@
 //!   equally often (the sample-weighted average otherwise). The device still trains on its
 //!   evolving prototypes.
 
+use anchorage_shared::method::{FedEvpAlignment, FedEvpConfig};
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::prototype_rules::{ClassMean, evolving_prototype};
 use anchorage_shared::rng::Rng;
@@ -37,7 +40,7 @@ use anchorage_model::{BlockLayout, FeatureCache, Net};
 /// FedEvp's client half. See the module docs.
 pub struct FedEvpClient {
     ctx: MethodContext,
-    config: anchorage_shared::method::FedEvpConfig,
+    config: FedEvpConfig,
     task: u32,
     rng: Rng,
 }
@@ -65,14 +68,33 @@ fn merge(mut a: GradientsParams, mut b: GradientsParams, module: &burn::nn::Line
     a
 }
 
-/// Eq. 5 over the domains in order, on the representation of `net`.
-fn evolving_prototypes(net: &Net, domains: &[TaskData]) -> Vec<ClassMean> {
+/// The alignment targets on the representation of `net`: Eq. 5 over the domains in order, or
+/// what `alignment` puts in its place.
+fn evolving_prototypes(net: &Net, domains: &[TaskData], alignment: FedEvpAlignment) -> Vec<ClassMean> {
     let net = net.valid();
     let mut evolving: Vec<ClassMean> = Vec::new();
+    // Per class, the previous domain's mean (for the extrapolated target).
+    let mut previous: Vec<ClassMean> = Vec::new();
     for (m, d) in domains.iter().enumerate() {
         for mean in class_means(net.represent(d.train.features().inner()), &d.train.labels_host) {
             let prev = evolving.iter().position(|e| e.class == mean.class);
-            let vector = evolving_prototype(prev.map(|i| evolving[i].vector.as_slice()), &mean.vector, m as u32 + 1);
+            let before = previous.iter().position(|e| e.class == mean.class);
+            let vector = match alignment {
+                FedEvpAlignment::Evolving => {
+                    evolving_prototype(prev.map(|i| evolving[i].vector.as_slice()), &mean.vector, m as u32 + 1)
+                }
+                FedEvpAlignment::Latest => Some(mean.vector.clone()),
+                FedEvpAlignment::Extrapolated => match before.map(|i| &previous[i].vector) {
+                    Some(p) if p.len() == mean.vector.len() => {
+                        Some(mean.vector.iter().zip(p).map(|(now, then)| 2.0 * now - then).collect())
+                    }
+                    _ => Some(mean.vector.clone()),
+                },
+            };
+            match before {
+                Some(i) => previous[i] = mean.clone(),
+                None => previous.push(mean.clone()),
+            }
             match (prev, vector) {
                 (Some(i), Some(v)) => evolving[i] = ClassMean { vector: v, count: mean.count, class: mean.class },
                 (None, Some(v)) => evolving.push(ClassMean { vector: v, ..mean }),
@@ -92,10 +114,11 @@ fn uploaded_prototypes(
     net: &Net,
     domains: &[TaskData],
     release: PrototypeRelease,
+    config: &FedEvpConfig,
     encoding: anchorage_shared::tensor::Encoding,
 ) -> Vec<anchorage_shared::prototype::Prototype> {
     let PrototypeRelease::ClippedSums { clip } = release else {
-        return to_wire(&evolving_prototypes(net, domains), encoding);
+        return to_wire(&evolving_prototypes(net, domains, config.alignment), encoding);
     };
     let net = net.valid();
     let mut sums = Vec::new();
@@ -106,7 +129,7 @@ fn uploaded_prototypes(
 }
 
 impl FedEvpClient {
-    pub fn new(ctx: MethodContext, config: anchorage_shared::method::FedEvpConfig) -> Self {
+    pub fn new(ctx: MethodContext, config: FedEvpConfig) -> Self {
         Self { rng: Rng::derive(ctx.seed, 0xE7B), ctx, config, task: 0 }
     }
 }
@@ -126,7 +149,7 @@ impl ClientMethod for FedEvpClient {
         let last = domains[domains.len() - 1].clone();
         let device = self.ctx.device.clone();
         let mut net = Net::new(&self.ctx.net, &device).load_blocks(&broadcast.blocks, &device)?;
-        let own = evolving_prototypes(&net, &domains);
+        let own = evolving_prototypes(&net, &domains, self.config.alignment);
         let anchors = PrototypeTable::new(&merge_missing(&from_wire(&broadcast.prototypes)?, &own), &device);
         let c = &broadcast.config;
         let weight = self.config.proto_weight;
@@ -156,7 +179,8 @@ impl ClientMethod for FedEvpClient {
         for _ in 0..c.local_epochs {
             (net, loss) = trainer.epoch(net, &pooled, &mut rng, whole, objective);
         }
-        let prototypes = uploaded_prototypes(&net, &domains, self.ctx.prototype_release, self.ctx.encoding);
+        let prototypes =
+            uploaded_prototypes(&net, &domains, self.ctx.prototype_release, &self.config, self.ctx.encoding);
         let blocks = net.to_blocks(self.ctx.encoding)?;
         // Personalization: w and the last layer of φ, on a copy that stays on the device.
         let mut personal = net;
@@ -185,5 +209,45 @@ impl ClientMethod for FedEvpClient {
 
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         self.ctx.global_net_accuracy(broadcast, test)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use anchorage_model::NetSpec;
+    use burn::tensor::{Device, TensorData};
+
+    use super::*;
+
+    /// A domain whose class c samples all sit at `at` on axis c (two classes, two features).
+    fn domain(at: f32) -> TaskData {
+        let device = Device::flex();
+        let values = vec![at, 0.0, at, 0.0, 0.0, at, 0.0, at];
+        let features = Tensor::<2>::from_data(TensorData::new(values, [4, 2]), &device);
+        let cache = FeatureCache::from_parts(features, &[0, 0, 1, 1], &device);
+        TaskData { classes: vec![0, 1], train: cache.clone(), test: cache, selected: None }
+    }
+
+    #[test]
+    fn each_alignment_target_from_the_domains_class_means() {
+        // No hidden layer: the representation is the features themselves.
+        let spec = NetSpec { input_dim: 2, hidden: vec![], num_classes: 2, seed: 1, residual: false };
+        let net = Net::new(&spec, &Device::flex());
+        let domains = [domain(1.0), domain(3.0), domain(5.0)];
+        let target = |alignment| {
+            let means = evolving_prototypes(&net, &domains, alignment);
+            assert_eq!(means.iter().map(|m| m.class).collect::<Vec<_>>(), [0, 1]);
+            (means[0].vector.clone(), means[1].vector.clone())
+        };
+        let close = |a: (Vec<f32>, Vec<f32>), b: [f32; 2]| {
+            assert!((a.0[0] - b[0]).abs() < 1e-5 && (a.1[1] - b[1]).abs() < 1e-5, "{a:?} vs {b:?}");
+            assert!(a.0[1].abs() < 1e-6 && a.1[0].abs() < 1e-6, "{a:?}");
+        };
+        close(target(FedEvpAlignment::Evolving), [3.0, 3.0]); // (1 + 3 + 5) / 3, Eq. 5
+        close(target(FedEvpAlignment::Latest), [5.0, 5.0]);
+        close(target(FedEvpAlignment::Extrapolated), [7.0, 7.0]); // 5 + (5 − 3)
+        // One domain: every target is its mean.
+        let one = evolving_prototypes(&net, &domains[..1], FedEvpAlignment::Extrapolated);
+        assert!((one[0].vector[0] - 1.0).abs() < 1e-6);
     }
 }

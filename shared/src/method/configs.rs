@@ -189,11 +189,29 @@ pub struct FedEvpConfig {
     pub proto_weight: f32,
     /// Personalization epochs of the head.
     pub personal_epochs: u32,
+    /// The class means the features are aligned to (Eq. 6–7): Eq. 5's evolving prototype, or
+    /// (issue 36) a target nearer the unseen domain.
+    pub alignment: FedEvpAlignment,
+}
+
+/// What FedEvp aligns a sample's features to, per class, from the source domains' class means
+/// mean_1 … mean_M in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FedEvpAlignment {
+    /// Eq. 5: C_M = (M−1)/M · C_{M−1} + 1/M · mean_M, the equal-weight mean over every domain.
+    #[default]
+    Evolving,
+    /// mean_M: the last source domain's, the one next to the target.
+    Latest,
+    /// mean_M + (mean_M − mean_{M−1}): one step of the drift past the last source domain, the
+    /// target's mean were the drift linear (mean_M with one domain).
+    Extrapolated,
 }
 
 impl Default for FedEvpConfig {
     fn default() -> Self {
-        Self { proto_weight: 1.0, personal_epochs: 1 }
+        Self { proto_weight: 1.0, personal_epochs: 1, alignment: FedEvpAlignment::Evolving }
     }
 }
 
