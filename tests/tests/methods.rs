@@ -135,6 +135,13 @@ fn assert_predicts_as_registered(method: &str, result: &SimResult) {
     let global = result.accuracy.iter().filter(|r| r.model == "global").count();
     let predicts = info.predicts_with != Prediction::None;
     assert_eq!(global > 0, predicts, "{method}: {global} global accuracy rows, registry: {:?}", info.predicts_with);
+    // A global net that predicts with its head is probed (issue 36): the head probe is its accuracy.
+    let probes = result.summary.probes;
+    if info.predicts_with == Prediction::Head {
+        let head = probes.head_accuracy.unwrap_or_else(|| panic!("{method}: no head probe: {probes:?}"));
+        assert!((head - result.summary.final_accuracy).abs() < 1e-9, "{method}: {probes:?}");
+        assert!(probes.separability.is_some_and(|s| s > 0.0), "{method}: {probes:?}");
+    }
 }
 
 #[test]

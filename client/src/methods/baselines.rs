@@ -169,11 +169,6 @@ impl ClientMethod for Baseline {
         if self.info.predicts_with == Prediction::None || broadcast.blocks.is_empty() {
             return Ok(super::Probes::default());
         }
-        let model = self.ctx.global_net(broadcast)?;
-        let valid = model.valid();
-        Ok(super::Probes {
-            head_accuracy: accuracy(&model, test, 1024),
-            separability: anchorage_model::separability::fisher_ratio(test, 1024, |x| valid.represent(x)),
-        })
+        self.ctx.global_net_probes(broadcast, test)
     }
 }

@@ -255,6 +255,10 @@ impl ClientMethod for FedProKClient {
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         self.ctx.global_net_accuracy(broadcast, test)
     }
+
+    fn global_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<super::Probes, TrainError> {
+        self.ctx.global_net_probes(broadcast, test)
+    }
 }
 
 #[cfg(test)]

@@ -214,6 +214,18 @@ impl MethodContext {
         Ok(anchorage_model::train::accuracy(&self.global_net(broadcast)?, test, 1024))
     }
 
+    /// The probes of a global net that predicts with its head: that head's accuracy and the
+    /// separability of its representation.
+    pub fn global_net_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Probes, TrainError> {
+        use burn::module::Module;
+        let net = self.global_net(broadcast)?;
+        let valid = net.valid();
+        Ok(Probes {
+            head_accuracy: anchorage_model::train::accuracy(&net, test, 1024),
+            separability: anchorage_model::separability::fisher_ratio(test, 1024, |x| valid.represent(x)),
+        })
+    }
+
     /// The seeded net with the broadcast's (shared) blocks loaded: the global model.
     pub fn global_net(&self, broadcast: &Broadcast) -> Result<anchorage_model::Net, TrainError> {
         use anchorage_model::BlockLayout;
