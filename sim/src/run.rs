@@ -91,7 +91,7 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
     };
     let RealRecord { ledger, rows, reports, accuracy_rows, .. } = record;
     let mut summary = RunSummary::new(inputs, rows, &ledger, &accuracy_rows);
-    summary.probes = evaluator.last_probes();
+    summary.probes = evaluator.last_probes()?;
     recorder.finish(&mut summary, &ledger, &accuracy_rows, None)?;
     let link_stats = link_handles
         .iter()

@@ -90,8 +90,8 @@ pub struct Evaluator {
     tests: Vec<(u32, FeatureCache)>,
     /// Evolving shifts: only the target is evaluated, whatever the task.
     target_only: bool,
-    /// The probes of the last round's global model (issue 36), for the run's summary.
-    last_probes: std::sync::Mutex<Probes>,
+    /// The last round's global model, probed once for the run's summary (issue 36).
+    last_round: std::sync::Mutex<Option<Broadcast>>,
 }
 
 impl Evaluator {
@@ -104,25 +104,22 @@ impl Evaluator {
         task: u32,
     ) -> anyhow::Result<(f64, Vec<AccuracyRow>)> {
         let global = self.evaluate(&checkpoint.global, &checkpoint.prototypes, task)?;
-        let probes = self.probe(&checkpoint.global, &checkpoint.prototypes, task)?;
-        if let Ok(mut last) = self.last_probes.lock() {
-            *last = probes;
+        if let Ok(mut last) = self.last_round.lock() {
+            *last = Some(evaluation_broadcast(&checkpoint.global, &checkpoint.prototypes, task));
         }
         let rows = accuracy_records(report, task, &global);
         Ok((round_accuracy(&global, &rows), rows))
     }
 
-    /// The probes of the last round [`Self::evaluate_round`] evaluated (none before one).
-    pub fn last_probes(&self) -> Probes {
-        self.last_probes.lock().map(|p| *p).unwrap_or_default()
-    }
-
-    /// The global model's probes, their mean over the test data [`Self::evaluate`] reads.
-    fn probe(&self, blocks: &[ParamBlock], prototypes: &[Prototype], task: u32) -> anyhow::Result<Probes> {
-        let broadcast = evaluation_broadcast(blocks, prototypes, task);
+    /// The probes of the last round [`Self::evaluate_round`] evaluated, their mean over the test
+    /// data [`Self::evaluate`] reads (none before a round); computed once, for the summary.
+    pub fn last_probes(&self) -> anyhow::Result<Probes> {
+        let Some(broadcast) = self.last_round.lock().ok().and_then(|last| last.clone()) else {
+            return Ok(Probes::default());
+        };
         let mut all = Vec::new();
         for (k, test) in &self.tests {
-            if self.target_only || *k <= task {
+            if self.target_only || *k <= broadcast.task {
                 all.push(on_every_core(|| self.method.global_probes(&broadcast, test))?);
             }
         }
@@ -546,7 +543,7 @@ impl Setup {
             method: methods::build(&config.method, context(TaskStream::default(), config.federation.seed))?,
             tests,
             target_only: protocol.is_evolving(),
-            last_probes: Default::default(),
+            last_round: Default::default(),
         };
         let initial = evaluator.method.initial_blocks()?;
         let server_method = server_method(config, &features, &split)?;

@@ -632,7 +632,7 @@ impl VirtualRun {
             privacy: crate::record::PrivacySpent::of(self.reports.iter()),
         };
         let mut summary = RunSummary::new(inputs, self.rows, &self.ledger, &self.accuracy_rows);
-        summary.probes = self.evaluator.last_probes();
+        summary.probes = self.evaluator.last_probes()?;
         let simulated: Duration = summary.rounds.iter().map(|r| Duration::from_secs_f64(r.seconds.max(0.0))).sum();
         recorder.finish(&mut summary, &self.ledger, &self.accuracy_rows, Some(simulated))?;
         tracing::info!(simulated = ?self.now, wall = summary.wall_seconds, "virtual run finished");

@@ -223,7 +223,6 @@ mod tests {
 
     use super::*;
     use crate::methods::stream::{Reveal, TaskStream};
-    use anchorage_model::train::OptimizerKind;
     use anchorage_model::{Identity, NetSpec};
     use anchorage_shared::MetricKey;
 
@@ -259,16 +258,8 @@ mod tests {
         let mut stream = TaskStream::build(&Identity { dim: 2 }, &tasks, &plain);
         stream.reveal = Reveal::All;
         stream.target = Some(FeatureCache::build(&Identity { dim: 2 }, &target, 512, &plain));
-        let ctx = MethodContext {
-            net: NetSpec { input_dim: 2, hidden: vec![64, 64], num_classes: 2, seed: 5, residual: false },
-            stream,
-            device: plain.autodiff(),
-            optimizer: OptimizerKind::Adam,
-            encoding: Encoding::F32,
-            seed: 3,
-            backbone: None,
-            prototype_release: Default::default(),
-        };
+        let net = NetSpec { input_dim: 2, hidden: vec![64, 64], num_classes: 2, seed: 5, residual: false };
+        let ctx = MethodContext::for_tests(net, stream);
         let mut client = FedEvolveClient::new(ctx, FedEvolveConfig { temperature, ..FedEvolveConfig::default() });
         let mut blocks = client.initial_blocks().unwrap();
         let (mut losses, mut accuracies) = (vec![], vec![]);

@@ -35,7 +35,6 @@ use burn::tensor::{Device, Tensor};
 use super::protos::{PrototypeTable, batch_class_means, from_wire, means_and_upload};
 use super::{ClientMethod, MethodContext, Probes, TrainError, common_metrics};
 use anchorage_model::ops::{index_tensor, squared_distances};
-use anchorage_model::separability::fisher_ratio;
 use anchorage_model::train::{Batch, Trainer, accuracy, accuracy_of, body_only, head_only};
 use anchorage_model::{BlockLayout, FeatureCache, Net, is_head_block};
 
@@ -245,19 +244,13 @@ impl ClientMethod for GldpClient {
 
     /// The global head's accuracy on the global µ (with a global head) and µ's separability.
     fn global_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Probes, TrainError> {
-        let net = self.ctx.global_net(broadcast)?;
-        let valid = net.valid();
-        Ok(Probes {
-            head_accuracy: global_head_accuracy(&net, broadcast, test),
-            separability: fisher_ratio(test, 1024, |x| valid.represent(x)),
-        })
+        self.ctx.global_net_probes(broadcast, test)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use anchorage_data::Dataset;
-    use anchorage_model::train::OptimizerKind;
     use anchorage_model::{Identity, NetSpec};
     use anchorage_shared::method::GldpConfig;
     use anchorage_shared::protocol::RoundConfig;
@@ -282,17 +275,8 @@ mod tests {
     fn client(config: GldpConfig) -> GldpClient {
         let plain = Device::flex();
         let stream = TaskStream::build(&Identity { dim: 4 }, &[(vec![0, 1, 2], data(30, 1), data(12, 2))], &plain);
-        let ctx = MethodContext {
-            net: NetSpec { input_dim: 4, hidden: vec![8], num_classes: 3, seed: 5, residual: false },
-            stream,
-            device: plain.autodiff(),
-            optimizer: OptimizerKind::Adam,
-            encoding: Encoding::F32,
-            seed: 3,
-            backbone: None,
-            prototype_release: Default::default(),
-        };
-        GldpClient::new(ctx, config)
+        let net = NetSpec { input_dim: 4, hidden: vec![8], num_classes: 3, seed: 5, residual: false };
+        GldpClient::new(MethodContext::for_tests(net, stream), config)
     }
 
     fn broadcast(round: u64, blocks: Vec<ParamBlock>, prototypes: Vec<Prototype>) -> Broadcast {

@@ -202,6 +202,24 @@ impl MethodContext {
     }
 }
 
+#[cfg(test)]
+impl MethodContext {
+    /// A context for the methods' unit tests: `net` on the features of `stream` (the identity
+    /// backbone's), Adam, f32 blocks, seed 3, on the CPU with autodiff.
+    pub(crate) fn for_tests(net: NetSpec, stream: TaskStream) -> Self {
+        Self {
+            net,
+            stream,
+            device: Device::flex().autodiff(),
+            optimizer: OptimizerKind::Adam,
+            encoding: Encoding::F32,
+            seed: 3,
+            backbone: None,
+            prototype_release: protos::PrototypeRelease::Means,
+        }
+    }
+}
+
 impl MethodContext {
     /// Every block of the seeded net: the initial model of a method that shares the whole net.
     pub fn initial_net_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
@@ -214,14 +232,15 @@ impl MethodContext {
         Ok(anchorage_model::train::accuracy(&self.global_net(broadcast)?, test, 1024))
     }
 
-    /// The probes of a global net that predicts with its head: that head's accuracy and the
-    /// separability of its representation.
+    /// The probes of the global net: its head's accuracy (when the broadcast carries a head)
+    /// and the separability of its representation.
     pub fn global_net_probes(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Probes, TrainError> {
         use burn::module::Module;
         let net = self.global_net(broadcast)?;
         let valid = net.valid();
+        let has_head = broadcast.blocks.iter().any(|b| anchorage_model::is_head_block(&b.name));
         Ok(Probes {
-            head_accuracy: anchorage_model::train::accuracy(&net, test, 1024),
+            head_accuracy: has_head.then(|| anchorage_model::train::accuracy(&net, test, 1024)).flatten(),
             separability: anchorage_model::separability::fisher_ratio(test, 1024, |x| valid.represent(x)),
         })
     }

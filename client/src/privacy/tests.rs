@@ -1,5 +1,4 @@
 use anchorage_data::Dataset;
-use anchorage_model::train::OptimizerKind;
 use anchorage_model::{Identity, NetSpec};
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::privacy::mechanism::l2_norm;
@@ -87,16 +86,8 @@ fn context(release: PrototypeRelease, domains: usize) -> MethodContext {
     let plain = Device::flex();
     let mut stream = TaskStream::build(&Identity { dim: 4 }, &tasks(domains), &plain);
     stream.reveal = Reveal::All;
-    MethodContext {
-        net: NetSpec { input_dim: 4, hidden: vec![8], num_classes: 3, seed: 5, residual: false },
-        stream,
-        device: plain.autodiff(),
-        optimizer: OptimizerKind::Adam,
-        encoding: Encoding::F32,
-        seed: 3,
-        backbone: None,
-        prototype_release: release,
-    }
+    let net = NetSpec { input_dim: 4, hidden: vec![8], num_classes: 3, seed: 5, residual: false };
+    MethodContext { prototype_release: release, ..MethodContext::for_tests(net, stream) }
 }
 
 fn prototype_methods() -> Vec<MethodConfig> {
