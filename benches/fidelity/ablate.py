@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (sweep.json key, column) in table order; missing metrics print as "–".
 COLUMNS = [
     ("final_accuracy", "A^glo"),
+    ("continual.average_accuracy", "A^glo avg"),
     ("continual.local_final_accuracy", "A^loc"),
     ("continual.selected_final_accuracy", "A^sel"),
     ("probes.head_accuracy", "global head (probe)"),

@@ -111,8 +111,9 @@ pub enum PartitionSpec {
     FedprokSync(FedprokSyncConfig),
     /// FedProK asynchronous FCIL with consensus rate γ.
     FedprokAsync(FedprokAsyncConfig),
-    /// Domain-incremental: one task per domain (Circle's domains, or rotations of the base set by
-    /// `k · step_degrees`, on disjoint parts of it).
+    /// Domain-incremental: one task per domain (Circle's domains, or drifts of the base set on
+    /// disjoint parts of it: domain k rotated by `k · step_degrees` and darkened by
+    /// `k · darken_step`).
     Domains {
         clients: usize,
         /// Number of domains (Circle: its own count, 30 by default).
@@ -120,6 +121,10 @@ pub enum PartitionSpec {
         domains: Option<usize>,
         #[serde(default)]
         step_degrees: f32,
+        /// A brightness drift (issue 36): domain k's pixels are scaled by `1 − k · darken_step`,
+        /// so `darken_step · (domains − 1)` must stay below 1.
+        #[serde(default)]
+        darken_step: f32,
         #[serde(default = "one_f")]
         train_fraction: f64,
     },
@@ -711,19 +716,53 @@ fn load_inner(
         _ => (train, test),
     };
     let mut domains = pools.domain_of.clone();
-    if let PartitionSpec::Domains { domains: n, step_degrees, .. } = &spec.partition {
-        let dom = domain_of(spec, &pools, *n);
-        if *step_degrees != 0.0 && train.sample_shape.len() >= 2 {
-            let len = train.sample_len();
-            for k in 0..domain_count(spec, *n) {
-                let idx: Vec<usize> = (0..train.len()).filter(|&i| dom[i] == k as u32).collect();
-                let rotated = crate::transform::rotate(&train.subset(&idx), k as f32 * step_degrees);
-                for (j, &i) in idx.iter().enumerate() {
-                    train.features[i * len..(i + 1) * len].copy_from_slice(rotated.sample(j));
-                }
-            }
-        }
-        domains = Some(dom);
+    if let PartitionSpec::Domains { domains: n, step_degrees, darken_step, .. } = &spec.partition {
+        domains = Some(drift_domains(spec, &pools, *n, *step_degrees, *darken_step, &mut train)?);
     }
     Ok(LoadedData { train, test, domain_of: domains, source: pools.source })
+}
+
+/// The domain of every training sample of a `domains` partition, each domain drifted in place:
+/// domain k rotated by `k · step_degrees`, then darkened to `1 − k · darken_step` (issue 36).
+fn drift_domains(
+    spec: &DataSpec,
+    pools: &LabelPools,
+    n: Option<usize>,
+    step_degrees: f32,
+    darken_step: f32,
+    train: &mut Dataset,
+) -> Result<Vec<u32>, DataError> {
+    let dom = domain_of(spec, pools, n);
+    let count = domain_count(spec, n);
+    if darken_step != 0.0 && train.sample_shape.len() < 2 {
+        return Err(DataError::Spec(format!(
+            "darken_step = {darken_step} darkens images; {} samples are not images",
+            spec.dataset.name()
+        )));
+    }
+    if darken_step != 0.0 && !(darken_step > 0.0 && darken_step * (count.max(1) - 1) as f32 <= 1.0 - 1e-6) {
+        return Err(DataError::Spec(format!(
+            "darken_step = {darken_step}: domain k is scaled by 1 − k·step, so step × (domains − 1) = {} must \
+             be in [0, 1)",
+            darken_step * (count.max(1) - 1) as f32
+        )));
+    }
+    if step_degrees != 0.0 && train.sample_shape.len() >= 2 {
+        let len = train.sample_len();
+        for k in 0..count {
+            let idx: Vec<usize> = (0..train.len()).filter(|&i| dom[i] == k as u32).collect();
+            let rotated = crate::transform::rotate(&train.subset(&idx), k as f32 * step_degrees);
+            for (j, &i) in idx.iter().enumerate() {
+                train.features[i * len..(i + 1) * len].copy_from_slice(rotated.sample(j));
+            }
+        }
+    }
+    if darken_step != 0.0 {
+        let len = train.sample_len();
+        for (i, &k) in dom.iter().enumerate() {
+            let factor = 1.0 - k as f32 * darken_step;
+            train.features[i * len..(i + 1) * len].iter_mut().for_each(|v| *v *= factor);
+        }
+    }
+    Ok(dom)
 }

@@ -157,6 +157,29 @@ fn load_matches_the_label_pools() {
     for (i, &d) in dom.iter().enumerate() {
         assert_eq!(data.train.sample(i) == plain.train.sample(i), d == 0, "sample {i} in domain {d}");
     }
+    // A brightness drift (issue 36): domain k scaled by 1 − 0.25·k, the same rows otherwise.
+    let darkening = |step: f32| -> DataSpec {
+        let partition = format!("kind = \"domains\"\nclients = 2\ndomains = 3\ndarken_step = {step}\n");
+        toml::from_str(&format!("dataset = \"synthetic\"\nscale = 0.5\n[partition]\n{partition}")).unwrap()
+    };
+    let dark = darkening(0.25);
+    let darkened = anchorage_data::load(&dark, None).unwrap();
+    assert_eq!(darkened.domain_of, data.domain_of, "the same domains as the rotated spec");
+    for (i, &d) in dom.iter().enumerate() {
+        let factor = 1.0 - 0.25 * d as f32;
+        let want: Vec<f32> = plain.train.sample(i).iter().map(|v| v * factor).collect();
+        assert_eq!(darkened.train.sample(i), want.as_slice(), "sample {i} in domain {d}");
+    }
+    assert!(dom.contains(&2), "the last domain is darkened too");
+    // A step that would black out (or invert) the last domain is refused, as is darkening points.
+    assert!(
+        matches!(anchorage_data::load(&darkening(0.5), None), Err(DataError::Spec(m)) if m.contains("darken_step"))
+    );
+    let points: DataSpec = toml::from_str(
+        "dataset = \"circle\"\nscale = 0.1\n[partition]\nkind = \"domains\"\nclients = 3\ndarken_step = 0.01\n",
+    )
+    .unwrap();
+    assert!(matches!(anchorage_data::load(&points, None), Err(DataError::Spec(m)) if m.contains("not images")));
     // Circle: 2-D points, 30 domains.
     let spec: DataSpec =
         toml::from_str("dataset = \"circle\"\nscale = 0.1\n[partition]\nkind = \"domains\"\nclients = 3\n").unwrap();

@@ -289,6 +289,16 @@ fn fedta_shares_its_input_enhancement_and_prototypes_only() {
     check_config(config_with("fedta", FEDTA), prototypes, upload);
 }
 
+/// With `prediction = "head"` the stage-1 IE head (512 features → 4 classes) travels beside the
+/// IE, and the global model predicts with the average (the authors' global evaluation).
+#[test]
+fn fedta_predicting_with_its_ie_head_uploads_it() {
+    let mut config = config_with("fedta", FEDTA);
+    let anchorage_shared::method::MethodConfig::FedTa(fedta) = &mut config.method else { panic!("fedta") };
+    fedta.prediction = anchorage_shared::method::FedTaPrediction::Head;
+    check_config(config, true, FEDTA_IE_BYTES + (512 * 4 + 4) * 4);
+}
+
 /// With `share_tail` the anchors and head travel beside the IE: 100 anchors (keys of 512, values
 /// of 64), the head on F_TA (512 + 64 → 4 classes), and the 100 anchors' training counts.
 const FEDTA_TAIL_BYTES: u64 = (100 * 512 + 100 * 64 + (512 + 64) * 4 + 4 + 100) * 4;

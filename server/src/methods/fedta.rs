@@ -324,7 +324,8 @@ impl ServerMethod for FedTaServer {
         }
         // Validate the prototypes first: a bad upload must leave the state as it was.
         let uploads = uploaded_prototypes(updates)?;
-        // The IE goes through SIKF (or is averaged); shared tail blocks (`share_tail`) are averaged.
+        // The IE goes through SIKF (or is averaged); the rest, shared tail blocks (`share_tail`) and
+        // the IE head (`prediction = "head"`), is averaged.
         let (ie_global, tail_global) = split_blocks(global);
         let parts: Vec<(Update, Update)> = updates
             .iter()
@@ -425,6 +426,24 @@ mod tests {
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].0.len(), 1, "the student's IE alone reached the distiller");
         assert_eq!(calls[0].1, 2);
+    }
+
+    #[test]
+    fn the_ie_head_is_averaged_and_kept_out_of_the_distiller() {
+        use anchorage_shared::method::fedta_blocks::IE_HEAD_WEIGHT;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut m = FedTaServer::new(FedTaConfig::default(), Some(Box::new(Recorder(seen.clone()))));
+        let with_head = |ie: &[f32], head: &[f32]| {
+            let mut u = update(ie, &[]);
+            u.blocks.push(ParamBlock::encode(IE_HEAD_WEIGHT, &[head.len() as u32], head, Encoding::F32));
+            u
+        };
+        let (a, b) = (with_head(&[0.0], &[1.0, 4.0]), with_head(&[3.0], &[3.0, 0.0]));
+        let out = m.aggregate(&round(1, false), &[], &[("a", &a), ("b", &b)]).unwrap();
+        let names: Vec<&str> = out.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["ie.sets", IE_HEAD_WEIGHT]);
+        assert_eq!(out[1].decode().unwrap(), vec![2.0, 2.0], "the IE head is the mean of the uploads");
+        assert_eq!(seen.lock().unwrap().len(), 1, "SIKF ran on the IE");
     }
 
     #[test]

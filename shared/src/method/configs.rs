@@ -215,6 +215,21 @@ impl Default for FedEvpConfig {
     }
 }
 
+/// What FedTA's global model predicts with.
+/// - `prototypes`: the nearest global prototype by cosine on the frozen-feature part of F_TA
+///   (our first reading; the BGPS picks are then the global model's classifier).
+/// - `head`: the global IE and the devices' stage-1 IE heads averaged, as the authors' code
+///   evaluates its global model on the global test set (`fed_avg_head`,
+///   `evaluate_on_global_testset`); the devices upload their IE head and never load the average,
+///   so the global prototypes serve only as the tail anchors' training targets (Eq. 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FedTaPrediction {
+    #[default]
+    Prototypes,
+    Head,
+}
+
 /// FedTA (Yu et al.): input enhancement, tail anchors, SIKF and BGPS.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -262,6 +277,8 @@ pub struct FedTaConfig {
     /// mask" of the prompt-based learners FedTA builds on, L2P and DualPrompt), so training a new
     /// task does not push down the head's logits of the old classes.
     pub train_mask: bool,
+    /// What the global model predicts with ([`FedTaPrediction`]).
+    pub prediction: FedTaPrediction,
 }
 
 impl Default for FedTaConfig {
@@ -286,6 +303,7 @@ impl Default for FedTaConfig {
             bgps: true,
             share_tail: false,
             train_mask: true,
+            prediction: FedTaPrediction::Prototypes,
         }
     }
 }

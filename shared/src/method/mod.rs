@@ -328,6 +328,11 @@ pub mod fedta_blocks {
     /// Beside a shared tail: how many of the client's samples took each anchor in the round `[A]`
     /// (the server averages each anchor over the clients that trained it, and drops this block).
     pub const TAIL_TRAINED: &str = "tail.trained";
+    /// The stage-1 IE head `[classes, D]` and `[classes]`: kept on the device, and uploaded for
+    /// the global model's head under `prediction = "head"` (the devices never load the average).
+    pub const IE_HEAD_WEIGHT: &str = "ie_head.weight";
+    pub const IE_HEAD_BIAS: &str = "ie_head.bias";
+    pub const IE_HEAD_PREFIX: &str = "ie_head.";
 }
 
 #[cfg(test)]

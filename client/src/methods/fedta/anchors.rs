@@ -352,6 +352,30 @@ mod tests {
         assert!(crate::methods::fedta::task_mask(false, &[1], &[], 3, &ad).is_none());
     }
 
+    /// The global prototypes are the anchors' training targets (Eq. 5): the InfoNCE term moves
+    /// the value of the label's anchor, and only that one.
+    #[test]
+    fn info_nce_moves_the_label_anchor_value() {
+        let plain = Device::flex();
+        let ad = plain.clone().autodiff();
+        let protos = [
+            ClassMean { class: 0, count: 1, vector: vec![1.0, 0.0, 1.0, 0.0] },
+            ClassMean { class: 1, count: 1, vector: vec![0.0, 1.0, 0.0, 1.0] },
+        ];
+        let table = PrototypeTable::new(&protos, &plain).unwrap();
+        let grad_of = |lambda2: f32| {
+            let m = TailModel::new(2, 2, Some((2, 2)), 3, &ad);
+            let f = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 0.2], [1, 2]), &plain);
+            let y = Tensor::<1, Int>::from_data(TensorData::new(vec![1i64], [1]), &ad);
+            let w = StageTwo { lambda2, lambda3: 0.0, temperature: 0.2 };
+            let g = m.loss(f, y, &[1], Some(&table), w, None).backward();
+            m.anchors.unwrap().values.grad(&g).unwrap().into_data().try_to_vec::<f32>().unwrap()
+        };
+        let (ce, both) = (grad_of(0.0), grad_of(1.0));
+        assert_eq!(&both[..2], &[0.0, 0.0], "anchor 0 is not the label's");
+        assert!(both[2..].iter().zip(&ce[2..]).any(|(a, b)| (a - b).abs() > 1e-6), "{both:?} vs {ce:?}");
+    }
+
     #[test]
     fn info_nce_prefers_the_own_class_prototype() {
         let device = Device::flex();

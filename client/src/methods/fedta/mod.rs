@@ -21,17 +21,23 @@
 //!    from the global tail.
 //!
 //! **The global model** (what the server holds: the frozen backbone, the global IE and the
-//! global prototypes) predicts by the nearest global prototype by cosine, compared on the
-//! frozen-feature part of F_TA (the anchors are not global). This is our reading; the paper
-//! evaluates clients' models. With `share_tail` the anchors are global, and the global model
-//! compares the whole F_TA (feature and global anchor) with the global prototypes.
+//! global prototypes) predicts, with `prediction = "prototypes"` (the default), by the nearest
+//! global prototype by cosine, compared on the frozen-feature part of F_TA (the anchors are not
+//! global). With `share_tail` the anchors are global, and the global model compares the whole
+//! F_TA (feature and global anchor) with the global prototypes. With `prediction = "head"` the
+//! devices also upload their stage-1 IE head, the server averages it, and the global model is the
+//! global IE with that head, as the authors' code evaluates its global model
+//! (`evaluate_on_global_testset`); a device never loads the average. BGPS's picks are then only
+//! what the paper makes them: the targets of the anchored features (Eq. 5). The paper's tables
+//! report the clients' models (the local accuracies).
 
 pub mod anchors;
 
 use anchorage_shared::MetricKey;
 use std::sync::Arc;
 
-use anchorage_shared::method::{Distance, FedTaConfig};
+use anchorage_shared::method::fedta_blocks::{IE_HEAD_BIAS, IE_HEAD_PREFIX, IE_HEAD_WEIGHT, IE_PREFIX};
+use anchorage_shared::method::{Distance, FedTaConfig, FedTaPrediction};
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
 use anchorage_shared::prototype_rules::ClassMean;
 use anchorage_shared::rng::Rng;
@@ -100,8 +106,31 @@ impl FedTaClient {
 
     /// The broadcast's IE pool (the seeded one where the broadcast carries none).
     fn global_ie(&self, broadcast: &Broadcast, device: &Device) -> Result<InputEnhancement, TrainError> {
-        let ie: Vec<ParamBlock> = broadcast.blocks.iter().filter(|b| !is_tail_block(&b.name)).cloned().collect();
+        let ie: Vec<ParamBlock> = broadcast.blocks.iter().filter(|b| b.name.starts_with(IE_PREFIX)).cloned().collect();
         Ok(self.initial_ie(device).load_blocks(&ie, device)?)
+    }
+
+    /// The seeded IE head of stage 1 (identical on every client and the server).
+    fn new_ie_head(&self, device: &Device) -> Linear {
+        IeModel::new_head(self.shape.query_dim, self.ctx.net.num_classes, self.ctx.net.seed, device)
+    }
+
+    /// The broadcast's averaged IE head (`prediction = "head"`), `None` when it carries none.
+    /// Only the global model reads it: a device trains on with its own.
+    fn global_ie_head(&self, broadcast: &Broadcast, device: &Device) -> Result<Option<Linear>, TrainError> {
+        let blocks: Vec<&ParamBlock> = broadcast.blocks.iter().filter(|b| b.name.starts_with(IE_HEAD_PREFIX)).collect();
+        if blocks.is_empty() {
+            return Ok(None);
+        }
+        let mut head = self.new_ie_head(device);
+        for block in blocks {
+            match (block.name.as_str(), head.bias.as_mut()) {
+                (IE_HEAD_WEIGHT, _) => load_tensor(&mut head.weight, block, device)?,
+                (IE_HEAD_BIAS, Some(bias)) => load_tensor(bias, block, device)?,
+                _ => return Err(ModelError::UnknownBlock(block.name.clone()).into()),
+            }
+        }
+        Ok(Some(head))
     }
 
     /// The broadcast's tail (`share_tail`), `None` when it carries none.
@@ -152,9 +181,7 @@ impl FedTaClient {
         }
         let inputs = train.inputs.as_ref().ok_or(TrainError::Model(anchorage_model::ModelError::NoInputs))?;
         let device = self.ctx.device.clone();
-        let head = self.ie_head.take().unwrap_or_else(|| {
-            IeModel::new_head(self.shape.query_dim, self.ctx.net.num_classes, self.ctx.net.seed, &device)
-        });
+        let head = self.ie_head.take().unwrap_or_else(|| self.new_ie_head(&device));
         let c = &broadcast.config;
         let mut trainer = Trainer::with_weight_decay(
             self.ctx.optimizer,
@@ -225,6 +252,33 @@ impl FedTaClient {
     }
 }
 
+impl FedTaClient {
+    /// The global model of `prediction = "head"`: the global IE, then the averaged IE head, over
+    /// the classes the federation has seen (those with a global prototype: a class no device has
+    /// trained keeps its seeded row, whose logits are noise); `None` without a head or a
+    /// prototype in the broadcast, or without a test set.
+    fn global_head_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        let device = self.ctx.device.clone().inner();
+        let Some(head) = self.global_ie_head(broadcast, &device)? else { return Ok(None) };
+        let seen: Vec<u32> = broadcast.prototypes.iter().map(|p| p.class).collect();
+        if test.is_empty() || seen.is_empty() {
+            return Ok(None);
+        }
+        self.check_width(test)?;
+        let ie = self.global_ie(broadcast, &device)?;
+        let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK)?;
+        let head = head.valid();
+        let mask = task_mask(true, &seen, &[], self.ctx.net.num_classes, &enhanced.device());
+        Ok(accuracy_of(&enhanced, 1024, |x| {
+            let logits = head.forward(x);
+            match &mask {
+                Some(m) => (logits + m.clone()).argmax(1),
+                None => logits.argmax(1),
+            }
+        }))
+    }
+}
+
 /// The train mask (`train_mask`): `[1, classes]`, 0 for the task's classes (and any class among
 /// `labels`), a large negative value elsewhere; added to the logits before the cross-entropy.
 /// `None` when the mask is off.
@@ -241,11 +295,19 @@ pub fn task_mask(on: bool, task: &[u32], labels: &[u32], classes: usize, device:
     Some(Tensor::from_data(TensorData::new(mask, [1, classes]), device))
 }
 
-/// Device-state block names of the IE head and of the classes whose anchor key is seated (the
-/// tail keeps its `tail.*` names).
-const IE_HEAD_WEIGHT: &str = "ie_head.weight";
-const IE_HEAD_BIAS: &str = "ie_head.bias";
+/// Device-state block name of the classes whose anchor key is seated (the tail keeps its
+/// `tail.*` names, the IE head its `ie_head.*` ones).
 const SEATED: &str = "seated.classes";
+
+/// The IE head's blocks (`ie_head.*`): in the device state, and uploaded under
+/// `prediction = "head"`.
+fn ie_head_blocks(head: &Linear, encoding: Encoding) -> Result<Vec<ParamBlock>, ModelError> {
+    let mut out = vec![tensor_block(IE_HEAD_WEIGHT, &head.weight.val(), encoding)?];
+    if let Some(b) = &head.bias {
+        out.push(tensor_block(IE_HEAD_BIAS, &b.val(), encoding)?);
+    }
+    Ok(out)
+}
 
 /// The frozen-feature part (the first `dim` values) of each prototype of F_TA.
 fn feature_part(means: &[ClassMean], dim: usize) -> Vec<ClassMean> {
@@ -295,6 +357,10 @@ impl ClientMethod for FedTaClient {
             upload_prototypes(anchored, &enhanced.labels_host, self.ctx.prototype_release, self.ctx.encoding);
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| self.local_accuracy(&ie, &valid_tail, t));
         let mut blocks = ie.to_blocks(self.ctx.encoding)?;
+        if self.config.prediction == FedTaPrediction::Head {
+            let head = self.ie_head.clone().unwrap_or_else(|| self.new_ie_head(&device));
+            blocks.extend(ie_head_blocks(&head.valid(), self.ctx.encoding)?);
+        }
         if self.config.share_tail {
             blocks.extend(valid_tail.to_blocks(self.ctx.encoding)?);
             blocks.extend(valid_tail.trained_block(&enhanced.labels_host));
@@ -330,7 +396,11 @@ impl ClientMethod for FedTaClient {
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
-        let mut blocks = self.initial_ie(&self.ctx.device.clone().inner()).to_blocks(Encoding::F32)?;
+        let device = self.ctx.device.clone().inner();
+        let mut blocks = self.initial_ie(&device).to_blocks(Encoding::F32)?;
+        if self.config.prediction == FedTaPrediction::Head {
+            blocks.extend(ie_head_blocks(&self.new_ie_head(&device), Encoding::F32)?);
+        }
         if self.config.share_tail {
             let tail = self.new_tail().valid();
             blocks.extend(tail.to_blocks(Encoding::F32)?);
@@ -347,11 +417,7 @@ impl ClientMethod for FedTaClient {
             out.extend(tail.valid().to_blocks(Encoding::F32)?);
         }
         if let Some(head) = &self.ie_head {
-            let head = head.valid();
-            out.push(tensor_block(IE_HEAD_WEIGHT, &head.weight.val(), Encoding::F32)?);
-            if let Some(b) = &head.bias {
-                out.push(tensor_block(IE_HEAD_BIAS, &b.val(), Encoding::F32)?);
-            }
+            out.extend(ie_head_blocks(&head.valid(), Encoding::F32)?);
         }
         let seated: Vec<f32> = self.seated.iter().map(|&c| c as f32).collect();
         out.push(ParamBlock::encode(SEATED, &[seated.len() as u32], &seated, Encoding::F32));
@@ -368,9 +434,7 @@ impl ClientMethod for FedTaClient {
         for block in blocks.iter().filter(|b| !is_tail_block(&b.name)) {
             match block.name.as_str() {
                 IE_HEAD_WEIGHT | IE_HEAD_BIAS => {
-                    let head = ie_head.get_or_insert_with(|| {
-                        IeModel::new_head(self.shape.query_dim, self.ctx.net.num_classes, self.ctx.net.seed, &device)
-                    });
+                    let head = ie_head.get_or_insert_with(|| self.new_ie_head(&device));
                     match (block.name.as_str(), head.bias.as_mut()) {
                         (IE_HEAD_WEIGHT, _) => load_tensor(&mut head.weight, block, &device)?,
                         (_, Some(bias)) => load_tensor(bias, block, &device)?,
@@ -393,10 +457,13 @@ impl ClientMethod for FedTaClient {
         Ok(())
     }
 
-    /// The global IE and the nearest global prototype by cosine (see the module docs): on the
-    /// frozen-feature part of F_TA, or, with a shared tail, on the whole F_TA with the global
-    /// anchors.
+    /// The global IE and then (see the module docs) the averaged IE head (`prediction = "head"`),
+    /// or the nearest global prototype by cosine: on the frozen-feature part of F_TA, or, with a
+    /// shared tail, on the whole F_TA with the global anchors.
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        if self.config.prediction == FedTaPrediction::Head {
+            return self.global_head_accuracy(broadcast, test);
+        }
         let tail = self.global_tail(broadcast)?.map(|t| t.valid());
         let means = from_wire(&broadcast.prototypes)?;
         let means = if tail.is_some() { means } else { feature_part(&means, self.shape.query_dim) };

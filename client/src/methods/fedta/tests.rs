@@ -243,3 +243,57 @@ fn under_privacy_a_round_uploads_clipped_sums_of_the_anchored_features() {
         assert!(norm <= 8.0 * clip * (1.0 + 1e-5) && norm > 0.0, "class {}: {norm}", p.class);
     }
 }
+
+/// `prediction = "head"`: the IE head travels beside the IE, the global model predicts with the
+/// broadcast's averaged head over the classes that have a global prototype, and a device trains
+/// on with its own head, never the broadcast's.
+#[test]
+fn predicting_with_the_ie_head_uploads_it_and_never_loads_the_average() {
+    use anchorage_shared::method::FedTaPrediction;
+    let plain = Device::flex();
+    let spec = ModelSpec { input_dim: 3 * 8 * 8, feature_dim: 24, ..ModelSpec::embedded_default() };
+    let backbone: SharedBackboneArc = Arc::new(FrozenBackbone::new(&spec, &plain));
+    let config = FedTaConfig { prediction: FedTaPrediction::Head, ..method() };
+    let mut client = FedTaClient::new(context(backbone, [3, 8, 8], 3), config).unwrap();
+    let b = broadcast(&client, 1);
+    let names = |blocks: &[ParamBlock]| blocks.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&b.blocks), ["ie.keys", "ie.sets", IE_HEAD_WEIGHT, IE_HEAD_BIAS]);
+    let u = client.train(&b).unwrap();
+    assert_eq!(names(&u.blocks), names(&b.blocks), "the broadcast's layout: IE, then the IE head");
+    let own = client.device_state().unwrap();
+    let own_weight = own.iter().find(|b| b.name == IE_HEAD_WEIGHT).unwrap().decode().unwrap();
+    assert_eq!(u.blocks[2].decode().unwrap(), own_weight, "the upload is the device's trained head");
+
+    // A head that says class 2 whatever the input, and prototypes of classes 0 and 2: the global
+    // model predicts 2 for every test sample.
+    let test = client.ctx.stream.tasks[0].test.clone();
+    let mut next = b.clone();
+    next.blocks = u.blocks.clone();
+    next.blocks[2] = ParamBlock::encode(IE_HEAD_WEIGHT, &[24, 3], &[0.0; 72], Encoding::F32);
+    next.blocks[3] = ParamBlock::encode(IE_HEAD_BIAS, &[3], &[0.0, 0.0, 1.0], Encoding::F32);
+    next.prototypes = u.prototypes.iter().filter(|p| p.class != 1).cloned().collect();
+    let share_of_2 = test.labels_host.iter().filter(|&&l| l == 2).count() as f64 / test.len() as f64;
+    let acc = client.global_accuracy(&next, &test).unwrap().unwrap();
+    assert!((acc - share_of_2).abs() < 1e-9, "the head decides: {acc} vs {share_of_2}");
+    // Only the classes with a global prototype compete: the head's favourite, class 2, is out.
+    let mut masked = next.clone();
+    masked.blocks[3] = ParamBlock::encode(IE_HEAD_BIAS, &[3], &[0.0, 0.5, 1.0], Encoding::F32);
+    masked.prototypes.retain(|p| p.class != 2);
+    let prototypes_of = masked.prototypes.iter().map(|p| p.class).collect::<Vec<_>>();
+    assert_eq!(prototypes_of, [0]);
+    let acc = client.global_accuracy(&masked, &test).unwrap().unwrap();
+    let share_of_0 = test.labels_host.iter().filter(|&&l| l == 0).count() as f64 / test.len() as f64;
+    assert!((acc - share_of_0).abs() < 1e-9, "class 0 alone is seen: {acc} vs {share_of_0}");
+    assert_eq!(client.global_accuracy(&b, &test).unwrap(), None, "no prototypes, no seen class, no prediction");
+
+    // The next round trains from the device's own head: the broadcast's does not replace it.
+    let u2 = client.train(&next).unwrap();
+    let trained = client.device_state().unwrap();
+    let weight = trained.iter().find(|b| b.name == IE_HEAD_WEIGHT).unwrap().decode().unwrap();
+    assert!(weight.iter().any(|&w| w != 0.0), "the zero head of the broadcast was not loaded");
+    assert_eq!(u2.blocks[2].decode().unwrap(), weight);
+    // A head of the wrong shape is an error, not a panic.
+    let mut bad = next.clone();
+    bad.blocks[2] = ParamBlock::encode(IE_HEAD_WEIGHT, &[2], &[0.0, 0.0], Encoding::F32);
+    assert!(client.global_accuracy(&bad, &test).is_err());
+}
