@@ -740,11 +740,11 @@ fn drift_domains(
             spec.dataset.name()
         )));
     }
-    if darken_step != 0.0 && !(darken_step > 0.0 && darken_step * (count.max(1) - 1) as f32 <= 1.0 - 1e-6) {
+    let darkest = darken_step * (count.max(1) - 1) as f32;
+    if darken_step != 0.0 && !(darken_step > 0.0 && darkest <= 1.0 - 1e-6) {
         return Err(DataError::Spec(format!(
-            "darken_step = {darken_step}: domain k is scaled by 1 − k·step, so step × (domains − 1) = {} must \
-             be in [0, 1)",
-            darken_step * (count.max(1) - 1) as f32
+            "darken_step = {darken_step}: domain k is scaled by 1 − k·step, so step × (domains − 1) = {darkest} must \
+             be in [0, 1)"
         )));
     }
     if step_degrees != 0.0 && train.sample_shape.len() >= 2 {

@@ -50,6 +50,7 @@ use self::anchors::{StageTwo, TailModel, is_tail_block};
 use super::protos::{PrototypeTable, class_means, from_wire, upload_prototypes};
 use super::{ClientMethod, MethodContext, TrainError, common_metrics};
 use anchorage_model::blocks::{load_tensor, tensor_block};
+use anchorage_model::ops::masked;
 use anchorage_model::prompts::pool::{IeModel, IeShape, InputEnhancement, enhanced_cache};
 use anchorage_model::prompts::{Enhancer, enhancer_for};
 use anchorage_model::train::{Trainer, accuracy_of, whole};
@@ -115,10 +116,10 @@ impl FedTaClient {
         IeModel::new_head(self.shape.query_dim, self.ctx.net.num_classes, self.ctx.net.seed, device)
     }
 
-    /// The broadcast's averaged IE head (`prediction = "head"`), `None` when it carries none.
-    /// Only the global model reads it: a device trains on with its own.
-    fn global_ie_head(&self, broadcast: &Broadcast, device: &Device) -> Result<Option<Linear>, TrainError> {
-        let blocks: Vec<&ParamBlock> = broadcast.blocks.iter().filter(|b| b.name.starts_with(IE_HEAD_PREFIX)).collect();
+    /// The IE head held by the `ie_head.*` blocks among `blocks` (the broadcast's average under
+    /// `prediction = "head"`, or the device state's own), `None` when there are none.
+    fn ie_head_of(&self, blocks: &[ParamBlock], device: &Device) -> Result<Option<Linear>, TrainError> {
+        let blocks: Vec<&ParamBlock> = blocks.iter().filter(|b| b.name.starts_with(IE_HEAD_PREFIX)).collect();
         if blocks.is_empty() {
             return Ok(None);
         }
@@ -131,6 +132,25 @@ impl FedTaClient {
             }
         }
         Ok(Some(head))
+    }
+
+    /// The global model of `prediction = "head"`: the global IE, then the broadcast's averaged IE
+    /// head (which a device never trains from), over the classes the federation has seen (those
+    /// with a global prototype: a class no device has trained keeps its seeded row, whose logits
+    /// are noise); `None` without a head or a prototype in the broadcast, or without a test set.
+    fn global_head_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
+        let device = self.ctx.device.clone().inner();
+        let Some(head) = self.ie_head_of(&broadcast.blocks, &device)? else { return Ok(None) };
+        let seen: Vec<u32> = broadcast.prototypes.iter().map(|p| p.class).collect();
+        if test.is_empty() || seen.is_empty() {
+            return Ok(None);
+        }
+        self.check_width(test)?;
+        let ie = self.global_ie(broadcast, &device)?;
+        let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK)?;
+        let head = head.valid();
+        let mask = task_mask(true, &seen, &[], self.ctx.net.num_classes, &enhanced.device());
+        Ok(accuracy_of(&enhanced, 1024, |x| masked(head.forward(x), mask.as_ref()).argmax(1)))
     }
 
     /// The broadcast's tail (`share_tail`), `None` when it carries none.
@@ -249,33 +269,6 @@ impl FedTaClient {
     fn local_accuracy(&self, ie: &InputEnhancement, tail: &TailModel, test: &FeatureCache) -> Option<f64> {
         let enhanced = enhanced_cache(ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK).ok()?;
         accuracy_of(&enhanced, 512, |x| tail.forward(x).argmax(1))
-    }
-}
-
-impl FedTaClient {
-    /// The global model of `prediction = "head"`: the global IE, then the averaged IE head, over
-    /// the classes the federation has seen (those with a global prototype: a class no device has
-    /// trained keeps its seeded row, whose logits are noise); `None` without a head or a
-    /// prototype in the broadcast, or without a test set.
-    fn global_head_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
-        let device = self.ctx.device.clone().inner();
-        let Some(head) = self.global_ie_head(broadcast, &device)? else { return Ok(None) };
-        let seen: Vec<u32> = broadcast.prototypes.iter().map(|p| p.class).collect();
-        if test.is_empty() || seen.is_empty() {
-            return Ok(None);
-        }
-        self.check_width(test)?;
-        let ie = self.global_ie(broadcast, &device)?;
-        let enhanced = enhanced_cache(&ie, self.enhancer.as_ref(), test, self.shape.top_n, CHUNK)?;
-        let head = head.valid();
-        let mask = task_mask(true, &seen, &[], self.ctx.net.num_classes, &enhanced.device());
-        Ok(accuracy_of(&enhanced, 1024, |x| {
-            let logits = head.forward(x);
-            match &mask {
-                Some(m) => (logits + m.clone()).argmax(1),
-                None => logits.argmax(1),
-            }
-        }))
     }
 }
 
@@ -429,18 +422,10 @@ impl ClientMethod for FedTaClient {
         let tail_blocks: Vec<ParamBlock> = blocks.iter().filter(|b| is_tail_block(&b.name)).cloned().collect();
         let tail =
             if tail_blocks.is_empty() { None } else { Some(self.new_tail().load_blocks(&tail_blocks, &device)?) };
-        let mut ie_head = None;
+        let ie_head = self.ie_head_of(blocks, &device)?;
         let mut seated = std::collections::BTreeSet::new();
-        for block in blocks.iter().filter(|b| !is_tail_block(&b.name)) {
+        for block in blocks.iter().filter(|b| !is_tail_block(&b.name) && !b.name.starts_with(IE_HEAD_PREFIX)) {
             match block.name.as_str() {
-                IE_HEAD_WEIGHT | IE_HEAD_BIAS => {
-                    let head = ie_head.get_or_insert_with(|| self.new_ie_head(&device));
-                    match (block.name.as_str(), head.bias.as_mut()) {
-                        (IE_HEAD_WEIGHT, _) => load_tensor(&mut head.weight, block, &device)?,
-                        (_, Some(bias)) => load_tensor(bias, block, &device)?,
-                        (_, None) => return Err(ModelError::UnknownBlock(block.name.clone()).into()),
-                    }
-                }
                 SEATED => {
                     for v in block.decode()? {
                         if v < 0.0 || v.fract() != 0.0 || v as usize >= self.ctx.net.num_classes {
