@@ -610,7 +610,8 @@ mod tests {
 
     /// A provisioned-like server folder: CA, the server's pair, revoked.crl, a FedAvg model.
     fn site(dir: &Path) -> (std::path::PathBuf, ProjectCa) {
-        let mut ca = ProjectCa::init(&dir.join("ca"), "check", 30).unwrap();
+        // Well past WARN_DAYS: a CA of exactly 30 days has 29 left once a second passes, a warning.
+        let mut ca = ProjectCa::init(&dir.join("ca"), "check", 365).unwrap();
         let site = dir.join("server");
         let identity = ca.issue(Kind::Server, "server", &["localhost".into()], 300).unwrap();
         anchorage_pki::save_identity(&site, &identity).unwrap();
