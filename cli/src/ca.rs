@@ -76,6 +76,8 @@ pub(crate) struct SiteArgs {
 pub(crate) enum KindArg {
     Server,
     Client,
+    /// A relay (a server to its devices, a client of its parent).
+    Relay,
 }
 
 /// The project CA in `dir`; a folder without one says where the CA is expected, not to make one.
@@ -131,6 +133,7 @@ pub(crate) fn run(command: CaCommand) -> anyhow::Result<()> {
             let kind = match kind {
                 KindArg::Server => Kind::Server,
                 KindArg::Client => Kind::Client,
+                KindArg::Relay => Kind::Relay,
             };
             let out = site(out, &id);
             let issued = anchorage_pki::site::issue(&mut ca, kind, &id, &names, days, &out)?;
@@ -139,7 +142,7 @@ pub(crate) fn run(command: CaCommand) -> anyhow::Result<()> {
                 issued.serial,
                 anchorage_pki::site::date(issued.not_after),
                 out.display(),
-                if kind == Kind::Server { ", revoked.crl" } else { "" }
+                if kind.serves() { ", revoked.crl" } else { "" }
             );
         }
         CaCommand::Revoke { id, serial, dir } => {

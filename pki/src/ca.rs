@@ -37,6 +37,26 @@ pub const CRL: &str = "revoked.crl";
 pub enum Kind {
     Server,
     Client,
+    /// A relay (issue 37): a server to its devices and a client of its parent, so both extended
+    /// key usages, and the relay role in its subject ([`crate::cert::RELAY_UNIT`]), which is
+    /// what lets it send a parent partial aggregates.
+    Relay,
+}
+
+impl Kind {
+    /// As `anchorage ca list` writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Server => "server",
+            Self::Client => "client",
+            Self::Relay => "relay",
+        }
+    }
+
+    /// Whether the site serves devices (its folder gets the revocation list it checks them against).
+    pub fn serves(self) -> bool {
+        matches!(self, Self::Server | Self::Relay)
+    }
 }
 
 /// One certificate the CA signed.
@@ -184,12 +204,16 @@ impl ProjectCa {
         let mut params = CertificateParams::new(sans).with_context(|| format!("names for `{id}`"))?;
         params.distinguished_name = DistinguishedName::new();
         params.distinguished_name.push(DnType::CommonName, id);
+        if kind == Kind::Relay {
+            params.distinguished_name.push(DnType::OrganizationalUnitName, crate::cert::RELAY_UNIT);
+        }
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![match kind {
-            Kind::Server => ExtendedKeyUsagePurpose::ServerAuth,
-            Kind::Client => ExtendedKeyUsagePurpose::ClientAuth,
-        }];
+        params.extended_key_usages = match kind {
+            Kind::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
+            Kind::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Kind::Relay => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
+        };
         let serial = new_serial()?;
         params.serial_number = Some(SerialNumber::from_slice(&serial));
         params.not_before = at(not_before)?;
@@ -281,7 +305,26 @@ fn hex_bytes(hex: &str) -> anyhow::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cert::{peer_id, revoked_serials};
+    use crate::cert::{is_relay, peer_id, revoked_serials};
+
+    /// A relay's certificate serves devices and is a client of its parent, and only it carries
+    /// the relay role.
+    #[test]
+    fn a_relay_certificate_carries_the_relay_role_and_both_usages() {
+        let mut ca = ProjectCa::in_memory("test", 30).unwrap();
+        let relay = ca.issue(Kind::Relay, "relay-0", &["relay-0.example.org".into()], 10).unwrap();
+        let device = ca.issue(Kind::Client, "edge-001", &[], 10).unwrap();
+        let server = ca.issue(Kind::Server, "server", &[], 10).unwrap();
+        assert!(is_relay(relay.cert.as_ref()));
+        assert!(!is_relay(device.cert.as_ref()) && !is_relay(server.cert.as_ref()));
+        assert!(!is_relay(b"not a certificate"));
+        assert_eq!(peer_id(&relay.cert).unwrap().0, "relay-0");
+        let (_, x509) = x509_parser::parse_x509_certificate(relay.cert.as_ref()).unwrap();
+        let eku = x509.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.server_auth && eku.client_auth);
+        assert_eq!(ca.issued().iter().map(|i| i.kind.name()).collect::<Vec<_>>(), ["relay", "client", "server"]);
+        assert!(Kind::Relay.serves() && Kind::Server.serves() && !Kind::Client.serves());
+    }
 
     #[test]
     fn issued_certificates_name_their_holder_and_revocation_lists_them() {

@@ -27,6 +27,18 @@ pub fn device_id(x509: &X509Certificate<'_>) -> Option<String> {
     })
 }
 
+/// The organizational unit a relay's certificate carries in its subject (issue 37): the role
+/// that lets a peer send partial aggregates. Only the project CA signs subjects, so a device
+/// cannot claim it.
+pub const RELAY_UNIT: &str = "anchorage-relay";
+
+/// Whether a certificate carries the relay role ([`RELAY_UNIT`]); `false` for one that does not parse.
+pub fn is_relay(der: &[u8]) -> bool {
+    parse(der).is_ok_and(|x509| {
+        x509.subject().iter_organizational_unit().any(|ou| ou.as_str().is_ok_and(|s| s == RELAY_UNIT))
+    })
+}
+
 /// The id a peer's certificate was issued to ([`device_id`]) and its serial ([`serial_hex`]).
 pub fn peer_id(cert: &CertificateDer<'_>) -> anyhow::Result<(String, String)> {
     let x509 = parse(cert.as_ref())?;

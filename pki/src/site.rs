@@ -67,7 +67,7 @@ pub fn issue(
     }
     let identity = ca.issue(kind, id, names, days)?;
     write_site_identity(out, &identity, ca.cert().as_ref())?;
-    if kind == Kind::Server {
+    if kind.serves() {
         write_server_crl(ca, out)?;
     }
     ca.issued().last().cloned().context("the CA recorded no certificate just issued")
@@ -104,7 +104,7 @@ pub fn renew(ca: &mut ProjectCa, id: &str, names: &[String], days: u32, out: &Pa
     };
     let identity = ca.issue(previous.kind, id, &names, days)?;
     write_site_identity(out, &identity, ca.cert().as_ref())?;
-    if previous.kind == Kind::Server {
+    if previous.kind.serves() {
         write_server_crl(ca, out)?;
     }
     ca.issued().last().cloned().context("the CA recorded no certificate just issued")
@@ -116,10 +116,7 @@ pub fn list_table(issued: &[Issued]) -> String {
     let mut rows = vec![["id".to_string(), "kind".into(), "serial".into(), "expires".into(), "revoked".into()]];
     for i in issued {
         let expires = if i.not_after < now { format!("{} (expired)", date(i.not_after)) } else { date(i.not_after) };
-        let kind = match i.kind {
-            Kind::Server => "server",
-            Kind::Client => "client",
-        };
+        let kind = i.kind.name();
         let revoked = i.revoked_at.map_or_else(|| "-".to_string(), date);
         rows.push([i.id.clone(), kind.into(), i.serial.clone(), expires, revoked]);
     }

@@ -4,6 +4,7 @@
 //! - [`aggregate`]: robust aggregation rules and update screening, shared by every method.
 //! - [`methods`]: server halves of the methods (aggregation, prototype rules).
 //! - [`transport`]: the quinn endpoint driving the engine.
+//! - [`relay`]: the relay role, the engine with a parent: partial aggregates (issue 37).
 //! - [`store`]: durable server state in SQLite (rounds, accepted updates, versions, clients, ledger).
 //! - [`service`]: the `anchorage-server` program (config, logging, signals, systemd notifications).
 //! - [`metrics`]: counters and their Prometheus exposition over HTTP.
@@ -19,6 +20,7 @@ pub mod engine;
 pub mod methods;
 pub mod metrics;
 pub mod model_file;
+pub mod relay;
 pub mod service;
 #[cfg(feature = "sikf")]
 pub mod sikf;

@@ -188,6 +188,75 @@ pub struct SecAggFrame {
     pub body: Vec<u8>,
 }
 
+/// One device's update inside a relay's [`Partial`]: the relay and its parent agree on what
+/// each update is by (round, device, hash), so that a device that failed over to another relay
+/// is never counted twice (issue 37).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub device: String,
+    /// The samples the relay counted for it (after its caps).
+    pub num_samples: u64,
+    /// SHA-256 of the update's body as the device sent it (`Message::Update(..).encode_body()`).
+    pub hash: [u8; 32],
+}
+
+/// Most members one partial aggregate may list.
+pub const MAX_MEMBERS: usize = 1 << 20;
+
+/// A relay's partial aggregate of one round (issue 37, DESIGN.md "one engine, three roles"):
+/// `update` is the fold of its devices' screened and bounded updates, blocks as their
+/// sample-weighted mean and prototypes as each class's count-weighted mean, with `num_samples`
+/// (and each prototype's count) the total behind it, so that the parent's weighted means over
+/// relays equal its means over the devices. `members` names every update in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Partial {
+    pub update: Update,
+    pub members: Vec<Member>,
+}
+
+impl Partial {
+    fn validate(&self) -> Result<(), DecodeError> {
+        Message::Update(self.update.clone()).validate()?;
+        if self.members.is_empty() || self.members.len() > MAX_MEMBERS {
+            return Err(DecodeError::Invalid(alloc::format!(
+                "a partial aggregate lists {} members; 1 to {MAX_MEMBERS}",
+                self.members.len()
+            )));
+        }
+        let total: Option<u64> = self.members.iter().try_fold(0u64, |t, m| t.checked_add(m.num_samples));
+        if total != Some(self.update.num_samples) {
+            return Err(DecodeError::Invalid("a partial aggregate's samples are not its members' sum".into()));
+        }
+        let mut seen = alloc::collections::BTreeSet::new();
+        match self.members.iter().find(|m| m.device.is_empty() || m.device.len() > 128 || !seen.insert(&m.device)) {
+            Some(m) => Err(DecodeError::Invalid(alloc::format!("member `{}` is empty, too long or twice", m.device))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Most cost records one batch may carry.
+pub const MAX_COST_BATCH: usize = 100_000;
+
+/// A relay's devices' cost records (each naming its device), in one message for its parent's
+/// ledger: the root's ledger still holds every device (issue 37).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostBatch {
+    pub records: Vec<CostRecord>,
+}
+
+impl CostBatch {
+    fn validate(&self) -> Result<(), DecodeError> {
+        if self.records.len() > MAX_COST_BATCH {
+            return Err(DecodeError::Invalid(alloc::format!(
+                "{} cost records; at most {MAX_COST_BATCH}",
+                self.records.len()
+            )));
+        }
+        self.records.iter().try_for_each(|c| c.validate().map_err(DecodeError::Invalid))
+    }
+}
+
 /// Longest [`Decline::detail`] accepted.
 pub const MAX_DECLINE_DETAIL: usize = 256;
 
@@ -254,6 +323,10 @@ pub enum Message {
     Decline(Decline),
     /// A SecAgg+ message of a round under secure aggregation (kind 15).
     SecAgg(SecAggFrame),
+    /// A relay's partial aggregate of one round, sent to its parent (kind 16, issue 37).
+    Partial(Partial),
+    /// The cost records of a relay's devices, in one batch for its parent's ledger (kind 17).
+    CostBatch(CostBatch),
 }
 
 /// Kind bytes of the messages that may be large (readers give them their own size limit).
@@ -262,6 +335,8 @@ pub const KIND_UPDATE: u8 = 4;
 pub const KIND_CHUNK: u8 = 13;
 /// A masked vector is as large as an update (it travels as a resumable transfer).
 pub const KIND_SECAGG: u8 = 15;
+/// A partial aggregate is as large as an update.
+pub const KIND_PARTIAL: u8 = 16;
 
 impl Message {
     /// The kind byte on the wire.
@@ -282,6 +357,8 @@ impl Message {
             Message::Chunk(_) => KIND_CHUNK,
             Message::Decline(_) => 14,
             Message::SecAgg(_) => KIND_SECAGG,
+            Message::Partial(_) => KIND_PARTIAL,
+            Message::CostBatch(_) => 17,
         }
     }
 
@@ -308,6 +385,8 @@ impl Message {
             Message::Chunk(m) => postcard::to_allocvec(m),
             Message::Decline(m) => postcard::to_allocvec(m),
             Message::SecAgg(m) => postcard::to_allocvec(m),
+            Message::Partial(m) => postcard::to_allocvec(m),
+            Message::CostBatch(m) => postcard::to_allocvec(m),
         };
         // Serialising owned in-memory structs into a growable Vec cannot fail.
         r.unwrap_or_default()
@@ -333,6 +412,8 @@ impl Message {
             KIND_CHUNK => Message::Chunk(postcard::from_bytes(body).map_err(bad)?),
             14 => Message::Decline(postcard::from_bytes(body).map_err(bad)?),
             KIND_SECAGG => Message::SecAgg(postcard::from_bytes(body).map_err(bad)?),
+            KIND_PARTIAL => Message::Partial(postcard::from_bytes(body).map_err(bad)?),
+            17 => Message::CostBatch(postcard::from_bytes(body).map_err(bad)?),
             other => return Err(DecodeError::UnknownKind(other)),
         };
         msg.validate()?;
@@ -354,6 +435,8 @@ impl Message {
                 Ok(())
             }
             Message::Cost(c) => c.validate().map_err(DecodeError::Invalid),
+            Message::Partial(p) => p.validate(),
+            Message::CostBatch(b) => b.validate(),
             Message::Decline(d) if d.detail.len() > MAX_DECLINE_DETAIL => {
                 Err(DecodeError::Invalid(alloc::format!("a decline's detail has more than {MAX_DECLINE_DETAIL} bytes")))
             }
@@ -406,6 +489,8 @@ pub fn kind_name(kind: u8) -> Option<&'static str> {
         13 => "chunk",
         14 => "decline",
         15 => "secagg",
+        16 => "partial",
+        17 => "cost_batch",
         _ => return None,
     })
 }

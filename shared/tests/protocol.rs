@@ -66,14 +66,62 @@ fn every_message() -> Vec<Message> {
             joules: 12.0,
             ..CostRecord::default()
         }),
+        Message::Partial(partial()),
+        Message::CostBatch(CostBatch {
+            records: vec![CostRecord { client: "jetson-07".into(), round: 5, payload_up: 10, ..CostRecord::default() }],
+        }),
     ]
+}
+
+/// A relay's partial aggregate of two devices (issue 37).
+fn partial() -> Partial {
+    let member = |device: &str, num_samples| Member { device: device.into(), num_samples, hash: [7; 32] };
+    Partial {
+        update: Update {
+            round: 5,
+            num_samples: 30,
+            blocks: blocks(),
+            prototypes: vec![Prototype::encode(3, 17, &[0.25, -0.5, 1.0], Encoding::F32)],
+            metrics: vec![],
+            compute_seconds: 3.0,
+        },
+        members: vec![member("jetson-07", 10), member("jetson-08", 20)],
+    }
+}
+
+/// A partial aggregate whose samples are not its members' sum, that names a device twice or
+/// none, or that holds a bad tensor, and a cost batch with an impossible record, are refused
+/// at decode.
+#[test]
+fn a_partial_aggregate_must_add_up() {
+    let refused = |msg: Message| {
+        let frame = encode_frame(&msg, DEFAULT_MAX_FRAME).unwrap();
+        decode_frame(&frame, DEFAULT_MAX_FRAME).expect_err("refused at decode")
+    };
+    let mut p = partial();
+    p.update.num_samples = 31;
+    assert!(refused(Message::Partial(p)).to_string().contains("members' sum"));
+    let mut p = partial();
+    p.members[1].device = "jetson-07".into();
+    p.update.num_samples = 20;
+    p.members[1].num_samples = 10;
+    assert!(refused(Message::Partial(p)).to_string().contains("twice"));
+    let mut p = partial();
+    p.members.clear();
+    p.update.num_samples = 0;
+    assert!(refused(Message::Partial(p)).to_string().contains("members"));
+    let mut p = partial();
+    p.update.compute_seconds = f64::NAN;
+    refused(Message::Partial(p));
+    let bad = CostRecord { client: "x".into(), round: 1, compute_seconds: -1.0, ..CostRecord::default() };
+    refused(Message::CostBatch(CostBatch { records: vec![bad] }));
 }
 
 #[test]
 fn every_message_round_trips_through_a_frame() {
     let messages = every_message();
     let kinds: Vec<u8> = messages.iter().map(Message::kind).collect();
-    assert_eq!(kinds, (1..=9).collect::<Vec<u8>>(), "one message of each kind");
+    assert_eq!(kinds, (1..=9).chain([KIND_PARTIAL, 17]).collect::<Vec<u8>>(), "one message of each kind");
     for msg in messages {
         let frame = encode_frame(&msg, DEFAULT_MAX_FRAME).unwrap();
         assert_eq!(frame[LEN_BYTES], PROTOCOL_VERSION);

@@ -291,7 +291,9 @@ impl Session {
             | Message::TransferOffer(_)
             | Message::TransferResume(_)
             | Message::Chunk(_)
-            | Message::Decline(_) => return Err(self.unexpected(msg.kind_name())),
+            | Message::Decline(_)
+            | Message::Partial(_)
+            | Message::CostBatch(_) => return Err(self.unexpected(msg.kind_name())),
         }
         Ok(())
     }

@@ -54,6 +54,14 @@ pub(super) struct Core {
     pub(super) actions: VecDeque<Action>,
     /// Differential privacy (`[engine.privacy]`); `None` when off.
     pub(super) privacy: Option<PrivacyState>,
+    /// A relay's link to its parent (issue 37): rounds open when the parent's broadcast comes;
+    /// `None` at the root, which opens its own.
+    pub(super) parent: Option<super::parent::ParentLink>,
+    /// The devices behind the relays' accepted partial aggregates (issue 37).
+    pub(super) members: super::parent::Members,
+    /// Peers whose certificate carries the relay role: only they may send partial aggregates
+    /// and cost batches.
+    pub(super) relays: std::collections::BTreeSet<ClientId>,
 }
 
 impl Core {
@@ -85,6 +93,9 @@ impl Core {
             last_median_norm: None,
             ahead: BTreeMap::new(),
             actions: VecDeque::new(),
+            parent: None,
+            members: Default::default(),
+            relays: Default::default(),
         }
     }
 
@@ -175,35 +186,22 @@ impl Core {
             self.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
             return;
         }
-        let invitation = self.invited.get_mut(&record.round).and_then(|c| c.get_mut(client));
-        let already_costed = invitation.as_ref().is_some_and(|costed| **costed);
-        let max_payload = u64::from(self.config.max_frame_bytes);
-        let max_wire = max_payload.saturating_mul(8).saturating_add(1 << 20);
-        let why = if invitation.is_none() {
-            Some(format!("round {} is not one this client was invited to lately", record.round))
-        } else if invitation.as_ref().is_some_and(|costed| **costed) {
-            Some(format!("round {} already has this client's cost record", record.round))
-        } else if record.payload_up.max(record.payload_down) > max_payload {
-            Some(format!("payload bytes above the {max_payload}-byte frame limit"))
-        } else if record.wire_up.max(record.wire_down) > max_wire {
-            Some(format!("wire bytes above {max_wire}"))
-        } else {
-            record.check_physical().err()
+        let invitation = self.invited.get(&record.round).and_then(|c| c.get(client)).copied();
+        let already_costed = invitation == Some(true);
+        let why = match invitation {
+            None => Some(format!("round {} is not one this client was invited to lately", record.round)),
+            Some(true) => Some(format!("round {} already has this client's cost record", record.round)),
+            Some(false) => self.implausible(&record),
         };
         if let Some(why) = why {
-            self.stats.refused += 1;
-            self.stats.dropped_cost_records += 1;
-            let dropped = self.stats.dropped_cost_records;
-            if dropped.is_power_of_two() {
-                tracing::warn!(client, round = record.round, %why, dropped, "cost record dropped");
-            }
+            self.drop_cost_record(client, record.round, &why);
             if already_costed {
                 // A resend of a record the ledger holds (the confirmation was lost): confirm again.
                 self.actions.push_back(cost_ack(client, record.round));
             }
             return;
         }
-        if let Some(costed) = invitation {
+        if let Some(costed) = self.invited.get_mut(&record.round).and_then(|c| c.get_mut(client)) {
             *costed = true;
         }
         record.client = client.into();
@@ -211,6 +209,30 @@ impl Core {
         // The shell appends the record to the ledger before it sends the confirmation.
         self.actions.push_back(Action::Ledger(record));
         self.actions.push_back(cost_ack(client, round));
+    }
+
+    /// What is impossible about a cost record on its own: bytes beyond the frame limits, or
+    /// figures no device measures.
+    pub(super) fn implausible(&self, record: &CostRecord) -> Option<String> {
+        let max_payload = u64::from(self.config.max_frame_bytes);
+        let max_wire = max_payload.saturating_mul(8).saturating_add(1 << 20);
+        if record.payload_up.max(record.payload_down) > max_payload {
+            Some(format!("payload bytes above the {max_payload}-byte frame limit"))
+        } else if record.wire_up.max(record.wire_down) > max_wire {
+            Some(format!("wire bytes above {max_wire}"))
+        } else {
+            record.check_physical().err()
+        }
+    }
+
+    /// Counts a dropped cost record (and logs the 1st, 2nd, 4th, 8th, … of them).
+    pub(super) fn drop_cost_record(&mut self, client: &str, round: u64, why: &str) {
+        self.stats.refused += 1;
+        self.stats.dropped_cost_records += 1;
+        let dropped = self.stats.dropped_cost_records;
+        if dropped.is_power_of_two() {
+            tracing::warn!(client, round, %why, dropped, "cost record dropped");
+        }
     }
 
     /// An invited device declined `round` (issue 33): logged, counted, and a ledger row of kind
@@ -479,7 +501,7 @@ pub(super) fn ack(client: &str, round: u64, aggregated: bool) -> Action {
     Action::Send { to: client.into(), msg: Message::Ack(ack) }
 }
 
-fn cost_ack(client: &str, round: u64) -> Action {
+pub(super) fn cost_ack(client: &str, round: u64) -> Action {
     Action::Send { to: client.into(), msg: Message::CostAck(anchorage_shared::protocol::CostAck { round }) }
 }
 

@@ -13,6 +13,7 @@ mod buffered;
 mod common;
 pub mod config;
 mod decode;
+mod parent;
 mod persist;
 pub mod privacy;
 #[cfg(test)]
@@ -187,13 +188,24 @@ impl Engine {
     /// round that was open at the crash with the updates it had accepted (acked updates are never
     /// lost), and the buffered updates no version has aggregated yet. A recovered round gets a
     /// fresh deadline; if it already holds its target, it closes on the first poll.
-    pub fn recover(config: EngineConfig, mut method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
+    pub fn recover(config: EngineConfig, method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
+        Self::recover_as(config, method, recovered, None)
+    }
+
+    /// [`Engine::recover`] at the root (`parent` none) or as a relay.
+    fn recover_as(
+        config: EngineConfig,
+        mut method: Box<dyn ServerMethod>,
+        recovered: Recovered,
+        parent: Option<parent::ParentLink>,
+    ) -> Self {
         let Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations, privacy } = recovered;
         if let Err(e) = method.load_state(&checkpoint.method_state) {
             tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");
         }
         let mode = Mode::new(&config.mode);
         let mut engine = Self { core: Core::resume(config, method, checkpoint, round_floor), mode };
+        engine.core.parent = parent;
         engine.core.restore_invitations(invitations);
         engine.core.resume_privacy(privacy.as_ref());
         if engine.core.finished {
@@ -307,6 +319,8 @@ impl Engine {
             Message::Heartbeat(_) => {}
             Message::Goodbye(_) => self.handle_disconnect(now, client),
             Message::Cost(record) => self.core.on_cost(client, record),
+            Message::Partial(partial) if self.core.relays.contains(client) => self.on_partial(now, client, partial),
+            Message::CostBatch(batch) if self.core.relays.contains(client) => self.on_cost_batch(client, batch),
             Message::SecAgg(frame) => match &mut self.mode {
                 Mode::Rounds(rounds) if self.core.clients.contains_key(client) => {
                     rounds.on_secagg(&mut self.core, now, client, &frame)

@@ -40,6 +40,16 @@ pub(super) struct OpenRound {
     pub(super) secagg: Option<Box<SecAggRound>>,
 }
 
+impl OpenRound {
+    /// The round's task, as its broadcast says.
+    pub(super) fn task(&self) -> u32 {
+        match self.broadcast.as_ref() {
+            Message::Broadcast(b) => b.task,
+            _ => 0,
+        }
+    }
+}
+
 /// State of the synchronous mode: the open round, and who the last closed round aggregated.
 #[derive(Debug, Default)]
 pub(super) struct RoundsState {
@@ -47,6 +57,9 @@ pub(super) struct RoundsState {
     /// Clients whose update the last closed round aggregated: a copy arriving later is a
     /// duplicate, not a late update.
     last_accepted: BTreeSet<ClientId>,
+    /// A relay's round that was open at a crash, with the updates it had acked: it opens again
+    /// when the parent's broadcast of that round comes back (the relay holds no copy of it).
+    stashed: Option<(OpenedRound, Vec<AcceptedUpdate>)>,
 }
 
 impl ModeState for RoundsState {
@@ -75,8 +88,17 @@ impl ModeState for RoundsState {
         if core.finished || self.open.is_some() || core.rollback_suspected().is_some() {
             return;
         }
+        // A relay opens a round only when its parent's broadcast of it came.
+        if core.parent.as_ref().is_some_and(|p| p.next.is_none()) {
+            return;
+        }
         // Count before collecting: every hello lands here, and fleets have thousands of clients.
         if core.connected() < core.config.min_available.max(1) || !core.privacy_allows_a_round() {
+            return;
+        }
+        let round = core.last_round + 1;
+        if let Some((opened, pending)) = self.stashed.take_if(|(o, _)| o.round == round) {
+            self.reopen(core, now, opened, pending);
             return;
         }
         // Borrowed, not cloned: a fleet of a million devices would copy every id each round.
@@ -86,7 +108,6 @@ impl ModeState for RoundsState {
         let sampled: BTreeSet<ClientId> =
             core.rng.sample_indices(available.len(), invited).into_iter().map(|i| available[i].clone()).collect();
         let available = available.len();
-        let round = core.last_round + 1;
         tracing::info!(
             round,
             available,
@@ -100,7 +121,7 @@ impl ModeState for RoundsState {
         // The invitations are durable before anyone trains on them.
         core.actions.push_back(Action::Persist(Persist::Opened(OpenedRound {
             round,
-            task: core.config.task_of(round),
+            task: open.task(),
             target,
             sampled: open.sampled.iter().cloned().collect(),
         })));
@@ -219,6 +240,13 @@ impl ModeState for RoundsState {
         last_accepted: Vec<ClientId>,
     ) {
         self.last_accepted = last_accepted.into_iter().collect();
+        if core.parent.is_some() {
+            self.stashed = open.map(|o| {
+                let round = o.round;
+                (o, pending.into_iter().filter(|p| p.update.round == round).collect())
+            });
+            return;
+        }
         let Some(opened) = open.filter(|o| o.round == core.last_round + 1 && !core.finished) else { return };
         let pending: Vec<AcceptedUpdate> = pending.into_iter().filter(|p| p.update.round == opened.round).collect();
         tracing::info!(
@@ -245,6 +273,36 @@ impl ModeState for RoundsState {
 }
 
 impl RoundsState {
+    /// A relay's round that was open at a crash opens again on its parent's broadcast, with its
+    /// invitations and the updates it had acked (durable already); it closes at once if full.
+    fn reopen(&mut self, core: &mut Core, now: Duration, opened: OpenedRound, pending: Vec<AcceptedUpdate>) {
+        tracing::info!(round = opened.round, accepted = pending.len(), "a relay resumes the round open at its crash");
+        let sampled = opened.sampled.into_iter().collect();
+        let mut round = open_round_record(core, now, opened.round, opened.target, sampled);
+        for p in pending {
+            let at = p.arrived_after;
+            round.updates.insert(p.client.clone(), (Arc::new(p), at));
+        }
+        core.note_invited(round.round, round.sampled.iter().cloned());
+        let waiting: Vec<ClientId> =
+            round.sampled.iter().filter(|c| !round.updates.contains_key(*c)).cloned().collect();
+        core.actions.push_back(Action::Broadcast { to: waiting, msg: round.broadcast.clone() });
+        let full = round.updates.len() >= round.target;
+        self.open = Some(round);
+        if full {
+            self.close_round(core, now);
+        }
+    }
+
+    /// A relay's parent moved on to a newer round: the round open here closes now with what it
+    /// holds.
+    pub(super) fn close_for_parent(&mut self, core: &mut Core, now: Duration) {
+        if self.open.is_some() {
+            tracing::info!(round = self.open.as_ref().map(|o| o.round), "the parent moved on; closing the round here");
+            self.close_round(core, now);
+        }
+    }
+
     /// An update for a round that is not open: a copy of one the last round aggregated is a
     /// duplicate (acked again); one for an older round is late (acked, counted, not aggregated,
     /// if its values pass the screen); one for a round not yet open is refused.
@@ -461,17 +519,28 @@ fn check_update(core: &Core, update: &Update) -> Result<(), (RefusalReason, Stri
         .map_err(|reason| (RefusalReason::BadTensor, format!("update screened out: {reason}")))
 }
 
-/// Round `round`'s record, its broadcast made from the current global version.
-fn open_round_record(core: &Core, now: Duration, round: u64, target: usize, sampled: BTreeSet<ClientId>) -> OpenRound {
-    let mut config = core.config.round.clone();
-    config.deadline_ms = core.config.round_deadline.as_millis() as u64;
-    let broadcast = Arc::new(Message::Broadcast(Broadcast {
-        round,
-        task: core.config.task_of(round),
-        config,
-        blocks: core.global.clone(),
-        prototypes: core.method.prototypes(),
-    }));
+/// Round `round`'s record, its broadcast made from the current global version (a relay's: its
+/// parent's broadcast of the round).
+fn open_round_record(
+    core: &mut Core,
+    now: Duration,
+    round: u64,
+    target: usize,
+    sampled: BTreeSet<ClientId>,
+) -> OpenRound {
+    let deadline = core.config.round_deadline;
+    let from_parent = core.parent.as_mut().and_then(|p| p.take(round, deadline));
+    let broadcast = Arc::new(Message::Broadcast(from_parent.unwrap_or_else(|| {
+        let mut config = core.config.round.clone();
+        config.deadline_ms = deadline.as_millis() as u64;
+        Broadcast {
+            round,
+            task: core.config.task_of(round),
+            config,
+            blocks: core.global.clone(),
+            prototypes: core.method.prototypes(),
+        }
+    })));
     OpenRound {
         round,
         broadcast,

@@ -44,6 +44,8 @@ struct Certified {
     serial: String,
     /// SHA-256 (hex) of the certificate, for the client registry.
     fingerprint: String,
+    /// Whether it carries the relay role (issue 37).
+    relay: bool,
 }
 
 /// The certificate a peer showed, read once; `None` when it showed none (development mode).
@@ -56,7 +58,8 @@ fn certified(conn: &quinn::Connection) -> anyhow::Result<Option<Certified>> {
     let (id, serial) = anchorage_pki::peer_id(leaf)?;
     let digest = ring::digest::digest(&ring::digest::SHA256, leaf.as_ref());
     let fingerprint = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(Some(Certified { id, serial, fingerprint }))
+    let relay = anchorage_pki::cert::is_relay(leaf.as_ref());
+    Ok(Some(Certified { id, serial, fingerprint, relay }))
 }
 
 /// The refusal that answers a frame that could not be read. A frame that stalled or crawled
@@ -81,6 +84,9 @@ struct Peer {
     /// Its certificate's serial number and fingerprint (mutual TLS).
     serial: Option<String>,
     fingerprint: Option<String>,
+    /// Its certificate carries the relay role; in the development mode (no certificates) any
+    /// peer may act as a relay.
+    relay: bool,
 }
 
 impl ConnCtx {
@@ -117,12 +123,13 @@ impl ConnCtx {
         let Message::Hello(h) = &hello else { unreachable!("matched above") };
         let serial = certified.as_ref().map(|c| c.serial.clone());
         let fingerprint = certified.as_ref().map(|c| c.fingerprint.clone());
+        let relay = certified.as_ref().is_none_or(|c| c.relay);
         let client = certified.map_or_else(|| h.client_id.clone(), |c| c.id);
         if serial.as_ref().is_some_and(|s| self.revoked.borrow().contains(s)) {
             let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: "certificate revoked".into() };
             return self.refuse(&conn, &mut control_send, refusal, Some(reason::REVOKED), &client).await;
         }
-        let peer = Peer { client, remote, serial, fingerprint };
+        let peer = Peer { client, remote, serial, fingerprint, relay };
         self.serve(conn, control_send, control_recv, peer, hello).await
     }
 
@@ -137,12 +144,13 @@ impl ConnCtx {
         peer: Peer,
         hello: Message,
     ) -> anyhow::Result<()> {
-        let Peer { client, remote, serial, fingerprint } = peer;
+        let Peer { client, remote, serial, fingerprint, relay } = peer;
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         self.inputs.send(Input::Hello {
             conn: self.id,
             client: client.clone(),
             fingerprint,
+            relay,
             msg: hello,
             out: out_tx.clone(),
         })?;

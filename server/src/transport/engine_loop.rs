@@ -300,7 +300,7 @@ impl EngineShell {
     fn on_input(&mut self, input: Input) {
         let now = self.start.elapsed();
         match input {
-            Input::Hello { conn, client, fingerprint, msg, out } => {
+            Input::Hello { conn, client, fingerprint, relay, msg, out } => {
                 let at = Instant::now();
                 if self.flaps.quarantined(&client, at) {
                     self.metrics.refused(crate::metrics::reason::CERTIFICATE_CONFLICT);
@@ -337,6 +337,7 @@ impl EngineShell {
                 }
                 self.metrics.set_connected(self.conns.len());
                 self.metrics.seen(&client, unix_now());
+                self.engine.set_relay(&client, relay);
                 self.engine.handle_message(now, &client, msg);
             }
             Input::Message { client, msg } => {

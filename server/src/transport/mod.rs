@@ -110,6 +110,8 @@ enum Input {
         client: ClientId,
         /// SHA-256 of the certificate the peer showed (mutual TLS).
         fingerprint: Option<String>,
+        /// The peer's certificate carries the relay role (issue 37).
+        relay: bool,
         msg: Message,
         out: mpsc::UnboundedSender<Outbound>,
     },

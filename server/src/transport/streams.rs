@@ -9,7 +9,7 @@ use std::time::Duration;
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::io::{FrameIoError, Pace, ReadLimits, read_frame_limited, write_frame};
 use anchorage_shared::priority::Priority;
-use anchorage_shared::protocol::{KIND_SECAGG, KIND_UPDATE, Message};
+use anchorage_shared::protocol::{KIND_PARTIAL, KIND_SECAGG, KIND_UPDATE, Message};
 use quinn::VarInt;
 use tokio::sync::mpsc;
 
@@ -32,14 +32,14 @@ impl ConnCtx {
         }
     }
 
-    /// An upload stream carries one update (or, under secure aggregation, one masked vector), up
-    /// to the engine's frame limit.
+    /// An upload stream carries one update (or, under secure aggregation, one masked vector; from
+    /// a relay, one partial aggregate), up to the engine's frame limit.
     fn upload_limits(&self) -> ReadLimits<'static> {
         let small = (self.limits.max_control_frame as usize).min(self.max_frame);
         ReadLimits {
             max_frame: self.max_frame,
             max_small: small,
-            large_kinds: &[KIND_UPDATE, KIND_SECAGG],
+            large_kinds: &[KIND_UPDATE, KIND_SECAGG, KIND_PARTIAL],
             stall: Some(self.limits.read_stall),
             pace: Some(Pace {
                 min_bytes_per_sec: self.limits.min_upload_rate,

@@ -236,11 +236,11 @@ impl ConnCtx {
         }
     }
 
-    /// A whole transfer, decoded: an update (or a masked vector, under secure aggregation) goes
-    /// to the engine like a one-frame upload.
+    /// A whole transfer, decoded: an update (or a masked vector, under secure aggregation; or a
+    /// relay's partial aggregate) goes to the engine like a one-frame upload.
     fn deliver(&self, frame: &[u8], client: &ClientId) -> Result<(), String> {
         match decode_frame(frame, self.max_frame) {
-            Ok(msg @ (Message::Update(_) | Message::SecAgg(_))) => {
+            Ok(msg @ (Message::Update(_) | Message::SecAgg(_) | Message::Partial(_))) => {
                 self.metrics.transfer("completed");
                 let _ = self.inputs.send(super::Input::Message { client: client.clone(), msg });
                 Ok(())

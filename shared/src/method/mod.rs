@@ -128,6 +128,10 @@ pub struct MethodInfo {
     /// must aggregate sums (of clipped deltas, of prototype sums and counts), so that the noise
     /// on a sum protects every device. `Err` says why not.
     pub privacy: fn(&MethodConfig) -> Result<(), &'static str>,
+    /// Whether relays can carry it (issue 37): a relay folds its devices' updates into one
+    /// partial aggregate of sums and counts, so the server half must aggregate sums (as under
+    /// `privacy`) and need no single device's update. `Err` says why not.
+    pub relays: fn(&MethodConfig) -> Result<(), &'static str>,
     /// The method with its defaults.
     pub defaults: fn() -> MethodConfig,
 }
@@ -150,6 +154,20 @@ fn fedta_privacy(config: &MethodConfig) -> Result<(), &'static str> {
     }
 }
 
+/// FedTA behind relays needs both of its selections off: BGPS picks one device's prototype
+/// (Eq. 9–10) and SIKF distils each device's IE into one student (Eq. 8); a partial aggregate
+/// holds neither, only sums.
+fn fedta_relays(config: &MethodConfig) -> Result<(), &'static str> {
+    match config {
+        MethodConfig::FedTa(c) if c.bgps || c.sikf => {
+            Err("FedTA's BGPS and SIKF each need every device's own upload, \
+             which a relay's partial aggregate (a sum) does not carry; set bgps = false and sikf = false to run \
+             it behind relays")
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The registry: every method, in the order reports list them.
 pub const REGISTRY: &[MethodInfo] = &[
     MethodInfo {
@@ -160,6 +178,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: false,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::FedAvg(FedAvgConfig::default()),
     },
     MethodInfo {
@@ -170,6 +189,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: false,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::FedAvgM(FedAvgMConfig::default()),
     },
     MethodInfo {
@@ -180,6 +200,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: false,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::FedProx(FedProxConfig::default()),
     },
     MethodInfo {
@@ -190,6 +211,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: false,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::FedRep(FedRepConfig::default()),
     },
     MethodInfo {
@@ -200,6 +222,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: false,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::Local(LocalConfig::default()),
     },
     MethodInfo {
@@ -210,6 +233,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: false,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::Gldp(GldpConfig::default()),
     },
     MethodInfo {
@@ -220,6 +244,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: true,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::FedProK(FedProKConfig::default()),
     },
     MethodInfo {
@@ -230,6 +255,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: false,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::FedEvolve(FedEvolveConfig::default()),
     },
     MethodInfo {
@@ -240,6 +266,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: false,
         reports_efficiency: false,
         privacy: sums,
+        relays: sums,
         defaults: || MethodConfig::FedEvp(FedEvpConfig::default()),
     },
     MethodInfo {
@@ -250,6 +277,7 @@ pub const REGISTRY: &[MethodInfo] = &[
         reads_raw_samples: true,
         reports_efficiency: false,
         privacy: fedta_privacy,
+        relays: fedta_relays,
         defaults: || MethodConfig::FedTa(FedTaConfig::default()),
     },
 ];

@@ -1,0 +1,44 @@
+//! The relay role (issue 37; DESIGN.md, "one engine, three roles"): the round engine with a
+//! parent. A relay's engine opens a round when its parent's broadcast arrives
+//! ([`crate::Engine::relay`], [`crate::Engine::handle_parent_round`]), forwards that broadcast to
+//! the devices it samples, screens and bounds their updates as the root would, and when the
+//! round closes folds them into one partial aggregate ([`fold`]) that goes up as one
+//! participant's update, weighted by its devices' total. The partial is the relay method's state,
+//! so it is durable in the same transaction as the round's close ([`partial_of`]).
+//!
+//! Only methods whose server half aggregates sums can sit behind relays (the registry's
+//! `relays`), under the sample-weighted mean: a median of medians is not the median.
+
+mod partial;
+#[cfg(test)]
+mod tests;
+
+pub use partial::{RelayMethod, fold, partial_of};
+
+use anchorage_shared::method::{MethodConfig, info};
+
+use crate::aggregate::AggregationRule;
+use crate::engine::{AggregationMode, EngineConfig};
+
+/// Why a relay cannot run `method` under `config`; `Ok` when it can. The same check runs at the
+/// root for a federation that takes relays.
+pub fn check(config: &EngineConfig, method: &MethodConfig) -> Result<(), String> {
+    let entry = info(method.name()).ok_or_else(|| format!("unknown method `{}`", method.name()))?;
+    (entry.relays)(method).map_err(String::from)?;
+    if config.robust.aggregation != AggregationRule::Mean {
+        return Err(format!(
+            "[engine.robust] aggregation = {}: a relay's partial aggregate is a weighted sum, and only the \
+             sample-weighted mean of partial sums is the mean over the devices",
+            config.robust.aggregation.name()
+        ));
+    }
+    if config.mode != AggregationMode::Synchronous {
+        return Err("a relay runs synchronous rounds: its parent opens them".into());
+    }
+    if config.secagg.enabled || config.privacy.is_on() {
+        return Err("secure aggregation and differential privacy run between the devices and the root, \
+                    not behind a relay (not supported yet)"
+            .into());
+    }
+    Ok(())
+}

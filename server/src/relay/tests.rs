@@ -1,0 +1,418 @@
+//! The relay tier on the sans-IO engines (issue 37): a root and relays driven by hand, with the
+//! devices' updates seeded, so that the same federation runs with and without the tier.
+
+use std::time::Duration;
+
+use anchorage_shared::ledger::CostRecord;
+use anchorage_shared::method::{FedTaConfig, GldpConfig, MethodConfig};
+use anchorage_shared::protocol::{Broadcast, Capabilities, CostBatch, Hello, Message, Partial, RefusalReason, Update};
+use anchorage_shared::prototype::Prototype;
+use anchorage_shared::rng::Rng;
+use anchorage_shared::tensor::{Encoding, ParamBlock};
+
+use crate::aggregate::{AggregationRule, RobustConfig};
+use crate::engine::{Action, Checkpoint, Engine, EngineConfig, OpenedRound, Recovered};
+use crate::methods::build;
+
+const SHAPES: [(&str, usize); 2] = [("adapter.weight", 96), ("head.bias", 10)];
+const CLASSES: u32 = 3;
+const DIM: usize = 8;
+
+fn block(name: &str, values: &[f32]) -> ParamBlock {
+    ParamBlock::encode(name, &[values.len() as u32], values, Encoding::F32)
+}
+
+fn initial() -> Vec<ParamBlock> {
+    SHAPES.iter().map(|(name, n)| block(name, &vec![0.0; *n])).collect()
+}
+
+/// Device `device`'s update of `round`, the same whichever way it travels: blocks near the
+/// global's, a sample count from 1 to 400 and, for the prototype methods, a prototype of
+/// some classes with their own counts.
+fn device_update(round: u64, device: usize, prototypes: bool) -> Update {
+    let mut rng = Rng::derive(round * 1_000 + device as u64, 37);
+    let blocks =
+        SHAPES.iter().map(|(name, n)| block(name, &(0..*n).map(|_| rng.normal() as f32).collect::<Vec<_>>())).collect();
+    let mut uploads = Vec::new();
+    for class in (0..CLASSES).filter(|_| prototypes) {
+        if rng.f64() < 0.7 {
+            let v: Vec<f32> = (0..DIM).map(|_| rng.normal() as f32 + class as f32).collect();
+            uploads.push(Prototype::encode(class, 1 + rng.below(50), &v, Encoding::F32));
+        }
+    }
+    let prototypes = uploads;
+    Update { round, num_samples: 1 + rng.below(400), blocks, prototypes, metrics: vec![], compute_seconds: 0.25 }
+}
+
+fn hello(id: &str, method: &str) -> Message {
+    let mut methods = heapless::Vec::new();
+    methods.push(heapless::String::try_from(method).unwrap()).unwrap();
+    Message::Hello(Box::new(Hello {
+        client_id: id.into(),
+        capabilities: Capabilities { backend: "flex".into(), memory_mb: 256, methods },
+        num_samples: 10,
+        last_round: None,
+    }))
+}
+
+fn config(participants: usize) -> EngineConfig {
+    EngineConfig {
+        rounds: 3,
+        min_available: participants,
+        min_fit: participants,
+        round_deadline: Duration::from_secs(60),
+        robust: RobustConfig::unbounded(),
+        ..EngineConfig::default()
+    }
+}
+
+fn drain(e: &mut Engine) -> Vec<Action> {
+    std::iter::from_fn(|| e.poll_action()).collect()
+}
+
+fn broadcasts(actions: &[Action]) -> Vec<(Vec<String>, Broadcast)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Broadcast { to, msg } => match msg.as_ref() {
+                Message::Broadcast(b) => Some((to.clone(), b.clone())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn closed(actions: &[Action]) -> Vec<std::sync::Arc<Checkpoint>> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RoundClosed(_, c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn refusals(actions: &[Action], to: &str) -> Vec<RefusalReason> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { to: t, msg: Message::Refusal(r) } if t == to => Some(r.reason),
+            _ => None,
+        })
+        .collect()
+}
+
+fn device_id(device: usize) -> String {
+    format!("device-{device:03}")
+}
+
+/// The global blocks and prototypes after `rounds` rounds of `devices` devices straight to the root.
+fn without_tier(method: &MethodConfig, devices: usize, rounds: u64) -> Checkpoint {
+    let prototypes = method.name() != "fedavg";
+    let mut root = Engine::new(config(devices), build(method), initial());
+    for d in 0..devices {
+        root.handle_message(Duration::ZERO, &device_id(d), hello(&device_id(d), method.name()));
+    }
+    let mut last = None;
+    for round in 1..=rounds {
+        assert_eq!(root.open_round(), Some(round));
+        for d in 0..devices {
+            root.handle_message(Duration::ZERO, &device_id(d), Message::Update(device_update(round, d, prototypes)));
+        }
+        last = closed(&drain(&mut root)).pop();
+    }
+    (*last.expect("the last round closed")).clone()
+}
+
+/// The same federation behind `relays` relays, device d on relay d mod `relays`.
+fn with_tier(method: &MethodConfig, devices: usize, relays: usize, rounds: u64) -> Checkpoint {
+    let prototypes = method.name() != "fedavg";
+    let mut root = Engine::new(config(relays), build(method), initial());
+    let mut tier: Vec<Engine> = (0..relays)
+        .map(|r| {
+            let mut relay = Engine::relay(config(devices.div_ceil(relays)), method, None).expect("a relay for it");
+            for d in (r..devices).step_by(relays) {
+                relay.handle_message(Duration::ZERO, &device_id(d), hello(&device_id(d), method.name()));
+            }
+            relay
+        })
+        .collect();
+    for r in 0..relays {
+        root.set_relay(&format!("relay-{r}"), true);
+        root.handle_message(Duration::ZERO, &format!("relay-{r}"), hello(&format!("relay-{r}"), method.name()));
+    }
+    let mut last = None;
+    let mut actions = drain(&mut root);
+    for round in 1..=rounds {
+        let (_, parent) = broadcasts(&actions).pop().expect("the root broadcasts to its relays");
+        assert_eq!(parent.round, round);
+        for (r, relay) in tier.iter_mut().enumerate() {
+            drain(relay);
+            relay.handle_parent_round(Duration::ZERO, parent.clone());
+            let (to, sent) = broadcasts(&drain(relay)).pop().expect("the relay forwards the round");
+            assert_eq!((sent.round, &sent.blocks, &sent.prototypes), (round, &parent.blocks, &parent.prototypes));
+            assert_eq!(to.len(), (r..devices).step_by(relays).count());
+            for d in (r..devices).step_by(relays) {
+                relay.handle_message(
+                    Duration::ZERO,
+                    &device_id(d),
+                    Message::Update(device_update(round, d, prototypes)),
+                );
+            }
+            assert_eq!(closed(&drain(relay)).len(), 1, "the relay's round closed at its target");
+            let partial = relay.last_partial().expect("a partial aggregate of the round");
+            assert_eq!(partial.members.len(), to.len());
+            root.handle_message(Duration::ZERO, &format!("relay-{r}"), Message::Partial(partial));
+        }
+        actions = drain(&mut root);
+        last = closed(&actions).pop();
+    }
+    (*last.expect("the last round closed")).clone()
+}
+
+fn values(blocks: &[ParamBlock]) -> Vec<f32> {
+    blocks.iter().flat_map(|b| b.decode().unwrap()).collect()
+}
+
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "{what}[{i}]: {x} without the tier, {y} with it");
+    }
+}
+
+/// Issue 37, item 2: the global model (blocks and prototypes) is the same, to float
+/// tolerance, with and without four relays, over three rounds (the prototype rule blends
+/// each round into the last), for FedAvg and for GLDP.
+#[test]
+fn the_tier_gives_the_global_model_of_the_devices_straight_to_the_root() {
+    let methods = [MethodConfig::named("fedavg").unwrap(), MethodConfig::Gldp(GldpConfig::default())];
+    for method in &methods {
+        let direct = without_tier(method, 40, 3);
+        let tiered = with_tier(method, 40, 4, 3);
+        assert_eq!(direct.round, 3);
+        assert_eq!(tiered.round, 3);
+        assert_close(&values(&direct.global), &values(&tiered.global), method.name());
+        assert_ne!(values(&direct.global), values(&initial()), "{}: the rounds moved the model", method.name());
+        assert_eq!(direct.prototypes.len(), tiered.prototypes.len(), "{}: classes", method.name());
+        for (p, q) in direct.prototypes.iter().zip(&tiered.prototypes) {
+            assert_eq!((p.class, p.count), (q.class, q.count), "{}: class and count", method.name());
+            assert_close(&p.values().unwrap(), &q.values().unwrap(), method.name());
+        }
+        if method.name() == "gldp" {
+            assert_eq!(direct.prototypes.len(), CLASSES as usize, "every class has a global prototype");
+        }
+    }
+}
+
+/// A relay of FedAvg with three devices, the parent's round 5 already broadcast to it.
+fn relay_in_round_five() -> (Engine, Broadcast) {
+    let mut relay = Engine::relay(config(3), &MethodConfig::named("fedavg").unwrap(), None).unwrap();
+    for d in 0..3 {
+        relay.handle_message(Duration::ZERO, &device_id(d), hello(&device_id(d), "fedavg"));
+    }
+    assert!(broadcasts(&drain(&mut relay)).is_empty(), "a relay opens no round of its own");
+    assert_eq!(relay.open_round(), None);
+    let mut parent = Broadcast {
+        round: 5,
+        task: 2,
+        config: config(3).round,
+        blocks: initial(),
+        prototypes: vec![Prototype::encode(1, 7, &[1.0; DIM], Encoding::F32)],
+    };
+    parent.config.deadline_ms = 600_000;
+    relay.handle_parent_round(Duration::ZERO, parent.clone());
+    (relay, parent)
+}
+
+#[test]
+fn a_relay_runs_its_parents_round_and_keeps_its_partial_through_a_restart() {
+    let (mut relay, parent) = relay_in_round_five();
+    let actions = drain(&mut relay);
+    let (to, sent) = broadcasts(&actions).pop().expect("the parent's round goes to the devices");
+    assert_eq!(to.len(), 3);
+    assert_eq!((sent.round, sent.task, &sent.blocks, &sent.prototypes), (5, 2, &parent.blocks, &parent.prototypes));
+    assert_eq!(sent.config.deadline_ms, 60_000, "the earlier of the parent's and the relay's deadlines");
+    // The same broadcast again (the parent resends it after a reconnect) opens nothing new.
+    relay.handle_parent_round(Duration::ZERO, parent.clone());
+    assert!(broadcasts(&drain(&mut relay)).is_empty());
+    let updates: Vec<Update> = (0..3).map(|d| device_update(5, d, false)).collect();
+    for (d, u) in updates.iter().enumerate() {
+        relay.handle_message(Duration::from_secs(1), &device_id(d), Message::Update(u.clone()));
+    }
+    let actions = drain(&mut relay);
+    let checkpoint = closed(&actions).pop().expect("closed at its target");
+    let partial = relay.last_partial().unwrap();
+    assert_eq!(partial.update.round, 5);
+    assert_eq!(partial.update.num_samples, updates.iter().map(|u| u.num_samples).sum::<u64>());
+    // Blocks: the sample-weighted mean of the devices'.
+    let n: f64 = partial.update.num_samples as f64;
+    let mean: Vec<f32> = (0..SHAPES[0].1)
+        .map(|i| {
+            let sum: f64 = updates.iter().map(|u| u.num_samples as f64 * u.blocks[0].decode().unwrap()[i] as f64).sum();
+            (sum / n) as f32
+        })
+        .collect();
+    assert_close(&mean, &partial.update.blocks[0].decode().unwrap(), "the partial's block");
+    assert_eq!(checkpoint.global, parent.blocks, "a relay never changes the parent's model");
+    // Restart: a relay built from its store's checkpoint holds the same partial to send again.
+    let recovered = Recovered {
+        checkpoint: (*checkpoint).clone(),
+        open: None,
+        pending: vec![],
+        last_accepted: vec![],
+        round_floor: 0,
+        invitations: vec![],
+        privacy: None,
+    };
+    let restarted = Engine::relay(config(3), &MethodConfig::named("fedavg").unwrap(), Some(recovered)).unwrap();
+    assert_eq!(restarted.last_partial(), Some(partial.clone()));
+    assert_eq!(restarted.last_round(), 5);
+    let hashes: std::collections::BTreeSet<[u8; 32]> = partial.members.iter().map(|m| m.hash).collect();
+    assert_eq!(hashes.len(), 3, "each member named by its own update's hash");
+}
+
+/// A relay killed mid-round loses nothing it acked: started again from its store (the open
+/// round and its accepted updates), it reopens the round when its parent sends the round's
+/// broadcast again, and the partial holds the updates acked before the kill.
+#[test]
+fn a_relay_restarted_mid_round_aggregates_what_it_acked_before() {
+    let (mut relay, parent) = relay_in_round_five();
+    let mut persisted = Vec::new();
+    let first = device_update(5, 0, false);
+    relay.handle_message(Duration::ZERO, &device_id(0), Message::Update(first.clone()));
+    for a in drain(&mut relay) {
+        if let Action::Persist(p) = a {
+            persisted.push(p);
+        }
+    }
+    let opened = persisted.iter().find_map(|p| match p {
+        crate::engine::Persist::Opened(o) => Some(o.clone()),
+        _ => None,
+    });
+    let accepted: Vec<_> = persisted
+        .iter()
+        .filter_map(|p| match p {
+            crate::engine::Persist::Accepted(a) => Some((**a).clone()),
+            _ => None,
+        })
+        .collect();
+    // (Opened was persisted when the round opened, before this drain: rebuild it as the store would.)
+    let opened =
+        opened.unwrap_or(OpenedRound { round: 5, task: 2, target: 3, sampled: (0..3).map(device_id).collect() });
+    assert_eq!(accepted.len(), 1);
+    let recovered = Recovered {
+        checkpoint: relay.checkpoint(),
+        open: Some(opened),
+        pending: accepted,
+        last_accepted: vec![],
+        round_floor: 0,
+        invitations: vec![],
+        privacy: None,
+    };
+    drop(relay);
+    let mut relay = Engine::relay(config(3), &MethodConfig::named("fedavg").unwrap(), Some(recovered)).unwrap();
+    for d in 0..3 {
+        relay.handle_message(Duration::ZERO, &device_id(d), hello(&device_id(d), "fedavg"));
+    }
+    assert_eq!(relay.open_round(), None, "the round waits for its parent's broadcast");
+    relay.handle_parent_round(Duration::ZERO, parent);
+    let (to, _) = broadcasts(&drain(&mut relay)).pop().expect("the round reopens");
+    assert_eq!(to, vec![device_id(1), device_id(2)], "only the devices it still waits for");
+    for d in 1..3 {
+        relay.handle_message(Duration::ZERO, &device_id(d), Message::Update(device_update(5, d, false)));
+    }
+    drain(&mut relay);
+    let partial = relay.last_partial().expect("the round closed");
+    let members: Vec<&str> = partial.members.iter().map(|m| m.device.as_str()).collect();
+    assert_eq!(members, vec![device_id(0), device_id(1), device_id(2)]);
+}
+
+/// Issue 37, item 3: a device whose update one relay's accepted partial holds is not counted
+/// again through another relay (it failed over and resent); the same relay's resend is a
+/// duplicate acked again.
+#[test]
+fn the_root_counts_a_device_once_across_relays() {
+    let method = MethodConfig::named("fedavg").unwrap();
+    let mut root = Engine::new(config(2), build(&method), initial());
+    for r in ["relay-a", "relay-b", "device-x"] {
+        root.set_relay(r, r.starts_with("relay"));
+        root.handle_message(Duration::ZERO, r, hello(r, "fedavg"));
+    }
+    drain(&mut root);
+    let partial_of = |devices: &[usize]| {
+        let updates: Vec<(String, Update)> =
+            devices.iter().map(|&d| (device_id(d), device_update(1, d, false))).collect();
+        let refs: Vec<(&str, &Update)> = updates.iter().map(|(d, u)| (d.as_str(), u)).collect();
+        super::fold(1, &refs).unwrap()
+    };
+    let a = partial_of(&[0, 1]);
+    root.handle_message(Duration::ZERO, "device-x", Message::Partial(a.clone()));
+    assert_eq!(refusals(&drain(&mut root), "device-x"), vec![RefusalReason::Malformed], "a device is no relay");
+    assert_eq!(root.counted_through(1, &device_id(0)), None);
+    root.handle_message(Duration::ZERO, "relay-a", Message::Partial(a.clone()));
+    assert!(refusals(&drain(&mut root), "relay-a").is_empty());
+    assert_eq!(root.counted_through(1, &device_id(1)).map(|(r, _)| r), Some("relay-a"));
+    root.handle_message(Duration::ZERO, "relay-a", Message::Partial(a.clone()));
+    assert!(refusals(&drain(&mut root), "relay-a").is_empty(), "a resend from the same relay is acked again");
+    let b = partial_of(&[1, 2]);
+    root.handle_message(Duration::ZERO, "relay-b", Message::Partial(b));
+    assert_eq!(refusals(&drain(&mut root), "relay-b"), vec![RefusalReason::Duplicate]);
+    assert_eq!(root.open_round(), Some(1), "the round still waits: nothing counted twice");
+    root.handle_message(Duration::ZERO, "relay-b", Message::Partial(partial_of(&[2])));
+    let actions = drain(&mut root);
+    let checkpoint = closed(&actions).pop().expect("closed with both relays");
+    let direct: Vec<(String, Update)> = (0..3).map(|d| (device_id(d), device_update(1, d, false))).collect();
+    let refs: Vec<(&str, &Update)> = direct.iter().map(|(d, u)| (d.as_str(), u)).collect();
+    assert_close(&values(&checkpoint.global), &values(&super::fold(1, &refs).unwrap().update.blocks), "global");
+}
+
+#[test]
+fn a_cost_batch_reaches_the_ledger_under_each_devices_name() {
+    let mut root = Engine::new(config(1), build(&MethodConfig::named("fedavg").unwrap()), initial());
+    root.set_relay("relay-a", true);
+    root.handle_message(Duration::ZERO, "relay-a", hello("relay-a", "fedavg"));
+    drain(&mut root);
+    let record = |device: usize, round: u64| CostRecord { client: device_id(device), round, ..CostRecord::default() };
+    let batch = CostBatch { records: vec![record(0, 1), record(1, 1)] };
+    root.handle_message(Duration::ZERO, "relay-a", Message::CostBatch(batch));
+    let actions = drain(&mut root);
+    let ledger: Vec<&str> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Ledger(r) => Some(r.client.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ledger, vec![device_id(0), device_id(1)]);
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Send { to, msg: Message::CostAck(c) } if to == "relay-a" && c.round == 1))
+    );
+    let mixed = CostBatch { records: vec![record(0, 1), record(1, 2)] };
+    root.handle_message(Duration::ZERO, "relay-a", Message::CostBatch(mixed));
+    assert_eq!(refusals(&drain(&mut root), "relay-a"), vec![RefusalReason::Malformed]);
+}
+
+#[test]
+fn relays_refuse_what_a_partial_sum_cannot_carry() {
+    let fedta = MethodConfig::FedTa(FedTaConfig::default());
+    let why = Engine::relay(config(2), &fedta, None).err().expect("FedTA with BGPS and SIKF");
+    assert!(why.contains("bgps = false"), "{why}");
+    let plain = MethodConfig::FedTa(FedTaConfig { bgps: false, sikf: false, ..FedTaConfig::default() });
+    assert!(Engine::relay(config(2), &plain, None).is_ok());
+    let median = EngineConfig {
+        robust: RobustConfig { aggregation: AggregationRule::Median, ..RobustConfig::unbounded() },
+        ..config(2)
+    };
+    let why = Engine::relay(median, &MethodConfig::named("fedavg").unwrap(), None).err().unwrap();
+    assert!(why.contains("median"), "{why}");
+    // A relay takes no partial aggregate itself (one tier).
+    let (mut relay, _) = relay_in_round_five();
+    drain(&mut relay);
+    let p = Partial { update: device_update(5, 0, false), members: vec![] };
+    relay.handle_message(Duration::ZERO, &device_id(0), Message::Partial(p));
+    assert_eq!(refusals(&drain(&mut relay), &device_id(0)), vec![RefusalReason::Malformed]);
+}
