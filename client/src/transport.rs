@@ -329,25 +329,12 @@ pub enum ClientEvent {
     },
 }
 
-/// Pinned-certificate rustls config (ring provider only, TLS 1.3).
+/// Pinned-certificate rustls config (ring provider only, TLS 1.3; `anchorage_pki::tls`).
 pub fn client_crypto(
     server_cert: &CertificateDer<'static>,
     client_cert: Option<&ClientCert>,
 ) -> anyhow::Result<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(server_cert.clone()).context("the trusted certificate")?;
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .context("TLS 1.3 with ring")?
-        .with_root_certificates(roots);
-    let mut config = match client_cert {
-        Some(c) => builder
-            .with_client_auth_cert(c.chain.clone(), c.key.clone_key())
-            .context("this device's certificate and key")?,
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![ALPN.to_vec()];
-    Ok(config)
+    anchorage_pki::tls::client_config(server_cert, client_cert.map(|c| (c.chain.as_slice(), &c.key)), &[ALPN])
 }
 
 pub(crate) enum Inbound {

@@ -8,6 +8,7 @@
 
 pub mod cert;
 pub mod identity;
+pub mod tls;
 
 #[cfg(feature = "issue")]
 pub mod ca;

@@ -69,6 +69,27 @@ pub struct ServerConfig {
     /// Needs a server built with the `sikf` feature (the model and data crates).
     #[serde(default)]
     pub evaluation: Option<EvaluationSection>,
+    /// `[parent]`: this server is a relay (issue 37; `anchorage-relay`): its rounds are its
+    /// parent's, and it sends each round's partial aggregate up instead of changing the model.
+    /// Its certificate must carry the relay role (`anchorage ca issue relay <id>`).
+    #[serde(default)]
+    pub parent: Option<ParentSection>,
+}
+
+/// `[parent]`: where a relay's parent listens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParentSection {
+    /// The parent's QUIC address (`host:port` resolved at start, or `IP:PORT`).
+    pub address: String,
+    /// The name the parent's certificate is issued for (`server` by default: the id
+    /// `anchorage provision` gives the root).
+    #[serde(default = "parent_name")]
+    pub server_name: String,
+}
+
+fn parent_name() -> String {
+    "server".into()
 }
 
 /// `[evaluation]`: which held-out data the server evaluates the global model on, and how often.

@@ -74,9 +74,14 @@ fn bound_c_heap() {
 }
 
 fn main() -> anyhow::Result<()> {
+    run(anchorage_server::service::Program::Server)
+}
+
+/// The program with this file's allocator set up (`anchorage-relay` runs it too).
+pub(crate) fn run(program: anchorage_server::service::Program) -> anyhow::Result<()> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     bound_c_heap();
     anchorage_server::metrics::set_allocator_probe(jemalloc_stats);
     anchorage_server::metrics::set_allocator_flush(flush_thread_cache);
-    anchorage_server::service::main()
+    anchorage_server::service::main(program)
 }

@@ -22,6 +22,10 @@ use tokio::sync::mpsc;
 
 #[cfg(feature = "sikf")]
 mod evaluation;
+mod relay;
+
+use crate::relay::uplink::Ended;
+use relay::{ParentEvent, RelayLink};
 
 #[derive(Parser)]
 #[command(
@@ -120,17 +124,35 @@ fn load_config(path: &std::path::Path) -> anyhow::Result<ServerConfig> {
 }
 
 /// Parses the command line, sets up logging, and serves until SIGTERM or the last round.
-pub fn main() -> anyhow::Result<()> {
-    use clap::CommandFactory;
-    let cli = Cli::parse();
+/// Which program runs: the server, or the same program as a relay (`anchorage-relay`, whose
+/// config must have a `[parent]` table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    Server,
+    Relay,
+}
+
+impl Program {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Server => "anchorage-server",
+            Self::Relay => "anchorage-relay",
+        }
+    }
+}
+
+pub fn main(program: Program) -> anyhow::Result<()> {
+    use clap::{CommandFactory, FromArgMatches};
+    let command = || Cli::command().name(program.name()).bin_name(program.name());
+    let cli = Cli::from_arg_matches_mut(&mut command().get_matches()).unwrap_or_else(|e| e.exit());
     // Neither needs a config.
     match &cli.task {
         Some(Task::Completions(args)) => {
-            logging::print_completions(Cli::command(), args);
+            logging::print_completions(command(), args);
             return Ok(());
         }
         Some(Task::Man(args)) => {
-            for page in logging::write_man(Cli::command(), args)? {
+            for page in logging::write_man(command(), args)? {
                 println!("{}", page.display());
             }
             return Ok(());
@@ -139,9 +161,7 @@ pub fn main() -> anyhow::Result<()> {
     }
     logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
     let Some(config_path) = cli.config else {
-        Cli::command()
-            .error(clap::error::ErrorKind::MissingRequiredArgument, "--config <server.toml> is required")
-            .exit()
+        command().error(clap::error::ErrorKind::MissingRequiredArgument, "--config <server.toml> is required").exit()
     };
     if let Some(Task::CheckConfig) = cli.task {
         if !crate::check_config::main(&config_path) {
@@ -158,6 +178,11 @@ pub fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let result = load_config(&config_path).and_then(|mut config| {
+        anyhow::ensure!(
+            program == Program::Server || config.parent.is_some(),
+            "{}: anchorage-relay needs a [parent] table (the parent's address and certificate name)",
+            config_path.display()
+        );
         if let Some(bind) = cli.metrics_bind {
             config.metrics_bind = None;
             config.metrics.bind = Some(bind);
@@ -177,7 +202,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let exporter = Arc::new(Exporter::new());
     let (_metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
     start_metrics_port(&config, exporter.clone(), metrics_stop_rx).await?;
-    let (mut server, held_out, stored) = start_federation(&config).await?;
+    let (mut server, held_out, stored, mut relay) = start_federation(&config).await?;
     // Device ids on /metrics only when asked for: whoever reads the port would learn the fleet.
     server.metrics.set_device_series(if config.metrics.device_ids { config.metrics.device_series } else { 0 });
     exporter.attach(server.metrics.clone());
@@ -188,7 +213,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     // Under a Type=notify unit: ready now that QUIC (and the metrics port) listen; the watchdog
     // is pinged from this runtime until it ends.
     let _watchdog = systemd::ready(&format!("listening on {}", server.local_addr));
-    serve_rounds(&config, &mut server, held_out, opening).await?;
+    serve_rounds(&config, &mut server, held_out, opening, &mut relay).await?;
     exporter.set_stopping();
     systemd::stopping("shutting down: closing connections and the store");
     server.shutdown().await
@@ -218,17 +243,21 @@ async fn start_metrics_port(
 /// listens), the method, the held-out set, and QUIC. Also returns where the store stood.
 async fn start_federation(
     config: &ServerConfig,
-) -> anyhow::Result<(transport::ServerHandle, Option<HeldOut>, Option<crate::store::Witness>)> {
+) -> anyhow::Result<(transport::ServerHandle, Option<HeldOut>, Option<crate::store::Witness>, Option<RelayLink>)> {
     let (identity, trust) = identity_and_trust(config)?;
     let store = ServerStore::open_with(&config.state_dir, config.store.clone())
         .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
     let method_config = config.method.config()?;
-    let method = server_method(config, &method_config)?;
+    let method: Box<dyn methods::ServerMethod> = match &config.parent {
+        Some(_) => relay::relay_method(config, &method_config)?,
+        None => server_method(config, &method_config)?,
+    };
+    let relay_state = config.parent.as_ref().map(|_| (relay::stored_checkpoint(&store, method.name()), trust.clone()));
     let held_out = config.evaluation.as_ref().map(held_out_evaluator).transpose()?;
     // Where the store stands, for the rule of `anchorage_waiting_for_devices`: a round the
     // engine resumes open, and (buffered mode) whether a version exists.
     let stored = store.stored_witness().ok();
-    let server = transport::start(ServerOptions {
+    let mut server = transport::start(ServerOptions {
         bind: config.bind,
         identity,
         trust,
@@ -242,8 +271,14 @@ async fn start_federation(
         store: Some(store),
     })
     .await?;
-    tracing::info!(addr = %server.local_addr, method = %method_config.name(), "listening");
-    Ok((server, held_out, stored))
+    tracing::info!(addr = %server.local_addr, method = %method_config.name(), relay = config.parent.is_some(), "listening");
+    let relay = match (&config.parent, relay_state) {
+        (Some(parent), Some((checkpoint, trust))) => {
+            Some(RelayLink::start(config, parent, &mut server, &trust, checkpoint)?)
+        }
+        _ => None,
+    };
+    Ok((server, held_out, stored, relay))
 }
 
 /// When devices count as missing (`anchorage_waiting_for_devices`): synchronous rounds need
@@ -287,6 +322,7 @@ async fn serve_rounds(
     server: &mut transport::ServerHandle,
     held_out: Option<HeldOut>,
     opening: OpeningRule,
+    relay: &mut Option<RelayLink>,
 ) -> anyhow::Result<()> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let metrics = server.metrics.clone();
@@ -317,6 +353,9 @@ async fn serve_rounds(
                         report.updates.len(),
                         server.local_addr
                     ));
+                    if let Some(link) = relay.as_ref() {
+                        link.round_closed(&checkpoint);
+                    }
                     let _ = rounds_tx.send((report, checkpoint));
                 }
                 Some(ServerEvent::Finished) if !closed_here => {
@@ -338,6 +377,17 @@ async fn serve_rounds(
                     break;
                 }
                 None => break,
+            },
+            parent = RelayLink::next(relay) => match parent {
+                ParentEvent::Round(b) => server.parent_round(b),
+                ParentEvent::Ended(ended) => {
+                    *relay = None;
+                    match ended {
+                        Ok(Ended::Finished(reason)) => server.parent_goodbye(reason),
+                        Ok(Ended::Stopped) => break,
+                        Err(e) => return Err(e.context("the relay's link to its parent")),
+                    }
+                }
             },
             _ = tick.tick() => waits.check(metrics.waiting()),
         }

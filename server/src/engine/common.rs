@@ -420,7 +420,7 @@ impl Core {
     }
 
     /// The federation is over: every connected device is told `reason`.
-    fn finish(&mut self, reason: &str) {
+    pub(super) fn finish(&mut self, reason: &str) {
         self.finished = true;
         for client in self.connected_ids() {
             self.actions.push_back(Action::Send { to: client, msg: goodbye(reason) });

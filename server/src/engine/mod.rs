@@ -188,17 +188,14 @@ impl Engine {
     /// round that was open at the crash with the updates it had accepted (acked updates are never
     /// lost), and the buffered updates no version has aggregated yet. A recovered round gets a
     /// fresh deadline; if it already holds its target, it closes on the first poll.
-    pub fn recover(config: EngineConfig, method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
-        Self::recover_as(config, method, recovered, None)
-    }
-
-    /// [`Engine::recover`] at the root (`parent` none) or as a relay.
-    fn recover_as(
-        config: EngineConfig,
-        mut method: Box<dyn ServerMethod>,
-        recovered: Recovered,
-        parent: Option<parent::ParentLink>,
-    ) -> Self {
+    ///
+    /// With a relay's method ([`crate::relay::RelayMethod`]) the engine is a relay's: its rounds
+    /// are its parent's, and `config.rounds` does not apply (see [`Engine::relay`]).
+    pub fn recover(mut config: EngineConfig, mut method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
+        let parent = method.is_relay().then(parent::ParentLink::default);
+        if parent.is_some() {
+            config.rounds = 0;
+        }
         let Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations, privacy } = recovered;
         if let Err(e) = method.load_state(&checkpoint.method_state) {
             tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");

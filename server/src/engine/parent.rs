@@ -10,7 +10,7 @@ use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Broadcast, CostBatch, Partial, RefusalReason};
 
 use super::common::cost_ack;
-use super::{Action, Checkpoint, ClientId, Engine, EngineConfig, EngineStats, INVITATIONS_KEPT, Mode, Recovered};
+use super::{Action, ClientId, Engine, EngineConfig, INVITATIONS_KEPT, Mode, Recovered};
 use crate::relay::{RelayMethod, check, partial_of};
 
 /// What a relay's engine holds of its parent.
@@ -73,25 +73,11 @@ impl Engine {
     /// for the devices' updates ([`crate::relay::check`]).
     pub fn relay(config: EngineConfig, method: &MethodConfig, recovered: Option<Recovered>) -> Result<Self, String> {
         check(&config, method)?;
-        let config = EngineConfig { rounds: 0, ..config };
-        let recovered = recovered.unwrap_or_else(|| Recovered {
-            checkpoint: Checkpoint {
-                round: 0,
-                method: method.name().into(),
-                global: Vec::new(),
-                stats: EngineStats::default(),
-                method_state: Vec::new(),
-                prototypes: Vec::new(),
-            },
-            open: None,
-            pending: Vec::new(),
-            last_accepted: Vec::new(),
-            round_floor: 0,
-            invitations: Vec::new(),
-            privacy: None,
-        });
         let relay = Box::new(RelayMethod::new(method.name()));
-        Ok(Self::recover_as(config, relay, recovered, Some(ParentLink::default())))
+        Ok(match recovered {
+            Some(recovered) => Self::recover(config, relay, recovered),
+            None => Self::new(config, relay, Vec::new()),
+        })
     }
 
     /// Whether `client`'s certificate carries the relay role (the shell says so before its
@@ -102,6 +88,14 @@ impl Engine {
             self.core.relays.insert(client.into());
         } else {
             self.core.relays.remove(client);
+        }
+    }
+
+    /// A relay's parent said goodbye: the federation is over here too (goodbyes to the devices,
+    /// then `Finished`).
+    pub fn handle_parent_goodbye(&mut self, reason: &str) {
+        if self.is_relay() && !self.core.finished {
+            self.core.finish(reason);
         }
     }
 

@@ -75,6 +75,12 @@ pub trait ServerMethod: Send {
     fn load_state(&mut self, _state: &[u8]) -> Result<(), MethodError> {
         Ok(())
     }
+
+    /// Whether this is a relay's method ([`crate::relay::RelayMethod`]): an engine built with it
+    /// takes its rounds from a parent (issue 37).
+    fn is_relay(&self) -> bool {
+        false
+    }
 }
 
 /// Where in the task stream the round being aggregated is, and how its blocks are combined.

@@ -12,6 +12,7 @@
 mod partial;
 #[cfg(test)]
 mod tests;
+pub mod uplink;
 
 pub use partial::{RelayMethod, fold, partial_of};
 

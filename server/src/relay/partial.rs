@@ -111,6 +111,10 @@ impl ServerMethod for RelayMethod {
     fn load_state(&mut self, state: &[u8]) -> Result<(), MethodError> {
         decode_state(state, &mut self.last)
     }
+
+    fn is_relay(&self) -> bool {
+        true
+    }
 }
 
 /// The partial aggregate a relay's checkpoint holds for its round, if that round aggregated:

@@ -145,6 +145,8 @@ pub(super) struct EngineShell {
     compactions_owed: u8,
     /// Uploads left unfinished, let go when their round closes.
     uploads: Arc<KeptUploads>,
+    /// A relay's devices' cost records, once in its own ledger, for its parent's (issue 37).
+    relay_costs: Option<mpsc::UnboundedSender<anchorage_shared::ledger::CostRecord>>,
 }
 
 impl EngineShell {
@@ -155,8 +157,10 @@ impl EngineShell {
         metrics: Arc<ServerMetrics>,
         max_frame: usize,
         uploads: Arc<KeptUploads>,
+        relay_costs: Option<mpsc::UnboundedSender<anchorage_shared::ledger::CostRecord>>,
     ) -> Self {
         Self {
+            relay_costs,
             engine,
             events,
             store,
@@ -256,7 +260,13 @@ impl EngineShell {
                 }
             }
             Action::Persist(persist) => self.persist(persist).await?,
-            Action::Ledger(record) => append_ledger(self.store.clone(), metrics, record).await,
+            Action::Ledger(record) => {
+                let forward = self.relay_costs.as_ref().map(|to| (to, record.clone()));
+                append_ledger(self.store.clone(), metrics, record).await;
+                if let Some((to, record)) = forward {
+                    let _ = to.send(record);
+                }
+            }
             Action::RoundClosed(report, checkpoint) => {
                 metrics.round_closed(&report);
                 if !std::mem::take(&mut self.opened_since_close) {
@@ -300,6 +310,8 @@ impl EngineShell {
     fn on_input(&mut self, input: Input) {
         let now = self.start.elapsed();
         match input {
+            Input::Parent(broadcast) => self.engine.handle_parent_round(now, broadcast),
+            Input::ParentGoodbye(reason) => self.engine.handle_parent_goodbye(&reason),
             Input::Hello { conn, client, fingerprint, relay, msg, out } => {
                 let at = Instant::now();
                 if self.flaps.quarantined(&client, at) {

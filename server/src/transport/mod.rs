@@ -86,9 +86,22 @@ pub struct ServerHandle {
     uploads: Arc<transfers::KeptUploads>,
     /// The store's folder, where interrupted uploads are saved at shutdown.
     state: Option<std::path::PathBuf>,
+    inputs: mpsc::UnboundedSender<Input>,
+    /// A relay's: its devices' cost records once its own ledger holds them, for its parent's.
+    pub relay_costs: Option<mpsc::UnboundedReceiver<anchorage_shared::ledger::CostRecord>>,
 }
 
 impl ServerHandle {
+    /// A relay's parent broadcast a round: the relay's engine opens it (issue 37).
+    pub fn parent_round(&self, broadcast: anchorage_shared::protocol::Broadcast) {
+        let _ = self.inputs.send(Input::Parent(broadcast));
+    }
+
+    /// A relay's parent said goodbye: the relay's devices are told, then `Finished`.
+    pub fn parent_goodbye(&self, reason: String) {
+        let _ = self.inputs.send(Input::ParentGoodbye(reason));
+    }
+
     /// Stops accepting, closes every connection, waits for the engine task, and saves what
     /// interrupted uploads left for the next start ([`saved_uploads`]).
     pub async fn shutdown(self) -> anyhow::Result<()> {
@@ -123,6 +136,10 @@ enum Input {
         conn: u64,
         client: ClientId,
     },
+    /// A relay's parent broadcast a round (issue 37).
+    Parent(anchorage_shared::protocol::Broadcast),
+    /// A relay's parent said goodbye.
+    ParentGoodbye(String),
 }
 
 /// What the engine loop sends a connection task to write.
@@ -173,6 +190,7 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
         metrics.clone(),
         refusals.clone(),
     )?;
+    let conn_inputs = input_tx.clone();
     let conn = connection::ConnCtx {
         id: 0,
         inputs: input_tx,
@@ -186,9 +204,24 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let acceptor = accept::Acceptor { listener: listener.clone(), conn };
     tokio::spawn(acceptor.run());
 
-    let shell =
-        engine_loop::EngineShell::new(engine, event_tx, options.store, metrics.clone(), max_frame, uploads.clone());
+    let (costs_tx, relay_costs) = match engine.is_relay() {
+        true => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some(tx), Some(rx))
+        }
+        false => (None, None),
+    };
+    let shell = engine_loop::EngineShell::new(
+        engine,
+        event_tx,
+        options.store,
+        metrics.clone(),
+        max_frame,
+        uploads.clone(),
+        costs_tx,
+    );
     let run = engine_loop::run_engine(shell, input_rx, shutdown_rx);
     let task = tokio::spawn(run);
-    Ok(ServerHandle { local_addr, metrics, events, shutdown, listener, task, uploads, state })
+    let inputs = conn_inputs;
+    Ok(ServerHandle { local_addr, metrics, events, shutdown, listener, task, uploads, state, inputs, relay_costs })
 }
