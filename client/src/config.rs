@@ -167,6 +167,12 @@ pub struct ClientConfig {
     /// The server's address, `host:port`: an IP address (`10.0.0.5:4433`) or a DNS name
     /// (`server.example.org:4433`), resolved when the client starts ([`ClientConfig::server_addr`]).
     pub server: String,
+    /// Other addresses of the federation (`host:port`), tried in turn when `server` cannot be
+    /// reached or the connection is lost (issue 37: the other relays of a tier; every relay's
+    /// certificate must carry `server_name`). An update trained for a round and not yet acked
+    /// goes to whichever of them the device reaches.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
     /// The name the server's certificate must carry (a DNS name or an IP address).
     #[serde(default = "default_server_name")]
     pub server_name: String,
@@ -296,17 +302,27 @@ impl ClientConfig {
     /// The server's socket address: `server` as an IP address and port, or its host name looked
     /// up (the first address the resolver gives).
     pub fn server_addr(&self) -> anyhow::Result<SocketAddr> {
-        use anyhow::Context;
-        use std::net::ToSocketAddrs;
-        if let Ok(addr) = self.server.parse() {
-            return Ok(addr);
-        }
-        self.server
-            .to_socket_addrs()
-            .with_context(|| format!("resolving the server address `{}`", self.server))?
-            .next()
-            .with_context(|| format!("`{}` resolves to no address", self.server))
+        resolve_addr(&self.server)
     }
+
+    /// The `fallbacks`' socket addresses, each as [`ClientConfig::server_addr`] finds it.
+    pub fn fallback_addrs(&self) -> anyhow::Result<Vec<SocketAddr>> {
+        self.fallbacks.iter().map(|a| resolve_addr(a)).collect()
+    }
+}
+
+/// `address` as an IP address and port, or its host name looked up (the first address).
+fn resolve_addr(address: &str) -> anyhow::Result<SocketAddr> {
+    use anyhow::Context;
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = address.parse() {
+        return Ok(addr);
+    }
+    address
+        .to_socket_addrs()
+        .with_context(|| format!("resolving the server address `{address}`"))?
+        .next()
+        .with_context(|| format!("`{address}` resolves to no address"))
 }
 
 /// `path` under `base` when it is relative; as it is when absolute.

@@ -64,6 +64,9 @@ impl Backoff {
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
     pub server: SocketAddr,
+    /// Other addresses of the federation (a tier's other relays, issue 37): after a failed
+    /// attempt or a lost connection the device tries the next, round robin ([`ClientOptions::fail_over`]).
+    pub fallbacks: Vec<SocketAddr>,
     /// Name in the server's certificate.
     pub server_name: String,
     /// The only certificate this client trusts: the project CA's (`ca.der`), or, against a
@@ -267,9 +270,21 @@ impl std::fmt::Debug for SocketWrapper {
 }
 
 impl ClientOptions {
+    /// The next address to try after a failed attempt or a lost connection: the first fallback,
+    /// with the current server last in line. Without fallbacks, the server again.
+    pub fn fail_over(&mut self) {
+        if self.fallbacks.is_empty() {
+            return;
+        }
+        let next = self.fallbacks.remove(0);
+        self.fallbacks.push(std::mem::replace(&mut self.server, next));
+        tracing::info!(client = %self.client_id, server = %self.server, "failing over to the next address");
+    }
+
     pub fn new(server: SocketAddr, server_cert: CertificateDer<'static>, client_id: impl Into<String>) -> Self {
         Self {
             server,
+            fallbacks: Vec::new(),
             server_name: "localhost".into(),
             server_cert,
             client_cert: None,
@@ -432,6 +447,7 @@ pub async fn run(
             Ended::Lost(reason) => reason,
         };
         client.session.disconnected();
+        client.options.fail_over();
         client.emit(ClientEvent::Disconnected { reason: reason.clone() });
         // A connection the server welcomed reset the count, so the first retry comes after the
         // initial delay; one that ended before its welcome (the server closed it at once) backs
@@ -635,6 +651,7 @@ impl Client {
                 Err(Err((kind, detail))) => return Ok(Connected::Refused(self.refusal(kind, detail))),
                 Err(Ok(e)) => {
                     let failures = self.failures.failed();
+                    self.options.fail_over();
                     if self.options.backoff.max_attempts.is_some_and(|m| failures >= m) {
                         anyhow::bail!("could not reach {} after {failures} attempts: {e}", self.options.server);
                     }
@@ -1204,6 +1221,26 @@ pub(crate) mod tests {
     use super::*;
     use crate::methods::TrainError;
     use anchorage_model::FeatureCache;
+
+    /// Issue 37: after a failed attempt or a lost connection a device tries its next relay,
+    /// round robin; without fallbacks it stays with its server.
+    #[test]
+    fn fail_over_takes_the_next_address_round_robin() {
+        let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        let cert = CertificateDer::from(vec![0u8; 4]);
+        let mut options = ClientOptions::new(addr(1), cert.clone(), "edge-1");
+        options.fail_over();
+        assert_eq!(options.server, addr(1));
+        options.fallbacks = vec![addr(2), addr(3)];
+        let seen: Vec<u16> = (0..4)
+            .map(|_| {
+                options.fail_over();
+                options.server.port()
+            })
+            .collect();
+        assert_eq!(seen, vec![2, 3, 1, 2]);
+        assert_eq!(options.fallbacks.len(), 2);
+    }
 
     /// A method that never trains; it refuses any device state when `refuse_state`.
     struct Idle {

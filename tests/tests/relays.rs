@@ -58,12 +58,17 @@ fn site(ca: &mut ProjectCa, dir: &Path, kind: Kind, id: &str) -> PathBuf {
 
 /// server.toml for a root (no parent) or a relay, on `bind`, waiting for `min_available` peers.
 fn config(dir: &Path, id: &str, bind: SocketAddr, min_available: usize, parent: Option<SocketAddr>) -> ServerConfig {
+    toml::from_str(&config_text(dir, id, bind, min_available, parent)).unwrap()
+}
+
+/// [`config`] as server.toml's text.
+fn config_text(dir: &Path, id: &str, bind: SocketAddr, min_available: usize, parent: Option<SocketAddr>) -> String {
     let state = dir.join(id).join("state");
     let tls = dir.join(id).join("tls");
     let model = dir.join("initial-model.bin");
     let parent =
         parent.map_or_else(String::new, |p| format!("[parent]\naddress = \"{p}\"\nserver_name = \"localhost\"\n"));
-    let text = format!(
+    format!(
         r#"bind = "{bind}"
 method = "fedavg"
 state_dir = "{state}"
@@ -86,8 +91,7 @@ max_sign_agreement = false
         state = state.display(),
         tls = tls.display(),
         model = model.display(),
-    );
-    toml::from_str(&text).unwrap()
+    )
 }
 
 /// One device: joins its relay, and for each round takes the broadcast, sends its update,
@@ -175,4 +179,271 @@ async fn two_relays_carry_a_federation_to_the_devices_mean() {
             ledger.iter().filter(|r| r.client == device_id(d) && !r.dropped).map(|r| r.round).collect();
         assert_eq!(rounds, (1..=ROUNDS).collect::<Vec<_>>(), "{}'s records at the root: {ledger:?}", device_id(d));
     }
+}
+
+/// A device as raw protocol: its connection to a relay and its control stream.
+struct RawDevice {
+    id: String,
+    _endpoint: quinn::Endpoint,
+    conn: quinn::Connection,
+    /// Kept open: the control stream's end would end the session.
+    _control: quinn::SendStream,
+    replies: quinn::RecvStream,
+}
+
+impl RawDevice {
+    async fn join(
+        d: usize,
+        relay: SocketAddr,
+        ca: &rustls::pki_types::CertificateDer<'static>,
+        cert: &ClientCert,
+    ) -> Self {
+        let mut last = None;
+        // A relay that was just started may not listen yet.
+        for _ in 0..100 {
+            match raw_connect_as(relay, ca, Some(cert)).await {
+                Ok((endpoint, conn)) => {
+                    let (control, replies) = join(&conn, &device_id(d)).await;
+                    return Self { id: device_id(d), _endpoint: endpoint, conn, _control: control, replies };
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{} cannot reach {relay}: {last:?}", device_id(d));
+    }
+
+    async fn broadcast(&mut self) -> u64 {
+        let mut stream = tokio::time::timeout(Duration::from_secs(30), self.conn.accept_uni())
+            .await
+            .unwrap_or_else(|_| panic!("{}: no broadcast", self.id))
+            .unwrap();
+        let (msg, _) = read_frame(&mut stream, DEFAULT_MAX_FRAME).await.unwrap().unwrap();
+        let Message::Broadcast(b) = msg else { panic!("expected a broadcast, got {}", msg.kind_name()) };
+        b.round
+    }
+
+    /// Sends the update and returns the relay's answer (an ack, or a refusal).
+    async fn upload(&mut self, update: Update) -> Message {
+        let mut up = self.conn.open_uni().await.unwrap();
+        write(&mut up, &Message::Update(update)).await.unwrap();
+        up.finish().unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(30), read_frame(&mut self.replies, DEFAULT_MAX_FRAME));
+        reply.await.unwrap_or_else(|_| panic!("{}: no answer", self.id)).unwrap().unwrap().0
+    }
+}
+
+/// A relay as its own process (the server program with a `[parent]` table), to kill.
+struct RelayProcess {
+    config: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl RelayProcess {
+    fn start(config: PathBuf) -> Self {
+        let mut relay = Self { config, child: None };
+        relay.spawn();
+        relay
+    }
+
+    fn spawn(&mut self) {
+        let log = self.config.with_extension("log");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_server-process"))
+            .arg("--config")
+            .arg(&self.config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("the relay process starts");
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.config.with_extension("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The devices' updates of `round` folded as one server would, from `global`.
+fn straight(round: u64, devices: &[usize], global: &[ParamBlock]) -> Vec<f32> {
+    let updates: Vec<(String, Update)> = devices.iter().map(|&d| (device_id(d), device_update(round, d))).collect();
+    let refs: Vec<(&str, &Update)> = updates.iter().map(|(id, u)| (id.as_str(), u)).collect();
+    let info = RoundInfo { round, task: 0, last_of_task: false, rule: Default::default() };
+    FedAvg::default().aggregate(&info, global, &refs).unwrap()[0].decode().unwrap()
+}
+
+fn assert_close(ours: &[f32], expected: &[f32]) {
+    for (i, (a, b)) in ours.iter().zip(expected).enumerate() {
+        assert!((a - b).abs() <= 1e-5, "value {i}: {a} through the relay, {b} straight");
+    }
+}
+
+/// Accepted updates as (client, round, samples) in a store's database.
+fn accepted(db: &Path) -> Vec<(String, u64, u64)> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut stmt = conn.prepare("SELECT client, round, num_samples FROM updates ORDER BY round, client").unwrap();
+    let row = |r: &rusqlite::Row| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64));
+    stmt.query_map([], row).unwrap().map(Result::unwrap).collect()
+}
+
+/// Issue 37: a relay killed (`kill -9`) mid-round loses nothing it acked. Two of its three
+/// devices are acked before the kill; restarted on the same folder, the relay reopens the round
+/// when the root sends it again, takes the third device's update (and the first two's resends
+/// as duplicates), and its partial carries all three: the root's model is the three devices'
+/// mean, and the relay's database holds each update once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut ca = ProjectCa::init(&dir.join("ca"), "relay-kill-test", 30).unwrap();
+    anchorage_server::model_file::save(&dir.join("initial-model.bin"), &[block(&[0.0; 16])]).unwrap();
+    site(&mut ca, dir, Kind::Server, "root");
+    site(&mut ca, dir, Kind::Relay, "relay-0");
+    let root_addr = free_udp_port();
+    let mut root_config = config(dir, "root", root_addr, 1, None);
+    root_config.engine.rounds = 1;
+    let root = tokio::spawn(anchorage_server::service::serve(root_config));
+    let relay_addr = free_udp_port();
+    let relay_toml = dir.join("relay-0.toml");
+    std::fs::write(&relay_toml, config_text(dir, "relay-0", relay_addr, 3, Some(root_addr))).unwrap();
+    let mut relay = RelayProcess::start(relay_toml);
+    let certs: Vec<ClientCert> = (0..3)
+        .map(|d| {
+            let identity = ca.issue(Kind::Client, &device_id(d), &[], 30).unwrap();
+            ClientCert { chain: vec![identity.cert], key: identity.key }
+        })
+        .collect();
+    let ca_cert = ca.cert().clone();
+    let mut devices = Vec::new();
+    for (d, cert) in certs.iter().enumerate() {
+        devices.push(RawDevice::join(d, relay_addr, &ca_cert, cert).await);
+    }
+    for device in &mut devices {
+        assert_eq!(device.broadcast().await, 1);
+    }
+    for (d, device) in devices.iter_mut().enumerate().take(2) {
+        let reply = device.upload(device_update(1, d)).await;
+        assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "{reply:?}");
+    }
+    relay.kill();
+    drop(devices);
+    relay.spawn();
+    let mut devices = Vec::new();
+    for (d, cert) in certs.iter().enumerate() {
+        devices.push(RawDevice::join(d, relay_addr, &ca_cert, cert).await);
+    }
+    assert_eq!(devices[2].broadcast().await, 1, "the reopened round goes to the device it waits for");
+    for (d, device) in devices.iter_mut().enumerate().take(2) {
+        let reply = device.upload(device_update(1, d)).await;
+        assert!(
+            matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated),
+            "a resend is acked again: {reply:?}"
+        );
+    }
+    let reply = devices[2].upload(device_update(1, 2)).await;
+    assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "{reply:?}");
+    let served = tokio::time::timeout(Duration::from_secs(60), root).await;
+    let served = served.unwrap_or_else(|_| panic!("the root finishes; relay log:\n{}", relay.log())).unwrap();
+    served.expect("the root ends cleanly");
+
+    let root_store = ServerStore::open(dir.join("root").join("state")).unwrap();
+    let stored = root_store.recover("fedavg").unwrap().expect("the root's checkpoint");
+    assert_eq!(stored.checkpoint.round, 1);
+    assert_close(&stored.checkpoint.global[0].decode().unwrap(), &straight(1, &[0, 1, 2], &[block(&[0.0; 16])]));
+    let relay_db = dir.join("relay-0").join("state").join(anchorage_server::store::DB_FILE);
+    let expected: Vec<(String, u64, u64)> =
+        (0..3).map(|d| (device_id(d), 1, device_update(1, d).num_samples)).collect();
+    assert_eq!(accepted(&relay_db), expected, "each update once in the relay's database");
+    let total = expected.iter().map(|(_, _, n)| n).sum();
+    let root_db = dir.join("root").join("state").join(anchorage_server::store::DB_FILE);
+    assert_eq!(accepted(&root_db), vec![("relay-0".to_string(), 1, total)], "one partial, weighted by its devices");
+}
+
+/// Issue 37, item 3: relay A dies mid-round (`kill -9`); a device it had not acked fails over
+/// to relay B and resends its update there; B takes it into its round, and the root counts it
+/// once. The root's round closes at its deadline with B's partial alone: its model is the mean
+/// of exactly the updates B acked (the failed-over one among them), and B's database holds
+/// the adopted device's update once. (A's acked update stays in A's database for A's restart.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_device_fails_over_to_another_relay_and_is_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut ca = ProjectCa::init(&dir.join("ca"), "relay-failover-test", 30).unwrap();
+    anchorage_server::model_file::save(&dir.join("initial-model.bin"), &[block(&[0.0; 16])]).unwrap();
+    site(&mut ca, dir, Kind::Server, "root");
+    site(&mut ca, dir, Kind::Relay, "relay-a");
+    site(&mut ca, dir, Kind::Relay, "relay-b");
+    let root_addr = free_udp_port();
+    let mut root_config = config(dir, "root", root_addr, 2, None);
+    (root_config.engine.rounds, root_config.engine.min_fit) = (1, 1);
+    root_config.engine.round_deadline = Duration::from_secs(8);
+    let root = tokio::spawn(anchorage_server::service::serve(root_config));
+    let (a_addr, b_addr) = (free_udp_port(), free_udp_port());
+    let a_toml = dir.join("relay-a.toml");
+    std::fs::write(&a_toml, config_text(dir, "relay-a", a_addr, 2, Some(root_addr))).unwrap();
+    let mut relay_a = RelayProcess::start(a_toml);
+    let relay_b = tokio::spawn(anchorage_server::service::serve(config(dir, "relay-b", b_addr, 3, Some(root_addr))));
+    let certs: Vec<ClientCert> = (0..5)
+        .map(|d| {
+            let identity = ca.issue(Kind::Client, &device_id(d), &[], 30).unwrap();
+            ClientCert { chain: vec![identity.cert], key: identity.key }
+        })
+        .collect();
+    let ca_cert = ca.cert().clone();
+    // d0, d1 on relay A; d2, d3, d4 on relay B.
+    let mut on_a = Vec::new();
+    for d in 0..2 {
+        on_a.push(RawDevice::join(d, a_addr, &ca_cert, &certs[d]).await);
+    }
+    let mut on_b = Vec::new();
+    for d in 2..5 {
+        on_b.push(RawDevice::join(d, b_addr, &ca_cert, &certs[d]).await);
+    }
+    for device in on_a.iter_mut().chain(on_b.iter_mut()) {
+        assert_eq!(device.broadcast().await, 1);
+    }
+    let reply = on_a[0].upload(device_update(1, 0)).await;
+    assert!(matches!(reply, Message::Ack(ref a) if a.aggregated), "{reply:?}");
+    relay_a.kill();
+    drop(on_a);
+    // d1 trained for round 1 and holds its update: it reaches B, the next relay on its list.
+    let mut moved = RawDevice::join(1, b_addr, &ca_cert, &certs[1]).await;
+    let reply = moved.upload(device_update(1, 1)).await;
+    assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "adopted: {reply:?}");
+    for (i, device) in on_b.iter_mut().enumerate().take(2) {
+        let reply = device.upload(device_update(1, 2 + i)).await;
+        assert!(matches!(reply, Message::Ack(ref a) if a.aggregated), "{reply:?}");
+    }
+    let served = tokio::time::timeout(Duration::from_secs(60), root).await.expect("the root finishes").unwrap();
+    served.expect("the root ends cleanly");
+    tokio::time::timeout(Duration::from_secs(30), relay_b).await.expect("relay B ends").unwrap().expect("cleanly");
+
+    let root_store = ServerStore::open(dir.join("root").join("state")).unwrap();
+    let stored = root_store.recover("fedavg").unwrap().expect("the root's checkpoint");
+    assert_eq!(stored.checkpoint.round, 1);
+    assert_close(&stored.checkpoint.global[0].decode().unwrap(), &straight(1, &[1, 2, 3], &[block(&[0.0; 16])]));
+    let b_db = dir.join("relay-b").join("state").join(anchorage_server::store::DB_FILE);
+    let at_b: Vec<String> = accepted(&b_db).into_iter().map(|(c, _, _)| c).collect();
+    assert_eq!(at_b, vec![device_id(1), device_id(2), device_id(3)]);
+    let a_db = dir.join("relay-a").join("state").join(anchorage_server::store::DB_FILE);
+    let at_a: Vec<String> = accepted(&a_db).into_iter().map(|(c, _, _)| c).collect();
+    assert_eq!(at_a, vec![device_id(0)], "A's acked update is durable for its restart");
+    let root_db = dir.join("root").join("state").join(anchorage_server::store::DB_FILE);
+    let at_root: Vec<String> = accepted(&root_db).into_iter().map(|(c, _, _)| c).collect();
+    assert_eq!(at_root, vec!["relay-b".to_string()]);
 }

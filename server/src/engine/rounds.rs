@@ -155,7 +155,7 @@ impl ModeState for RoundsState {
             self.update_outside_round(core, client, &update);
             return;
         };
-        if !open.sampled.contains(client) {
+        if !open.sampled.contains(client) && !adopt_failover(core, open, client) {
             open.refused += 1;
             core.refuse(client, RefusalReason::NotSampled, format!("not sampled for round {round}"));
             return;
@@ -554,6 +554,22 @@ fn open_round_record(
         declined: BTreeMap::new(),
         secagg: None,
     }
+}
+
+/// A relay takes the update of its parent's open round from a device it did not invite: one
+/// that failed over from another relay of the tier (issue 37, item 3) and resends what it
+/// trained for this round. It joins the invitations (durable before its update is) and counts
+/// as any other; the parent counts each device once across its relays. The root adopts nobody.
+fn adopt_failover(core: &mut Core, open: &mut OpenRound, client: &str) -> bool {
+    if core.parent.is_none() || open.secagg.is_some() {
+        return false;
+    }
+    tracing::info!(round = open.round, client, "a device that failed over from another relay joins the round");
+    open.sampled.insert(client.into());
+    core.note_invited(open.round, [client.to_string()]);
+    let sampled = open.sampled.iter().cloned().collect();
+    core.actions.push_back(Action::Persist(Persist::Invited { round: open.round, sampled }));
+    true
 }
 
 /// The report's line for each update the round holds.

@@ -416,3 +416,35 @@ fn relays_refuse_what_a_partial_sum_cannot_carry() {
     relay.handle_message(Duration::ZERO, &device_id(0), Message::Partial(p));
     assert_eq!(refusals(&drain(&mut relay), &device_id(0)), vec![RefusalReason::Malformed]);
 }
+
+/// Issue 37, item 3: a device that failed over from another relay resends its update of the
+/// parent's open round; a relay takes it into the round (and its partial), a root never takes
+/// an update from a device it did not invite.
+#[test]
+fn a_relay_adopts_a_device_that_failed_over_and_the_root_does_not() {
+    let (mut relay, _) = relay_in_round_five();
+    drain(&mut relay);
+    relay.handle_message(Duration::ZERO, "stranger", hello("stranger", "fedavg"));
+    drain(&mut relay);
+    relay.handle_message(Duration::ZERO, "stranger", Message::Update(device_update(5, 9, false)));
+    let actions = drain(&mut relay);
+    assert!(refusals(&actions, "stranger").is_empty(), "adopted");
+    let invited = actions.iter().any(|a| {
+        matches!(a, Action::Persist(crate::engine::Persist::Invited { round: 5, sampled }) if sampled.contains(&"stranger".to_string()))
+    });
+    assert!(invited, "the adoption is durable before the update");
+    for d in 0..2 {
+        relay.handle_message(Duration::ZERO, &device_id(d), Message::Update(device_update(5, d, false)));
+    }
+    drain(&mut relay);
+    let members: Vec<String> = relay.last_partial().unwrap().members.into_iter().map(|m| m.device).collect();
+    assert!(members.contains(&"stranger".to_string()) && members.len() == 3, "{members:?}");
+
+    let mut root = Engine::new(config(1), build(&MethodConfig::named("fedavg").unwrap()), initial());
+    root.handle_message(Duration::ZERO, "a", hello("a", "fedavg"));
+    drain(&mut root);
+    root.handle_message(Duration::ZERO, "b", hello("b", "fedavg"));
+    drain(&mut root);
+    root.handle_message(Duration::ZERO, "b", Message::Update(device_update(1, 0, false)));
+    assert_eq!(refusals(&drain(&mut root), "b"), vec![RefusalReason::NotSampled]);
+}
