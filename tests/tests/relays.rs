@@ -407,12 +407,12 @@ async fn a_device_fails_over_to_another_relay_and_is_counted_once() {
     let ca_cert = ca.cert().clone();
     // d0, d1 on relay A; d2, d3, d4 on relay B.
     let mut on_a = Vec::new();
-    for d in 0..2 {
-        on_a.push(RawDevice::join(d, a_addr, &ca_cert, &certs[d]).await);
+    for (d, cert) in certs.iter().enumerate().take(2) {
+        on_a.push(RawDevice::join(d, a_addr, &ca_cert, cert).await);
     }
     let mut on_b = Vec::new();
-    for d in 2..5 {
-        on_b.push(RawDevice::join(d, b_addr, &ca_cert, &certs[d]).await);
+    for (d, cert) in certs.iter().enumerate().skip(2) {
+        on_b.push(RawDevice::join(d, b_addr, &ca_cert, cert).await);
     }
     for device in on_a.iter_mut().chain(on_b.iter_mut()) {
         assert_eq!(device.broadcast().await, 1);
