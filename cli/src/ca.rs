@@ -17,8 +17,8 @@ pub(crate) enum CaCommand {
         #[arg(long, default_value_t = anchorage::provision::DEFAULT_CA_DAYS)]
         days: u32,
     },
-    /// Signs a certificate for a server or a device: writes cert.der, key.der (0600) and ca.der
-    /// into --out (a server's also the CA's revoked.crl, which it needs to start).
+    /// Signs a certificate for a server, a relay or a device: writes cert.der, key.der (0600) and
+    /// ca.der into --out (a server's and a relay's also the CA's revoked.crl, which it needs to start).
     Issue {
         kind: KindArg,
         /// The site's id (a device's id is the client id the server knows it by).

@@ -26,6 +26,10 @@ pub(crate) struct FleetArgs {
     /// The server, host:port.
     #[arg(long)]
     server: Option<String>,
+    /// Another address the devices fail over to when --server cannot be reached or drops them
+    /// (a tier's other relays, issue 37), host:port; repeat for more, tried in turn.
+    #[arg(long = "fallback", requires = "server")]
+    fallbacks: Vec<String>,
     /// The name in the server's certificate (default: the host of --server).
     #[arg(long)]
     server_name: Option<String>,
@@ -105,15 +109,19 @@ pub(crate) fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         anyhow::bail!("give --local N, or --index I --of N --server host:port for one worker");
     };
     let server = args.server.context("a worker needs --server host:port")?;
-    let address = std::net::ToSocketAddrs::to_socket_addrs(&server)
-        .with_context(|| format!("resolving {server}"))?
-        .next()
-        .with_context(|| format!("{server} resolves to no address"))?;
+    let resolve = |server: &str| -> anyhow::Result<std::net::SocketAddr> {
+        std::net::ToSocketAddrs::to_socket_addrs(server)
+            .with_context(|| format!("resolving {server}"))?
+            .next()
+            .with_context(|| format!("{server} resolves to no address"))
+    };
+    let address = resolve(&server)?;
+    let fallbacks = args.fallbacks.iter().map(|f| resolve(f)).collect::<anyhow::Result<Vec<_>>>()?;
     let server_name = args
         .server_name
         .unwrap_or_else(|| server.rsplit_once(':').map_or(server.as_str(), |(host, _)| host).to_string());
     let server_name = if server_name.parse::<std::net::IpAddr>().is_ok() { "localhost".into() } else { server_name };
-    let target = anchorage_sim::fleet::Target { server: address, server_name, ca_dir: args.ca };
+    let target = anchorage_sim::fleet::Target { server: address, fallbacks, server_name, ca_dir: args.ca };
     let summary = runtime.block_on(anchorage_sim::fleet::run_worker(&config, index, of, &target))?;
     println!(
         "worker {index} of {of}: {} devices, {} finished, {} updates acknowledged",

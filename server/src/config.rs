@@ -428,6 +428,24 @@ mod tests {
         assert!(ids.metrics.device_ids);
     }
 
+    /// The relay tier's manifests (issue 37) hold configs the program reads: the relay's
+    /// [parent] names the root's Service, and the root weighs relays without a cap.
+    #[test]
+    fn the_relay_tiers_configs_load() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/relays");
+        let relay = ServerConfig::load(&dir.join("relay.toml")).unwrap();
+        let parent = relay.parent.expect("a relay has a parent");
+        assert_eq!(
+            (parent.address.as_str(), parent.server_name.as_str()),
+            ("anchorage-server:4433", "anchorage-server")
+        );
+        let root = ServerConfig::load(&dir.join("root-server.toml")).unwrap();
+        assert!(root.parent.is_none() && root.engine.robust.weight_cap.is_none());
+        let method = relay.method.config().unwrap();
+        crate::relay::check(&relay.engine, &method).expect("the relays can carry the root's method");
+        assert_eq!(method, root.method.config().unwrap());
+    }
+
     #[test]
     fn a_metrics_address_may_be_a_bare_ipv6_address_and_a_port() {
         assert_eq!(parse_bind("10.1.2.3:9464"), Ok("10.1.2.3:9464".parse().unwrap()));

@@ -152,6 +152,10 @@ pub struct ServerMetrics {
     decode_errors: Counter,
     refusals: Family<Label, Counter>,
     updates: Family<Label, Counter>,
+    /// A relay's partial aggregates (issue 37), by outcome: `sent`, `acked`, `refused`.
+    relay_partials: Family<Label, Counter>,
+    /// Whether a relay holds a welcomed connection to its parent.
+    relay_parent_connected: Gauge,
     store_errors: Counter,
     rounds_closed: Family<Label, Counter>,
     last_round: Gauge,
@@ -215,6 +219,8 @@ impl ServerMetrics {
             decode_errors: Counter::default(),
             refusals: Family::default(),
             updates: Family::default(),
+            relay_partials: Family::default(),
+            relay_parent_connected: Gauge::default(),
             store_errors: Counter::default(),
             rounds_closed: Family::default(),
             last_round: Gauge::default(),
@@ -270,6 +276,16 @@ impl ServerMetrics {
 
     /// The rounds: closed, last, duration, who was connected and sampled, influence bounds, dropped cost records.
     fn register_rounds(&self, r: &mut Registry) {
+        r.register(
+            "relay_partials",
+            "A relay's partial aggregates sent to its parent, acked and refused (issue 37; zero at the root).",
+            self.relay_partials.clone(),
+        );
+        r.register(
+            "relay_parent_connected",
+            "1 while a relay holds a welcomed connection to its parent (0 at the root).",
+            self.relay_parent_connected.clone(),
+        );
         r.register(
             "rounds_closed",
             "Rounds closed since this process started, by outcome.",
@@ -396,6 +412,9 @@ impl ServerMetrics {
         for o in outcome::ALL {
             let _ = self.updates.get_or_create(&[("outcome", o)]);
         }
+        for o in ["sent", "acked", "refused"] {
+            let _ = self.relay_partials.get_or_create(&[("outcome", o)]);
+        }
         for o in ["completed", "resumed", "kept", "dropped", "refused", "saved", "restored"] {
             let _ = self.transfers.get_or_create(&[("outcome", o)]);
         }
@@ -447,6 +466,16 @@ impl ServerMetrics {
     /// A refusal, by its label value ([`refusal_reason`] or one of [`reason`]).
     pub fn refused(&self, reason: &'static str) {
         self.refusals.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// A relay's partial aggregate: `sent`, `acked` or `refused` by the parent.
+    pub fn relay_partial(&self, outcome: &'static str) {
+        self.relay_partials.get_or_create(&[("outcome", outcome)]).inc();
+    }
+
+    /// Whether a relay's link to its parent is up.
+    pub fn set_relay_parent_connected(&self, up: bool) {
+        self.relay_parent_connected.set(i64::from(up));
     }
 
     /// An acknowledged update, by [`outcome`].

@@ -48,6 +48,10 @@ struct Cli {
     /// e.g. `$(POD_IP):9464` from the Kubernetes downward API).
     #[arg(long, env = "ANCHORAGE_METRICS_BIND", value_parser = crate::config::parse_bind)]
     metrics_bind: Option<std::net::SocketAddr>,
+    /// The TLS folder, over server.toml's `tls_dir` (each relay pod of a StatefulSet reads its
+    /// own: `/etc/anchorage/tls/$(POD_NAME)`).
+    #[arg(long, env = "ANCHORAGE_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
     /// An operator's task on the state folder instead of serving.
     #[command(subcommand)]
     task: Option<Task>,
@@ -186,6 +190,9 @@ pub fn main(program: Program) -> anyhow::Result<()> {
         if let Some(bind) = cli.metrics_bind {
             config.metrics_bind = None;
             config.metrics.bind = Some(bind);
+        }
+        if let Some(dir) = cli.tls_dir {
+            config.tls_dir = dir;
         }
         // A worker going idle gives its allocator cache back once a large fleet has left.
         let mut runtime = tokio::runtime::Builder::new_multi_thread();

@@ -51,6 +51,8 @@ pub fn shard(clients: usize, index: usize, of: usize) -> anyhow::Result<std::ops
 #[derive(Debug, Clone)]
 pub struct Target {
     pub server: SocketAddr,
+    /// Other addresses the devices fail over to, in turn (a tier's other relays, issue 37).
+    pub fallbacks: Vec<SocketAddr>,
     /// The name in the server's certificate.
     pub server_name: String,
     /// The project CA's folder (ca.der and ca.key).
@@ -85,6 +87,7 @@ pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Ta
         device.in_pool(pool.clone());
         let (mut options, _link) = device_options(config, i, target.server, &root, &mut ca, links[i].clone())?;
         options.server_name = target.server_name.clone();
+        options.fallbacks = target.fallbacks.clone();
         options.shared_endpoint = Some(shared.clone());
         handles.push(tokio::spawn(client_transport::run(options, Box::new(device), Some(events_tx.clone()))));
     }

@@ -41,6 +41,8 @@ pub struct Uplink {
     pub last_round: Option<u64>,
     /// Largest frame sent or read.
     pub max_frame: usize,
+    /// The relay's metrics (its partials, its link to the parent).
+    pub metrics: Arc<crate::metrics::ServerMetrics>,
 }
 
 /// What the relay's owner hands the uplink, and what it gets back.
@@ -161,6 +163,7 @@ impl Uplink {
         let reader = tokio::spawn(read_control(recv, tx.clone(), self.max_frame));
         let broadcasts = tokio::spawn(read_broadcasts(conn.clone(), tx, self.max_frame));
         let result = self.serve(&conn, &mut control, &mut inbound, ch, owed).await;
+        self.metrics.set_relay_parent_connected(false);
         reader.abort();
         broadcasts.abort();
         conn.close(0u32.into(), b"relay uplink closing");
@@ -176,7 +179,10 @@ impl Uplink {
         owed: &mut Owed,
     ) -> anyhow::Result<Option<Ended>> {
         match inbound.recv().await {
-            Some(Inbound::Control(Message::Welcome(w))) => tracing::info!(parent = %w.server_id, "uplink joined"),
+            Some(Inbound::Control(Message::Welcome(w))) => {
+                tracing::info!(parent = %w.server_id, "uplink joined");
+                self.metrics.set_relay_parent_connected(true);
+            }
             Some(Inbound::Control(Message::Refusal(r))) => {
                 anyhow::bail!(Definite(format!("{:?}: {}", r.reason, r.detail)))
             }
@@ -218,6 +224,7 @@ impl Uplink {
         match msg {
             Message::Ack(ack) => {
                 if let Some(p) = owed.partial.take_if(|p| p.update.round == ack.round) {
+                    self.metrics.relay_partial("acked");
                     tracing::info!(
                         round = ack.round,
                         aggregated = ack.aggregated,
@@ -232,8 +239,10 @@ impl Uplink {
             Message::Refusal(r) => {
                 tracing::warn!(reason = ?r.reason, detail = %r.detail, "the parent refused");
                 // A partial it will never take (not sampled, a duplicate, malformed) is not sent again.
-                if matches!(r.reason, RefusalReason::NotSampled | RefusalReason::Duplicate | RefusalReason::Malformed) {
-                    owed.partial = None;
+                if matches!(r.reason, RefusalReason::NotSampled | RefusalReason::Duplicate | RefusalReason::Malformed)
+                    && owed.partial.take().is_some()
+                {
+                    self.metrics.relay_partial("refused");
                 }
             }
             Message::Goodbye(g) => return Some(Ended::Finished(g.reason)),
@@ -312,6 +321,7 @@ impl Uplink {
         let mut stream = conn.open_uni().await?;
         self.send(&mut stream, &Message::Partial(partial.clone())).await?;
         stream.finish()?;
+        self.metrics.relay_partial("sent");
         Ok(())
     }
 }

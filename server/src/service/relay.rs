@@ -81,6 +81,7 @@ impl RelayLink {
             method: config.method.config()?.name().into(),
             last_round: stored.map(|c| c.round).filter(|r| *r > 0),
             max_frame: config.engine.max_frame_bytes as usize,
+            metrics: server.metrics.clone(),
         };
         tracing::info!(parent = %address, "relay: joining the parent");
         let channels = Channels { partials: partials_rx, costs, rounds: rounds_tx, stop: stop_rx };
