@@ -68,8 +68,33 @@ pub struct Project {
     /// `source = "scenario"`.
     #[serde(default = "default_data")]
     pub data: toml::Table,
+    /// A relay tier (issue 37): each relay's folder, with relay.toml (the server program with a
+    /// `[parent]` table naming `[server]`). Empty: the devices dial the server.
+    #[serde(default)]
+    pub relays: Vec<RelaySite>,
+    /// Copied as every relay.toml's `[engine]` (the relays' own sampling: `fraction`,
+    /// `min_available`, `round_deadline`, `[engine.robust]`).
+    #[serde(default)]
+    pub relay_engine: toml::Table,
     pub devices: Vec<DeviceSite>,
 }
+
+/// One `[[relays]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySite {
+    /// The relay's id, in its certificate (with the relay role).
+    pub id: String,
+    /// What its devices dial, `host:port`.
+    pub address: String,
+    /// Where it listens (default `0.0.0.0` and the address's port).
+    #[serde(default)]
+    pub bind: Option<SocketAddr>,
+}
+
+/// The name every relay's certificate carries beside its own address's host: the name a device
+/// checks, whichever relay of its list it reaches.
+pub const RELAY_NAME: &str = "anchorage-relay";
 
 /// `[server]` of project.toml.
 #[derive(Debug, Clone, Deserialize)]
@@ -101,6 +126,10 @@ pub struct DeviceSite {
     /// This device's share of the data (default: its position in the list, from 0).
     #[serde(default)]
     pub index: Option<usize>,
+    /// The relay it dials (an id of `[[relays]]`; default: round robin over them), the others
+    /// its fallbacks.
+    #[serde(default)]
+    pub relay: Option<String>,
 }
 
 fn default_ca() -> PathBuf {
@@ -315,11 +344,7 @@ impl Project {
     }
 
     fn bind(&self) -> anyhow::Result<SocketAddr> {
-        if let Some(bind) = self.server.bind {
-            return Ok(bind);
-        }
-        let port: u16 = self.server.address.rsplit_once(':').map(|(_, p)| p).unwrap_or("").parse()?;
-        Ok(SocketAddr::from(([0, 0, 0, 0], port)))
+        bind_of(self.server.bind, &self.server.address)
     }
 
     /// server.toml's text (checked by [`ServerConfig::parse`]).
@@ -352,6 +377,54 @@ impl Project {
         Ok(text)
     }
 
+    /// relay.toml's text for relay `r` (checked by [`ServerConfig::parse`]).
+    pub fn relay_toml(&self, r: usize) -> anyhow::Result<String> {
+        let relay = &self.relays[r];
+        let (_, parent_name) = self.server_names()?;
+        let mut t = toml::Table::new();
+        t.insert("bind".into(), bind_of(relay.bind, &relay.address)?.to_string().into());
+        t.insert("method".into(), self.method.clone());
+        t.insert("state_dir".into(), "state".into());
+        t.insert("tls_dir".into(), ".".into());
+        let mut parent = toml::Table::new();
+        parent.insert("address".into(), self.server.address.clone().into());
+        parent.insert("server_name".into(), parent_name.into());
+        t.insert("parent".into(), parent.into());
+        t.insert("engine".into(), self.relay_engine.clone().into());
+        if let Some(limits) = &self.limits {
+            t.insert("limits".into(), limits.clone().into());
+        }
+        let text = format!(
+            "# Written by `anchorage provision` for the project `{}`: edit project.toml and provision again.\n\
+             # anchorage-relay --config relay.toml  (a relay: its rounds are its parent's, [parent]; this\n\
+             # folder holds cert.der with the relay role, key.der (0600), ca.der and revoked.crl)\n{}",
+            self.name,
+            toml::to_string(&t)?
+        );
+        let config = ServerConfig::parse(&text).context("the relay.toml provisioning would write")?;
+        let method = config.method.config()?;
+        anchorage_server::relay::check(&config.engine, &method)
+            .map_err(|why| anyhow::anyhow!("relay `{}` cannot carry `{}`: {why}", relay.id, method.name()))?;
+        Ok(text)
+    }
+
+    /// The relay the `n`-th device dials and its fallbacks (`None` without relays).
+    fn relay_of(&self, n: usize) -> anyhow::Result<Option<(String, Vec<String>)>> {
+        if self.relays.is_empty() {
+            return Ok(None);
+        }
+        let first = match &self.devices[n].relay {
+            Some(id) => self.relays.iter().position(|r| &r.id == id).with_context(|| {
+                format!("device `{}` names relay `{id}`, which [[relays]] does not list", self.devices[n].id)
+            })?,
+            None => n % self.relays.len(),
+        };
+        let order = (0..self.relays.len()).map(|k| &self.relays[(first + k) % self.relays.len()].address);
+        let mut order: Vec<String> = order.cloned().collect();
+        let dial = order.remove(0);
+        Ok(Some((dial, order)))
+    }
+
     /// The index of the `n`-th device's data share.
     fn index(&self, n: usize) -> usize {
         self.devices[n].index.unwrap_or(n)
@@ -362,8 +435,17 @@ impl Project {
         let device = &self.devices[n];
         let (_, server_name) = self.server_names()?;
         let mut t = toml::Table::new();
-        t.insert("server".into(), self.server.address.clone().into());
-        t.insert("server_name".into(), server_name.into());
+        match self.relay_of(n)? {
+            Some((dial, fallbacks)) => {
+                t.insert("server".into(), dial.into());
+                t.insert("fallbacks".into(), fallbacks.into());
+                t.insert("server_name".into(), RELAY_NAME.into());
+            }
+            None => {
+                t.insert("server".into(), self.server.address.clone().into());
+                t.insert("server_name".into(), server_name.into());
+            }
+        }
         t.insert("server_cert".into(), CA_CERT.into());
         t.insert("cert".into(), CERT_FILE.into());
         t.insert("key".into(), anchorage_pki::KEY_FILE.into());
@@ -440,7 +522,7 @@ pub struct Provisioned {
     /// The CA was made now (`false`: an existing one was used).
     pub ca_created: bool,
     pub out: PathBuf,
-    /// The server first, then the devices in project.toml's order.
+    /// The server first, then the relays, then the devices in project.toml's order.
     pub sites: Vec<Site>,
 }
 
@@ -461,7 +543,7 @@ fn site_identity(
                 "{} was not issued by this project's CA: move the folder away to provision `{id}` anew",
                 dir.join(CERT_FILE).display()
             );
-            if kind == Kind::Server {
+            if kind.serves() {
                 let have = cert::cert_names(identity.cert.as_ref())?;
                 if let Some(missing) = names.iter().find(|n| !have.contains(n)) {
                     anyhow::bail!(
@@ -500,6 +582,7 @@ pub fn provision(project_path: &Path, out: Option<&Path>) -> anyhow::Result<Prov
     let server_toml = project.server_toml()?;
     let client_tomls =
         (0..project.devices.len()).map(|n| project.client_toml(n)).collect::<anyhow::Result<Vec<_>>>()?;
+    let relay_tomls = (0..project.relays.len()).map(|r| project.relay_toml(r)).collect::<anyhow::Result<Vec<_>>>()?;
 
     let ca_created = !ca_dir.join(anchorage_pki::CA_KEY).exists() && !ca_dir.join(CA_CERT).exists();
     let mut ca =
@@ -518,6 +601,15 @@ pub fn provision(project_path: &Path, out: Option<&Path>) -> anyhow::Result<Prov
     write_public(&dir.join("server.toml"), server_toml.as_bytes())?;
     sites.push(Site { id: project.server.id.clone(), kind: Kind::Server, config: dir.join("server.toml"), dir, key });
 
+    for (relay, text) in project.relays.iter().zip(&relay_tomls) {
+        let dir = out.join(&relay.id);
+        let names = [host_of(&relay.address), RELAY_NAME.to_string()];
+        let key = site_identity(&mut ca, Kind::Relay, &relay.id, &names, project.days, &dir)?;
+        write_public(&dir.join(CA_CERT), &ca_cert)?;
+        write_public(&dir.join(CRL), ca.crl()?.as_ref())?;
+        write_public(&dir.join("relay.toml"), text.as_bytes())?;
+        sites.push(Site { id: relay.id.clone(), kind: Kind::Relay, config: dir.join("relay.toml"), dir, key });
+    }
     for (device, text) in project.devices.iter().zip(&client_tomls) {
         let dir = out.join(&device.id);
         let key = site_identity(&mut ca, Kind::Client, &device.id, &[], project.days, &dir)?;
@@ -527,6 +619,20 @@ pub fn provision(project_path: &Path, out: Option<&Path>) -> anyhow::Result<Prov
     }
     write_initial_model(&out, &sites)?;
     Ok(Provisioned { ca_dir, ca_created, out, sites })
+}
+
+/// Where a site listens: `bind`, or `0.0.0.0` and `address`'s port.
+fn bind_of(bind: Option<SocketAddr>, address: &str) -> anyhow::Result<SocketAddr> {
+    if let Some(bind) = bind {
+        return Ok(bind);
+    }
+    let port: u16 = address.rsplit_once(':').map(|(_, p)| p).unwrap_or("").parse()?;
+    Ok(SocketAddr::from(([0, 0, 0, 0], port)))
+}
+
+/// The host of `host:port`.
+fn host_of(address: &str) -> String {
+    address.rsplit_once(':').map_or(address, |(host, _)| host).trim_matches(['[', ']']).to_string()
 }
 
 /// The server's initial model file, beside its server.toml.
@@ -578,6 +684,49 @@ id = "edge-002"
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    /// Issue 37: `[[relays]]` get folders of their own (a relay certificate naming the relay
+    /// and the tier, relay.toml with the server as its parent); each device dials its relay and
+    /// lists the others as fallbacks.
+    #[test]
+    fn relays_get_folders_and_devices_dial_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join("project.toml");
+        let relays = "[[relays]]\nid = \"relay-a\"\naddress = \"relay-a.example.org:4434\"\n\
+                      [[relays]]\nid = \"relay-b\"\naddress = \"relay-b.example.org:4435\"\n\
+                      [relay_engine]\nfraction = 0.5\nmin_available = 1\nmin_fit = 1\n";
+        let text = PROJECT
+            .replace("[[devices]]\nid = \"edge-002\"\n", "[[devices]]\nid = \"edge-002\"\nrelay = \"relay-a\"\n");
+        std::fs::write(&project, format!("{text}{relays}")).unwrap();
+        let done = provision(&project, None).unwrap();
+        let ids: Vec<&str> = done.sites.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["server", "relay-a", "relay-b", "edge-001", "edge-002"]);
+        let relay = ServerConfig::load(&done.out.join("relay-b/relay.toml")).unwrap();
+        let parent = relay.parent.expect("a relay's parent");
+        assert_eq!(
+            (parent.address.as_str(), parent.server_name.as_str()),
+            ("server.example.org:4433", "server.example.org")
+        );
+        assert_eq!((relay.bind, relay.engine.fraction), ("0.0.0.0:4435".parse().unwrap(), 0.5));
+        let cert = std::fs::read(done.out.join("relay-b/cert.der")).unwrap();
+        assert!(cert::is_relay(&cert), "the relay role");
+        assert_eq!(cert::cert_names(&cert).unwrap(), ["relay-b", "relay-b.example.org", RELAY_NAME]);
+        assert!(done.out.join("relay-b/revoked.crl").exists());
+        // edge-001 (first, round robin) dials relay-a, so does edge-002 (named); each lists the other.
+        for device in ["edge-001", "edge-002"] {
+            let client = ClientConfig::load(&done.out.join(device).join("client.toml")).unwrap();
+            assert_eq!(client.server, "relay-a.example.org:4434", "{device}");
+            assert_eq!(client.fallbacks, ["relay-b.example.org:4435"], "{device}");
+            assert_eq!(client.server_name, RELAY_NAME);
+        }
+        std::fs::write(
+            &project,
+            format!("{PROJECT}{relays}").replace("id = \"edge-002\"", "id = \"edge-002\"\nrelay = \"nowhere\""),
+        )
+        .unwrap();
+        let err = format!("{:#}", provision(&project, None).unwrap_err());
+        assert!(err.contains("relay `nowhere`"), "{err}");
     }
 
     #[test]
