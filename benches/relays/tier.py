@@ -19,6 +19,7 @@ it asserts nothing beyond the run finishing.
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -166,7 +167,7 @@ def run(args):
         except subprocess.TimeoutExpired:
             p.kill()
     mode = f"{args.relays} relays × {args.devices // max(1, args.relays):,} devices" if args.relays else f"{args.devices:,} devices straight to the root"
-    print(f"\n{mode}, {args.rounds} rounds, {args.fraction:.0%} of devices a round; wall {wall:.0f} s; folder {dir_}\n")
+    print(f"\n{mode}, {args.rounds} rounds, {args.fraction:.0%} of devices a round; wall {wall:.0f} s\n")
     print("| process | peak RSS (MiB) | CPU (s) | CPU per round (s) |")
     print("|---|---:|---:|---:|")
     for name, (rss, cpu) in peaks.items():
@@ -179,6 +180,9 @@ def run(args):
         times = [t for _, _, t in db_by_round]
         print(f"round closes at (s): {[round(t, 1) for t in times]}")
     print(f"rounds closed at the root: {seen_rounds}")
+    if not args.keep:
+        # Every relay keeps its devices' updates: gigabytes after a large run.
+        shutil.rmtree(dir_, ignore_errors=True)
     return 0 if seen_rounds >= args.rounds else 1
 
 
@@ -189,6 +193,7 @@ def main():
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--fraction", type=float, default=0.05)
     p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--keep", action="store_true", help="keep the folder (logs, stores) instead of removing it")
     sys.exit(run(p.parse_args()))
 
 
