@@ -164,6 +164,10 @@ pub struct SystemsConfig {
     /// this many hours (168: a week of a fleet), even if `rounds` are left.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_after_hours: Option<f64>,
+    /// `[relays]`: a relay tier between the devices and the server (issue 37), modelled on the
+    /// virtual clock only; none: the devices reach the server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relays: Option<RelayTier>,
 }
 
 /// What the run measures beyond the global model's accuracy, which it evaluates every round.
@@ -481,8 +485,50 @@ impl Default for SystemsConfig {
             resume_uploads: true,
             resume_broadcasts: true,
             stop_after_hours: None,
+            relays: None,
         }
     }
+}
+
+/// `[relays]`: what a relay tier does to round time and bytes before one is built (issue 37,
+/// item 5). Client i joins relay i mod `count`; each relay runs the server's rounds for its
+/// clients (sampling `fraction` of them) and sends one partial aggregate up over its own link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayTier {
+    pub count: usize,
+    /// Each relay's link to the server (both directions), by preset.
+    #[serde(default = "relay_link")]
+    pub link: LinkPreset,
+    /// Windows in which one relay's link to the server is down (the relay keeps its devices;
+    /// what it sends up, and what the server sends it, waits for the link).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outages: Vec<RelayOutage>,
+}
+
+impl SimConfig {
+    /// `[relays]` is modelled on the virtual clock only: refused on the others, saying what to use.
+    pub fn relays_on_virtual_clock_only(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.systems.relays.is_none(),
+            "[relays] is modelled on the virtual clock only (--clock virtual); to run real relays over QUIC start \
+             anchorage-relay (deploy/README.md, \"Relays\"), or benches/relays/tier.py on one machine"
+        );
+        Ok(())
+    }
+}
+
+fn relay_link() -> LinkPreset {
+    LinkPreset::Ethernet
+}
+
+/// One relay's link outage, in ms of simulated time from the run's start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayOutage {
+    pub relay: usize,
+    pub start_ms: u64,
+    pub duration_ms: u64,
 }
 
 impl SystemsConfig {
@@ -539,10 +585,10 @@ mod tests {
             field_names::<OutputConfig>(),
         ];
         let mut keys: Vec<&str> = sections.concat();
-        assert_eq!(keys.len(), 40, "{keys:?}");
+        assert_eq!(keys.len(), 41, "{keys:?}");
         keys.sort_unstable();
         keys.dedup();
-        assert_eq!(keys.len(), 40, "a key in two sections");
+        assert_eq!(keys.len(), 41, "a key in two sections");
         assert!(!keys.contains(&"model") && !keys.contains(&"method"));
         assert!(keys.contains(&"data"), "the [data] table is the data section's");
     }

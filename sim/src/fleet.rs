@@ -72,6 +72,7 @@ pub struct WorkerSummary {
 /// Runs shard `index` of `of` of `config`'s clients against `target` until the server ends the
 /// run; returns when every device has left.
 pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Target) -> anyhow::Result<WorkerSummary> {
+    config.relays_on_virtual_clock_only()?;
     let range = shard(config.federation.clients, index, of)?;
     let setup = Setup::for_clients(config, Charge::Sleep, range.clone())?;
     let mut ca = ProjectCa::open(&target.ca_dir)?.detached();
@@ -125,6 +126,7 @@ pub async fn run_worker(config: &SimConfig, index: usize, of: usize, target: &Ta
 /// run folder in `out` (with the server's state folder in `out/state` and its CA in `out/ca`).
 pub async fn run_local(config: SimConfig, workers: usize, out: &Path, progress: bool) -> anyhow::Result<SimResult> {
     anyhow::ensure!(workers >= 1, "a fleet needs at least one worker");
+    config.relays_on_virtual_clock_only()?;
     let started = Instant::now();
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let Setup { engine, initial, evaluator, num_classes, headline, server_method, .. } =

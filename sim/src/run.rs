@@ -31,6 +31,7 @@ pub async fn run(config: SimConfig) -> anyhow::Result<SimResult> {
 /// Runs the federation, reporting each round to `recorder` (console and run folder) as it
 /// closes; a stop request ends the run after the round in flight.
 pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow::Result<SimResult> {
+    config.relays_on_virtual_clock_only()?;
     let started = Instant::now();
     let Setup { engine, initial, clients, evaluator, devices, num_classes, headline, server_method, .. } =
         Setup::new(&config, Charge::Sleep)?;

@@ -26,6 +26,8 @@ use crate::record::{RoundRow, RunSummary, SimResult, SummaryInputs, initial_of};
 use crate::recorder::Recorder;
 use crate::setup::{Evaluator, Setup, client_id};
 
+mod tier;
+
 /// Payload bytes a QUIC packet carries, and the bytes of headers, framing and AEAD tag around it
 /// (measured on loopback: about 3% over the payload for a 1 MB upload).
 const PACKET_PAYLOAD: u64 = 1200;
@@ -67,6 +69,16 @@ enum Event {
     },
     Online {
         client: usize,
+    },
+    /// From the root to relay `relay` over its link (`[relays]`).
+    ToRelay {
+        relay: usize,
+        msg: Message,
+    },
+    /// From relay `relay` to the root over its link.
+    ToRoot {
+        relay: usize,
+        msg: Message,
     },
 }
 
@@ -245,7 +257,10 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
 /// One run on the virtual clock: the engine, the fleet, the event queue and what the run has
 /// recorded so far. [`VirtualRun::step`] handles one event and the engine's actions after it.
 struct VirtualRun {
+    /// The server's engine: the root of a tier when `tier` is set.
     engine: Engine,
+    /// `[relays]`: the relays between the clients and the root.
+    tier: Option<tier::Tier>,
     schedule: EngineConfig,
     evaluator: Evaluator,
     devices: Vec<Arc<DeviceProfile>>,
@@ -354,7 +369,18 @@ impl VirtualRun {
             ..
         } = Setup::new(config, Charge::Report)?;
         let schedule = engine_config.clone();
-        let engine = Engine::new(engine_config, server_method, initial.clone());
+        let (tier, engine_config) = match &config.systems.relays {
+            Some(t) => {
+                let (tier, root) =
+                    tier::Tier::new(t, clients.len(), &engine_config, &config.method, config.federation.seed)?;
+                (Some(tier), root)
+            }
+            None => (None, engine_config),
+        };
+        let mut engine = Engine::new(engine_config, server_method, initial.clone());
+        if let Some(tier) = &tier {
+            tier.join(&mut engine, config.method.name())?;
+        }
         let clients = virtual_clients(config, clients, &devices)?;
         let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();
 
@@ -369,6 +395,7 @@ impl VirtualRun {
         )?;
         Ok(Self {
             engine,
+            tier,
             schedule,
             evaluator,
             devices,
@@ -439,17 +466,18 @@ impl VirtualRun {
     fn step(&mut self, recorder: &mut Recorder) -> anyhow::Result<bool> {
         // Trainings in flight land (as Trained events at their start + compute) before anything
         // that could see them: an event for the engine, or for a client that is training.
-        if self.trainer.must_land(&self.queue, self.engine.poll_timeout()) {
+        let timeout = self.poll_timeout();
+        if self.trainer.must_land(&self.queue, timeout) {
             self.trainer.land_all(&mut self.clients, &mut self.queue)?;
             return Ok(true);
         }
-        // The engine's deadline fires before the next event, if it comes first.
+        // An engine's deadline fires before the next event, if it comes first.
         let next = self.queue.peek_time();
-        if let Some(deadline) = self.engine.poll_timeout()
+        if let Some(deadline) = timeout
             && next.is_none_or(|t| deadline <= t)
         {
             self.now = self.now.max(deadline);
-            self.engine.handle_timeout(self.now);
+            self.handle_timeouts();
         } else if let Some((t, event)) = self.queue.pop() {
             self.now = t;
             let delivered = self.on_event(event);
@@ -460,9 +488,7 @@ impl VirtualRun {
         } else {
             return Ok(false);
         }
-        while let Some(action) = self.engine.poll_action() {
-            self.on_action(action, recorder)?;
-        }
+        self.drain_actions(recorder)?;
         Ok(!(self.stopping || (self.finished && self.queue.peek_time().is_none())))
     }
 
@@ -475,7 +501,12 @@ impl VirtualRun {
                 if !c.online || conn != c.conn {
                     return false; // sent on a connection that is gone: lost
                 }
-                self.engine.handle_message(now, &client_id(from), msg)
+                self.engine_of(from).handle_message(now, &client_id(from), msg)
+            }
+            Event::ToRelay { relay, msg } => self.relay_received(relay, msg),
+            Event::ToRoot { relay, msg } => {
+                let id = self.tier.as_ref().map(|t| t.relays[relay].id.clone()).unwrap_or_default();
+                self.engine.handle_message(now, &id, msg)
             }
             Event::ToClient { to, msg, wire, conn } => return self.deliver(to, msg, wire, conn),
             Event::Offline { client, back_after, crash } => self.offline(client, back_after, crash),
@@ -523,7 +554,9 @@ impl VirtualRun {
         }
         c.online = false;
         c.conn += 1;
-        self.engine.handle_disconnect(self.now, &client_id(client));
+        let now = self.now;
+        self.engine_of(client).handle_disconnect(now, &client_id(client));
+        let c = &mut self.clients[client];
         if crash {
             c.life += 1;
             c.session.restart(c.method.as_ref().map_or(0, |m| m.num_samples()));
@@ -564,24 +597,17 @@ impl VirtualRun {
     /// closed round evaluated and recorded, the end.
     fn on_action(&mut self, action: Action, recorder: &mut Recorder) -> anyhow::Result<()> {
         let now = self.now;
+        let relay = |to: &str| self.tier.as_ref().and_then(|t| t.index_of(to));
         match action {
-            Action::Send { to, msg } => send_down(&self.index, &mut self.clients, &mut self.queue, now, &to, msg),
-            Action::Close { client, refusal } => {
-                send_down(&self.index, &mut self.clients, &mut self.queue, now, &client, Message::Refusal(refusal))
-            }
-            Action::Broadcast { to, msg } => {
-                let bytes = frame_len(&msg);
-                for client in to {
-                    if let Some(&i) = self.index.get(&client) {
-                        let c = &mut self.clients[i];
-                        // Only a broadcast larger than a chunk travels as a transfer.
-                        let resume = c.resume_broadcasts && bytes > CHUNK_BYTES as u64;
-                        let (at, wire) = c.down.carry_transfer(now, bytes, resume);
-                        let conn = c.conn;
-                        self.queue.push(at, Event::ToClient { to: i, msg: (*msg).clone(), wire, conn });
-                    }
+            Action::Send { to, msg } if relay(&to).is_some() => self.send_to_relay(relay(&to).unwrap_or(0), msg),
+            Action::Broadcast { to, msg } if to.iter().any(|c| relay(c).is_some()) => {
+                for r in to.iter().filter_map(|c| relay(c)).collect::<Vec<_>>() {
+                    self.send_to_relay(r, (*msg).clone());
                 }
             }
+            Action::Close { client, .. } if relay(&client).is_some() => {}
+            Action::Ledger(record) if relay(&record.client).is_some() => {}
+            Action::Send { .. } | Action::Close { .. } | Action::Broadcast { .. } => self.send_to_clients(action),
             // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
             Action::Ledger(record) => {
                 if record.dropped || record.declined.is_some() {
@@ -608,9 +634,129 @@ impl VirtualRun {
                 }
                 self.stopping = recorder.stop_requested().is_some() || horizon;
             }
-            Action::Finished => self.finished = true,
+            Action::Finished => {
+                self.finished = true;
+                // The relays pass the root's goodbye on to their devices.
+                for relay in self.tier.iter_mut().flat_map(|t| t.relays.iter_mut()) {
+                    relay.engine.handle_parent_goodbye("federation finished");
+                }
+            }
         }
         Ok(())
+    }
+
+    /// An engine's message to clients onto their links (the root's, or a relay's).
+    fn send_to_clients(&mut self, action: Action) {
+        let now = self.now;
+        match action {
+            Action::Send { to, msg } => send_down(&self.index, &mut self.clients, &mut self.queue, now, &to, msg),
+            Action::Close { client, refusal } => {
+                send_down(&self.index, &mut self.clients, &mut self.queue, now, &client, Message::Refusal(refusal))
+            }
+            Action::Broadcast { to, msg } => {
+                let bytes = frame_len(&msg);
+                for client in to {
+                    if let Some(&i) = self.index.get(&client) {
+                        let c = &mut self.clients[i];
+                        // Only a broadcast larger than a chunk travels as a transfer.
+                        let resume = c.resume_broadcasts && bytes > CHUNK_BYTES as u64;
+                        let (at, wire) = c.down.carry_transfer(now, bytes, resume);
+                        let conn = c.conn;
+                        self.queue.push(at, Event::ToClient { to: i, msg: (*msg).clone(), wire, conn });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The engine client `client` talks to: its relay's, or the server's.
+    fn engine_of(&mut self, client: usize) -> &mut Engine {
+        match self.tier.as_mut() {
+            Some(t) => {
+                let r = t.relay_of(client);
+                &mut t.relays[r].engine
+            }
+            None => &mut self.engine,
+        }
+    }
+
+    /// When the earliest engine needs its timeout.
+    fn poll_timeout(&self) -> Option<Duration> {
+        let relays = self.tier.as_ref().and_then(tier::Tier::poll_timeout);
+        [self.engine.poll_timeout(), relays].into_iter().flatten().min()
+    }
+
+    /// Every engine whose deadline the clock reached handles it.
+    fn handle_timeouts(&mut self) {
+        let now = self.now;
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+        }
+        for relay in self.tier.iter_mut().flat_map(|t| t.relays.iter_mut()) {
+            if relay.engine.poll_timeout().is_some_and(|t| t <= now) {
+                relay.engine.handle_timeout(now);
+            }
+        }
+    }
+
+    /// Carries out the root's actions and every relay's, until none is left.
+    fn drain_actions(&mut self, recorder: &mut Recorder) -> anyhow::Result<()> {
+        loop {
+            let mut acted = false;
+            while let Some(action) = self.engine.poll_action() {
+                acted = true;
+                self.on_action(action, recorder)?;
+            }
+            for r in 0..self.tier.as_ref().map_or(0, |t| t.relays.len()) {
+                while let Some(action) = self.tier.as_mut().and_then(|t| t.relays[r].engine.poll_action()) {
+                    acted = true;
+                    self.on_relay_action(r, action);
+                }
+            }
+            if !acted {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One of relay `r`'s actions: messages to its clients, their dropped records, and its
+    /// closed round's partial aggregate up its link to the root.
+    fn on_relay_action(&mut self, r: usize, action: Action) {
+        match action {
+            Action::Send { .. } | Action::Close { .. } | Action::Broadcast { .. } => self.send_to_clients(action),
+            Action::Ledger(record) if record.dropped || record.declined.is_some() => {
+                self.live.cost(self.ledger.len(), &record);
+                self.ledger.push(record);
+            }
+            Action::RoundClosed(_, checkpoint) => {
+                let Some(tier) = self.tier.as_mut() else { return };
+                if let Some(partial) = anchorage_server::relay::partial_of(&checkpoint) {
+                    let msg = Message::Partial(partial);
+                    let (at, _) = tier.relays[r].up.carry_transfer(self.now, frame_len(&msg), true);
+                    self.queue.push(at, Event::ToRoot { relay: r, msg });
+                }
+            }
+            Action::Ledger(_) | Action::Persist(_) | Action::Finished => {}
+        }
+    }
+
+    /// The root's message onto relay `r`'s link.
+    fn send_to_relay(&mut self, r: usize, msg: Message) {
+        let Some(tier) = self.tier.as_mut() else { return };
+        let (at, _) = tier.relays[r].down.carry_transfer(self.now, frame_len(&msg), true);
+        self.queue.push(at, Event::ToRelay { relay: r, msg });
+    }
+
+    /// The root's message reaches relay `r`: a round's broadcast opens it there, a goodbye ends it.
+    fn relay_received(&mut self, r: usize, msg: Message) {
+        let now = self.now;
+        let Some(relay) = self.tier.as_mut().map(|t| &mut t.relays[r]) else { return };
+        match msg {
+            Message::Broadcast(b) => relay.engine.handle_parent_round(now, b),
+            Message::Goodbye(g) => relay.engine.handle_parent_goodbye(&g.reason),
+            _ => {}
+        }
     }
 
     /// The run's result: rows with their final wire bytes, the summary, the run folder finished.

@@ -283,3 +283,63 @@ fn clients_evaluate_on_the_policy_and_the_global_model_every_round() {
     assert!(sparse.summary.local_eval.sampled && sparse.summary.local_eval.every == 2);
     assert!(!full.summary.local_eval.sampled);
 }
+
+/// Issue 37, item 5: a relay tier on the virtual clock. With every client in every round, the
+/// tier gives the global model of the clients straight to the server (the same accuracy every
+/// round); the root's traffic is the relays' partial aggregates; a relay's link outage holds
+/// the round back, and a slower relay link makes rounds longer.
+#[test]
+fn a_relay_tier_on_the_virtual_clock_gives_the_same_model_and_charges_its_links() {
+    use anchorage_sim::config::{RelayOutage, RelayTier};
+    let base = SimConfig {
+        federation: FederationConfig {
+            clients: 6,
+            rounds: 3,
+            seed: 11,
+            local_epochs: 1,
+            min_available: Some(6),
+            ..Default::default()
+        },
+        data: DataConfig { train_per_class: 30, test_per_class: 10, ..Default::default() },
+        systems: SystemsConfig {
+            devices: vec![anchorage_sim::device::DeviceProfile { compute_scale: 0.0, ..Default::default() }],
+            ..Default::default()
+        },
+        ..SimConfig::default()
+    };
+    let with = |tier: RelayTier| {
+        let mut c = base.clone();
+        c.systems.relays = Some(tier);
+        assert!(c.relays_on_virtual_clock_only().unwrap_err().to_string().contains("--clock virtual"));
+        run_virtual(&c).expect("a tiered run")
+    };
+    let tier = |link, outages| RelayTier { count: 2, link, outages };
+    let straight = run_virtual(&base).unwrap();
+    let tiered = with(tier(LinkPreset::Ethernet, vec![]));
+    assert_eq!(tiered.summary.rounds.len(), 3);
+    for (a, b) in straight.summary.rounds.iter().zip(&tiered.summary.rounds) {
+        assert!(
+            (a.accuracy - b.accuracy).abs() < 1e-6,
+            "round {}: {} straight, {} through relays",
+            a.round,
+            a.accuracy,
+            b.accuracy
+        );
+        assert_eq!(b.aggregated, 2, "the root aggregates the two relays' partials");
+    }
+    assert_eq!(tiered.ledger.iter().filter(|c| !c.dropped).count(), 18, "every client's record, every round");
+    let slow = with(tier(LinkPreset::Satellite, vec![]));
+    let seconds = |r: &anchorage_sim::SimResult| r.summary.rounds.iter().map(|r| r.seconds).sum::<f64>();
+    assert!(seconds(&slow) > seconds(&tiered) + 1.0, "satellite {} s, ethernet {} s", seconds(&slow), seconds(&tiered));
+    // Relay 1's link is down for the first 30 s: round 1 waits for its partial (the root's
+    // deadline is 60 s) and ends with the same model.
+    let outage = |ms| vec![RelayOutage { relay: 1, start_ms: 0, duration_ms: ms }];
+    let held = with(tier(LinkPreset::Ethernet, outage(30_000)));
+    let first = &held.summary.rounds[0];
+    assert!(first.seconds >= 30.0 && first.aggregated == 2, "round 1 waits for relay 1: {first:?}");
+    assert!((first.accuracy - tiered.summary.rounds[0].accuracy).abs() < 1e-6);
+    // Down for two minutes: the root closes round 1 at its deadline with relay 0's partial alone.
+    let lost = with(tier(LinkPreset::Ethernet, outage(120_000)));
+    let first = &lost.summary.rounds[0];
+    assert!((59.0..70.0).contains(&first.seconds) && first.aggregated == 1, "{first:?}");
+}
