@@ -99,6 +99,13 @@ impl Engine {
         }
     }
 
+    /// A relay's last partial aggregate folded again without `devices` (its parent counted them
+    /// through another relay): what goes up in its place; `None` where nothing is left or the
+    /// round's updates are gone (a restart).
+    pub fn refold_without(&mut self, devices: &[String]) -> Option<Partial> {
+        self.core.method.as_relay_mut()?.refold_without(devices)
+    }
+
     /// Whether this engine is a relay's.
     pub fn is_relay(&self) -> bool {
         self.core.parent.is_some()
@@ -151,11 +158,7 @@ impl Engine {
         let twice = self.core.members.counted_elsewhere(relay, &partial);
         if !twice.is_empty() {
             self.core.stats.duplicate_updates += 1;
-            let detail = format!(
-                "round {round}: another relay's partial aggregate holds {} of these devices already ({})",
-                twice.len(),
-                super::report::preview(twice.iter(), 5)
-            );
+            let detail = crate::relay::duplicate_detail(round, &twice);
             self.core.refuse(relay, RefusalReason::Duplicate, detail);
             return;
         }

@@ -81,6 +81,11 @@ pub trait ServerMethod: Send {
     fn is_relay(&self) -> bool {
         false
     }
+
+    /// The relay's method itself, to fold its last round again ([`crate::relay::RelayMethod`]).
+    fn as_relay_mut(&mut self) -> Option<&mut crate::relay::RelayMethod> {
+        None
+    }
 }
 
 /// Where in the task stream the round being aggregated is, and how its blocks are combined.

@@ -21,6 +21,25 @@ use anchorage_shared::method::{MethodConfig, info};
 use crate::aggregate::AggregationRule;
 use crate::engine::{AggregationMode, EngineConfig};
 
+/// A root's refusal of a partial aggregate whose devices another relay's accepted partial holds:
+/// the detail names every such device after [`DUPLICATES`], so that the relay can fold its
+/// round again without them ([`duplicate_devices`]).
+pub fn duplicate_detail(round: u64, devices: &[String]) -> String {
+    format!(
+        "round {round}: another relay's partial aggregate holds {} of these devices already{DUPLICATES}{}",
+        devices.len(),
+        devices.join(" ")
+    )
+}
+
+const DUPLICATES: &str = "; devices: ";
+
+/// The devices a [`duplicate_detail`] names; `None` for any other detail.
+pub fn duplicate_devices(detail: &str) -> Option<Vec<String>> {
+    let (_, list) = detail.split_once(DUPLICATES)?;
+    Some(list.split(' ').filter(|d| !d.is_empty()).map(String::from).collect())
+}
+
 /// Why a relay cannot run `method` under `config`; `Ok` when it can. The same check runs at the
 /// root for a federation that takes relays.
 pub fn check(config: &EngineConfig, method: &MethodConfig) -> Result<(), String> {

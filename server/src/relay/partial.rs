@@ -81,11 +81,33 @@ pub struct RelayMethod {
     /// The method the federation runs (the devices' hello must name it).
     name: &'static str,
     last: Option<Partial>,
+    /// The last round's screened and bounded updates, in memory, to fold again without devices
+    /// the parent counted through another relay.
+    kept: Vec<(String, Update)>,
 }
 
 impl RelayMethod {
     pub fn new(name: &'static str) -> Self {
-        Self { name, last: None }
+        Self { name, last: None, kept: Vec::new() }
+    }
+
+    /// The last partial aggregate folded again without `devices` (it becomes the last one);
+    /// `None` when nothing is left or the updates are gone.
+    pub fn refold_without(&mut self, devices: &[String]) -> Option<Partial> {
+        let last = self.last.as_ref()?;
+        let (round, members) = (last.update.round, &last.members);
+        let left: Vec<(&str, &Update)> = self
+            .kept
+            .iter()
+            .filter(|(d, _)| members.iter().any(|m| &m.device == d) && !devices.contains(d))
+            .map(|(d, u)| (d.as_str(), u))
+            .collect();
+        if left.is_empty() || left.len() == members.len() {
+            return None;
+        }
+        let partial = fold(round, &left).ok()?;
+        self.last = Some(partial.clone());
+        Some(partial)
     }
 }
 
@@ -101,6 +123,7 @@ impl ServerMethod for RelayMethod {
         updates: &[(&str, &Update)],
     ) -> Result<Vec<ParamBlock>, MethodError> {
         self.last = Some(fold(round.round, updates)?);
+        self.kept = updates.iter().map(|(d, u)| ((*d).to_string(), (*u).clone())).collect();
         Ok(global.to_vec())
     }
 
@@ -114,6 +137,10 @@ impl ServerMethod for RelayMethod {
 
     fn is_relay(&self) -> bool {
         true
+    }
+
+    fn as_relay_mut(&mut self) -> Option<&mut RelayMethod> {
+        Some(self)
     }
 }
 

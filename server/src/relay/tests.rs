@@ -448,3 +448,51 @@ fn a_relay_adopts_a_device_that_failed_over_and_the_root_does_not() {
     root.handle_message(Duration::ZERO, "b", Message::Update(device_update(1, 0, false)));
     assert_eq!(refusals(&drain(&mut root), "b"), vec![RefusalReason::NotSampled]);
 }
+
+/// A device whose update relay A's accepted partial holds failed over to relay B, which took it
+/// too (A's ack was lost): the root refuses B's partial naming the device, and B folds its round
+/// again without it. The root's model holds every device once.
+#[test]
+fn a_relay_folds_its_round_again_without_a_device_counted_elsewhere() {
+    let method = MethodConfig::named("fedavg").unwrap();
+    let mut root = Engine::new(config(2), build(&method), initial());
+    for r in ["relay-a", "relay-b"] {
+        root.set_relay(r, true);
+        root.handle_message(Duration::ZERO, r, hello(r, "fedavg"));
+    }
+    let (_, parent) = broadcasts(&drain(&mut root)).pop().unwrap();
+    let relay_with = |devices: &[usize]| {
+        let mut relay = Engine::relay(config(devices.len()), &method, None).unwrap();
+        for &d in devices {
+            relay.handle_message(Duration::ZERO, &device_id(d), hello(&device_id(d), "fedavg"));
+        }
+        relay.handle_parent_round(Duration::ZERO, parent.clone());
+        for &d in devices {
+            relay.handle_message(Duration::ZERO, &device_id(d), Message::Update(device_update(1, d, false)));
+        }
+        drain(&mut relay);
+        relay
+    };
+    let a = relay_with(&[0, 1]);
+    let mut b = relay_with(&[1, 2]);
+    root.handle_message(Duration::ZERO, "relay-a", Message::Partial(a.last_partial().unwrap()));
+    root.handle_message(Duration::ZERO, "relay-b", Message::Partial(b.last_partial().unwrap()));
+    let detail = drain(&mut root)
+        .into_iter()
+        .find_map(|a| match a {
+            Action::Send { to, msg: Message::Refusal(r) } if to == "relay-b" => Some(r.detail),
+            _ => None,
+        })
+        .expect("B's partial refused");
+    let twice = super::duplicate_devices(&detail).expect("the refusal names the devices");
+    assert_eq!(twice, vec![device_id(1)]);
+    let again = b.refold_without(&twice).expect("B folds its round again");
+    assert_eq!(again.members.iter().map(|m| m.device.as_str()).collect::<Vec<_>>(), [device_id(2)]);
+    assert_eq!(b.last_partial(), Some(again.clone()), "the new partial is the relay's last");
+    root.handle_message(Duration::ZERO, "relay-b", Message::Partial(again));
+    let checkpoint = closed(&drain(&mut root)).pop().expect("the round closes with both relays");
+    let all: Vec<(String, Update)> = (0..3).map(|d| (device_id(d), device_update(1, d, false))).collect();
+    let refs: Vec<(&str, &Update)> = all.iter().map(|(d, u)| (d.as_str(), u)).collect();
+    assert_close(&values(&checkpoint.global), &values(&super::fold(1, &refs).unwrap().update.blocks), "global");
+    assert_eq!(b.refold_without(&[device_id(2)]), None, "nothing left to send");
+}

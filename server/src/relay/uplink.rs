@@ -43,6 +43,8 @@ pub struct Uplink {
     pub max_frame: usize,
     /// The relay's metrics (its partials, its link to the parent).
     pub metrics: Arc<crate::metrics::ServerMetrics>,
+    /// The relay's engine, to fold a round again without devices its parent counted elsewhere.
+    pub control: Option<crate::transport::RelayControl>,
 }
 
 /// What the relay's owner hands the uplink, and what it gets back.
@@ -198,6 +200,9 @@ impl Uplink {
             tokio::select! {
                 msg = inbound.recv() => match msg {
                     Some(Inbound::Broadcast(b)) => { let _ = ch.rounds.send(b); }
+                    Some(Inbound::Control(Message::Refusal(r))) if r.reason == RefusalReason::Duplicate && owed.partial.is_some() => {
+                        self.refold(conn, &r.detail, owed).await?;
+                    }
                     Some(Inbound::Control(msg)) => if let Some(ended) = self.on_control(msg, owed) {
                         // The last round's cost records are on their way: send what comes shortly.
                         self.last_costs(control, inbound, ch, owed).await;
@@ -249,6 +254,39 @@ impl Uplink {
             _ => {}
         }
         None
+    }
+
+    /// The parent counted some of the owed partial's devices through another relay (they failed
+    /// over): the round goes up again without them, or, where the relay cannot fold it again
+    /// (a restart lost the round's updates), not at all. Nothing is counted twice either way.
+    async fn refold(&self, conn: &quinn::Connection, detail: &str, owed: &mut Owed) -> anyhow::Result<()> {
+        let devices = super::duplicate_devices(detail).unwrap_or_default();
+        let again = match (&self.control, devices.is_empty()) {
+            (Some(control), false) => control.refold_without(devices.clone()).await,
+            _ => None,
+        };
+        self.metrics.relay_partial("refused");
+        match again {
+            Some(p) => {
+                tracing::warn!(
+                    round = p.update.round,
+                    ?devices,
+                    "the parent counted these devices through another relay; sending the round without them"
+                );
+                owed.partial = Some(p);
+                if let Some(p) = &owed.partial {
+                    self.send_partial(conn, p).await?;
+                }
+            }
+            None => {
+                tracing::warn!(
+                    ?devices,
+                    "the parent counted devices of this partial elsewhere, and it cannot be folded again: dropped"
+                );
+                owed.partial = None;
+            }
+        }
+        Ok(())
     }
 
     /// After the parent's goodbye: the cost records that arrive shortly go up, and the link

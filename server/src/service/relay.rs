@@ -82,6 +82,7 @@ impl RelayLink {
             last_round: stored.map(|c| c.round).filter(|r| *r > 0),
             max_frame: config.engine.max_frame_bytes as usize,
             metrics: server.metrics.clone(),
+            control: Some(server.relay_control()),
         };
         tracing::info!(parent = %address, "relay: joining the parent");
         let channels = Channels { partials: partials_rx, costs, rounds: rounds_tx, stop: stop_rx };

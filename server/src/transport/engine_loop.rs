@@ -312,6 +312,9 @@ impl EngineShell {
         match input {
             Input::Parent(broadcast) => self.engine.handle_parent_round(now, broadcast),
             Input::ParentGoodbye(reason) => self.engine.handle_parent_goodbye(&reason),
+            Input::Refold { devices, reply } => {
+                let _ = reply.send(self.engine.refold_without(&devices));
+            }
             Input::Hello { conn, client, fingerprint, relay, msg, out } => {
                 let at = Instant::now();
                 if self.flaps.quarantined(&client, at) {

@@ -97,6 +97,11 @@ impl ServerHandle {
         let _ = self.inputs.send(Input::Parent(broadcast));
     }
 
+    /// The handle a relay's uplink keeps to its engine.
+    pub fn relay_control(&self) -> RelayControl {
+        RelayControl { inputs: self.inputs.clone() }
+    }
+
     /// A relay's parent said goodbye: the relay's devices are told, then `Finished`.
     pub fn parent_goodbye(&self, reason: String) {
         let _ = self.inputs.send(Input::ParentGoodbye(reason));
@@ -140,6 +145,27 @@ enum Input {
     Parent(anchorage_shared::protocol::Broadcast),
     /// A relay's parent said goodbye.
     ParentGoodbye(String),
+    /// A relay's parent counted some of its last partial's devices through another relay: fold
+    /// the round again without them.
+    Refold {
+        devices: Vec<String>,
+        reply: tokio::sync::oneshot::Sender<Option<anchorage_shared::protocol::Partial>>,
+    },
+}
+
+/// What a relay's uplink may ask of its engine while the server runs.
+#[derive(Clone)]
+pub struct RelayControl {
+    inputs: mpsc::UnboundedSender<Input>,
+}
+
+impl RelayControl {
+    /// The last partial aggregate folded again without `devices` (`Engine::refold_without`).
+    pub async fn refold_without(&self, devices: Vec<String>) -> Option<anchorage_shared::protocol::Partial> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.inputs.send(Input::Refold { devices, reply }).ok()?;
+        answer.await.ok().flatten()
+    }
 }
 
 /// What the engine loop sends a connection task to write.
