@@ -259,7 +259,7 @@ async fn start_federation(
         Some(_) => relay::relay_method(config, &method_config)?,
         None => server_method(config, &method_config)?,
     };
-    let relay_state = config.parent.as_ref().map(|_| (relay::stored_checkpoint(&store, method.name()), trust.clone()));
+    let relay_trust = config.parent.as_ref().map(|_| trust.clone());
     let held_out = config.evaluation.as_ref().map(held_out_evaluator).transpose()?;
     // Where the store stands, for the rule of `anchorage_waiting_for_devices`: a round the
     // engine resumes open, and (buffered mode) whether a version exists.
@@ -279,10 +279,8 @@ async fn start_federation(
     })
     .await?;
     tracing::info!(addr = %server.local_addr, method = %method_config.name(), relay = config.parent.is_some(), "listening");
-    let relay = match (&config.parent, relay_state) {
-        (Some(parent), Some((checkpoint, trust))) => {
-            Some(RelayLink::start(config, parent, &mut server, &trust, checkpoint)?)
-        }
+    let relay = match (&config.parent, relay_trust) {
+        (Some(parent), Some(trust)) => Some(RelayLink::start(config, parent, &mut server, &trust)?),
         _ => None,
     };
     Ok((server, held_out, stored, relay))

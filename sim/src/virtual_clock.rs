@@ -379,7 +379,7 @@ impl VirtualRun {
         };
         let mut engine = Engine::new(engine_config, server_method, initial.clone());
         if let Some(tier) = &tier {
-            tier.join(&mut engine, config.method.name())?;
+            tier.join(&mut engine, config.method.name());
         }
         let clients = virtual_clients(config, clients, &devices)?;
         let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();

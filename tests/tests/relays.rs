@@ -49,6 +49,16 @@ fn device_id(d: usize) -> String {
     format!("edge-{d:02}")
 }
 
+/// Device certificates for devices 0..n from the project CA.
+fn device_certs(ca: &mut ProjectCa, n: usize) -> Vec<ClientCert> {
+    (0..n)
+        .map(|d| {
+            let identity = ca.issue(Kind::Client, &device_id(d), &[], 30).unwrap();
+            ClientCert { chain: vec![identity.cert], key: identity.key }
+        })
+        .collect()
+}
+
 /// A site folder: the CA's files and `kind`'s certificate for `id` (names: localhost).
 fn site(ca: &mut ProjectCa, dir: &Path, kind: Kind, id: &str) -> PathBuf {
     let tls = dir.join(id).join("tls");
@@ -142,9 +152,7 @@ async fn two_relays_carry_a_federation_to_the_devices_mean() {
         relays.push(tokio::spawn(anchorage_server::service::serve(config(dir, &id, addr, PER_RELAY, Some(root_addr)))));
     }
     let mut devices = Vec::new();
-    for d in 0..RELAYS * PER_RELAY {
-        let identity = ca.issue(Kind::Client, &device_id(d), &[], 30).unwrap();
-        let cert = ClientCert { chain: vec![identity.cert], key: identity.key };
+    for (d, cert) in device_certs(&mut ca, RELAYS * PER_RELAY).into_iter().enumerate() {
         devices.push(tokio::spawn(device(d, relay_addrs[d % RELAYS], ca.cert().clone(), cert)));
     }
     for device in devices {
@@ -322,12 +330,7 @@ async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
     let relay_toml = dir.join("relay-0.toml");
     std::fs::write(&relay_toml, config_text(dir, "relay-0", relay_addr, 3, Some(root_addr))).unwrap();
     let mut relay = RelayProcess::start(relay_toml);
-    let certs: Vec<ClientCert> = (0..3)
-        .map(|d| {
-            let identity = ca.issue(Kind::Client, &device_id(d), &[], 30).unwrap();
-            ClientCert { chain: vec![identity.cert], key: identity.key }
-        })
-        .collect();
+    let certs = device_certs(&mut ca, 3);
     let ca_cert = ca.cert().clone();
     let mut devices = Vec::new();
     for (d, cert) in certs.iter().enumerate() {
@@ -398,12 +401,7 @@ async fn a_device_fails_over_to_another_relay_and_is_counted_once() {
     std::fs::write(&a_toml, config_text(dir, "relay-a", a_addr, 2, Some(root_addr))).unwrap();
     let mut relay_a = RelayProcess::start(a_toml);
     let relay_b = tokio::spawn(anchorage_server::service::serve(config(dir, "relay-b", b_addr, 3, Some(root_addr))));
-    let certs: Vec<ClientCert> = (0..5)
-        .map(|d| {
-            let identity = ca.issue(Kind::Client, &device_id(d), &[], 30).unwrap();
-            ClientCert { chain: vec![identity.cert], key: identity.key }
-        })
-        .collect();
+    let certs = device_certs(&mut ca, 5);
     let ca_cert = ca.cert().clone();
     // d0, d1 on relay A; d2, d3, d4 on relay B.
     let mut on_a = Vec::new();

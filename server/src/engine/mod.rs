@@ -24,7 +24,7 @@ pub mod secagg;
 #[cfg(test)]
 mod secagg_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;

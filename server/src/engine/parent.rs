@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anchorage_shared::method::MethodConfig;
-use anchorage_shared::protocol::{Broadcast, CostBatch, Partial, RefusalReason};
+use anchorage_shared::protocol::{Broadcast, CostBatch, Member, Partial, RefusalReason};
 
 use super::common::cost_ack;
 use super::{Action, ClientId, Engine, EngineConfig, INVITATIONS_KEPT, Mode, Recovered};
@@ -41,19 +41,18 @@ pub(crate) struct Members {
 
 impl Members {
     /// The devices of `partial` that an accepted partial of another relay holds already.
-    fn counted_elsewhere(&self, relay: &str, partial: &Partial) -> Vec<ClientId> {
-        let Some(counted) = self.by_round.get(&partial.update.round) else { return Vec::new() };
-        partial
-            .members
+    fn counted_elsewhere(&self, relay: &str, round: u64, members: &[Member]) -> Vec<ClientId> {
+        let Some(counted) = self.by_round.get(&round) else { return Vec::new() };
+        members
             .iter()
             .filter(|m| counted.get(&m.device).is_some_and(|(r, _)| r != relay))
             .map(|m| m.device.clone())
             .collect()
     }
 
-    fn note(&mut self, relay: &str, partial: &Partial, last_round: u64) {
-        let counted = self.by_round.entry(partial.update.round).or_default();
-        for m in &partial.members {
+    fn note(&mut self, relay: &str, round: u64, members: &[Member], last_round: u64) {
+        let counted = self.by_round.entry(round).or_default();
+        for m in members {
             counted.insert(m.device.clone(), (relay.into(), m.hash));
         }
         let oldest = last_round.saturating_sub(INVITATIONS_KEPT);
@@ -154,18 +153,19 @@ impl Engine {
             self.core.refuse(relay, RefusalReason::Malformed, detail);
             return;
         }
-        let round = partial.update.round;
-        let twice = self.core.members.counted_elsewhere(relay, &partial);
+        let Partial { update, members } = partial;
+        let round = update.round;
+        let twice = self.core.members.counted_elsewhere(relay, round, &members);
         if !twice.is_empty() {
             self.core.stats.duplicate_updates += 1;
             let detail = crate::relay::duplicate_detail(round, &twice);
             self.core.refuse(relay, RefusalReason::Duplicate, detail);
             return;
         }
-        self.on_update(now, relay, partial.update.clone());
+        self.on_update(now, relay, update);
         if self.open().is_some_and(|o| o.round == round && o.updates.contains_key(relay)) {
             let last = self.core.last_round;
-            self.core.members.note(relay, &partial, last);
+            self.core.members.note(relay, round, &members, last);
         }
     }
 

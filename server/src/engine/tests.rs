@@ -53,7 +53,7 @@ pub(super) fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-pub(super) fn drain(e: &mut Engine) -> Vec<Action> {
+pub(crate) fn drain(e: &mut Engine) -> Vec<Action> {
     std::iter::from_fn(|| e.poll_action()).collect()
 }
 
@@ -87,7 +87,7 @@ fn acks(actions: &[Action], client: &str) -> Vec<(u64, bool)> {
         .collect()
 }
 
-pub(super) fn refusals(actions: &[Action], client: &str) -> Vec<RefusalReason> {
+pub(crate) fn refusals(actions: &[Action], client: &str) -> Vec<RefusalReason> {
     actions
         .iter()
         .filter_map(|a| match a {

@@ -17,9 +17,22 @@ pub mod uplink;
 pub use partial::{RelayMethod, fold, partial_of};
 
 use anchorage_shared::method::{MethodConfig, info};
+use anchorage_shared::protocol::{Capabilities, Hello, Message};
 
 use crate::aggregate::AggregationRule;
 use crate::engine::{AggregationMode, EngineConfig};
+
+/// A relay's hello to its parent: its id, the federation's method, and the last round it closed.
+pub fn hello(relay_id: &str, method: &str, last_round: Option<u64>) -> Message {
+    let mut methods = heapless::Vec::new();
+    let _ = methods.push(heapless::String::try_from(method).unwrap_or_default());
+    Message::Hello(Box::new(Hello {
+        client_id: relay_id.into(),
+        capabilities: Capabilities { backend: "relay".into(), memory_mb: 0, methods },
+        num_samples: 1,
+        last_round,
+    }))
+}
 
 /// A root's refusal of a partial aggregate whose devices another relay's accepted partial holds:
 /// the detail names every such device after [`DUPLICATES`], so that the relay can fold its

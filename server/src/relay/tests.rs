@@ -11,6 +11,7 @@ use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 
 use crate::aggregate::{AggregationRule, RobustConfig};
+use crate::engine::tests::{drain, refusals};
 use crate::engine::{Action, Checkpoint, Engine, EngineConfig, OpenedRound, Recovered};
 use crate::methods::build;
 
@@ -66,10 +67,6 @@ fn config(participants: usize) -> EngineConfig {
     }
 }
 
-fn drain(e: &mut Engine) -> Vec<Action> {
-    std::iter::from_fn(|| e.poll_action()).collect()
-}
-
 fn broadcasts(actions: &[Action]) -> Vec<(Vec<String>, Broadcast)> {
     actions
         .iter()
@@ -88,16 +85,6 @@ fn closed(actions: &[Action]) -> Vec<std::sync::Arc<Checkpoint>> {
         .iter()
         .filter_map(|a| match a {
             Action::RoundClosed(_, c) => Some(c.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn refusals(actions: &[Action], to: &str) -> Vec<RefusalReason> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Send { to: t, msg: Message::Refusal(r) } if t == to => Some(r.reason),
             _ => None,
         })
         .collect()

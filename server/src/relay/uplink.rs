@@ -17,7 +17,7 @@ use anchorage_pki::Identity;
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::io::{read_frame, write_frame};
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Broadcast, Capabilities, CostBatch, Hello, Message, Partial, RefusalReason};
+use anchorage_shared::protocol::{Broadcast, CostBatch, Message, Partial, RefusalReason};
 use anyhow::Context;
 use quinn::crypto::rustls::QuicClientConfig;
 use rustls::pki_types::CertificateDer;
@@ -160,7 +160,7 @@ impl Uplink {
     ) -> anyhow::Result<Option<Ended>> {
         let conn = endpoint.connect(self.parent, &self.server_name)?.await.context("connecting to the parent")?;
         let (mut control, recv) = conn.open_bi().await?;
-        self.send(&mut control, &self.hello()).await?;
+        self.send(&mut control, &super::hello(&self.relay_id, &self.method, self.last_round)).await?;
         let (tx, mut inbound) = mpsc::unbounded_channel();
         let reader = tokio::spawn(read_control(recv, tx.clone(), self.max_frame));
         let broadcasts = tokio::spawn(read_broadcasts(conn.clone(), tx, self.max_frame));
@@ -335,17 +335,6 @@ impl Uplink {
             }
         }
         Ok(())
-    }
-
-    fn hello(&self) -> Message {
-        let mut methods = heapless::Vec::new();
-        let _ = methods.push(heapless::String::try_from(self.method.as_str()).unwrap_or_default());
-        Message::Hello(Box::new(Hello {
-            client_id: self.relay_id.clone(),
-            capabilities: Capabilities { backend: "relay".into(), memory_mb: 0, methods },
-            num_samples: 1,
-            last_round: self.last_round,
-        }))
     }
 
     async fn send(&self, stream: &mut quinn::SendStream, msg: &Message) -> anyhow::Result<()> {

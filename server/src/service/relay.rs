@@ -5,7 +5,6 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
-use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Broadcast, Partial};
 use anyhow::Context;
@@ -16,7 +15,6 @@ use crate::config::{ParentSection, ServerConfig};
 use crate::engine::Checkpoint;
 use crate::relay::uplink::{Channels, Ended, Uplink};
 use crate::relay::{RelayMethod, check, partial_of};
-use crate::store::ServerStore;
 use crate::tls::Trust;
 use crate::transport::ServerHandle;
 
@@ -54,7 +52,6 @@ impl RelayLink {
         parent: &ParentSection,
         server: &mut ServerHandle,
         trust: &Trust,
-        stored: Option<Checkpoint>,
     ) -> anyhow::Result<Self> {
         let (identity, _) = super::identity_and_trust(config)?;
         let Trust::ProjectCa { ca, .. } = trust else { anyhow::bail!("a relay needs the project CA") };
@@ -68,8 +65,8 @@ impl RelayLink {
         let (partials, partials_rx) = mpsc::unbounded_channel();
         let (rounds_tx, rounds) = mpsc::unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
-        let costs = server.relay_costs.take().unwrap_or_else(|| mpsc::unbounded_channel::<CostRecord>().1);
-        if let Some(p) = stored.as_ref().and_then(partial_of) {
+        let start = server.relay.take().context("the server was not started as a relay")?;
+        if let Some(p) = start.partial {
             let _ = partials.send(p);
         }
         let uplink = Uplink {
@@ -79,13 +76,13 @@ impl RelayLink {
             ca: ca.clone(),
             relay_id,
             method: config.method.config()?.name().into(),
-            last_round: stored.map(|c| c.round).filter(|r| *r > 0),
+            last_round: Some(start.last_round).filter(|r| *r > 0),
             max_frame: config.engine.max_frame_bytes as usize,
             metrics: server.metrics.clone(),
             control: Some(server.relay_control()),
         };
         tracing::info!(parent = %address, "relay: joining the parent");
-        let channels = Channels { partials: partials_rx, costs, rounds: rounds_tx, stop: stop_rx };
+        let channels = Channels { partials: partials_rx, costs: start.costs, rounds: rounds_tx, stop: stop_rx };
         Ok(Self { partials, rounds, task: tokio::spawn(uplink.run(channels)), _stop: stop })
     }
 
@@ -104,11 +101,6 @@ impl RelayLink {
             ended = &mut link.task => ParentEvent::Ended(ended.unwrap_or_else(|e| Err(anyhow::anyhow!("uplink task: {e}")))),
         }
     }
-}
-
-/// The checkpoint a relay's store resumes from, to find its last partial aggregate.
-pub(super) fn stored_checkpoint(store: &ServerStore, method: &str) -> Option<Checkpoint> {
-    store.recover(method).ok().flatten().map(|r| r.checkpoint)
 }
 
 fn resolve(address: &str) -> anyhow::Result<SocketAddr> {

@@ -87,8 +87,18 @@ pub struct ServerHandle {
     /// The store's folder, where interrupted uploads are saved at shutdown.
     state: Option<std::path::PathBuf>,
     inputs: mpsc::UnboundedSender<Input>,
-    /// A relay's: its devices' cost records once its own ledger holds them, for its parent's.
-    pub relay_costs: Option<mpsc::UnboundedReceiver<anchorage_shared::ledger::CostRecord>>,
+    /// A relay's: what its uplink starts from (`None` at the root).
+    pub relay: Option<RelayStart>,
+}
+
+/// What a relay's uplink takes from the server it runs beside, at start.
+pub struct RelayStart {
+    /// Its devices' cost records once its own ledger holds them, for its parent's.
+    pub costs: mpsc::UnboundedReceiver<anchorage_shared::ledger::CostRecord>,
+    /// The last round it closed, as its store resumed it (0: none).
+    pub last_round: u64,
+    /// That round's partial aggregate, sent up again until the parent acks it.
+    pub partial: Option<anchorage_shared::protocol::Partial>,
 }
 
 impl ServerHandle {
@@ -230,10 +240,10 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let acceptor = accept::Acceptor { listener: listener.clone(), conn };
     tokio::spawn(acceptor.run());
 
-    let (costs_tx, relay_costs) = match engine.is_relay() {
+    let (costs_tx, relay) = match engine.is_relay() {
         true => {
-            let (tx, rx) = mpsc::unbounded_channel();
-            (Some(tx), Some(rx))
+            let (tx, costs) = mpsc::unbounded_channel();
+            (Some(tx), Some(RelayStart { costs, last_round: engine.last_round(), partial: engine.last_partial() }))
         }
         false => (None, None),
     };
@@ -249,5 +259,5 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let run = engine_loop::run_engine(shell, input_rx, shutdown_rx);
     let task = tokio::spawn(run);
     let inputs = conn_inputs;
-    Ok(ServerHandle { local_addr, metrics, events, shutdown, listener, task, uploads, state, inputs, relay_costs })
+    Ok(ServerHandle { local_addr, metrics, events, shutdown, listener, task, uploads, state, inputs, relay })
 }

@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use anchorage_server::engine::{Engine, EngineConfig};
 use anchorage_shared::method::MethodConfig;
-use anchorage_shared::protocol::{Capabilities, Hello, Message};
-use anyhow::Context;
 
 use super::Path;
 use crate::config::RelayTier;
@@ -105,24 +103,11 @@ impl Tier {
     }
 
     /// Every relay says hello to the root, as a relay certificate would let it.
-    pub(super) fn join(&self, root: &mut Engine, method: &str) -> anyhow::Result<()> {
-        let mut methods = heapless::Vec::new();
-        methods
-            .push(heapless::String::try_from(method).map_err(|_| anyhow::anyhow!("method name"))?)
-            .ok()
-            .context("methods")?;
-        let capabilities = Capabilities { backend: "relay".into(), memory_mb: 0, methods };
+    pub(super) fn join(&self, root: &mut Engine, method: &str) {
         for relay in &self.relays {
             root.set_relay(&relay.id, true);
-            let hello = Hello {
-                client_id: relay.id.clone(),
-                capabilities: capabilities.clone(),
-                num_samples: 1,
-                last_round: None,
-            };
-            root.handle_message(Duration::ZERO, &relay.id, Message::Hello(Box::new(hello)));
+            root.handle_message(Duration::ZERO, &relay.id, anchorage_server::relay::hello(&relay.id, method, None));
         }
-        Ok(())
     }
 
     /// When the earliest relay engine needs its timeout.
