@@ -68,7 +68,7 @@ pub struct Project {
     /// `source = "scenario"`.
     #[serde(default = "default_data")]
     pub data: toml::Table,
-    /// A relay tier (issue 37): each relay's folder, with relay.toml (the server program with a
+    /// A relay tier: each relay's folder, with relay.toml (the server program with a
     /// `[parent]` table naming `[server]`). Empty: the devices dial the server.
     #[serde(default)]
     pub relays: Vec<RelaySite>,
@@ -686,7 +686,7 @@ id = "edge-002"
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
     }
 
-    /// Issue 37: `[[relays]]` get folders of their own (a relay certificate naming the relay
+    /// `[[relays]]` get folders of their own (a relay certificate naming the relay
     /// and the tier, relay.toml with the server as its parent); each device dials its relay and
     /// lists the others as fallbacks.
     #[test]

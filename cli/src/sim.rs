@@ -304,7 +304,7 @@ fn apply_flags(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>
 
 /// `--alpha`: the embedded data's `alpha`, or the Dirichlet α of the scenario's partition; a
 /// partition without one is refused, naming the key to change.
-/// `--top-k` and `--compress` (issue 33; both off unless given here or in the file).
+/// `--top-k` and `--compress` (both off unless given here or in the file).
 fn set_update_encodings(args: &SimArgs, config: &mut SimConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
     if let Some(v) = args.top_k {
         overrides(file, "--top-k", v, &["top_k"]);

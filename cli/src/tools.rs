@@ -27,7 +27,7 @@ pub(crate) struct FleetArgs {
     #[arg(long)]
     server: Option<String>,
     /// Another address the devices fail over to when --server cannot be reached or drops them
-    /// (a tier's other relays, issue 37), host:port; repeat for more, tried in turn.
+    /// (a tier's other relays), host:port; repeat for more, tried in turn.
     #[arg(long = "fallback", requires = "server")]
     fallbacks: Vec<String>,
     /// The name in the server's certificate (default: the host of --server).

@@ -1,4 +1,4 @@
-//! Resumable broadcasts on the device (issue 33; the server's side is
+//! Resumable broadcasts on the device (the server's side is
 //! `server/src/transport/broadcasts.rs`, the chunking `anchorage_shared::transfer`). A device
 //! that offers [`RESUMABLE_BROADCASTS_ALPN`] (`ClientOptions::resume_broadcasts`) gets each large
 //! broadcast as a transfer on a bi stream the server opens: an offer (the broadcast frame's

@@ -1,4 +1,4 @@
-//! Smaller updates (issue 33), for any method: [`Compressed`] wraps a method's client half and
+//! Smaller updates, for any method: [`Compressed`] wraps a method's client half and
 //! turns each uploaded block into
 //!
 //! - a top-k delta with error feedback (`top_k = F`): the ⌈F·n⌉ entries of largest magnitude of

@@ -168,7 +168,7 @@ pub struct ClientConfig {
     /// (`server.example.org:4433`), resolved when the client starts ([`ClientConfig::server_addr`]).
     pub server: String,
     /// Other addresses of the federation (`host:port`), tried in turn when `server` cannot be
-    /// reached or the connection is lost (issue 37: the other relays of a tier; every relay's
+    /// reached or the connection is lost (the other relays of a tier; every relay's
     /// certificate must carry `server_name`). An update trained for a round and not yet acked
     /// goes to whichever of them the device reaches.
     #[serde(default)]
@@ -202,7 +202,7 @@ pub struct ClientConfig {
     /// Upload encoding: f32, f16, bf16, int8.
     #[serde(default)]
     pub encoding: crate::encoding::UploadEncoding,
-    /// Top-k sparsification with error feedback (issue 33): the fraction of each block's delta
+    /// Top-k sparsification with error feedback: the fraction of each block's delta
     /// uploaded, in (0, 1]; unset: every value ([`crate::compress`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<f64>,
@@ -226,12 +226,12 @@ pub struct ClientConfig {
     /// The device's metrics as a Prometheus textfile (`[metrics]`); absent: none written.
     #[serde(default)]
     pub metrics: MetricsConfig,
-    /// Differential privacy of what this device sends (`[privacy]`, issue 34; must match the
+    /// Differential privacy of what this device sends (`[privacy]`; must match the
     /// server's `[engine.privacy]`); absent: off. Local noise needs `noise_multiplier`
     /// ([`crate::privacy::DevicePrivacy::for_device`]).
     #[serde(default, skip_serializing_if = "anchorage_shared::privacy::PrivacyConfig::is_off")]
     pub privacy: anchorage_shared::privacy::PrivacyConfig,
-    /// Secure aggregation (issue 34; the server's `[engine.secagg]`): the update leaves the
+    /// Secure aggregation (the server's `[engine.secagg]`): the update leaves the
     /// device only masked, and the server learns only the round's sum. Off by default.
     #[serde(default)]
     pub secure_aggregation: bool,
@@ -332,9 +332,9 @@ pub fn resolve(base: &Path, path: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    /// Issue 31: transient failures back off to minutes. With the default `[reconnect]`, the
+    /// Transient failures back off to minutes. With the default `[reconnect]`, the
     /// 12th attempt in a row waits at least 100 s, and a device that fails for an hour tries
-    /// at most 30 times (it tried about 5 times a second before).
+    /// at most 30 times.
     #[test]
     fn the_default_backoff_reaches_minutes() {
         let reconnect = super::ReconnectConfig::default();

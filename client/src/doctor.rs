@@ -657,7 +657,7 @@ mod tests {
         assert!(fine.render().ends_with("doctor: ready (1 ok, 0 warnings, 1 skipped)\n"));
     }
 
-    /// Issue 33: the doctor shows a laptop's readings and the decision, with the same code that
+    /// The doctor shows a laptop's readings and the decision, with the same code that
     /// decides, and the verdict's counts stay those of the checks.
     #[test]
     fn eligibility_readings_in_the_doctor_report() {

@@ -1,4 +1,4 @@
-//! The device's own metrics (issue 33), on `prometheus-client`, written as a Prometheus
+//! The device's own metrics, on `prometheus-client`, written as a Prometheus
 //! **textfile** for node_exporter's textfile collector: the device opens no listening port.
 //! `[metrics] textfile` in client.toml names the file; [`write_every`] rewrites it every
 //! `every_s` seconds and [`ClientMetrics::write_textfile`] once more at exit.

@@ -1,4 +1,4 @@
-//! The device's half of differential privacy (issue 34), for any method: [`Privatized`] wraps a
+//! The device's half of differential privacy, for any method: [`Privatized`] wraps a
 //! method's client half when `[privacy]` is on (off: no wrapper, the update is the method's own,
 //! byte for byte).
 //!

@@ -64,7 +64,7 @@ impl Backoff {
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
     pub server: SocketAddr,
-    /// Other addresses of the federation (a tier's other relays, issue 37): after a failed
+    /// Other addresses of the federation (a tier's other relays): after a failed
     /// attempt or a lost connection the device tries the next, round robin ([`ClientOptions::fail_over`]).
     pub fallbacks: Vec<SocketAddr>,
     /// Name in the server's certificate.
@@ -99,22 +99,22 @@ pub struct ClientOptions {
     /// plain UDP.
     pub socket_wrapper: Option<SocketWrapper>,
     /// An endpoint that this process's devices share ([`shared_endpoint`]: the simulator's and a
-    /// fleet worker's, issue 35); ignored when `socket_wrapper` asks for a socket of the device's
+    /// fleet worker's); ignored when `socket_wrapper` asks for a socket of the device's
     /// own. `None`: the device binds its own.
     pub shared_endpoint: Option<quinn::Endpoint>,
     /// Uploads are resumable transfers ([`send_resumable`]); `false`: one frame on a uni stream,
-    /// sent again from the start after an interruption (the behaviour before issue 33, kept as
-    /// the baseline the simulator measures against).
+    /// sent again from the start after an interruption (the baseline the simulator measures
+    /// against).
     pub resume_uploads: bool,
     /// Large broadcasts come as resumable transfers (`crate::broadcasts`; the device offers
     /// `anchorage/1+resumable-broadcasts` in the handshake): after a lost connection the device
     /// receives only what it does not hold. `false`: whole on a uni stream, received again from
-    /// the start (the behaviour before issue 33, and a server's that does not offer it).
+    /// the start (as from a server that does not offer it).
     pub resume_broadcasts: bool,
-    /// Secure aggregation (issue 34; `secure_aggregation` in client.toml): the update is sent
+    /// Secure aggregation (`secure_aggregation` in client.toml): the update is sent
     /// only masked, with keys from the operating system's entropy.
     pub secure_aggregation: bool,
-    /// When this device may train (`[eligibility]` of client.toml, issue 33): an invited device
+    /// When this device may train (`[eligibility]` of client.toml): an invited device
     /// that may not declines the round with its reason. Empty: always trains.
     pub eligibility: crate::eligibility::Eligibility,
     /// Where the device reads itself (eligibility, and the condition its cost records carry):
@@ -124,8 +124,7 @@ pub struct ClientOptions {
     pub sys_root: Option<crate::eligibility::SysRoot>,
     /// Streams get send priorities ([`Priority`]): the control stream first, then an update
     /// without parameter blocks, then one with blocks. `false`: every stream at quinn's default,
-    /// taking turns (the behaviour before issue 33, kept as the baseline `tests/priorities.rs`
-    /// measures against).
+    /// taking turns (the baseline `tests/priorities.rs` measures against).
     pub stream_priorities: bool,
     /// What the shell counts (transfers refused and resumed, readings refused, rounds,
     /// connections): a fresh set per options; `anchorage-client` writes it as a Prometheus
@@ -822,7 +821,7 @@ impl Client {
                 }
             }
             SessionAction::SetAsidePending { round, reason } => {
-                // Not fatal: the session no longer resends it either way; a file left in place is
+                // Not fatal: the session does not resend it either way; a file left in place is
                 // resent (and refused again) only after a restart.
                 if let Some(store) = &self.options.store
                     && let Err(e) = store.set_aside_pending(&format!("round {round} refused: {reason}"))
@@ -838,7 +837,7 @@ impl Client {
                 conn.close(quinn::VarInt::from_u32(0), b"done");
                 if let Some(refusal) = self.session.refusal() {
                     let kind = match refusal.reason {
-                        RefusalReason::NotEnrolled if refusal.detail.contains("revoked") => RefusalKind::Revoked,
+                        RefusalReason::Revoked => RefusalKind::Revoked,
                         RefusalReason::NotEnrolled => RefusalKind::NotEnrolled,
                         _ => RefusalKind::Incompatible,
                     };
@@ -1164,8 +1163,8 @@ pub fn prioritise(stream: &quinn::SendStream, priority: Option<Priority>) {
 /// connection (each resumes where the server holds it, so a retry costs little).
 const UPLOAD_RETRIES: u32 = 20;
 
-/// Sends `frame` (an encoded update of `round`) as a resumable transfer (issue 33;
-/// `anchorage_shared::transfer`): offers it by hash and size on a new bi stream, and sends its
+/// Sends `frame` (an encoded update of `round`) as a resumable transfer
+/// (`anchorage_shared::transfer`): offers it by hash and size on a new bi stream, and sends its
 /// chunks from where the server's answer says it holds them, at `priority` (`None`: quinn's
 /// default). Returns that offset; a refused answer of the server is counted in `metrics`.
 pub async fn send_resumable(
@@ -1222,7 +1221,7 @@ pub(crate) mod tests {
     use crate::methods::TrainError;
     use anchorage_model::FeatureCache;
 
-    /// Issue 37: after a failed attempt or a lost connection a device tries its next relay,
+    /// After a failed attempt or a lost connection a device tries its next relay,
     /// round robin; without fallbacks it stays with its server.
     #[test]
     fn fail_over_takes_the_next_address_round_robin() {
@@ -1481,8 +1480,8 @@ pub(crate) mod tests {
     }
 
     /// A connection that ends before the server's welcome is a failed attempt: the backoff
-    /// grows. (It used to restart from the initial delay at every handshake, so a device the
-    /// server turned away at once retried about 5 times a second forever.)
+    /// grows. (Were it to restart from the initial delay at every handshake, a device the server
+    /// turns away at once would retry about 5 times a second forever.)
     #[tokio::test]
     async fn a_server_that_closes_before_the_welcome_is_retried_with_growing_backoff() {
         let (addr, cert, count) = closing_server(|c| c.close(quinn::VarInt::from_u32(7), b"not now"));

@@ -121,7 +121,7 @@ pub enum PartitionSpec {
         domains: Option<usize>,
         #[serde(default)]
         step_degrees: f32,
-        /// A brightness drift (issue 36): domain k's pixels are scaled by `1 − k · darken_step`,
+        /// A brightness drift: domain k's pixels are scaled by `1 − k · darken_step`,
         /// so `darken_step · (domains − 1)` must stay below 1.
         #[serde(default)]
         darken_step: f32,
@@ -187,7 +187,7 @@ pub struct DataSpec {
     #[serde(default)]
     pub rounds_per_task: Option<u64>,
     /// Fraction of every class's (scaled) training samples held out as the validation split,
-    /// seeded: no client trains on them, whichever split the run is evaluated on (issue 36). 0:
+    /// seeded: no client trains on them, whichever split the run is evaluated on. 0:
     /// none. Evolving shifts (a `domains` partition) validate on the last source domain's
     /// held-out rows instead and take no fraction.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -723,7 +723,7 @@ fn load_inner(
 }
 
 /// The domain of every training sample of a `domains` partition, each domain drifted in place:
-/// domain k rotated by `k · step_degrees`, then darkened to `1 − k · darken_step` (issue 36).
+/// domain k rotated by `k · step_degrees`, then darkened to `1 − k · darken_step`.
 fn drift_domains(
     spec: &DataSpec,
     pools: &LabelPools,

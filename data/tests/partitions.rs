@@ -1,4 +1,4 @@
-//! The partition guarantees of issue 3: long-tail sizes, Dirichlet skew, private classes, exact
+//! The partition guarantees: long-tail sizes, Dirichlet skew, private classes, exact
 //! consensus rate, no sample in two clients, train/test never overlap, seeded reproducibility.
 
 use std::collections::HashSet;

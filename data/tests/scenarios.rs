@@ -157,7 +157,7 @@ fn load_matches_the_label_pools() {
     for (i, &d) in dom.iter().enumerate() {
         assert_eq!(data.train.sample(i) == plain.train.sample(i), d == 0, "sample {i} in domain {d}");
     }
-    // A brightness drift (issue 36): domain k scaled by 1 − 0.25·k, the same rows otherwise.
+    // A brightness drift: domain k scaled by 1 − 0.25·k, the same rows otherwise.
     let darkening = |step: f32| -> DataSpec {
         let partition = format!("kind = \"domains\"\nclients = 2\ndomains = 3\ndarken_step = {step}\n");
         toml::from_str(&format!("dataset = \"synthetic\"\nscale = 0.5\n[partition]\n{partition}")).unwrap()

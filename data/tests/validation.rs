@@ -1,4 +1,4 @@
-//! The validation split (issue 36, `[data] validation` and `evaluate_on`): held-out training
+//! The validation split (`[data] validation` and `evaluate_on`): held-out training
 //! samples no client trains on, which a run is evaluated on instead of the test split when
 //! choices are made. On generated data always; on MNIST's files when `ANCHORAGE_DATA` is set.
 

@@ -21,7 +21,7 @@ use super::backbone::Backbone;
 ///
 /// A cache cut from another ([`FeatureCache::subset`]) holds row indices into the same feature
 /// tensor, not a copy of its rows: a simulation's clients and its evaluator share one pool's
-/// features (issue 20: data held once). [`FeatureCache::features`] materialises the rows when a
+/// features (data held once). [`FeatureCache::features`] materialises the rows when a
 /// caller needs them as one tensor; the training loop selects each batch from the pool directly.
 #[derive(Debug, Clone)]
 pub struct FeatureCache {
@@ -29,7 +29,7 @@ pub struct FeatureCache {
     pool: Tensor<2>,
     /// This cache's rows of `pool` in order; `None`: all of them. Host indices: a simulation
     /// holds one cache per client and task, and a device tensor each (256 bytes inline, plus its
-    /// allocation) was most of a client's memory at 100,000 clients.
+    /// allocation) would be most of a client's memory at 100,000 clients.
     rows: Option<Arc<[usize]>>,
     /// The label of each row (shared by clones: 100,000 clients of one test set hold one list).
     pub labels_host: Arc<[u32]>,

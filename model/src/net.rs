@@ -133,7 +133,7 @@ pub fn layer_shapes(input: usize, widths: impl IntoIterator<Item = usize>) -> Ve
 /// He-normal `(weight, bias)` of layers of `shapes`, drawn in order from `Rng::derive(seed,
 /// stream)`. Every client derives the same ones, so they are drawn once per process and shared:
 /// a simulated fleet builds its trainable parts per client per round, and drawing 1 MB of
-/// normals each time was two thirds of a 10,000-client simulation.
+/// normals each time would be two thirds of a 10,000-client simulation.
 pub fn seeded_layers(seed: u64, stream: u64, shapes: &[(usize, usize)]) -> Arc<Vec<(Vec<f32>, Vec<f32>)>> {
     type Key = (u64, u64, Vec<(usize, usize)>);
     type Layers = Arc<Vec<(Vec<f32>, Vec<f32>)>>;

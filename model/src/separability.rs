@@ -1,6 +1,6 @@
 //! How far apart a representation puts the classes: Fisher's criterion tr(S_B) / tr(S_W), the
 //! between-class scatter over the within-class scatter (Fisher 1936; the trace form of
-//! Fukunaga's J). A representation probe (issue 36): the prototype methods claim their losses
+//! Fukunaga's J). A representation probe: the prototype methods claim their losses
 //! shape µ(x) itself, not only the prediction rule, and this measures it on test data apart
 //! from any classifier. The ratio is scale-free, so a loss that merely shrinks distances (L_GP
 //! pulling class means together) does not count as separation.

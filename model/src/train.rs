@@ -174,7 +174,7 @@ std::thread_local! {
 }
 
 /// Runs `f` with [`accuracy_of`] spreading its batches over the current rayon pool on the CPU:
-/// the simulator's evaluation of the global model (issue 35). A device's own evaluation is not
+/// the simulator's evaluation of the global model. A device's own evaluation is not
 /// spread: it runs on its training thread, whose CPU time is the device's compute time, and the
 /// devices already evaluate side by side.
 pub fn on_every_core<R>(f: impl FnOnce() -> R) -> R {

@@ -37,7 +37,7 @@ pub const CRL: &str = "revoked.crl";
 pub enum Kind {
     Server,
     Client,
-    /// A relay (issue 37): a server to its devices and a client of its parent, so both extended
+    /// A relay: a server to its devices and a client of its parent, so both extended
     /// key usages, and the relay role in its subject ([`crate::cert::RELAY_UNIT`]), which is
     /// what lets it send a parent partial aggregates.
     Relay,

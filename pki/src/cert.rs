@@ -27,7 +27,7 @@ pub fn device_id(x509: &X509Certificate<'_>) -> Option<String> {
     })
 }
 
-/// The organizational unit a relay's certificate carries in its subject (issue 37): the role
+/// The organizational unit a relay's certificate carries in its subject: the role
 /// that lets a peer send partial aggregates. Only the project CA signs subjects, so a device
 /// cannot claim it.
 pub const RELAY_UNIT: &str = "anchorage-relay";

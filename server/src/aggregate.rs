@@ -328,7 +328,7 @@ impl RobustConfig {
 impl RobustConfig {
     /// The screens and bounds that judge each update on its own, each with whether it is set
     /// (beyond its default, for those on by default) and its name: under secure aggregation
-    /// (issue 34) the server sees only the sum, so none of them can run.
+    /// the server sees only the sum, so none of them can run.
     pub fn per_update_screens(&self) -> [(bool, &'static str); 6] {
         let d = Self::default();
         [

@@ -69,7 +69,7 @@ pub struct ServerConfig {
     /// Needs a server built with the `sikf` feature (the model and data crates).
     #[serde(default)]
     pub evaluation: Option<EvaluationSection>,
-    /// `[parent]`: this server is a relay (issue 37; `anchorage-relay`): its rounds are its
+    /// `[parent]`: this server is a relay (`anchorage-relay`): its rounds are its
     /// parent's, and it sends each round's partial aggregate up instead of changing the model.
     /// Its certificate must carry the relay role (`anchorage ca issue relay <id>`).
     #[serde(default)]
@@ -278,8 +278,11 @@ impl ServerConfig {
             "server.toml gives both metrics_bind and [metrics] bind: keep one"
         );
         let method = config.method.config()?;
-        crate::engine::privacy::check_config(&config.engine, &method).map_err(anyhow::Error::msg)?;
-        crate::engine::secagg::check_config(&config.engine, &method).map_err(anyhow::Error::msg)?;
+        let mut engine = config.engine.clone();
+        if config.parent.is_some() {
+            engine.role = crate::engine::Role::Relay;
+        }
+        crate::engine::compat::check(&engine, &method).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             config.sikf.is_none() || matches!(method, MethodConfig::FedTa(_)),
             "[sikf] is FedTA's distillation; this server runs `{}`",
@@ -428,7 +431,7 @@ mod tests {
         assert!(ids.metrics.device_ids);
     }
 
-    /// The relay tier's manifests (issue 37) hold configs the program reads: the relay's
+    /// The relay tier's manifests hold configs the program reads: the relay's
     /// [parent] names the root's Service, and the root weighs relays without a cap.
     #[test]
     fn the_relay_tiers_configs_load() {

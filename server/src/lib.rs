@@ -4,7 +4,7 @@
 //! - [`aggregate`]: robust aggregation rules and update screening, shared by every method.
 //! - [`methods`]: server halves of the methods (aggregation, prototype rules).
 //! - [`transport`]: the quinn endpoint driving the engine.
-//! - [`relay`]: the relay role, the engine with a parent: partial aggregates (issue 37).
+//! - [`relay`]: the relay role, the engine with a parent: partial aggregates.
 //! - [`store`]: durable server state in SQLite (rounds, accepted updates, versions, clients, ledger).
 //! - [`service`]: the `anchorage-server` program (config, logging, signals, systemd notifications).
 //! - [`metrics`]: counters and their Prometheus exposition over HTTP.

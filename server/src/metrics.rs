@@ -121,6 +121,8 @@ pub fn refusal_reason(r: RefusalReason) -> &'static str {
         RefusalReason::ServerBusy => "server_busy",
         RefusalReason::UnknownMethod => "unknown_method",
         RefusalReason::BadTensor => "bad_tensor",
+        // The same label as a revoked certificate's refused handshake (in `reason::TRANSPORT`).
+        RefusalReason::Revoked => reason::REVOKED,
     }
 }
 
@@ -152,7 +154,7 @@ pub struct ServerMetrics {
     decode_errors: Counter,
     refusals: Family<Label, Counter>,
     updates: Family<Label, Counter>,
-    /// A relay's partial aggregates (issue 37), by outcome: `sent`, `acked`, `refused`.
+    /// A relay's partial aggregates, by outcome: `sent`, `acked`, `refused`.
     relay_partials: Family<Label, Counter>,
     /// Whether a relay holds a welcomed connection to its parent.
     relay_parent_connected: Gauge,
@@ -178,7 +180,7 @@ pub struct ServerMetrics {
     certificate_conflicts: Counter,
     cost_records_dropped: Gauge,
     influence_bounded: Family<Label, Counter>,
-    /// Declines and the devices' reported condition (issue 33).
+    /// Declines and the devices' reported condition.
     condition: condition::ConditionMetrics,
     devices: std::sync::Arc<Devices>,
     /// The last round's quality, the shortfall of devices, the end of the run.

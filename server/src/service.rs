@@ -255,8 +255,13 @@ async fn start_federation(
     let store = ServerStore::open_with(&config.state_dir, config.store.clone())
         .with_context(|| format!("opening the state folder {}", config.state_dir.display()))?;
     let method_config = config.method.config()?;
+    let mut engine = config.engine.clone();
     let method: Box<dyn methods::ServerMethod> = match &config.parent {
-        Some(_) => relay::relay_method(config, &method_config)?,
+        Some(_) => {
+            relay::check_relay(config, &method_config)?;
+            engine.role = crate::engine::Role::Relay;
+            methods::build(&method_config)
+        }
         None => server_method(config, &method_config)?,
     };
     let relay_trust = config.parent.as_ref().map(|_| trust.clone());
@@ -268,7 +273,7 @@ async fn start_federation(
         bind: config.bind,
         identity,
         trust,
-        engine: config.engine.clone(),
+        engine,
         method,
         initial: match &config.initial_model {
             Some(path) => crate::model_file::load(path)?,

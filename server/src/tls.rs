@@ -331,7 +331,7 @@ pub fn server_crypto(
     let mut config = builder
         .with_single_cert(vec![identity.cert.clone()], identity.key.clone_key())
         .context("server certificate")?;
-    // Resumable broadcasts first, for the devices that take them (issue 33); `anchorage/1` for
+    // Resumable broadcasts first, for the devices that take them; `anchorage/1` for
     // the others.
     config.alpn_protocols = vec![anchorage_shared::transfer::RESUMABLE_BROADCASTS_ALPN.to_vec(), ALPN.to_vec()];
     Ok(config)

@@ -1,4 +1,4 @@
-//! zstd over an encoded block's bytes (issue 33): [`Encoding::Zstd`] wraps a dense or top-k
+//! zstd over an encoded block's bytes: [`Encoding::Zstd`] wraps a dense or top-k
 //! layout in one zstd frame (RFC 8878) that declares its content size.
 //!
 //! Why zstd: its entropy stage (Huffman-coded literals, FSE-coded sequences) shrinks float bytes

@@ -28,9 +28,9 @@ pub struct CostRecord {
     pub straggler: bool,
     /// The client was sampled but sent nothing before the deadline.
     pub dropped: bool,
-    /// The device was invited and declined to train (issue 33): why. A decline is not a drop.
+    /// The device was invited and declined to train: why. A decline is not a drop.
     pub declined: Option<DeclineReason>,
-    /// The device's condition at the end of the round, where it can read it (issue 33):
+    /// The device's condition at the end of the round, where it can read it:
     /// the hottest thermal zone, in °C.
     pub temperature_c: Option<f32>,
     /// The CPU ran below its top clock (or the simulated device throttled) during the round.
@@ -47,7 +47,7 @@ pub struct CostRecord {
     pub readings_refused: Option<u32>,
 }
 
-/// Why an invited device declined to train (issue 33, `[eligibility]` of client.toml). The
+/// Why an invited device declined to train (`[eligibility]` of client.toml). The
 /// names ([`DeclineReason::name`]) are the metrics' labels and the ledger's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -80,7 +80,7 @@ impl DeclineReason {
     }
 }
 
-/// Fields of [`CostRecord`] after `dropped`, the last one of clients before issue 33. postcard
+/// Fields of [`CostRecord`] after `dropped`, the last field of the V1 record older clients send. postcard
 /// carries no field names, and each of them is one zero byte when `None`.
 const FIELDS_AFTER_V1: usize = 7;
 
@@ -135,8 +135,8 @@ impl CostRecord {
         Ok(())
     }
 
-    /// The record's postcard bytes, as clients before issue 33 encoded it when it has no decline
-    /// and no condition: checksums computed over records before issue 33 stay valid.
+    /// The record's postcard bytes, in the V1 encoding when it has no decline and no condition:
+    /// checksums computed over V1 records stay valid.
     pub fn stable_encoding(&self) -> alloc::vec::Vec<u8> {
         let mut body = postcard::to_allocvec(self).unwrap_or_default();
         if self.declined.is_none() && !self.has_condition() {
@@ -146,8 +146,8 @@ impl CostRecord {
         body
     }
 
-    /// Reads a record in this version's encoding, or in the shorter one of a client before
-    /// issue 33 (which ends at `dropped`: its missing fields read as `None`), so that a fleet
+    /// Reads a record in this version's encoding, or in the shorter V1 encoding of an older
+    /// client (which ends at `dropped`: its missing fields read as `None`), so that a fleet
     /// keeps reporting while its devices are updated one by one.
     pub fn from_stable_encoding(body: &[u8]) -> Result<Self, postcard::Error> {
         postcard::from_bytes(body).or_else(|e| {
@@ -158,7 +158,7 @@ impl CostRecord {
     }
 
     /// Whether any condition field is set (a record without them encodes, and is checksummed,
-    /// as before issue 33).
+    /// as a V1 record).
     pub fn has_condition(&self) -> bool {
         self.temperature_c.is_some()
             || self.throttled.is_some()
@@ -208,7 +208,7 @@ pub const CSV_HEADER: &str = "client,round,payload_down,payload_up,wire_down,wir
 mod tests {
     use super::*;
 
-    /// A cost record as clients before issue 33 encode it (no decline, no condition), frozen here
+    /// A cost record as older clients encode it (V1: no decline, no condition), frozen here
     /// to check the encodings against.
     #[derive(Debug, Clone, Default, Serialize)]
     struct CostRecordV1 {
@@ -228,7 +228,7 @@ mod tests {
         dropped: bool,
     }
 
-    /// A record without the new fields encodes exactly as before them; with one, it does not.
+    /// A record without the fields after `dropped` encodes exactly as V1; with one, it does not.
     #[test]
     fn records_without_conditions_keep_their_old_encoding() {
         let old = CostRecordV1 { client: "d1".into(), round: 3, joules: 1.5, dropped: true, ..Default::default() };

@@ -7,7 +7,7 @@
 //! - [`checks`]: what the programs' pre-start checks report (check-config, doctor).
 //! - [`frame`]: length-prefixed framing with a configurable maximum, and an incremental reader.
 //! - [`tensor`]: named parameter blocks and their wire encodings (f32, f16, bf16, int8 + scale,
-//!   and, issue 33, a top-k delta and zstd).
+//!   a top-k delta, zstd).
 //! - [`sparse`]: the top-k delta's layout and selection (error feedback lives on the device).
 //! - [`compress`]: zstd over an encoded block, bounded by the block's declared size.
 //! - [`prototype`]: class prototypes as they travel.

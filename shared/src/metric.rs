@@ -37,7 +37,7 @@ pub enum MetricKey {
     /// FedProK: how far the device's prototypes moved (`prototype_drift`).
     PrototypeDrift,
     /// 1 when the update's prototypes are per-class sums of clipped features, not means
-    /// (`[privacy]` on, issue 34; `prototype_sums`): the server refuses a mismatch with its own
+    /// (`[privacy]` on; `prototype_sums`): the server refuses a mismatch with its own
     /// `[privacy]`.
     PrototypeSums,
     /// A name this build does not know (a newer device's metric): kept as it came.

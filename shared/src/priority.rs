@@ -1,4 +1,4 @@
-//! Send priorities of the QUIC streams both sides open (issue 33, item 2): the one place that
+//! Send priorities of the QUIC streams both sides open: the one place that
 //! says which stream goes first when several have bytes waiting.
 //!
 //! QUIC sends a connection's streams through one congestion window. quinn fills each packet from
@@ -24,7 +24,7 @@
 //! Blocks stay at quinn's default so that a stream a future change forgets to give a level can
 //! never go ahead of control messages. Both programs can turn the levels off (the client's
 //! `ClientOptions::stream_priorities`, the server's `[limits] stream_priorities`): every stream
-//! then stays at 0, the behaviour before issue 33, kept as the baseline the test measures.
+//! then stays at 0, the baseline the test measures.
 
 use crate::protocol::{Broadcast, Update};
 

@@ -138,7 +138,7 @@ pub struct CostAck {
     pub round: u64,
 }
 
-/// The first frame of a resumable transfer (issue 33), on a bi stream its sender opens: what is
+/// The first frame of a resumable transfer, on a bi stream its sender opens: what is
 /// about to be sent. `transfer` is the SHA-256 of the whole frame being moved (an update's), so
 /// both sides name the same bytes after a reconnect.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -168,7 +168,7 @@ pub struct Chunk {
     pub data: Vec<u8>,
 }
 
-/// An invited device will not train for `round` now (issue 33: its `[eligibility]` says no). The
+/// An invited device will not train for `round` now (its `[eligibility]` says no). The
 /// server counts it apart from a drop and invites another device in its place.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decline {
@@ -178,7 +178,7 @@ pub struct Decline {
     pub detail: String,
 }
 
-/// One message of the SecAgg+ sub-protocol of a round (issue 34; Bell et al. 2020), opaque at
+/// One message of the SecAgg+ sub-protocol of a round (Bell et al. 2020), opaque at
 /// this layer: from the server a `anchorage_secagg::ServerFrame`, from a device a
 /// `anchorage_secagg::ClientMessage`, each postcard. The secagg crate decodes and checks it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -190,7 +190,7 @@ pub struct SecAggFrame {
 
 /// One device's update inside a relay's [`Partial`]: the relay and its parent agree on what
 /// each update is by (round, device, hash), so that a device that failed over to another relay
-/// is never counted twice (issue 37).
+/// is never counted twice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
     pub device: String,
@@ -203,7 +203,7 @@ pub struct Member {
 /// Most members one partial aggregate may list.
 pub const MAX_MEMBERS: usize = 1 << 20;
 
-/// A relay's partial aggregate of one round (issue 37, DESIGN.md "one engine, three roles"):
+/// A relay's partial aggregate of one round (DESIGN.md "one engine, three roles"):
 /// `update` is the fold of its devices' screened and bounded updates, blocks as their
 /// sample-weighted mean and prototypes as each class's count-weighted mean, with `num_samples`
 /// (and each prototype's count) the total behind it, so that the parent's weighted means over
@@ -239,7 +239,7 @@ impl Partial {
 pub const MAX_COST_BATCH: usize = 100_000;
 
 /// A relay's devices' cost records (each naming its device), in one message for its parent's
-/// ledger: the root's ledger still holds every device (issue 37).
+/// ledger: the root's ledger still holds every device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostBatch {
     pub records: Vec<CostRecord>,
@@ -280,13 +280,62 @@ pub enum RefusalReason {
     UnknownMethod,
     /// A tensor's bytes do not match its shape, or it holds non-finite values.
     BadTensor,
+    /// The peer's certificate is on the project's revocation list.
+    Revoked,
 }
 
-/// A refusal with a reason the peer can log.
+/// A refusal: a reason the peer acts on, the typed facts that go with it, and a detail for logs
+/// only (no peer parses it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Refusal {
     pub reason: RefusalReason,
     pub detail: String,
+    /// A [`RefusalReason::Duplicate`] of a relay's partial aggregate: the devices another
+    /// relay's accepted partial holds already, which the relay folds its round again without.
+    /// On the wire after protocol v1's fields, and only when not empty ([`RefusalTail`]).
+    #[serde(default)]
+    pub devices: Vec<String>,
+}
+
+impl Refusal {
+    pub fn new(reason: RefusalReason, detail: impl Into<String>) -> Self {
+        Self { reason, detail: detail.into(), devices: Vec::new() }
+    }
+
+    /// A partial aggregate refused because another relay counted `devices` already.
+    pub fn duplicates(detail: impl Into<String>, devices: Vec<String>) -> Self {
+        Self { reason: RefusalReason::Duplicate, detail: detail.into(), devices }
+    }
+}
+
+/// A refusal's fields of protocol v1, in their wire order.
+#[derive(Serialize, Deserialize)]
+struct RefusalV1 {
+    reason: RefusalReason,
+    detail: String,
+}
+
+/// What follows a refusal's v1 fields on the wire when there is any: a v1 peer's postcard
+/// decoder stops before it, and a body without it (a v1 peer's) decodes with it empty.
+#[derive(Serialize, Deserialize, Default)]
+struct RefusalTail {
+    devices: Vec<String>,
+}
+
+impl WireBody for Refusal {
+    fn encode(&self) -> postcard::Result<Vec<u8>> {
+        let mut body = postcard::to_allocvec(&RefusalV1 { reason: self.reason, detail: self.detail.clone() })?;
+        if !self.devices.is_empty() {
+            body.extend(postcard::to_allocvec(&RefusalTail { devices: self.devices.clone() })?);
+        }
+        Ok(body)
+    }
+
+    fn decode(body: &[u8]) -> postcard::Result<Self> {
+        let (v1, rest) = postcard::take_from_bytes::<RefusalV1>(body)?;
+        let tail: RefusalTail = if rest.is_empty() { RefusalTail::default() } else { postcard::from_bytes(rest)? };
+        Ok(Self { reason: v1.reason, detail: v1.detail, devices: tail.devices })
+    }
 }
 
 /// Orderly end of a session.
@@ -295,38 +344,115 @@ pub struct Goodbye {
     pub reason: String,
 }
 
-/// Every message of protocol v1. Append-only: new variants get new kind numbers.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Message {
-    /// Boxed: its inline strings make it ten times the size of the other variants, and every
-    /// queued message (a session's outbox, 100,000 simulated clients) would be that large.
-    Hello(Box<Hello>),
-    Welcome(Welcome),
-    Broadcast(Broadcast),
-    Update(Update),
-    Ack(Ack),
-    Heartbeat(Heartbeat),
-    Refusal(Refusal),
-    Goodbye(Goodbye),
-    /// A client's measured cost of one round, sent after the round's ack (the server keeps the
-    /// cost ledger). The `client` field is ignored: the server uses the connection's identity.
-    Cost(CostRecord),
-    /// The ledger holds the client's cost record of a round (kind 10).
-    CostAck(CostAck),
-    /// A resumable transfer begins (kind 11).
-    TransferOffer(TransferOffer),
-    /// How much of an offered transfer the receiver holds (kind 12).
-    TransferResume(TransferResume),
-    /// A piece of a transfer (kind 13).
-    Chunk(Chunk),
-    /// An invited device declines the round (kind 14).
-    Decline(Decline),
-    /// A SecAgg+ message of a round under secure aggregation (kind 15).
-    SecAgg(SecAggFrame),
-    /// A relay's partial aggregate of one round, sent to its parent (kind 16, issue 37).
-    Partial(Partial),
-    /// The cost records of a relay's devices, in one batch for its parent's ledger (kind 17).
-    CostBatch(CostBatch),
+/// How one message's body goes on the wire: postcard, unless its row says otherwise.
+trait WireBody: Sized {
+    fn encode(&self) -> postcard::Result<Vec<u8>>;
+    fn decode(body: &[u8]) -> postcard::Result<Self>;
+}
+
+macro_rules! postcard_bodies {
+    ($($ty:ty),* $(,)?) => {$(
+        impl WireBody for $ty {
+            fn encode(&self) -> postcard::Result<Vec<u8>> {
+                postcard::to_allocvec(self)
+            }
+            fn decode(body: &[u8]) -> postcard::Result<Self> {
+                postcard::from_bytes(body)
+            }
+        }
+    )*};
+}
+
+postcard_bodies!(
+    Box<Hello>,
+    Welcome,
+    Broadcast,
+    Update,
+    Ack,
+    Heartbeat,
+    Goodbye,
+    CostAck,
+    TransferOffer,
+    TransferResume,
+    Chunk,
+    Decline,
+    SecAggFrame,
+    Partial,
+    CostBatch,
+);
+
+impl WireBody for CostRecord {
+    fn encode(&self) -> postcard::Result<Vec<u8>> {
+        postcard::to_allocvec(self)
+    }
+    fn decode(body: &[u8]) -> postcard::Result<Self> {
+        CostRecord::from_stable_encoding(body)
+    }
+}
+
+/// Who sends a message: a device (or a relay, to its parent) up to a server, a server down to
+/// its peers, or either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Up,
+    Down,
+    Both,
+}
+
+/// The message table (quinn-proto's `frame_types!` is the model): one row a message, with its
+/// kind byte, variant, body type, name and direction. Everything that depends on the kind
+/// (the enum, [`Message::kind`], [`kind_name`], encoding and decoding, [`KINDS`]) comes from
+/// here, so adding a message is one row plus the handlers the compiler asks for.
+macro_rules! messages {
+    ($($(#[$doc:meta])* $variant:ident($ty:ty) = $kind:tt, $name:literal, $dir:ident;)*) => {
+        /// Every message of the protocol. Append-only: new rows get new kind numbers.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Message {
+            $($(#[$doc])* $variant($ty),)*
+        }
+
+        /// Every kind byte with its name and direction, in kind order.
+        pub const KINDS: &[(u8, &str, Direction)] = &[$(($kind, $name, Direction::$dir)),*];
+
+        impl Message {
+            /// The kind byte on the wire.
+            pub fn kind(&self) -> u8 {
+                match self {
+                    $(Message::$variant(_) => $kind,)*
+                }
+            }
+
+            /// Serialises the body (without the frame header).
+            pub fn encode_body(&self) -> Vec<u8> {
+                let r = match self {
+                    $(Message::$variant(m) => WireBody::encode(m),)*
+                };
+                // Serialising owned in-memory structs into a growable Vec cannot fail.
+                r.unwrap_or_default()
+            }
+
+            /// Parses a body of the given kind and validates it.
+            pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
+                let bad = |name: &'static str| {
+                    move |e: postcard::Error| DecodeError::Body { kind: name, detail: alloc::format!("{e}") }
+                };
+                let msg = match kind {
+                    $($kind => Message::$variant(<$ty as WireBody>::decode(body).map_err(bad($name))?),)*
+                    other => return Err(DecodeError::UnknownKind(other)),
+                };
+                msg.validate()?;
+                Ok(msg)
+            }
+        }
+
+        /// Name of a kind byte, or `None` if this version does not know it.
+        pub fn kind_name(kind: u8) -> Option<&'static str> {
+            match kind {
+                $($kind => Some($name),)*
+                _ => None,
+            }
+        }
+    };
 }
 
 /// Kind bytes of the messages that may be large (readers give them their own size limit).
@@ -338,86 +464,42 @@ pub const KIND_SECAGG: u8 = 15;
 /// A partial aggregate is as large as an update.
 pub const KIND_PARTIAL: u8 = 16;
 
-impl Message {
-    /// The kind byte on the wire.
-    pub fn kind(&self) -> u8 {
-        match self {
-            Message::Hello(_) => 1,
-            Message::Welcome(_) => 2,
-            Message::Broadcast(_) => KIND_BROADCAST,
-            Message::Update(_) => KIND_UPDATE,
-            Message::Ack(_) => 5,
-            Message::Heartbeat(_) => 6,
-            Message::Refusal(_) => 7,
-            Message::Goodbye(_) => 8,
-            Message::Cost(_) => 9,
-            Message::CostAck(_) => 10,
-            Message::TransferOffer(_) => 11,
-            Message::TransferResume(_) => 12,
-            Message::Chunk(_) => KIND_CHUNK,
-            Message::Decline(_) => 14,
-            Message::SecAgg(_) => KIND_SECAGG,
-            Message::Partial(_) => KIND_PARTIAL,
-            Message::CostBatch(_) => 17,
-        }
-    }
+messages! {
+    /// Boxed: its inline strings make it ten times the size of the other variants, and every
+    /// queued message (a session's outbox, 100,000 simulated clients) would be that large.
+    Hello(Box<Hello>) = 1, "hello", Up;
+    Welcome(Welcome) = 2, "welcome", Down;
+    Broadcast(Broadcast) = KIND_BROADCAST, "broadcast", Down;
+    Update(Update) = KIND_UPDATE, "update", Up;
+    Ack(Ack) = 5, "ack", Down;
+    Heartbeat(Heartbeat) = 6, "heartbeat", Both;
+    Refusal(Refusal) = 7, "refusal", Both;
+    Goodbye(Goodbye) = 8, "goodbye", Both;
+    /// A client's measured cost of one round, sent after the round's ack (the server keeps the
+    /// cost ledger). The `client` field is ignored: the server uses the connection's identity.
+    Cost(CostRecord) = 9, "cost", Up;
+    /// The ledger holds the client's cost record of a round.
+    CostAck(CostAck) = 10, "cost_ack", Down;
+    /// A resumable transfer begins.
+    TransferOffer(TransferOffer) = 11, "transfer_offer", Both;
+    /// How much of an offered transfer the receiver holds.
+    TransferResume(TransferResume) = 12, "transfer_resume", Both;
+    /// A piece of a transfer.
+    Chunk(Chunk) = KIND_CHUNK, "chunk", Both;
+    /// An invited device declines the round.
+    Decline(Decline) = 14, "decline", Up;
+    /// A SecAgg+ message of a round under secure aggregation.
+    SecAgg(SecAggFrame) = KIND_SECAGG, "secagg", Both;
+    /// A relay's partial aggregate of one round, sent to its parent.
+    Partial(Partial) = KIND_PARTIAL, "partial", Up;
+    /// The cost records of a relay's devices, in one batch for its parent's ledger.
+    CostBatch(CostBatch) = 17, "cost_batch", Up;
+}
 
+impl Message {
     /// A readable name of the kind, for logs and metrics.
     pub fn kind_name(&self) -> &'static str {
         kind_name(self.kind()).unwrap_or("unknown")
-    }
-
-    /// Serialises the body (without the frame header).
-    pub fn encode_body(&self) -> Vec<u8> {
-        let r = match self {
-            Message::Hello(m) => postcard::to_allocvec(m),
-            Message::Welcome(m) => postcard::to_allocvec(m),
-            Message::Broadcast(m) => postcard::to_allocvec(m),
-            Message::Update(m) => postcard::to_allocvec(m),
-            Message::Ack(m) => postcard::to_allocvec(m),
-            Message::Heartbeat(m) => postcard::to_allocvec(m),
-            Message::Refusal(m) => postcard::to_allocvec(m),
-            Message::Goodbye(m) => postcard::to_allocvec(m),
-            Message::Cost(m) => postcard::to_allocvec(m),
-            Message::CostAck(m) => postcard::to_allocvec(m),
-            Message::TransferOffer(m) => postcard::to_allocvec(m),
-            Message::TransferResume(m) => postcard::to_allocvec(m),
-            Message::Chunk(m) => postcard::to_allocvec(m),
-            Message::Decline(m) => postcard::to_allocvec(m),
-            Message::SecAgg(m) => postcard::to_allocvec(m),
-            Message::Partial(m) => postcard::to_allocvec(m),
-            Message::CostBatch(m) => postcard::to_allocvec(m),
-        };
-        // Serialising owned in-memory structs into a growable Vec cannot fail.
-        r.unwrap_or_default()
-    }
-
-    /// Parses a body of the given kind and validates it.
-    pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
-        let name = kind_name(kind).ok_or(DecodeError::UnknownKind(kind))?;
-        let bad = |e: postcard::Error| DecodeError::Body { kind: name, detail: alloc::format!("{e}") };
-        let msg = match kind {
-            1 => Message::Hello(Box::new(postcard::from_bytes(body).map_err(bad)?)),
-            2 => Message::Welcome(postcard::from_bytes(body).map_err(bad)?),
-            KIND_BROADCAST => Message::Broadcast(postcard::from_bytes(body).map_err(bad)?),
-            KIND_UPDATE => Message::Update(postcard::from_bytes(body).map_err(bad)?),
-            5 => Message::Ack(postcard::from_bytes(body).map_err(bad)?),
-            6 => Message::Heartbeat(postcard::from_bytes(body).map_err(bad)?),
-            7 => Message::Refusal(postcard::from_bytes(body).map_err(bad)?),
-            8 => Message::Goodbye(postcard::from_bytes(body).map_err(bad)?),
-            9 => Message::Cost(CostRecord::from_stable_encoding(body).map_err(bad)?),
-            10 => Message::CostAck(postcard::from_bytes(body).map_err(bad)?),
-            11 => Message::TransferOffer(postcard::from_bytes(body).map_err(bad)?),
-            12 => Message::TransferResume(postcard::from_bytes(body).map_err(bad)?),
-            KIND_CHUNK => Message::Chunk(postcard::from_bytes(body).map_err(bad)?),
-            14 => Message::Decline(postcard::from_bytes(body).map_err(bad)?),
-            KIND_SECAGG => Message::SecAgg(postcard::from_bytes(body).map_err(bad)?),
-            KIND_PARTIAL => Message::Partial(postcard::from_bytes(body).map_err(bad)?),
-            17 => Message::CostBatch(postcard::from_bytes(body).map_err(bad)?),
-            other => return Err(DecodeError::UnknownKind(other)),
-        };
-        msg.validate()?;
-        Ok(msg)
     }
 
     /// Checks what postcard cannot: tensor lengths against shapes, finite values, sane names.
@@ -469,28 +551,4 @@ fn validate_parts(blocks: &[ParamBlock], prototypes: &[Prototype]) -> Result<(),
         p.validate()?;
     }
     Ok(())
-}
-
-/// Name of a kind byte, or `None` if this version does not know it.
-pub fn kind_name(kind: u8) -> Option<&'static str> {
-    Some(match kind {
-        1 => "hello",
-        2 => "welcome",
-        3 => "broadcast",
-        4 => "update",
-        5 => "ack",
-        6 => "heartbeat",
-        7 => "refusal",
-        8 => "goodbye",
-        9 => "cost",
-        10 => "cost_ack",
-        11 => "transfer_offer",
-        12 => "transfer_resume",
-        13 => "chunk",
-        14 => "decline",
-        15 => "secagg",
-        16 => "partial",
-        17 => "cost_batch",
-        _ => return None,
-    })
 }

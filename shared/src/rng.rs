@@ -6,9 +6,8 @@
 //! (Box–Muller normal, Marsaglia–Tsang gamma, Dirichlet, Fisher–Yates) stay ours, and why is
 //! measured: `rand_distr`'s `Normal` is a Ziggurat sampler and its `Gamma` and `Dirichlet` draw
 //! through it, so every seeded stream would change, and with it every number the README and
-//! RESULTS.md show (a seed must keep giving the same split and the same run). The stream of
-//! `rand_xoshiro`'s `Xoshiro256StarStar::seed_from_u64` is the one this file computed by hand
-//! before (6,000,000 draws over 6 seeds compared equal; `same_stream_as_before` keeps a sample).
+//! RESULTS.md show (a seed must keep giving the same split and the same run).
+//! `same_stream_as_before` pins a sample of the generator's and the samplers' streams.
 
 use alloc::vec::Vec;
 
@@ -144,7 +143,7 @@ mod tests {
 
     #[test]
     fn same_stream_as_before() {
-        // Values the hand-written xoshiro256** / SplitMix64 / Box–Muller of earlier versions gave.
+        // Pinned values: a seed keeps giving the same xoshiro256** / SplitMix64 / Box–Muller streams.
         let mut r = Rng::new(7);
         let a: Vec<u64> = (0..3).map(|_| r.next_u64()).collect();
         assert_eq!(a, [12923355070828475994, 5142052590334782674, 15488392906492639638]);

@@ -1,4 +1,4 @@
-//! Top-k sparsification of a block's delta (issue 33): a device sends the k entries of
+//! Top-k sparsification of a block's delta: a device sends the k entries of
 //! Δ = (trained − broadcast) + e of largest magnitude and keeps the rest, e' = Δ − C(Δ), for its
 //! next round: error feedback as in Stich, Cordonnier, Jaggi 2018, "Sparsified SGD with Memory"
 //! (memory update m_{t+1} = m_t + η g_t − comp_k(m_t + η g_t), their Algorithm 1), and Lin et

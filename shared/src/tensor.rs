@@ -25,11 +25,11 @@ pub enum Encoding {
     Bf16,
     /// Symmetric int8 quantisation: value = q · scale, 1 byte per value.
     Int8 { scale: f32 },
-    /// Top-k sparse delta (issue 33; appended): `k` increasing `u32` indices, then `k` values in
+    /// Top-k sparse delta (appended): `k` increasing `u32` indices, then `k` values in
     /// the layout `values`, added to the block of the model the round was broadcast from
     /// ([`crate::sparse`]).
     TopK { k: u32, values: Dense },
-    /// One zstd frame of the bytes `inner` lays out (issue 33; appended; [`crate::compress`]).
+    /// One zstd frame of the bytes `inner` lays out (appended; [`crate::compress`]).
     Zstd { inner: Packed },
 }
 

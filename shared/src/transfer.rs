@@ -1,4 +1,4 @@
-//! Resumable transfers (issue 33): a large frame (an update, or a broadcast to a device that
+//! Resumable transfers: a large frame (an update, or a broadcast to a device that
 //! negotiated [`RESUMABLE_BROADCASTS_ALPN`]) moves in [`Chunk`]s that each carry
 //! their offset and the SHA-256 of their bytes, after a [`TransferOffer`] that names the whole
 //! frame by its SHA-256. After a lost connection the receiver answers the same offer with how

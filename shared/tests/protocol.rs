@@ -53,7 +53,7 @@ fn every_message() -> Vec<Message> {
         }),
         Message::Ack(Ack { round: 5, aggregated: false }),
         Message::Heartbeat(Heartbeat { seq: u64::MAX }),
-        Message::Refusal(Refusal { reason: RefusalReason::ShapeMismatch, detail: "block `head.weight`".into() }),
+        Message::Refusal(Refusal::duplicates("round 5: counted already", vec!["jetson-07".into(), "jetson-08".into()])),
         Message::Goodbye(Goodbye { reason: "federation finished".into() }),
         Message::Cost(CostRecord {
             client: String::new(),
@@ -432,4 +432,51 @@ fn cost_records_of_old_clients_are_read_and_conditions_are_checked() {
         let frame = encode(&Message::Cost(bad.clone()));
         assert!(matches!(decode_frame(&frame, DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))), "{bad:?}");
     }
+}
+
+/// The body of a v1 refusal, as a peer of protocol v1 encodes it: its reason and its detail,
+/// nothing after them.
+#[derive(serde::Serialize)]
+struct RefusalOfV1<'a> {
+    reason: RefusalReason,
+    detail: &'a str,
+}
+
+/// A v1 peer's refusal decodes (no devices named), and a v1 peer's decoder reads a refusal
+/// that names devices as its reason and detail: the typed devices follow v1's fields.
+#[test]
+fn a_v1_refusal_decodes_and_v1_reads_the_new_one() {
+    let v1 = postcard::to_allocvec(&RefusalOfV1 { reason: RefusalReason::Duplicate, detail: "replaced" }).unwrap();
+    let refusal = Message::decode_body(7, &v1).expect("a v1 body decodes");
+    assert_eq!(refusal, Message::Refusal(Refusal::new(RefusalReason::Duplicate, "replaced")));
+
+    let typed = Refusal::duplicates("counted already", vec!["edge-1".into(), "edge-2".into()]);
+    let body = Message::Refusal(typed.clone()).encode_body();
+    assert!(body.len() > v1.len(), "the devices follow the v1 fields");
+    #[derive(serde::Deserialize, Debug, PartialEq)]
+    struct AsV1Reads {
+        reason: RefusalReason,
+        detail: String,
+    }
+    let seen: AsV1Reads = postcard::from_bytes(&body).expect("a v1 decoder reads the v1 fields and stops");
+    assert_eq!(seen, AsV1Reads { reason: RefusalReason::Duplicate, detail: "counted already".into() });
+    assert_eq!(Message::decode_body(7, &body).unwrap(), Message::Refusal(typed));
+    assert!(Message::decode_body(7, &[v1.as_slice(), &[0xff]].concat()).is_err(), "a broken tail is an error");
+    let revoked = Message::Refusal(Refusal::new(RefusalReason::Revoked, "certificate revoked"));
+    assert_eq!(Message::decode_body(7, &revoked.encode_body()).unwrap(), revoked, "revocation is its own reason");
+}
+
+/// The message table gives every kind one row: kinds are distinct, every row's name is what
+/// `kind_name` says, and every message built here encodes under its row's kind.
+#[test]
+fn the_message_table_has_one_row_a_kind() {
+    let kinds: std::collections::BTreeSet<u8> = KINDS.iter().map(|(k, _, _)| *k).collect();
+    assert_eq!(kinds.len(), KINDS.len(), "no kind byte twice");
+    for (kind, name, _) in KINDS {
+        assert_eq!(kind_name(*kind), Some(*name));
+    }
+    for msg in every_message() {
+        assert!(kinds.contains(&msg.kind()), "{} has a row", msg.kind_name());
+    }
+    assert_eq!(kind_name(KINDS.len() as u8 + 1), None);
 }

@@ -39,11 +39,11 @@ pub struct SimConfig {
     pub model: ModelConfig,
     /// The method and its hyperparameters (`[method]`).
     pub method: MethodConfig,
-    /// Differential privacy of what the devices send (`[privacy]`, issue 34): the server and
+    /// Differential privacy of what the devices send (`[privacy]`): the server and
     /// every device get the same table.
     #[serde(skip_serializing_if = "PrivacyConfig::is_off")]
     pub privacy: PrivacyConfig,
-    /// Secure aggregation (`[secagg]`, issue 34: the server's `[engine.secagg]`; every device
+    /// Secure aggregation (`[secagg]`: the server's `[engine.secagg]`; every device
     /// masks its update). `classes` and `prototype_dim` left at 0 are sized from the data and
     /// the method.
     #[serde(skip_serializing_if = "is_off")]
@@ -87,6 +87,10 @@ pub struct FederationConfig {
     pub robust: RobustConfig,
     /// Byzantine devices (`[attack]`): these clients send a scaled update instead of their own.
     pub attack: Option<Attack>,
+    /// How each round's devices are chosen and its learning rate scheduled (the server's
+    /// `[engine.policy]`): `policy = { selection = "least_recent", schedule = { kind = "cosine", min_lr = 1e-4 } }`.
+    #[serde(skip_serializing_if = "anchorage_server::engine::RoundPolicy::is_default")]
+    pub policy: anchorage_server::engine::RoundPolicy,
 }
 
 /// The data: the embedded synthetic set's knobs or a real dataset's `[data]` table, and the task
@@ -126,7 +130,7 @@ pub struct SystemsConfig {
     pub clock: Clock,
     /// Upload encoding: f32, f16, bf16 or int8.
     pub encoding: anchorage_client::encoding::UploadEncoding,
-    /// Top-k sparsification with error feedback (issue 33): the fraction of each block's delta
+    /// Top-k sparsification with error feedback: the fraction of each block's delta
     /// a client uploads, in (0, 1]; unset: every value.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_k: Option<f64>,
@@ -150,10 +154,10 @@ pub struct SystemsConfig {
     /// of the devices' `device::ComputePool`; 0 (the default): one per core. Results are the same
     /// for any count (a training sees only its own client's state and the broadcast). burn
     /// 0.22.1's autodiff keeps one graph per training, so independent trainings scale: 2.0× the
-    /// steps per second on 2 threads (`anchorage microbench`, `parallel_speedup`, issue 35).
+    /// steps per second on 2 threads (`anchorage microbench`, `parallel_speedup`).
     pub threads: usize,
     /// Uploads resume after an interruption from what the server holds (the runtime's
-    /// resumable transfers, issue 33); `false`: sent again from the start (the baseline). On the
+    /// resumable transfers); `false`: sent again from the start (the baseline). On the
     /// virtual clock, how an outage in the middle of an upload is charged.
     pub resume_uploads: bool,
     /// Broadcasts larger than a chunk resume after an interruption from what the device holds
@@ -164,7 +168,7 @@ pub struct SystemsConfig {
     /// this many hours (168: a week of a fleet), even if `rounds` are left.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_after_hours: Option<f64>,
-    /// `[relays]`: a relay tier between the devices and the server (issue 37), modelled on the
+    /// `[relays]`: a relay tier between the devices and the server, modelled on the
     /// virtual clock only; none: the devices reach the server.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub relays: Option<RelayTier>,
@@ -448,6 +452,7 @@ impl Default for FederationConfig {
             aggregation: AggregationMode::Synchronous,
             robust: RobustConfig::unbounded(),
             attack: None,
+            policy: Default::default(),
         }
     }
 }
@@ -490,9 +495,9 @@ impl Default for SystemsConfig {
     }
 }
 
-/// `[relays]`: what a relay tier does to round time and bytes before one is built (issue 37,
-/// item 5). Client i joins relay i mod `count`; each relay runs the server's rounds for its
-/// clients (sampling `fraction` of them) and sends one partial aggregate up over its own link.
+/// `[relays]`: a model of what a relay tier does to round time and bytes. Client i joins relay
+/// i mod `count`; each relay runs the server's rounds for its clients (sampling `fraction` of
+/// them) and sends one partial aggregate up over its own link.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelayTier {
@@ -504,6 +509,21 @@ pub struct RelayTier {
     /// what it sends up, and what the server sends it, waits for the link).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outages: Vec<RelayOutage>,
+    /// Devices that fail over: in `round`, the relay's ack of the device's update is lost with
+    /// its connection, and the device resends the update to the next relay (relay + 1, mod the
+    /// count); once that relay acks it, the device goes back to its own. Its update may then be
+    /// held by two relays' partials: the root counts it once and the later relay folds its
+    /// round again without it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failovers: Vec<RelayFailover>,
+}
+
+/// One device's failover (`[relays] failovers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayFailover {
+    pub client: usize,
+    pub round: u64,
 }
 
 impl SimConfig {
@@ -532,7 +552,7 @@ pub struct RelayOutage {
 }
 
 impl SystemsConfig {
-    /// How the clients shrink their updates (`top_k`, `compress`, `encoding`; issue 33).
+    /// How the clients shrink their updates (`top_k`, `compress`, `encoding`).
     pub fn update_compression(&self) -> anyhow::Result<anchorage_client::compress::UpdateCompression> {
         anchorage_client::compress::UpdateCompression::new(self.top_k, self.compress, self.encoding.encoding())
     }
@@ -555,8 +575,8 @@ fn shortest_f32<S: serde::Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> 
 mod tests {
     use super::*;
 
-    /// The issue's `learning_rate = 0.0010000000474974513`: config.toml writes what was given,
-    /// and reading it back gives the same f32.
+    /// config.toml writes a learning rate as given (0.001, never `0.0010000000474974513`), and
+    /// reading it back gives the same f32.
     #[test]
     fn the_learning_rate_is_written_as_given() {
         for lr in [1e-3f32, 0.05, 0.1, 3e-4, 1.0, 0.007_5] {
@@ -585,10 +605,10 @@ mod tests {
             field_names::<OutputConfig>(),
         ];
         let mut keys: Vec<&str> = sections.concat();
-        assert_eq!(keys.len(), 41, "{keys:?}");
+        assert_eq!(keys.len(), 42, "{keys:?}");
         keys.sort_unstable();
         keys.dedup();
-        assert_eq!(keys.len(), 41, "a key in two sections");
+        assert_eq!(keys.len(), 42, "a key in two sections");
         assert!(!keys.contains(&"model") && !keys.contains(&"method"));
         assert!(keys.contains(&"data"), "the [data] table is the data section's");
     }

@@ -393,13 +393,12 @@ pub enum Charge {
 /// Dedicated threads (rayon's `install` from the device's blocking thread), not slots on the
 /// callers' threads: the matmul kernels keep a scratch buffer per thread that trains, and with
 /// slots every blocking thread that ever trained kept one (214 MB at peak on the 1,000-device
-/// peer job, issue 35: `heaptrack` of `anchorage sim --clock real`).
+/// peer job under `heaptrack` of `anchorage sim --clock real`).
 ///
 /// One thread per core (`[systems] threads`): burn 0.22.1's autodiff keeps a graph (and its lock)
 /// per training and takes its process-wide lock only to find the graph of each recorded op, so
 /// independent trainings scale: 2.0× the steps per second on 2 threads (`anchorage microbench`,
-/// `parallel_speedup`; issue 35). An earlier measurement here, with one slot found right, saw
-/// two trainings at once each take twice as long.
+/// `parallel_speedup`).
 pub struct ComputePool {
     threads: rayon::ThreadPool,
 }
@@ -570,7 +569,7 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
             }
             for block in &mut update.blocks {
                 let base = broadcast.blocks.iter().find(|b| b.name == block.name).and_then(|b| b.decode().ok());
-                // A top-k delta (issue 33) stands for base + delta.
+                // A top-k delta stands for base + delta.
                 let trained = block.decode_against(base.as_deref().unwrap_or_default())?;
                 let base = base.filter(|b| b.len() == trained.len()).unwrap_or_else(|| vec![0.0; trained.len()]);
                 let values: Vec<f32> = trained.iter().zip(&base).map(|(t, g)| g + scale * (t - g)).collect();

@@ -51,7 +51,7 @@ pub fn shard(clients: usize, index: usize, of: usize) -> anyhow::Result<std::ops
 #[derive(Debug, Clone)]
 pub struct Target {
     pub server: SocketAddr,
-    /// Other addresses the devices fail over to, in turn (a tier's other relays, issue 37).
+    /// Other addresses the devices fail over to, in turn (a tier's other relays).
     pub fallbacks: Vec<SocketAddr>,
     /// The name in the server's certificate.
     pub server_name: String,
@@ -334,6 +334,7 @@ fn record_run(
         run_dir: Some(out.to_path_buf()),
         link_stats: Vec::new(),
         accuracy: closed.accuracy,
+        tier: None,
     })
 }
 

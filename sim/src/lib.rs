@@ -27,6 +27,6 @@ pub mod virtual_clock;
 pub use config::{
     Attack, ClientLink, Clock, DataConfig, FederationConfig, KillAt, LinkShare, OutputConfig, SimConfig, SystemsConfig,
 };
-pub use record::SimResult;
 pub use record::{RoundRow, RunStatus, RunSummary, claim_run_folder, percent, run_folder_name, write_run_folder};
+pub use record::{SimResult, TierOutcome};
 pub use run::{run, run_on_clock, run_recorded};

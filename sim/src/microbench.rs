@@ -5,17 +5,17 @@
 //!   forward, cross-entropy, backward, Adam, the loss read back) on the MLP 784-256-10, batch 32,
 //!   on the flex CPU backend; and the machine's f32 matmul rate measured with the same backend
 //!   (a 1024³ product), so that the step's arithmetic can be put as a fraction of it; the same at
-//!   batch 256 (issue 35's target), and at both batches the step's five matrix products alone
+//!   batch 256, and at both batches the step's five matrix products alone
 //!   (no autodiff, no optimiser), which is what the step would cost at the products' own rate. Threads
 //!   follow `RAYON_NUM_THREADS` (burn's gemm parallelises products of ≥ 192³ only, so a batch-32
 //!   step runs on one thread whatever it says).
 //! - **parallel**: independent trainings on 1 and on 2 threads of one process (each thread its
 //!   own model, optimiser and batches, as two simulated devices): steps per second in all, and
-//!   the speed-up. It measures what burn-autodiff's locks leave of a second core (issue 35: each
+//!   the speed-up. It measures what burn-autodiff's locks leave of a second core (each
 //!   graph has its own lock since burn 0.19, and one process-wide lock is taken per recorded op).
 //! - **aggregate**: the server's FedAvg (`methods::average_blocks`: each update's f32 block read
-//!   in place and added in f64, tile by tile, on every core; encode) of 100 updates of 1 MB, the
-//!   decoding the server did before issue 35 alone, and the core weighted mean alone, against a
+//!   in place and added in f64, tile by tile, on every core; encode) of 100 updates of 1 MB,
+//!   decoding the blocks alone (which the server skips), and the core weighted mean alone, against a
 //!   STREAM-like copy (`dst.copy_from_slice(src)` over 256 MiB, best of 5, counted as STREAM
 //!   counts it: bytes read + bytes written per second) measured in the same run. An
 //!   aggregation's rate is the update bytes it reads per second.
@@ -60,8 +60,8 @@ pub struct Figures {
     /// FedAvg of 100 updates of 1 MB through the server's path: milliseconds, GB/s of updates read.
     pub aggregate_ms: f64,
     pub aggregate_gbps: f64,
-    /// Decoding the 100 updates' blocks alone (bytes → `Vec<f32>`), which the server path no
-    /// longer does (issue 35: it reads the bytes in place).
+    /// Decoding the 100 updates' blocks alone (bytes → `Vec<f32>`), a step the server path
+    /// skips: it reads the bytes in place.
     pub decode_ms: f64,
     /// The weighted mean alone (blocks already decoded).
     pub mean_ms: f64,

@@ -1,4 +1,4 @@
-//! A simulated device's battery and temperature on the virtual clock (issue 33), and the
+//! A simulated device's battery and temperature on the virtual clock, and the
 //! `[eligibility]` it applies to them: the same decision a real device takes on its sysfs
 //! readings ([`anchorage_client::eligibility::decide`]), on readings this model makes.
 //!

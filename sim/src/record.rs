@@ -70,7 +70,7 @@ pub struct RunSummary {
     /// The privacy spent (`[privacy]`); absent when it was off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privacy: Option<PrivacySpent>,
-    /// The last round's global model probed apart from its prediction rule (issue 36: the global
+    /// The last round's global model probed apart from its prediction rule (the global
     /// head's accuracy, the representation's separability); absent when the method has none.
     #[serde(default, skip_serializing_if = "Probes::is_empty")]
     pub probes: Probes,
@@ -157,7 +157,7 @@ pub struct SummaryInputs {
     pub privacy: Option<PrivacySpent>,
 }
 
-/// ε spent by a run under `[privacy]` (issue 34), as metrics.json and the report give it.
+/// ε spent by a run under `[privacy]`, as metrics.json and the report give it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrivacySpent {
     pub epsilon: f64,
@@ -198,6 +198,19 @@ pub struct SimResult {
     pub link_stats: Vec<Option<crate::network::DuplexStats>>,
     /// The accuracy records (global and local models per test task, per round).
     pub accuracy: Vec<AccuracyRow>,
+    /// `[relays]` on the virtual clock: what the relays' uplinks did.
+    pub tier: Option<TierOutcome>,
+}
+
+/// What a relay tier's uplinks did over a virtual run.
+#[derive(Debug, Clone, Default)]
+pub struct TierOutcome {
+    pub counts: crate::virtual_clock::UplinkCounts,
+    /// The root's ledger: the records the relays' cost batches carried up.
+    pub root_ledger: Vec<CostRecord>,
+    /// Per relay at the end: the round of a partial aggregate still owed, and the rounds of
+    /// cost records the root has not confirmed.
+    pub owed: Vec<(Option<u64>, Vec<u64>)>,
 }
 
 /// The initial accuracy of the global model: the mean over the tasks evaluated, NaN when the

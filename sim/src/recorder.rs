@@ -663,7 +663,7 @@ mod tests {
         SimConfig { federation: FederationConfig { rounds, ..Default::default() }, ..SimConfig::default() }
     }
 
-    /// Item 10 of issue 31: `--out` into a folder that holds a run of another configuration is
+    /// `--out` into a folder that holds a run of another configuration is
     /// refused; the same configuration replaces the earlier run whole, old charts included.
     #[test]
     fn a_folder_holding_another_run_is_not_overwritten_silently() {
@@ -697,7 +697,7 @@ mod tests {
         assert!(std::fs::read_to_string(dir.join("config.toml")).unwrap().contains("rounds = 3"));
     }
 
-    /// Item 6 of issue 31: a second Ctrl-C marks a running folder `interrupted`, with every
+    /// A second Ctrl-C marks a running folder `interrupted`, with every
     /// round rounds.csv holds; a folder that says how it ended is left alone.
     #[test]
     fn a_second_signal_marks_a_running_folder() {

@@ -99,7 +99,7 @@ pub async fn run_recorded(config: SimConfig, recorder: &mut Recorder) -> anyhow:
         .map(|h| h.as_ref().and_then(|slot| slot.lock().ok().and_then(|s| s.as_ref().map(LinkHandle::stats))))
         .collect();
     let run_dir = recorder.dir().map(|d| d.to_path_buf());
-    Ok(SimResult { summary, ledger, reports, run_dir, link_stats, accuracy: accuracy_rows })
+    Ok(SimResult { summary, ledger, reports, run_dir, link_stats, accuracy: accuracy_rows, tier: None })
 }
 
 /// The server on loopback with a certificate from a project CA that lives only in this process:

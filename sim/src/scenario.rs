@@ -128,8 +128,7 @@ pub fn partition_clients(partition: &mut PartitionSpec) -> &mut usize {
 /// key it did not: the embedded data's knobs go when a `[data]` table replaces them, `threads`
 /// on the real clock, the evolving-only keys when the run is not evolving, `data_dir` when the
 /// run reads no file. `anchorage sim <run>/config.toml` runs the same federation again.
-/// (The `[method]` table still carries every method's hyperparameters: typed per-method configs
-/// are issue 18's.)
+/// (The `[method]` table carries every method's hyperparameters, whichever method runs.)
 pub fn effective_toml(config: &SimConfig) -> anyhow::Result<String> {
     let mut table = toml::Table::try_from(config).context("the run's configuration as TOML")?;
     let mut unused: Vec<&str> = Vec::new();

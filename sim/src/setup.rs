@@ -31,7 +31,7 @@ use crate::record::{accuracy_records, round_accuracy};
 /// i: [`Rng::derive`] of the seed xor this and i), apart from the server's own noise seed.
 const PRIVACY_NOISE_STREAM: u64 = 0xDE71_CE00_0000_0034;
 
-/// What every simulated device wraps its method in, in this order: `[privacy]` (issue 34; σ of
+/// What every simulated device wraps its method in, in this order: `[privacy]` (σ of
 /// local noise from the run's rounds, each device's noise seeded from the scenario seed and its
 /// index), then compression (a top-k of a noised delta is post-processing).
 struct DeviceWraps {
@@ -90,7 +90,7 @@ pub struct Evaluator {
     tests: Vec<(u32, FeatureCache)>,
     /// Evolving shifts: only the target is evaluated, whatever the task.
     target_only: bool,
-    /// The last round's global model, probed once for the run's summary (issue 36).
+    /// The last round's global model, probed once for the run's summary.
     last_round: std::sync::Mutex<Option<Broadcast>>,
 }
 
@@ -287,7 +287,7 @@ impl Features {
     /// Runs `config.model.backbone` over both pools. The raw samples stay beside the features only
     /// for a method that reads them (FedTA's input enhancement, and its server's SIKF); for the
     /// others they are let go once their features exist, and under the identity backbone the
-    /// samples' buffer becomes the features (issue 20: data held once).
+    /// samples' buffer becomes the features (data held once).
     fn build(config: &SimConfig, train: Dataset, test: Dataset, plain: &Device) -> anyhow::Result<Self> {
         let backbone: anchorage_model::prompts::SharedBackbone =
             zoo::load(&config.model.backbone, train.sample_len(), config.data.data_dir.as_deref(), plain)
@@ -447,6 +447,7 @@ fn engine_config(config: &SimConfig, protocol: Protocol) -> EngineConfig {
         privacy: config.privacy.clone(),
         noise_seed: Some(config.federation.seed ^ 0xD1FF_E4E7),
         secagg: config.secagg.clone(),
+        policy: config.federation.policy,
         ..EngineConfig::default()
     }
 }
@@ -586,8 +587,7 @@ fn checked_engine(
     if engine.secagg.enabled {
         size_secagg(&mut engine, &config.method, num_classes, probe, initial)?;
     }
-    anchorage_server::engine::privacy::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
-    anchorage_server::engine::secagg::check_config(&engine, &config.method).map_err(anyhow::Error::msg)?;
+    anchorage_server::engine::compat::check(&engine, &config.method).map_err(anyhow::Error::msg)?;
     Ok(engine)
 }
 

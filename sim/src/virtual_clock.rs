@@ -28,6 +28,8 @@ use crate::setup::{Evaluator, Setup, client_id};
 
 mod tier;
 
+pub use tier::UplinkCounts;
+
 /// Payload bytes a QUIC packet carries, and the bytes of headers, framing and AEAD tag around it
 /// (measured on loopback: about 3% over the payload for a 1 MB upload).
 const PACKET_PAYLOAD: u64 = 1200;
@@ -115,6 +117,11 @@ impl Queue {
 /// The server's default `read_stall`: a stream that brings no byte for this long is let go (a
 /// one-frame upload's connection is closed with it).
 const STALL: Duration = Duration::from_secs(30);
+
+/// How long a device that fails over takes to reach its next relay (its backoff's first step).
+const FAILOVER_DELAY: Duration = Duration::from_millis(200);
+/// How long a device that failed over stays on the other relay after its ack there.
+const HOME_AFTER: Duration = Duration::from_secs(1);
 
 /// The sender's probe timeout on a path of round-trip time `rtt` (RFC 9002, section 6.2: the
 /// smoothed RTT, four times its variation, here taken as half the RTT, and quinn's 25 ms
@@ -233,7 +240,7 @@ struct VirtualClient {
     resume_uploads: bool,
     /// So do broadcasts larger than a chunk (`SystemsConfig::resume_broadcasts`).
     resume_broadcasts: bool,
-    /// Battery, temperature and eligibility (issue 33).
+    /// Battery, temperature and eligibility.
     power: crate::power::Power,
     up: Path,
     down: Path,
@@ -369,7 +376,7 @@ impl VirtualRun {
             ..
         } = Setup::new(config, Charge::Report)?;
         let schedule = engine_config.clone();
-        let (tier, engine_config) = match &config.systems.relays {
+        let (mut tier, engine_config) = match &config.systems.relays {
             Some(t) => {
                 let (tier, root) =
                     tier::Tier::new(t, clients.len(), &engine_config, &config.method, config.federation.seed)?;
@@ -378,8 +385,8 @@ impl VirtualRun {
             None => (None, engine_config),
         };
         let mut engine = Engine::new(engine_config, server_method, initial.clone());
-        if let Some(tier) = &tier {
-            tier.join(&mut engine, config.method.name());
+        if let Some(tier) = tier.as_mut() {
+            tier.join(&mut engine);
         }
         let clients = virtual_clients(config, clients, &devices)?;
         let index: HashMap<String, usize> = (0..clients.len()).map(|i| (client_id(i), i)).collect();
@@ -454,6 +461,13 @@ impl VirtualRun {
         for (i, mut cost) in std::mem::take(&mut self.completed) {
             cost.joules = self.devices[i].joules(cost.compute_seconds, cost.transfer_seconds);
             self.clients[i].power.fill(self.now, &mut cost);
+            // Behind a tier, the device's relay's ledger holds the record from now on: its
+            // uplink owes it to the root.
+            if let Some(tier) = self.tier.as_mut() {
+                let r = tier.relay_of(i);
+                tier.relays[r].cost(self.now, cost.clone());
+                self.drive_uplink(r);
+            }
             self.live.cost(self.ledger.len(), &cost);
             self.ledger.push(cost);
             self.live.emit_complete(&self.ledger, recorder)?;
@@ -489,7 +503,8 @@ impl VirtualRun {
             return Ok(false);
         }
         self.drain_actions(recorder)?;
-        Ok(!(self.stopping || (self.finished && self.queue.peek_time().is_none())))
+        let settled = self.tier.as_ref().is_none_or(tier::Tier::settled);
+        Ok(!(self.stopping || (self.finished && self.queue.peek_time().is_none() && settled)))
     }
 
     /// One event at the current time; `false` when it was lost (nothing else happens this step).
@@ -556,6 +571,9 @@ impl VirtualRun {
         c.conn += 1;
         let now = self.now;
         self.engine_of(client).handle_disconnect(now, &client_id(client));
+        if let Some(tier) = self.tier.as_mut() {
+            tier.back_home(client);
+        }
         let c = &mut self.clients[client];
         if crash {
             c.life += 1;
@@ -607,6 +625,13 @@ impl VirtualRun {
             }
             Action::Close { client, .. } if relay(&client).is_some() => {}
             Action::Ledger(record) if relay(&record.client).is_some() => {}
+            // Behind a tier the root's ledger holds what the relays' cost batches carried; the
+            // sim files each record where it was made (the device's session, the relay's engine).
+            Action::Ledger(record) if self.tier.is_some() => {
+                if let Some(t) = self.tier.as_mut() {
+                    t.root_ledger.push(record);
+                }
+            }
             Action::Send { .. } | Action::Close { .. } | Action::Broadcast { .. } => self.send_to_clients(action),
             // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
             Action::Ledger(record) => {
@@ -634,13 +659,8 @@ impl VirtualRun {
                 }
                 self.stopping = recorder.stop_requested().is_some() || horizon;
             }
-            Action::Finished => {
-                self.finished = true;
-                // The relays pass the root's goodbye on to their devices.
-                for relay in self.tier.iter_mut().flat_map(|t| t.relays.iter_mut()) {
-                    relay.engine.handle_parent_goodbye("federation finished");
-                }
-            }
+            // The relays pass the root's goodbye (it travels their links) on to their devices.
+            Action::Finished => self.finished = true,
         }
         Ok(())
     }
@@ -667,6 +687,14 @@ impl VirtualRun {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Relay `r`'s engine.
+    fn engine_of_relay(&mut self, r: usize) -> &mut Engine {
+        match self.tier.as_mut() {
+            Some(t) => &mut t.relays[r].engine,
+            None => &mut self.engine,
         }
     }
 
@@ -697,6 +725,12 @@ impl VirtualRun {
             if relay.engine.poll_timeout().is_some_and(|t| t <= now) {
                 relay.engine.handle_timeout(now);
             }
+            if relay.uplink.poll_timeout().is_some_and(|t| t <= now) {
+                relay.uplink.handle_timeout(now);
+            }
+        }
+        for r in 0..self.tier.as_ref().map_or(0, |t| t.relays.len()) {
+            self.drive_uplink(r);
         }
     }
 
@@ -723,21 +757,67 @@ impl VirtualRun {
     /// One of relay `r`'s actions: messages to its clients, their dropped records, and its
     /// closed round's partial aggregate up its link to the root.
     fn on_relay_action(&mut self, r: usize, action: Action) {
+        let now = self.now;
+        if let Action::Send { to, msg: Message::Ack(ack) } = &action
+            && let Some(&client) = self.index.get(to)
+            && self.tier.as_ref().is_some_and(|t| t.relay_of(client) == r)
+        {
+            if self.tier.as_mut().is_some_and(|t| t.fails_over(client, ack.round)) {
+                // The ack is lost with the connection; the device comes back on its next relay.
+                self.reconnect_elsewhere(r, client);
+                return;
+            }
+            if self.tier.as_mut().is_some_and(|t| t.acked_away(client, ack.round)) {
+                // Acked where it failed over to: once the ack is in, it goes back to its own relay.
+                let back_after = FAILOVER_DELAY;
+                self.queue.push(now + HOME_AFTER, Event::Offline { client, back_after, crash: false });
+            }
+        }
         match action {
             Action::Send { .. } | Action::Close { .. } | Action::Broadcast { .. } => self.send_to_clients(action),
-            Action::Ledger(record) if record.dropped || record.declined.is_some() => {
-                self.live.cost(self.ledger.len(), &record);
-                self.ledger.push(record);
+            Action::Ledger(record) => {
+                if record.dropped || record.declined.is_some() {
+                    self.live.cost(self.ledger.len(), &record);
+                    self.ledger.push(record.clone());
+                }
+                if let Some(tier) = self.tier.as_mut() {
+                    tier.relays[r].cost(now, record);
+                }
+                self.drive_uplink(r);
             }
             Action::RoundClosed(_, checkpoint) => {
                 let Some(tier) = self.tier.as_mut() else { return };
                 if let Some(partial) = anchorage_server::relay::partial_of(&checkpoint) {
-                    let msg = Message::Partial(partial);
-                    let (at, _) = tier.relays[r].up.carry_transfer(self.now, frame_len(&msg), true);
-                    self.queue.push(at, Event::ToRoot { relay: r, msg });
+                    tier.relays[r].uplink.partial_closed(partial);
                 }
+                self.drive_uplink(r);
             }
-            Action::Ledger(_) | Action::Persist(_) | Action::Finished => {}
+            Action::Persist(_) | Action::Finished => {}
+        }
+    }
+
+    /// Client `client`'s connection to relay `r` breaks; it connects to the relay the tier has
+    /// it on now, after [`FAILOVER_DELAY`].
+    fn reconnect_elsewhere(&mut self, r: usize, client: usize) {
+        let now = self.now;
+        self.engine_of_relay(r).handle_disconnect(now, &client_id(client));
+        let c = &mut self.clients[client];
+        if c.online {
+            c.online = false;
+            c.conn += 1;
+            c.session.disconnected();
+            self.queue.push(now + FAILOVER_DELAY, Event::Online { client });
+        }
+    }
+
+    /// Carries out relay `r`'s uplink actions: what goes up travels its link to the root.
+    fn drive_uplink(&mut self, r: usize) {
+        let now = self.now;
+        let Some(tier) = self.tier.as_mut() else { return };
+        let relay = &mut tier.relays[r];
+        for msg in relay.carry_out(now) {
+            let (at, _) = relay.up.carry_transfer(now, frame_len(&msg), true);
+            self.queue.push(at, Event::ToRoot { relay: r, msg });
         }
     }
 
@@ -748,15 +828,12 @@ impl VirtualRun {
         self.queue.push(at, Event::ToRelay { relay: r, msg });
     }
 
-    /// The root's message reaches relay `r`: a round's broadcast opens it there, a goodbye ends it.
+    /// The root's message reaches relay `r`'s uplink session.
     fn relay_received(&mut self, r: usize, msg: Message) {
         let now = self.now;
         let Some(relay) = self.tier.as_mut().map(|t| &mut t.relays[r]) else { return };
-        match msg {
-            Message::Broadcast(b) => relay.engine.handle_parent_round(now, b),
-            Message::Goodbye(g) => relay.engine.handle_parent_goodbye(&g.reason),
-            _ => {}
-        }
+        relay.uplink.handle_message(now, msg);
+        self.drive_uplink(r);
     }
 
     /// The run's result: rows with their final wire bytes, the summary, the run folder finished.
@@ -783,8 +860,17 @@ impl VirtualRun {
         recorder.finish(&mut summary, &self.ledger, &self.accuracy_rows, Some(simulated))?;
         tracing::info!(simulated = ?self.now, wall = summary.wall_seconds, "virtual run finished");
         let run_dir = recorder.dir().map(|d| d.to_path_buf());
+        let tier = self.tier.map(|t| crate::record::TierOutcome {
+            counts: t.counts(),
+            owed: t
+                .relays
+                .iter()
+                .map(|r| (r.uplink.owed_partial().map(|p| p.update.round), r.uplink.owed_cost_rounds()))
+                .collect(),
+            root_ledger: t.root_ledger,
+        });
         let (ledger, reports, accuracy) = (self.ledger, self.reports, self.accuracy_rows);
-        Ok(SimResult { summary, ledger, reports, run_dir, link_stats: Vec::new(), accuracy })
+        Ok(SimResult { summary, ledger, reports, run_dir, link_stats: Vec::new(), accuracy, tier })
     }
 }
 
@@ -1048,7 +1134,7 @@ mod tests {
         report.updates.iter().map(|u| u.client.to_string()).collect()
     }
 
-    /// Issue 35: trainings run on every core by default; the accuracy records are the same to
+    /// Trainings run on every core by default; the accuracy records are the same to
     /// the bit on one thread or several (a training sees only its own client and the broadcast).
     #[test]
     fn one_thread_or_several_give_the_same_run() {
@@ -1127,7 +1213,7 @@ mod outage_tests {
     use super::*;
     use crate::network::{LinkPreset, Outage};
 
-    /// 3g's uplink, dark for 20 s every 60 s from 60 s (issue 33's setting).
+    /// 3g's uplink, dark for 20 s every 60 s from 60 s.
     fn flaky_3g() -> LinkProfile {
         let outages =
             (0..40).map(|k| Outage { start_ms: 60_000 + 60_000 * k, duration_ms: 20_000, every_ms: None }).collect();

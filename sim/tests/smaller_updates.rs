@@ -1,4 +1,4 @@
-//! Issue 33, item 4, end to end on the virtual clock: clients upload top-k deltas in zstd frames,
+//! Smaller updates end to end on the virtual clock: clients upload top-k deltas in zstd frames,
 //! the engine decodes them against the round's broadcast, and the federation still learns.
 
 use anchorage_client::compress::Compressor;

@@ -284,7 +284,7 @@ fn clients_evaluate_on_the_policy_and_the_global_model_every_round() {
     assert!(!full.summary.local_eval.sampled);
 }
 
-/// Issue 37, item 5: a relay tier on the virtual clock. With every client in every round, the
+/// A relay tier on the virtual clock. With every client in every round, the
 /// tier gives the global model of the clients straight to the server (the same accuracy every
 /// round); the root's traffic is the relays' partial aggregates; a relay's link outage holds
 /// the round back, and a slower relay link makes rounds longer.
@@ -313,7 +313,7 @@ fn a_relay_tier_on_the_virtual_clock_gives_the_same_model_and_charges_its_links(
         assert!(c.relays_on_virtual_clock_only().unwrap_err().to_string().contains("--clock virtual"));
         run_virtual(&c).expect("a tiered run")
     };
-    let tier = |link, outages| RelayTier { count: 2, link, outages };
+    let tier = |link, outages| RelayTier { count: 2, link, outages, failovers: vec![] };
     let straight = run_virtual(&base).unwrap();
     let tiered = with(tier(LinkPreset::Ethernet, vec![]));
     assert_eq!(tiered.summary.rounds.len(), 3);
@@ -342,4 +342,87 @@ fn a_relay_tier_on_the_virtual_clock_gives_the_same_model_and_charges_its_links(
     let lost = with(tier(LinkPreset::Ethernet, outage(120_000)));
     let first = &lost.summary.rounds[0];
     assert!((59.0..70.0).contains(&first.seconds) && first.aggregated == 1, "{first:?}");
+}
+
+/// The tier's relays run the uplink session of anchorage-relay: each relay's devices' cost
+/// records reach the root's ledger in batches the root confirms (once each, nothing owed at the
+/// end), and a device that fails over after its ack was lost is held by two relays' partials:
+/// the root refuses the later one as a duplicate naming it, that relay folds its round again
+/// without it, and every device is counted once.
+#[test]
+fn a_relay_tiers_uplinks_confirm_costs_and_fold_again_after_a_duplicate() {
+    use anchorage_sim::config::{RelayFailover, RelayTier};
+    let base = SimConfig {
+        federation: FederationConfig {
+            clients: 6,
+            rounds: 3,
+            seed: 11,
+            local_epochs: 1,
+            min_available: Some(6),
+            ..Default::default()
+        },
+        data: DataConfig { train_per_class: 30, test_per_class: 10, ..Default::default() },
+        systems: SystemsConfig {
+            devices: vec![
+                anchorage_sim::device::DeviceProfile { compute_seconds: Some(1.0), ..Default::default() },
+                anchorage_sim::device::DeviceProfile {
+                    name: "slow".into(),
+                    compute_seconds: Some(15.0),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        },
+        ..SimConfig::default()
+    };
+    let with = |failovers: Vec<RelayFailover>| {
+        let mut c = base.clone();
+        c.systems.relays = Some(RelayTier { count: 2, link: LinkPreset::Ethernet, outages: vec![], failovers });
+        run_virtual(&c).expect("a tiered run")
+    };
+    let plain = with(vec![]);
+    let tier = plain.tier.as_ref().expect("the tier's outcome");
+    println!("uplinks: {:?}", tier.counts);
+    assert_eq!((tier.counts.sent, tier.counts.acked, tier.counts.refused), (6, 6, 0), "one partial a relay a round");
+    assert!(tier.counts.cost_batches >= 6, "a batch a relay a round at least: {:?}", tier.counts);
+    let mut rows: Vec<(String, u64)> =
+        tier.root_ledger.iter().filter(|c| !c.dropped).map(|c| (c.client.clone(), c.round)).collect();
+    rows.sort();
+    let expected: Vec<(String, u64)> = (1..=3)
+        .flat_map(|r| (0..6).map(move |c| (format!("client-{c:03}"), r)))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(rows, expected, "every device's record of every round in the root's ledger, once");
+    assert!(
+        tier.owed.iter().all(|(p, costs)| p.is_none() && costs.is_empty()),
+        "nothing owed at the end: {:?}",
+        tier.owed
+    );
+
+    // A fast device of relay 0 (even ids) loses its round-2 ack and resends to relay 1, whose
+    // slow device holds its round open.
+    let compute =
+        |c: usize| plain.ledger.iter().find(|r| r.client == format!("client-{c:03}")).unwrap().compute_seconds;
+    let client = (0..6).step_by(2).find(|c| compute(*c) < 5.0).expect("a fast device on relay 0");
+    assert!((1..6).step_by(2).any(|c| compute(c) > 5.0), "a slow device on relay 1");
+    let failed_over = with(vec![RelayFailover { client, round: 2 }]);
+    let tier = failed_over.tier.as_ref().unwrap();
+    println!("uplinks after a failover: {:?}", tier.counts);
+    assert_eq!(tier.counts.refused, 1, "the root refused one partial as a duplicate: {:?}", tier.counts);
+    assert_eq!(tier.counts.refolded, 1, "and its relay folded its round again without the device");
+    assert_eq!(tier.counts.acked, 6, "every round's partials were acked in the end");
+    // Counted once: no round's partials weigh more samples than without the failover (twice
+    // would add the device's samples again). In round 2 the adopted device fills relay 1's
+    // target, so relay 1's own slow device arrives late there (acked as not aggregated) and the
+    // round holds one device fewer; rounds 1 and 3 hold every device.
+    let samples = |r: &anchorage_sim::SimResult| -> Vec<u64> {
+        r.reports.iter().map(|report| report.updates.iter().map(|u| u.num_samples).sum()).collect()
+    };
+    let (with_failover, without) = (samples(&failed_over), samples(&plain));
+    println!("samples a round: {with_failover:?} with the failover, {without:?} without");
+    assert!(with_failover.iter().zip(&without).all(|(a, b)| a <= b), "nobody counted twice");
+    assert_eq!((with_failover[0], with_failover[2]), (without[0], without[2]));
+    assert!(failed_over.reports.iter().all(|r| r.updates.len() == 2), "both relays' partials every round");
+    assert!(tier.owed.iter().all(|(p, costs)| p.is_none() && costs.is_empty()), "{:?}", tier.owed);
 }

@@ -248,7 +248,7 @@ impl ServerProcess {
         // Every certificate first, then the connections (the tests beside this one in a binary
         // read the process's memory early on: 1,000 connections should not be opening then).
         // From a copy of the CA without its folder: the folder's CA rewrites its whole index and
-        // CRL at each issue, which took 7 of the 10,000-device run's 9 minutes here.
+        // CRL at each issue, which would take most of a 10,000-device run's time.
         let mut ca = ProjectCa::open(&self.dir.join("ca")).unwrap().detached();
         let certs: Vec<(String, anchorage_client::transport::ClientCert)> = (0..n)
             .map(|i| {

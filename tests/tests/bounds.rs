@@ -190,7 +190,7 @@ async fn a_client_that_does_not_read_is_dropped() {
 }
 
 /// quinn keeps an endpoint's routing tables at their largest, so the server replaces its
-/// endpoint once a fleet of `renew_endpoint_after` connections has left (issue 30: memory back
+/// endpoint once a fleet of `renew_endpoint_after` connections has left (memory back
 /// after 10,000 devices leave). Here the bound is 3: three devices come and go, the endpoint is
 /// renewed on the same address, and a fourth device joins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

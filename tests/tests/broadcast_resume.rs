@@ -1,9 +1,9 @@
-//! Resumable broadcasts (issue 33, item 1) over real QUIC on loopback, against the real server
+//! Resumable broadcasts over real QUIC on loopback, against the real server
 //! and the real client: a device whose link goes dark in the middle of a 20 MB broadcast, long
 //! enough that its connection dies, reconnects and receives only what it did not hold. Measured
-//! side by side in one run with a device that does not take resumable broadcasts (the client
-//! before issue 33: the server sends it the broadcast whole on a uni stream, again from byte 0).
-//! And the server's side of the protocol with a raw device: a device of before keeps getting uni
+//! side by side in one run with a device that does not take resumable broadcasts (an older
+//! client: the server sends it the broadcast whole on a uni stream, again from byte 0).
+//! And the server's side of the protocol with a raw device: an older device keeps getting uni
 //! streams; an answer past the end is refused with a reason, a log line and a metric.
 //!
 //! `cargo test -p anchorage-tests --test broadcast_resume -- --nocapture` prints the figures
@@ -201,7 +201,7 @@ async fn through_the_dark(resume_broadcasts: bool) -> Run {
     run
 }
 
-/// Issue 33: the device resumes the broadcast where its lost connection left it, instead of
+/// The device resumes the broadcast where its lost connection left it, instead of
 /// receiving all of it again (the baseline, measured in the same run, receives it about 1.6
 /// times).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,7 +247,7 @@ async fn connect_with_alpn(server: &ServerHandle, ca: &mut ProjectCa, id: &str, 
     endpoint.connect(server.local_addr, "localhost").unwrap().await.unwrap()
 }
 
-/// The server's side with raw devices: a device of before gets the broadcast whole on a uni
+/// The server's side with raw devices: an older device gets the broadcast whole on a uni
 /// stream; one that takes resumable broadcasts gets an offer, and the chunks from the offset it
 /// answers; an answer past the end of the broadcast is refused (the connection closes with the
 /// reason, a log line, `anchorage_transfers_total{outcome="broadcast_refused"}`).
@@ -257,7 +257,7 @@ async fn old_devices_get_uni_streams_and_answers_past_the_end_are_refused() {
     // 32 chunks.
     let read = |d| Duration::from_secs(d);
 
-    // A device of before (ALPN `anchorage/1` only): the broadcast on a uni stream, as ever.
+    // An older device (ALPN `anchorage/1` only): the broadcast on a uni stream.
     let dir = tempfile::tempdir().unwrap();
     let (server, mut ca) = start(dir.path(), 1 << 19).await;
     let identity = ca.issue(Kind::Client, "old", &[], 30).unwrap();

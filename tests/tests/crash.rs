@@ -33,7 +33,7 @@ use anchorage_tests::process::{Ending, ServerProcess};
 use tokio::sync::mpsc;
 
 const DEVICES: usize = 3;
-/// Restarts whose reconnect time is measured (the issue asks for the median over 20).
+/// Restarts whose reconnect time is measured (the median is taken over them).
 const RESTART_SAMPLES: u64 = 20;
 
 /// What every device saw, in order.
@@ -335,8 +335,8 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
     assert!(f.rounds_closed > before, "rounds still close after {sigkills} kills: {}", server.log_tail());
     assert!(mid_round * 2 >= sigkills + sigterms, "most stops land in an open round ({mid_round})");
     assert!(with_acked > 0, "some stops land after a round accepted updates and before it closed");
-    // Not a speed benchmark: a regression guard against waiting out the 15 s idle timeout (the
-    // old behaviour took about 30 s). The measured median is in the line above.
+    // Not a speed benchmark: a regression guard against waiting out the 15 s idle timeout (which
+    // takes about 30 s). The measured median is in the line above.
     assert!(median_reconnect.unwrap() < Duration::from_secs(8), "devices do not wait out the idle timeout");
 
     // The ledger survived too, one row per client, round and kind, and `anchorage report` reads
@@ -346,7 +346,7 @@ async fn kill_9_at_random_points_loses_no_acked_update() {
     assert!(!ledger.is_empty() && keys.len() == ledger.len(), "{} ledger rows", ledger.len());
     // Every acked round's cost record reached the ledger: a record the server never confirmed
     // (a kill between the ack and the record's commit, or before its `CostAck`) is resent after
-    // the device's next Welcome (issue 30).
+    // the device's next Welcome.
     let costs_missing: Vec<&(String, u64)> =
         acked_before_last_run.iter().filter(|(id, round)| !keys.contains(&(id.clone(), *round, false))).collect();
     println!(

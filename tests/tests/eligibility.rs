@@ -1,4 +1,4 @@
-//! Devices that train only when they should (issue 33, item 5), over real QUIC on loopback:
+//! Devices that train only when they should, over real QUIC on loopback:
 //! three real FedAvg clients, each reading its own fake `/sys` tree. One runs hot (85 °C against
 //! `max_temperature_c = 70`) and declines every invitation with its reason; the server counts the
 //! decline apart from a drop (ledger row of kind `declined`, `anchorage_declines_total`) and

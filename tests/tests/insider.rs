@@ -1,4 +1,4 @@
-//! An enrolled device that misbehaves, over real QUIC on loopback (issue 30, rows 1–3). The
+//! An enrolled device that misbehaves, over real QUIC on loopback. The
 //! server runs the shipped `[engine.robust]` of deploy/project.toml (the defaults, `max_norm_z =
 //! 3.5`, `max_samples = 10⁶`); every round invites and waits for all three devices: two honest
 //! FedAvg devices and one with its own valid certificate that answers every broadcast itself.
@@ -322,8 +322,8 @@ async fn three_honest_devices_under_the_shipped_config_are_never_screened_out_af
     );
 }
 
-/// Issue 30: "a second holder of a live device's certificate: the two evict each other: 302
-/// evictions in 30 s". Connections presenting one certificate that keep replacing each other are
+/// A second holder of a live device's certificate, where the two would evict each other without
+/// end. Connections presenting one certificate that keep replacing each other are
 /// a security event: after 4 replacements in a minute both holders are refused, with a message
 /// that tells the operator to revoke it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,7 +382,7 @@ async fn start_with(dir: &std::path::Path, limits: Limits) -> (anchorage_server:
     (server, ca)
 }
 
-/// Issue 30: "a 64 MiB upload fed 1 byte every 20 s: held open as long as the trickle lasts".
+/// A 64 MiB upload fed 1 byte every 20 s, which would be held open as long as the trickle lasts.
 /// Each byte comes within the stall timeout, so only the upload's pace can tell: below
 /// `min_upload_rate` once `read_stall` has passed, the device is refused and closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

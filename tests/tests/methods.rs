@@ -135,7 +135,7 @@ fn assert_predicts_as_registered(method: &str, result: &SimResult) {
     let global = result.accuracy.iter().filter(|r| r.model == "global").count();
     let predicts = info.predicts_with != Prediction::None;
     assert_eq!(global > 0, predicts, "{method}: {global} global accuracy rows, registry: {:?}", info.predicts_with);
-    // A global net that predicts with its head is probed (issue 36): the head probe is its accuracy.
+    // A global net that predicts with its head is probed: the head probe is its accuracy.
     let probes = result.summary.probes;
     if info.predicts_with == Prediction::Head {
         let head = probes.head_accuracy.unwrap_or_else(|| panic!("{method}: no head probe: {probes:?}"));
@@ -184,7 +184,7 @@ fn gldp_keeps_its_personal_layer_and_shares_prototypes() {
     assert_eq!(probes.head_accuracy, None, "ν is personal: the global model has no head");
 }
 
-/// Issue 36's head ablation: with `prediction = "head"` ν travels up too, the server averages it
+/// The head ablation: with `prediction = "head"` ν travels up too, the server averages it
 /// into the global head, and the global model predicts with it (the head probe reads the same).
 #[test]
 fn gldp_predicting_with_its_head_shares_an_averaged_head() {

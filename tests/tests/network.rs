@@ -144,7 +144,7 @@ async fn upload_through_an_outage(resume_uploads: bool) -> (u64, u64) {
     (cost.payload_up, stats.up.bytes)
 }
 
-/// Issue 33: an outage that outlasts the server's patience breaks an upload off; the device
+/// An outage that outlasts the server's patience breaks an upload off; the device
 /// offers the update again and sends only what the server does not hold (measured 1.09x the
 /// payload on the wire).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,15 +154,14 @@ async fn an_upload_broken_off_by_an_outage_resumes_instead_of_starting_again() {
 }
 
 /// The baseline, one frame sent again from the start: it costs more, and the update still
-/// arrives. Before issue 33 the server refused a stalled upload as `Malformed`, so the device
-/// threw its update away and the round never heard from it.
+/// arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_resume_the_update_is_sent_again_and_still_arrives() {
     let (payload, sent) = upload_through_an_outage(false).await;
     assert!(sent as f64 > 1.3 * payload as f64, "{sent} B sent up for {payload} B: not sent again?");
 }
 
-/// Issue 33, item 3, through the link model: the device's address changes in the middle of its
+/// Through the link model: the device's address changes in the middle of its
 /// 2 MB upload over a 1 Mbit/s uplink (a NAT rebinding: its datagrams leave from a new port, and
 /// the old one hears nothing more). The server migrates the connection: no new handshake, and
 /// the upload is not sent again: it puts about 15 % more bytes on the uplink than the same run

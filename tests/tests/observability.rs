@@ -231,7 +231,7 @@ fn names_in_expressions_are_found() {
     assert_eq!(names.into_iter().collect::<Vec<_>>(), ["anchorage_a", "anchorage_a_total", "process_b"]);
 }
 
-/// Issue 31: the model's quality has its own panel in the dashboard, over both accuracies the
+/// The model's quality has its own panel in the dashboard, over both accuracies the
 /// server exports (the devices' own and the held-out set's), and the stall has its own.
 #[test]
 fn the_dashboard_shows_both_accuracies_and_the_stall() {

@@ -3,7 +3,7 @@
 //! beside it on a server with the default `[engine.robust]`; each attack must fail:
 //! - values of 1e30 claiming 10¹⁸ samples: refused before the ack (in its round or late), the model
 //!   stays finite and every round aggregates the honest devices;
-//! - a model of another layout in round 1 (what a stranger answering first used to impose): refused,
+//! - a model of another layout in round 1 (a stranger answering first cannot impose it): refused,
 //!   round 1 aggregates the operator's layout;
 //! - 20,000 cost records for made-up rounds and repeats for real ones: at most one ledger row per
 //!   round the peer was invited to.

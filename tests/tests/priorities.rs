@@ -1,9 +1,9 @@
-//! Stream priorities (issue 33, item 2) over real QUIC through the link model: while a 20 MB
+//! Stream priorities over real QUIC through the link model: while a 20 MB
 //! update of parameter blocks is in flight over the `3g` preset's uplink, a device sends a
 //! prototype-only update (100 classes × 512 features, f32: about 205 KB) and control messages,
 //! and the server's answers time how long each took. Measured side by side in one run, with the
 //! priorities of `anchorage_shared::priority` and without them (`ClientOptions::stream_priorities`
-//! and `[limits] stream_priorities` false: every stream at quinn's default, as before issue 33).
+//! and `[limits] stream_priorities` false: every stream at quinn's default).
 //!
 //! What the numbers say (benches/README.md, "Stream priorities"): without priorities the
 //! prototypes take turns with the blocks, a packet each, and get half the link; with them they
@@ -239,7 +239,7 @@ fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1e3)
 }
 
-/// Issue 33, item 2: behind a 20 MB block upload on 3G, a prototype-only update arrives well
+/// Behind a 20 MB block upload on 3G, a prototype-only update arrives well
 /// before it does without priorities, and a control message waits no longer than the link's
 /// queue and round trip, with priorities or without.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

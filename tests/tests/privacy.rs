@@ -1,4 +1,4 @@
-//! Differential privacy (issue 34) over real QUIC on loopback: the real server and real clients
+//! Differential privacy over real QUIC on loopback: the real server and real clients
 //! of the simulator's real clock run FedAvg and a prototype method under `[privacy]`, with the
 //! noise added by the server and by the devices; each round report carries the accountant's ε,
 //! the run's summary gives it, and a run whose budget runs out stops early. The same runs on the

@@ -1,4 +1,4 @@
-//! Issue 34, item 5, measured: what the server can see of each device's true per-class mean
+//! Measured: what the server can see of each device's true per-class mean
 //! (the prototypes every method here uploads): without protection, under differential privacy, and
 //! under secure aggregation (SecAgg+).
 //!

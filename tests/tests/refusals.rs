@@ -188,7 +188,7 @@ fn a_revoked_device_stops_with_status_77_and_the_server_counts_every_refused_han
     for needle in ["edge-r", "revoked", "anchorage ca issue client edge-r", "exit status 77"] {
         assert!(last.contains(needle), "the last error line says {needle:?}: {last}");
     }
-    // Over 10 s from its start: one handshake, where the old client made about 48.
+    // Over 10 s from its start: one handshake, no retry.
     std::thread::sleep(Duration::from_secs(10).saturating_sub(started.elapsed()));
     let in_10_s = metric(metrics, series);
     println!("refused handshakes of the revoked device in 10 s: {in_10_s}");

@@ -1,4 +1,4 @@
-//! The relay tier over real QUIC on loopback (issue 37): a root and two relays, each the server
+//! The relay tier over real QUIC on loopback: a root and two relays, each the server
 //! program (`service::serve`) on its own site folder and SQLite store, with mutual TLS from one
 //! project CA; devices are raw protocol peers with their own certificates, each sending a seeded
 //! update per round to its relay. Checked from the databases: the root's global model is the
@@ -309,7 +309,7 @@ fn accepted(db: &Path) -> Vec<(String, u64, u64)> {
     stmt.query_map([], row).unwrap().map(Result::unwrap).collect()
 }
 
-/// Issue 37: a relay killed (`kill -9`) mid-round loses nothing it acked. Two of its three
+/// A relay killed (`kill -9`) mid-round loses nothing it acked. Two of its three
 /// devices are acked before the kill; restarted on the same folder, the relay reopens the round
 /// when the root sends it again, takes the third device's update (and the first two's resends
 /// as duplicates), and its partial carries all three: the root's model is the three devices'
@@ -377,7 +377,7 @@ async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
     assert_eq!(accepted(&root_db), vec![("relay-0".to_string(), 1, total)], "one partial, weighted by its devices");
 }
 
-/// Issue 37, item 3: relay A dies mid-round (`kill -9`); a device it had not acked fails over
+/// Relay A dies mid-round (`kill -9`); a device it had not acked fails over
 /// to relay B and resends its update there; B takes it into its round, and the root counts it
 /// once. The root's round closes at its deadline with B's partial alone: its model is the mean
 /// of exactly the updates B acked (the failed-over one among them), and B's database holds

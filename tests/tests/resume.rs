@@ -1,4 +1,4 @@
-//! Resumable uploads (issue 33) over real QUIC on loopback, against the real server: a device
+//! Resumable uploads over real QUIC on loopback, against the real server: a device
 //! whose connection breaks in the middle of an update offers it again after reconnecting, and
 //! the server answers with the bytes it holds; the device sends only the rest. Bad chunks and
 //! chunks past the end are refused with a reason, a log line and a metric, and lose nothing held.
@@ -190,7 +190,7 @@ async fn an_interrupted_upload_resumes_from_what_the_server_holds() {
 
 /// The server restarts (gracefully: an upgrade, a `systemctl restart`) in the middle of an
 /// upload: what it held is saved in its state folder and read back, and the device goes on from
-/// there. On the code before this, the new server held nothing and the offer was answered 0.
+/// there (a server that kept nothing would answer the offer with 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_interrupted_by_a_server_restart_resumes_from_what_it_held() {
     let dir = tempfile::tempdir().unwrap();
@@ -284,7 +284,7 @@ async fn bad_chunks_and_chunks_past_the_end_are_refused_and_lose_nothing() {
     server.shutdown().await.unwrap();
 }
 
-/// Issue 33, item 3: a device whose address changes in the middle of an upload (NAT rebinding,
+/// A device whose address changes in the middle of an upload (NAT rebinding,
 /// Wi-Fi to LTE: quinn's `Endpoint::rebind` moves it to a new socket) carries on: the same
 /// connection, no new handshake, and the transfer neither restarts nor needs a resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

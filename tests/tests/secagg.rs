@@ -1,4 +1,4 @@
-//! Secure aggregation (issue 34; SecAgg+) over real QUIC on loopback and on the virtual clock:
+//! Secure aggregation (SecAgg+) over real QUIC on loopback and on the virtual clock:
 //! the simulator's real server and real clients run FedAvg and FedProK with `[secagg]`; every
 //! round's report says how many devices the sum holds, and the accuracy matches the run without
 //! it (the sum is the plain sum to quantisation). A device killed in the middle of a round (after

@@ -1,5 +1,5 @@
-//! Secure aggregation keeps no individual contribution (issue 34): "a test that inspects the
-//! database and the server's in-memory state under SecAgg and finds no individual contribution".
+//! Secure aggregation keeps no individual contribution: the database and the server's in-memory
+//! state under SecAgg are inspected, and neither holds one.
 //!
 //! 1. In memory, sans-IO: a real [`Engine`] (FedAvg, `[engine.secagg]` on) and six real device
 //!    [`Session`]s with secure aggregation, messages moved by hand on a fake clock. After every
@@ -25,7 +25,8 @@ use anchorage_client::store::ClientStore;
 use anchorage_client::transport::{self as client, ClientOptions};
 use anchorage_model::FeatureCache;
 use anchorage_server::aggregate::RobustConfig;
-use anchorage_server::engine::secagg::{SecAggConfig, check_config};
+use anchorage_server::engine::compat::check as check_config;
+use anchorage_server::engine::secagg::SecAggConfig;
 use anchorage_server::engine::{Action, Engine, EngineConfig, Persist, RoundOutcome, RoundReport};
 use anchorage_server::methods::FedAvg;
 use anchorage_server::store::{DB_FILE, ServerStore, read_round_reports};

@@ -1,4 +1,4 @@
-//! Issue 30's memory row over real QUIC against the real server program: 1,000 devices with
+//! Memory under a silent fleet, over real QUIC against the real server program: 1,000 devices with
 //! valid certificates are invited to a round and stay silent (they read nothing and upload
 //! nothing). Its own test binary, so that no other test's connections share the process whose
 //! memory is read. `cargo test -p anchorage-tests --test silent_fleet -- --nocapture` prints the
@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use anchorage_tests::process::{Ending, ServerProcess, close_peers};
 
-/// Issue 30: "1,000 connected valid devices, sampled, never uploading: server RSS 44 MB → 5.68 GB
-/// peak, 1.1 GB still held 15 s after they left". Here the round opens when the 1,000th device
+/// 1,000 connected valid devices, sampled, never uploading, cost the server bounded memory and
+/// give it back after they leave. Here the round opens when the 1,000th device
 /// says hello and its 4 MiB broadcast goes to every one of them; none reads it or uploads. The
 /// broadcast is one shared buffer (quinn keeps `Bytes` slices of it, not a copy per connection).
-/// Run with `-- --nocapture` for the figures (issue 30's memory row: ≤ 200 MB invited, within
+/// Run with `-- --nocapture` for the figures (the bounds: ≤ 200 MB invited, within
 /// 20 MB of the start within a minute after they leave).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_invited_silent_devices_cost_bounded_memory() {
-    // `ANCHORAGE_SILENT_FLEET=10000` measures issue 30's second figure (a few minutes here).
+    // `ANCHORAGE_SILENT_FLEET=10000` measures 10,000 devices (a few minutes here).
     let peers_wanted = std::env::var("ANCHORAGE_SILENT_FLEET").ok().and_then(|v| v.parse().ok());
     let (peers_n, peak_bound): (usize, u64) = match peers_wanted {
         Some(n) if n > 1000 => (n, 1_000_000_000),
@@ -68,7 +68,7 @@ async fn a_thousand_invited_silent_devices_cost_bounded_memory() {
     println!("after: {}", server.largest_mappings(12));
     server.stop(Ending::Term);
     assert!(peak < peak_bound, "{peers_n} invited devices hold {:.1} MiB", mib(peak));
-    // Issue 30: back within 20 MB of the start after they leave (jemalloc's background purge;
+    // Back within 20 MB of the start after they leave (jemalloc's background purge;
     // glibc's malloc still held 79 MiB against 21 MiB here after 12 s, malloc_trim or not).
     assert!(after < target, "{:.1} MiB held after they left, {:.1} MiB at start", mib(after), mib(start));
 }

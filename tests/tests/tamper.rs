@@ -1,6 +1,4 @@
-//! A state folder rolled back under a running federation, over real QUIC on loopback (issue 30:
-//! "`anchorage.db` replaced by a copy 24 rounds older: accepted silently; each hello carries the
-//! device's last round, and nothing compares it").
+//! A state folder rolled back under a running federation, over real QUIC on loopback.
 //!
 //! Two FedAvg devices train with a server whose folder is backed up at round 2 (SQLite's online
 //! backup) and then runs on. The backup is put back in place behind the server's back:

@@ -1,4 +1,4 @@
-//! Whether this device should train now (issue 33): the `[eligibility]` table of client.toml,
+//! Whether this device should train now: the `[eligibility]` table of client.toml,
 //! what the device reads of itself, and the decision.
 //!
 //! [`Readings::read`] reads, under a [`SysRoot`] (`/` on a device, a fake tree in tests):
@@ -216,7 +216,7 @@ impl Decline {
     }
 }
 
-/// Writes the device's condition into a round's cost record (issue 33): the hottest counted
+/// Writes the device's condition into a round's cost record: the hottest counted
 /// thermal zone, whether the CPU is throttled, the battery, the power source and a Jetson's
 /// power mode, each where the device reads it (values a record may not carry are left out).
 pub fn fill_condition(record: &mut CostRecord, readings: &Readings) {

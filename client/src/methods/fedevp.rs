@@ -5,7 +5,7 @@
 //!   where mean_m is the class mean of φ(x) over domain m, computed at the start of the round.
 //! - Loss (Eq. 6–7): CE(w(φ(x)), y) + `proto_weight`·‖φ(x) − C_y‖²/d (the alignment to the global
 //!   evolving prototype of the sample's class; the client's own ones before the server has any).
-//!   `alignment` (issue 36) puts a target nearer the unseen domain in Eq. 5's place: the last
+//!   `alignment` puts a target nearer the unseen domain in Eq. 5's place: the last
 //!   source domain's class mean, or that mean moved one step further along the drift.
 //!   The squared distance is divided by the width d (a mean squared error, as the reference
 //!   MSE loss computes it): summed over 256 ReLU units it outweighs the CE term by orders of
@@ -13,7 +13,7 @@
 //! - After training, a personalized copy fine-tunes w and the last layer of φ for
 //!   `personal_epochs` on the last source domain; the upload is the shared model, the client's
 //!   reported accuracy is the personalized one, the server's is the global model's.
-//! - Under `[privacy]` (issue 34) the upload is each class's sum of clipped φ-features over every
+//! - Under `[privacy]` the upload is each class's sum of clipped φ-features over every
 //!   seen domain pooled, with its count ([`uploaded_prototypes`]); the server's mean of those
 //!   sums is Eq. 5's equal-weight average of the domains' means when the domains hold a class
 //!   equally often (the sample-weighted average otherwise). The device still trains on its

@@ -18,7 +18,7 @@
 //!
 //! λ = 1 and λ = 0 are the paper's ablations (local relation only, global alignment only);
 //! `prototype_losses = false` drops both, and `prediction = "head"` predicts with ν instead of
-//! prototypes (the global model with ν averaged over the devices, `global_head`), issue 36's
+//! prototypes (the global model with ν averaged over the devices, `global_head`), our
 //! ablations. The global model's probes ([`super::Probes`]) read µ apart from the prediction rule.
 
 use anchorage_shared::math::moving_average;

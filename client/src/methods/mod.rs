@@ -54,7 +54,7 @@ pub enum TrainError {
 }
 
 /// Probes of the global model's representation µ(x) on test data, apart from the method's
-/// prediction rule (issue 36): do a method's losses shape the representation itself?
+/// prediction rule: do a method's losses shape the representation itself?
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Probes {
     /// Top-1 accuracy of the global classifier head on µ(x) (none: the global model has no head).

@@ -19,7 +19,7 @@ pub fn host(t: Tensor<2>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default()
 }
 
-/// What a device uploads as its prototypes (issue 34).
+/// What a device uploads as its prototypes.
 ///
 /// - [`PrototypeRelease::Means`] (`[privacy]` off, the papers' rule): each class's mean feature
 ///   and its count.
@@ -331,8 +331,8 @@ mod tests {
         assert!((plain[0].vector[0] - 0.3).abs() < 1e-6 && (plain[0].vector[1] - 0.1).abs() < 1e-6);
     }
 
-    /// Off, the upload is the means' wire form byte for byte (what every method sent before
-    /// issue 34); on, the sums divided by the counts give the means when nothing is clipped.
+    /// Off, the upload is the means' wire form byte for byte; on, the sums divided by the counts
+    /// give the means when nothing is clipped.
     #[test]
     fn the_upload_is_the_means_when_off_and_the_sums_when_on() {
         let values = [1.0, 0.0, 3.0, 2.0, 5.0, 5.0, 0.25, -1.5];

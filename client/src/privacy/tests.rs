@@ -106,7 +106,7 @@ fn one_round(method: &MethodConfig, release: PrototypeRelease) -> Update {
     client.train(&b).unwrap()
 }
 
-/// Off: no wrapper, and a method's update is the very bytes it was before issue 34.
+/// Off: no wrapper, and a method's update is byte for byte the method's own.
 #[test]
 fn off_leaves_the_update_byte_identical() {
     let blocks = vec![ParamBlock::encode("w", &[3], &[0.5, -1.0, 2.0], Encoding::F16)];

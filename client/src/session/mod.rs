@@ -38,7 +38,7 @@ pub enum SessionAction {
     Train(Broadcast),
     /// Upload this update on its own stream and report what it took with [`Session::uploaded`].
     Upload(Update),
-    /// Under secure aggregation (issue 34): send this masked vector of `round`'s update as a
+    /// Under secure aggregation: send this masked vector of `round`'s update as a
     /// resumable transfer on its own stream, like an update, and report it with
     /// [`Session::uploaded`].
     UploadMasked { round: u64, msg: Message },
@@ -134,7 +134,7 @@ impl Session {
         }
     }
 
-    /// Secure aggregation on (issue 34): the update is only ever sent masked, and `entropy` (32
+    /// Secure aggregation on: the update is only ever sent masked, and `entropy` (32
     /// random bytes; the operating system's in the field, a seed's in a simulation) roots each
     /// round's keys.
     pub fn with_secure_aggregation(mut self, entropy: [u8; 32]) -> Self {
@@ -252,34 +252,7 @@ impl Session {
                     }
                 }
             }
-            Message::Refusal(r) => {
-                tracing::warn!(reason = ?r.reason, detail = %r.detail, "server refused");
-                match r.reason {
-                    RefusalReason::VersionMismatch | RefusalReason::UnknownMethod | RefusalReason::NotEnrolled => {
-                        if self.state != SessionState::Finished {
-                            self.finish(format!("refused: {:?}: {}", r.reason, r.detail));
-                            self.refused = Some(r);
-                        }
-                    }
-                    RefusalReason::ShapeMismatch
-                    | RefusalReason::BadTensor
-                    | RefusalReason::NotSampled
-                    | RefusalReason::Malformed => {
-                        // The pending update can never be accepted: stop resending it, but keep its
-                        // file aside (only an ack deletes an update).
-                        if let Some(update) = self.pending.take() {
-                            self.actions.push_back(SessionAction::SetAsidePending {
-                                round: update.round,
-                                reason: format!("{:?}: {}", r.reason, r.detail),
-                            });
-                        }
-                        if matches!(self.state, SessionState::Uploading { .. }) {
-                            self.state = SessionState::Idle;
-                        }
-                    }
-                    RefusalReason::Duplicate | RefusalReason::TooLarge | RefusalReason::ServerBusy => {}
-                }
-            }
+            Message::Refusal(r) => self.on_refusal(r),
             Message::Goodbye(g) => self.finish(g.reason),
             Message::SecAgg(frame) => self.on_secagg(&frame)?,
             // Reporting cost records and resending unconfirmed ones is the real shell's.
@@ -296,6 +269,40 @@ impl Session {
             | Message::CostBatch(_) => return Err(self.unexpected(msg.kind_name())),
         }
         Ok(())
+    }
+
+    /// The server refused: a refusal of the device itself ends the session; one of its pending
+    /// update stops the resending (the file is set aside, never deleted); the rest are logged.
+    fn on_refusal(&mut self, r: Refusal) {
+        tracing::warn!(reason = ?r.reason, detail = %r.detail, "server refused");
+        match r.reason {
+            RefusalReason::VersionMismatch
+            | RefusalReason::UnknownMethod
+            | RefusalReason::NotEnrolled
+            | RefusalReason::Revoked => {
+                if self.state != SessionState::Finished {
+                    self.finish(format!("refused: {:?}: {}", r.reason, r.detail));
+                    self.refused = Some(r);
+                }
+            }
+            RefusalReason::ShapeMismatch
+            | RefusalReason::BadTensor
+            | RefusalReason::NotSampled
+            | RefusalReason::Malformed => {
+                // The pending update can never be accepted: stop resending it, but keep its
+                // file aside (only an ack deletes an update).
+                if let Some(update) = self.pending.take() {
+                    self.actions.push_back(SessionAction::SetAsidePending {
+                        round: update.round,
+                        reason: format!("{:?}: {}", r.reason, r.detail),
+                    });
+                }
+                if matches!(self.state, SessionState::Uploading { .. }) {
+                    self.state = SessionState::Idle;
+                }
+            }
+            RefusalReason::Duplicate | RefusalReason::TooLarge | RefusalReason::ServerBusy => {}
+        }
     }
 
     fn on_broadcast(&mut self, b: Broadcast) {
@@ -395,7 +402,7 @@ impl Session {
         self.actions.push_back(SessionAction::Upload(update));
     }
 
-    /// The device should not train now (its `[eligibility]`, issue 33): instead of training for
+    /// The device should not train now (its `[eligibility]`): instead of training for
     /// `round` it tells the server why and waits for the next broadcast. A broadcast of the same
     /// round sent again later is trained on if the device is eligible by then.
     pub fn declined(&mut self, round: u64, reason: DeclineReason, detail: &str) {

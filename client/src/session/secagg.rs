@@ -1,4 +1,4 @@
-//! The device's side of a securely aggregated round (issue 34; SecAgg+, Bell et al. 2020, over
+//! The device's side of a securely aggregated round (SecAgg+, Bell et al. 2020, over
 //! `anchorage-secagg`). A device with `secure_aggregation` on (client.toml) never sends its update
 //! in the clear: it answers the server's key and share stages while it trains, masks its
 //! update into the round's [`Layout`] when the server asks for it (or as soon as training ends,

@@ -142,7 +142,7 @@ fn refusals_drop_hopeless_updates_or_end_the_session() {
     s.receive(Message::Broadcast(broadcast(1))).unwrap();
     s.trained(update(1), COMPUTE);
     drain(&mut s);
-    let refuse = |reason| Message::Refusal(Refusal { reason, detail: "test".into() });
+    let refuse = |reason| Message::Refusal(Refusal::new(reason, "test"));
     s.receive(refuse(RefusalReason::ShapeMismatch)).unwrap();
     assert_eq!(
         drain(&mut s),
@@ -194,7 +194,7 @@ fn a_final_refusal_sets_the_update_aside_and_it_is_never_resent() {
         // Restored after a restart and resent after the welcome, then refused.
         let mut s = joined(Some(update(3)));
         assert_eq!(drain(&mut s), vec![SessionAction::Upload(update(3))]);
-        s.receive(Message::Refusal(Refusal { reason, detail: "round 3 is not open".into() })).unwrap();
+        s.receive(Message::Refusal(Refusal::new(reason, "round 3 is not open"))).unwrap();
         let actions = drain(&mut s);
         assert!(
             matches!(&actions[..], [SessionAction::SetAsidePending { round: 3, reason: r }]
@@ -211,7 +211,7 @@ fn a_final_refusal_sets_the_update_aside_and_it_is_never_resent() {
         let actions = drain(&mut s);
         assert!(!actions.iter().any(|a| matches!(a, SessionAction::Upload(_))), "{reason:?}: {actions:?}");
         // A second refusal with nothing pending sets nothing aside.
-        s.receive(Message::Refusal(Refusal { reason, detail: "again".into() })).unwrap();
+        s.receive(Message::Refusal(Refusal::new(reason, "again"))).unwrap();
         assert!(drain(&mut s).is_empty(), "{reason:?}");
     }
 }
@@ -221,7 +221,7 @@ fn passing_refusals_keep_the_pending_update() {
     for reason in [RefusalReason::Duplicate, RefusalReason::TooLarge, RefusalReason::ServerBusy] {
         let mut s = joined(Some(update(3)));
         drain(&mut s);
-        s.receive(Message::Refusal(Refusal { reason, detail: "test".into() })).unwrap();
+        s.receive(Message::Refusal(Refusal::new(reason, "test"))).unwrap();
         assert!(drain(&mut s).is_empty(), "{reason:?}: neither cleared nor set aside");
         assert_eq!(s.pending(), Some(&update(3)), "{reason:?}");
     }

@@ -2,9 +2,9 @@
 //! simulator's link model), or one endpoint that the in-process devices of a simulator or fleet
 //! worker share.
 //!
-//! Why share (issue 35): each quinn endpoint allocates a receive buffer of
+//! Why share: each quinn endpoint allocates a receive buffer of
 //! `max_udp_payload_size × GRO segments × BATCH_SIZE` (1472 × 64 × 32 ≈ 3 MB on Linux) and runs
-//! its own driver task. A thousand devices in one process held about a gigabyte that way. A
+//! its own driver task. A thousand devices in one process would hold about a gigabyte that way. A
 //! shared endpoint opens each device's connection with that device's own client config (its
 //! certificate, ALPN and timers), so the server sees the same handshakes; only the UDP port is
 //! common, and devices on loopback already share their address.

@@ -1,4 +1,4 @@
-//! `anchorage-relay --config relay.toml`: the server program as a relay (issue 37), with the
+//! `anchorage-relay --config relay.toml`: the server program as a relay, with the
 //! server's allocator set-up; its config must have a `[parent]` table. See
 //! [`anchorage_server::relay`].
 

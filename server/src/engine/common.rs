@@ -11,7 +11,9 @@ use anchorage_shared::protocol::{Decline, Goodbye, Hello, Message, Refusal, Refu
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
 
+use super::configure::{RoundContext, RoundPlan};
 use super::privacy::{PrivacyAccount, PrivacyState};
+use super::role::{RelayState, Role, RoleState, RootState};
 use super::{
     Action, Checkpoint, ClientId, EngineConfig, EngineStats, INVITATIONS_KEPT, Persist, ROLLBACK_QUORUM, RoundOutcome,
     RoundReport,
@@ -24,7 +26,7 @@ pub(super) struct ClientInfo {
     pub(super) connected: bool,
     /// Buffered mode: the last version this client was dispatched to train on.
     pub(super) last_version: Option<u64>,
-    /// The sample count its hello claimed (secure aggregation's weights, issue 34).
+    /// The sample count its hello claimed (secure aggregation's weights).
     pub(super) num_samples: u64,
 }
 
@@ -43,6 +45,8 @@ pub(super) struct Core {
     /// Who was invited to each of the last [`INVITATIONS_KEPT`] rounds, and whether their cost
     /// record for it arrived.
     pub(super) invited: BTreeMap<u64, BTreeMap<ClientId, bool>>,
+    /// The last round each device was invited to (for [`super::Selection::LeastRecent`]).
+    last_invited: BTreeMap<ClientId, u64>,
     pub(super) stats: EngineStats,
     /// The last aggregated round's lower median delta norm: the reference of `min_norm_ratio`
     /// (none after a restart until a round aggregates).
@@ -54,14 +58,8 @@ pub(super) struct Core {
     pub(super) actions: VecDeque<Action>,
     /// Differential privacy (`[engine.privacy]`); `None` when off.
     pub(super) privacy: Option<PrivacyState>,
-    /// A relay's link to its parent (issue 37): rounds open when the parent's broadcast comes;
-    /// `None` at the root, which opens its own.
-    pub(super) parent: Option<super::parent::ParentLink>,
-    /// The devices behind the relays' accepted partial aggregates (issue 37).
-    pub(super) members: super::parent::Members,
-    /// Peers whose certificate carries the relay role: only they may send partial aggregates
-    /// and cost batches.
-    pub(super) relays: std::collections::BTreeSet<ClientId>,
+    /// The engine's role and what it keeps for it ([`super::role`]).
+    role: RoleState,
 }
 
 impl Core {
@@ -69,12 +67,20 @@ impl Core {
     /// above `round_floor` (an accepted rollback).
     pub(super) fn resume(
         config: EngineConfig,
-        method: Box<dyn ServerMethod>,
+        mut method: Box<dyn ServerMethod>,
         checkpoint: Checkpoint,
         round_floor: u64,
     ) -> Self {
         let rng = Rng::derive(config.seed, checkpoint.round);
         let privacy = privacy_state(&config, method.name(), None);
+        let mut role = RoleState::new(config.role);
+        let state = match role.relay_mut() {
+            Some(relay) => relay.load_state(&checkpoint.method_state),
+            None => method.load_state(&checkpoint.method_state),
+        };
+        if let Err(e) = state {
+            tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");
+        }
         super::secagg::log_screening(&config);
         Self {
             // A `[engine.privacy]` that cannot be met runs no round (`EngineConfig::check` refuses it first).
@@ -89,14 +95,63 @@ impl Core {
             // After an accepted rollback, numbering continues above every round ever announced.
             last_round: checkpoint.round.max(round_floor),
             invited: BTreeMap::new(),
+            last_invited: BTreeMap::new(),
             stats: checkpoint.stats,
             last_median_norm: None,
             ahead: BTreeMap::new(),
             actions: VecDeque::new(),
-            parent: None,
-            members: Default::default(),
-            relays: Default::default(),
+            role,
         }
+    }
+
+    /// The engine's role.
+    pub(super) fn role(&self) -> Role {
+        self.role.role()
+    }
+
+    /// A relay's state; `None` at the root.
+    pub(super) fn relay(&self) -> Option<&RelayState> {
+        self.role.relay()
+    }
+
+    pub(super) fn relay_mut(&mut self) -> Option<&mut RelayState> {
+        self.role.relay_mut()
+    }
+
+    /// A root's state; `None` at a relay.
+    pub(super) fn root(&self) -> Option<&RootState> {
+        self.role.root()
+    }
+
+    pub(super) fn root_mut(&mut self) -> Option<&mut RootState> {
+        self.role.root_mut()
+    }
+
+    /// A relay opens no round before its parent's broadcast of it.
+    pub(super) fn awaits_parent(&self) -> bool {
+        self.role.awaits_parent()
+    }
+
+    /// Whether `client` is a relay this root takes partial aggregates and cost batches from.
+    pub(super) fn is_relay_peer(&self, client: &str) -> bool {
+        self.root().is_some_and(|r| r.relays.contains(client))
+    }
+
+    /// Marks `client` as a relay peer (its certificate carries the relay role), or not.
+    pub(super) fn set_relay_peer(&mut self, client: &str, relay: bool) {
+        if let Some(root) = self.root_mut() {
+            if relay {
+                root.relays.insert(client.into());
+            } else {
+                root.relays.remove(client);
+            }
+        }
+    }
+
+    /// A relay takes its parent's model as its own: `round` is the last closed there.
+    pub(super) fn take_parent_model(&mut self, last_round: u64, blocks: Vec<ParamBlock>) {
+        self.last_round = last_round;
+        self.global = blocks;
     }
 
     /// The invitations of the last rounds, so that a device's resent cost record is judged
@@ -112,6 +167,29 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Round `round`'s target and plan: the operator's `[engine.policy]` picks among the
+    /// connected devices, then the method changes what it will; the invitations stay among the
+    /// connected devices. Also returns how many were connected.
+    pub(super) fn plan_round(&mut self, round: u64) -> (usize, RoundPlan, usize) {
+        // Borrowed, not cloned: a fleet of a million devices would copy every id each round.
+        let available: Vec<&ClientId> = self.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id).collect();
+        let target = self.config.sample_size(available.len());
+        let invite = self.config.invited(target, available.len());
+        let ctx = RoundContext {
+            round,
+            task: self.config.task_of(round),
+            rounds: self.config.rounds,
+            available: &available,
+            invite,
+            last_invited: &self.last_invited,
+        };
+        let mut plan = self.config.policy.configure_round(&ctx, &self.config.round, &mut self.rng);
+        self.method.configure_round(&ctx, &mut plan);
+        // `available` is in id order (the map's).
+        plan.invited.retain(|c| available.binary_search(&c).is_ok());
+        (target, plan, available.len())
     }
 
     /// Number of connected clients.
@@ -148,7 +226,10 @@ impl Core {
             method: self.method.name().into(),
             global: self.global.clone(),
             stats: self.stats.clone(),
-            method_state: self.method.save_state(),
+            method_state: match self.relay() {
+                Some(relay) => relay.save_state(),
+                None => self.method.save_state(),
+            },
             prototypes: self.method.prototypes(),
         }
     }
@@ -157,15 +238,12 @@ impl Core {
     /// the hello may go on.
     pub(super) fn admit_hello(&mut self, client: &str, hello: &Hello) -> bool {
         let refusal = if hello.client_id != client {
-            Refusal {
-                reason: RefusalReason::NotEnrolled,
-                detail: format!("hello names `{}` but the connection is `{client}`", hello.client_id),
-            }
+            Refusal::new(
+                RefusalReason::NotEnrolled,
+                format!("hello names `{}` but the connection is `{client}`", hello.client_id),
+            )
         } else if !hello.capabilities.methods.iter().any(|m| m.as_str() == self.method.name()) {
-            Refusal {
-                reason: RefusalReason::UnknownMethod,
-                detail: format!("this federation runs `{}`", self.method.name()),
-            }
+            Refusal::new(RefusalReason::UnknownMethod, format!("this federation runs `{}`", self.method.name()))
         } else {
             return true;
         };
@@ -235,7 +313,7 @@ impl Core {
         }
     }
 
-    /// An invited device declined `round` (issue 33): logged, counted, and a ledger row of kind
+    /// An invited device declined `round`: logged, counted, and a ledger row of kind
     /// `declined`, never a drop. Whether it was invited is for the mode to check first.
     pub(super) fn record_decline(&mut self, client: &str, decline: &Decline) {
         tracing::info!(
@@ -260,11 +338,17 @@ impl Core {
         let invited = self.invited.iter().map(|(r, ids)| (*r, ids.iter().map(|(id, f)| (id.clone(), *f)).collect()));
         self.invited = invited.collect();
         self.ahead = self.ahead.iter().map(|(id, r)| (id.clone(), *r)).collect();
+        self.last_invited = self.last_invited.iter().map(|(id, r)| (id.clone(), *r)).collect();
     }
 
     /// Remembers who was invited to `round` (for checking cost records), for the last few rounds.
     pub(super) fn note_invited(&mut self, round: u64, clients: impl IntoIterator<Item = ClientId>) {
-        self.invited.entry(round).or_default().extend(clients.into_iter().map(|c| (c, false)));
+        let invited = self.invited.entry(round).or_default();
+        for client in clients {
+            let last = self.last_invited.entry(client.clone()).or_insert(round);
+            *last = (*last).max(round);
+            invited.insert(client, false);
+        }
         self.invited.retain(|r, _| r + INVITATIONS_KEPT > round);
     }
 
@@ -303,9 +387,14 @@ impl Core {
     }
 
     pub(super) fn refuse(&mut self, client: &str, reason: RefusalReason, detail: String) {
+        self.refuse_with(client, Refusal::new(reason, detail));
+    }
+
+    /// Sends `refusal` to `client` (counted and logged).
+    pub(super) fn refuse_with(&mut self, client: &str, refusal: Refusal) {
         self.stats.refused += 1;
-        tracing::warn!(client, ?reason, %detail, "refused");
-        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Refusal(Refusal { reason, detail }) });
+        tracing::warn!(client, reason = ?refusal.reason, detail = %refusal.detail, devices = ?refusal.devices, "refused");
+        self.actions.push_back(Action::Send { to: client.into(), msg: Message::Refusal(refusal) });
     }
 
     /// Acknowledges `round`'s update from `client`.
@@ -363,15 +452,11 @@ impl Core {
         let with_prototypes = kept.iter().any(|(_, u)| !u.prototypes.is_empty());
         let kept: Vec<(&str, &Update)> = kept.iter().zip(&private).map(|((c, _), u)| (*c, u)).collect();
         let outcome = self.run_method(round, &kept);
-        if matches!(outcome, RoundOutcome::Aggregated)
-            && let Some(Err(e)) = self.privacy.as_mut().map(|p| p.account(with_prototypes))
-        {
-            tracing::error!(round, error = %e, "the privacy accountant could not take the round");
-        }
+        self.book_privacy(round, &outcome, with_prototypes);
         (outcome, screened, influence)
     }
 
-    /// A securely aggregated round (issue 34, [`super::secagg`]): the method's one input is the
+    /// A securely aggregated round ([`super::secagg`]): the method's one input is the
     /// dequantised sum, after the value screen (finite, within `max_abs_value`); the per-update
     /// screens cannot run on a sum. Under local noise the accountant steps as for any round.
     pub(super) fn aggregate_secure(&mut self, sum: &Update) -> RoundOutcome {
@@ -381,12 +466,18 @@ impl Core {
             return RoundOutcome::Failed { reason: format!("the sum failed the value screen: {reason}") };
         }
         let outcome = self.run_method(round, &[("secure-aggregate", sum)]);
+        self.book_privacy(round, &outcome, !sum.prototypes.is_empty());
+        outcome
+    }
+
+    /// The one place the privacy accountant steps: a round that aggregated under
+    /// `[engine.privacy]` released its noised sums (and its prototypes' when it sent any).
+    fn book_privacy(&mut self, round: u64, outcome: &RoundOutcome, with_prototypes: bool) {
         if matches!(outcome, RoundOutcome::Aggregated)
-            && let Some(Err(e)) = self.privacy.as_mut().map(|p| p.account(!sum.prototypes.is_empty()))
+            && let Some(Err(e)) = self.privacy.as_mut().map(|p| p.account(with_prototypes))
         {
             tracing::error!(round, error = %e, "the privacy accountant could not take the round");
         }
-        outcome
     }
 
     /// Continues the privacy account from the last round report's (a restart).
@@ -445,10 +536,15 @@ impl Core {
         );
     }
 
-    /// The method's aggregation of the kept updates; a usable result becomes the global model.
+    /// The method's aggregation of the kept updates (a relay's: its fold into the partial); a
+    /// usable result becomes the global model.
     fn run_method(&mut self, round: u64, kept: &[(&str, &Update)]) -> RoundOutcome {
         let info = self.config.round_info(round);
-        match self.method.aggregate(&info, &self.global, kept) {
+        let global = match self.role.relay_mut() {
+            Some(relay) => relay.fold(round, kept).map(|()| self.global.clone()),
+            None => self.method.aggregate(&info, &self.global, kept),
+        };
+        match global {
             Ok(global) => match global.iter().find_map(|b| b.decode().err()) {
                 Some(e) => {
                     tracing::error!(round, error = %e, "the aggregate is not a usable model; the global model stays");

@@ -47,14 +47,20 @@ pub struct EngineConfig {
     /// `[engine.robust]`: update screening and the aggregation rule every method's block
     /// averaging uses (default: the sample-weighted mean, no norm bound).
     pub robust: RobustConfig,
-    /// `[engine.privacy]`: differential privacy of updates and prototypes (issue 34; off by
+    /// `[engine.privacy]`: differential privacy of updates and prototypes (off by
     /// default). The devices' `[privacy]` must agree.
     pub privacy: anchorage_shared::privacy::PrivacyConfig,
     /// Seed of the central noise, for reproducible simulations; unset (the field), the server
     /// draws it from the operating system at start, so nobody can predict the noise.
     pub noise_seed: Option<u64>,
-    /// `[engine.secagg]`: secure aggregation (SecAgg+, issue 34; off by default).
+    /// `[engine.secagg]`: secure aggregation (SecAgg+; off by default).
     pub secagg: super::secagg::SecAggConfig,
+    /// `[engine.policy]`: how a round's devices are chosen and its learning rate scheduled
+    /// (default: uniformly at random, `[engine.round]`'s rate every round).
+    pub policy: super::RoundPolicy,
+    /// Root or relay: set by the program from `[parent]`, never written in `[engine]`.
+    #[serde(skip)]
+    pub role: super::Role,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +84,8 @@ impl Default for EngineConfig {
             privacy: Default::default(),
             noise_seed: None,
             secagg: Default::default(),
+            policy: Default::default(),
+            role: Default::default(),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Updates in any encoding become dense here, once, as they arrive (issue 33): a top-k delta is
+//! Updates in any encoding become dense here, once, as they arrive: a top-k delta is
 //! added to the block of the model its round was broadcast from, a zstd frame is inflated into
 //! at most that block's size, and everything after (the layout check, the screens, the store,
 //! the aggregation) sees f32 values only.

@@ -11,7 +11,9 @@
 
 mod buffered;
 mod common;
+pub mod compat;
 pub mod config;
+pub mod configure;
 mod decode;
 mod parent;
 mod persist;
@@ -19,6 +21,7 @@ pub mod privacy;
 #[cfg(test)]
 mod privacy_tests;
 mod report;
+mod role;
 mod rounds;
 pub mod secagg;
 #[cfg(test)]
@@ -36,8 +39,10 @@ use serde::{Deserialize, Serialize};
 
 pub use buffered::{AggregationMode, staleness_weight};
 pub use config::EngineConfig;
+pub use configure::{RoundContext, RoundPlan, RoundPolicy, Schedule, Selection};
 pub use persist::{AcceptedUpdate, Invitations, OpenedRound, Persist, Recovered};
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport, preview};
+pub use role::{Role, fold, partial_of, relay_check};
 
 use buffered::BufferedState;
 use common::{Core, goodbye};
@@ -132,7 +137,7 @@ trait ModeState {
     fn base_of<'a>(&'a self, core: &'a Core, _round: u64) -> &'a [ParamBlock] {
         &core.global
     }
-    /// A client that said hello declines the round it was invited to (issue 33): counted apart
+    /// A client that said hello declines the round it was invited to: counted apart
     /// from a drop, and another device is put to work in its place where one is free.
     fn on_decline(&mut self, core: &mut Core, now: Duration, client: &str, decline: Decline);
     /// Takes back what a store recovered: the round that was open and the accepted updates no
@@ -189,20 +194,15 @@ impl Engine {
     /// lost), and the buffered updates no version has aggregated yet. A recovered round gets a
     /// fresh deadline; if it already holds its target, it closes on the first poll.
     ///
-    /// With a relay's method ([`crate::relay::RelayMethod`]) the engine is a relay's: its rounds
-    /// are its parent's, and `config.rounds` does not apply (see [`Engine::relay`]).
-    pub fn recover(mut config: EngineConfig, mut method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
-        let parent = method.is_relay().then(parent::ParentLink::default);
-        if parent.is_some() {
+    /// In the relay role (`config.role`) its rounds are its parent's, and `config.rounds` does
+    /// not apply (see [`Engine::relay`]).
+    pub fn recover(mut config: EngineConfig, method: Box<dyn ServerMethod>, recovered: Recovered) -> Self {
+        if config.role == Role::Relay {
             config.rounds = 0;
         }
         let Recovered { checkpoint, open, pending, last_accepted, round_floor, invitations, privacy } = recovered;
-        if let Err(e) = method.load_state(&checkpoint.method_state) {
-            tracing::error!(error = %e, round = checkpoint.round, "the checkpoint's method state is unreadable; the method starts fresh");
-        }
         let mode = Mode::new(&config.mode);
         let mut engine = Self { core: Core::resume(config, method, checkpoint, round_floor), mode };
-        engine.core.parent = parent;
         engine.core.restore_invitations(invitations);
         engine.core.resume_privacy(privacy.as_ref());
         if engine.core.finished {
@@ -316,8 +316,8 @@ impl Engine {
             Message::Heartbeat(_) => {}
             Message::Goodbye(_) => self.handle_disconnect(now, client),
             Message::Cost(record) => self.core.on_cost(client, record),
-            Message::Partial(partial) if self.core.relays.contains(client) => self.on_partial(now, client, partial),
-            Message::CostBatch(batch) if self.core.relays.contains(client) => self.on_cost_batch(client, batch),
+            Message::Partial(partial) if self.core.is_relay_peer(client) => self.on_partial(now, client, partial),
+            Message::CostBatch(batch) if self.core.is_relay_peer(client) => self.on_cost_batch(client, batch),
             Message::SecAgg(frame) => match &mut self.mode {
                 Mode::Rounds(rounds) if self.core.clients.contains_key(client) => {
                     rounds.on_secagg(&mut self.core, now, client, &frame)
@@ -328,9 +328,22 @@ impl Engine {
                 let (core, mode) = self.mode_mut();
                 mode.on_decline(core, now, client, decline);
             }
-            other => {
-                tracing::warn!(client, kind = other.kind_name(), "unexpected message from a client");
-                let detail = format!("a client may not send {}", other.kind_name());
+            // What only a server sends, what only a relay sends (from a peer without the relay
+            // role), a decline before a hello, and transfer frames (the shell's, on their own
+            // streams): listed, not caught all, so that a new message kind must be placed here.
+            Message::Welcome(_)
+            | Message::Broadcast(_)
+            | Message::Ack(_)
+            | Message::CostAck(_)
+            | Message::Refusal(_)
+            | Message::TransferOffer(_)
+            | Message::TransferResume(_)
+            | Message::Chunk(_)
+            | Message::Partial(_)
+            | Message::CostBatch(_)
+            | Message::Decline(_) => {
+                tracing::warn!(client, kind = msg.kind_name(), "unexpected message from a client");
+                let detail = format!("a client may not send {}", msg.kind_name());
                 self.core.refuse(client, RefusalReason::Malformed, detail);
             }
         }
@@ -368,7 +381,7 @@ impl Engine {
         let again = self
             .open()
             .filter(|open| open.sampled.contains(client) && !open.updates.contains_key(client))
-            .map(|open| open.broadcast.clone());
+            .map(|open| open.broadcast_of(client));
         if let Some(msg) = again {
             self.core.actions.push_back(Action::Broadcast { to: vec![client.into()], msg });
         }
@@ -398,7 +411,7 @@ impl Engine {
             return;
         }
         let (core, mode) = self.mode_mut();
-        // Dense from here on, in one place (issue 33): checks, screens and aggregation see values.
+        // Dense from here on, in one place: checks, screens and aggregation see values.
         let round = update.round;
         match decode::densify(update, mode.base_of(core, round)) {
             Ok(update) => mode.on_update(core, now, client, update),

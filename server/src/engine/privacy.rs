@@ -1,4 +1,4 @@
-//! Differential privacy on the server (issue 34; the table: [`PrivacyConfig`]): what a round's
+//! Differential privacy on the server (the table: [`PrivacyConfig`]): what a round's
 //! updates become before the method aggregates them, and the privacy they spent.
 //!
 //! With central noise the server is trusted with each update and privatizes the round's sum
@@ -61,10 +61,9 @@ pub struct PrivacyAccount {
     pub accountant: Accountant,
 }
 
-/// Refuses an `[engine.privacy]` that cannot hold: a bad table, a method whose server half
-/// does not aggregate sums (the registry says which), a rule other than the mean (the noise is
-/// calibrated to a sum of clipped deltas: a median or Krum is not one), or an ε no σ reaches.
-pub fn check_config(
+/// Refuses an `[engine.privacy]` whose values cannot hold: a bad table, or an ε no σ reaches.
+/// Which features it combines with is the compatibility table's ([`super::compat`]).
+pub(super) fn check_config(
     engine: &super::EngineConfig,
     method: &anchorage_shared::method::MethodConfig,
 ) -> Result<(), String> {
@@ -73,13 +72,6 @@ pub fn check_config(
         return Ok(());
     }
     config.check().map_err(|e| e.to_string())?;
-    (method.info().privacy)(method).map_err(|why| format!("[privacy] with `{}`: {why}", method.name()))?;
-    if engine.robust.aggregation != crate::aggregate::AggregationRule::Mean {
-        return Err(format!(
-            "[privacy] needs the mean rule: its noise is calibrated to the sum of clipped deltas, and {:?} is not a sum",
-            engine.robust.aggregation
-        ));
-    }
     PrivacyState::new(config, (engine.rounds, engine.fraction), sends_prototypes(method.name()), 0, None).map(|_| ())
 }
 

@@ -1,4 +1,4 @@
-//! The engine under `[engine.privacy]` (issue 34): clipped, equally weighted, noised rounds,
+//! The engine under `[engine.privacy]`: clipped, equally weighted, noised rounds,
 //! prototype sums, the account in every report, the budget that ends the federation, and the
 //! refusals.
 
@@ -8,7 +8,8 @@ use anchorage_shared::protocol::{Message, Metric, RefusalReason, Update};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::Encoding;
 
-use super::privacy::{PROTOTYPE_SUMS, check_config};
+use super::compat::check as check_config;
+use super::privacy::PROTOTYPE_SUMS;
 use super::tests::{block, config, drain, engine, join, refusals, reports, secs, update};
 use super::*;
 

@@ -62,7 +62,7 @@ pub struct RoundReport {
     pub updates: Vec<UpdateReport>,
     /// Sampled clients whose update had not arrived when the round closed.
     pub missing: Vec<ClientId>,
-    /// Invited devices that declined (issue 33), with why; not counted in `missing`. Each was
+    /// Invited devices that declined, with why; not counted in `missing`. Each was
     /// replaced by another invitation where a connected device was free.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub declined: Vec<(ClientId, DeclineReason)>,
@@ -81,10 +81,10 @@ pub struct RoundReport {
     /// server.toml), when the server evaluates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_out_accuracy: Option<f64>,
-    /// The privacy spent so far (`[engine.privacy]`, issue 34): ε at δ after this round.
+    /// The privacy spent so far (`[engine.privacy]`): ε at δ after this round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privacy: Option<super::privacy::PrivacyAccount>,
-    /// What the round's secure aggregation did (`[engine.secagg]`, issue 34).
+    /// What the round's secure aggregation did (`[engine.secagg]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secagg: Option<super::secagg::SecAggReport>,
 }

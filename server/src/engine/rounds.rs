@@ -3,7 +3,7 @@
 //! `over_selection` (FedScale's over-commitment), close the round when the target number of
 //! updates arrived or when the deadline fires. Updates for a closed round are acknowledged and
 //! counted as late, never aggregated and never silently dropped; a second update from the same
-//! client for the same round is counted once. An invited device that declines (issue 33) is
+//! client for the same round is counted once. An invited device that declines is
 //! neither a drop nor missing: another connected device is invited in its place.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::ledger::DeclineReason;
-use anchorage_shared::protocol::{Broadcast, Decline, Message, RefusalReason, SecAggFrame, Update};
+use anchorage_shared::protocol::{Broadcast, Decline, Message, RefusalReason, RoundConfig, SecAggFrame, Update};
 use anchorage_shared::tensor::payload_bytes;
 
 use super::common::{Core, same_layout};
+use super::configure::RoundPlan;
 use super::secagg::{SecAggReport, SecAggRound, Step};
 use super::{
     AcceptedUpdate, Action, ClientId, ModeState, OpenedRound, Persist, RoundOutcome, RoundReport, UpdateReport, report,
@@ -26,7 +27,10 @@ use crate::aggregate::InfluenceReport;
 #[derive(Debug)]
 pub(super) struct OpenRound {
     pub(super) round: u64,
+    /// The round's broadcast, encoded once for every invited device without settings of its own.
     pub(super) broadcast: Arc<Message>,
+    /// The broadcasts of devices the round's plan gave other settings (one per distinct one).
+    pub(super) tailored: BTreeMap<ClientId, Arc<Message>>,
     pub(super) sampled: BTreeSet<ClientId>,
     pub(super) target: usize,
     pub(super) started: Duration,
@@ -34,13 +38,38 @@ pub(super) struct OpenRound {
     pub(super) updates: BTreeMap<ClientId, (Arc<AcceptedUpdate>, Duration)>,
     pub(super) duplicates: u64,
     pub(super) refused: u64,
-    /// Invited devices that declined, and why (no longer in `sampled`).
+    /// Invited devices that declined, and why (removed from `sampled`).
     pub(super) declined: BTreeMap<ClientId, DeclineReason>,
     /// The round's secure aggregation (`[engine.secagg]`); `None` when off.
     pub(super) secagg: Option<Box<SecAggRound>>,
 }
 
 impl OpenRound {
+    /// The broadcast `client` trains from.
+    pub(super) fn broadcast_of(&self, client: &str) -> Arc<Message> {
+        self.tailored.get(client).unwrap_or(&self.broadcast).clone()
+    }
+
+    /// Queues the round's broadcasts to `clients`: one action per distinct broadcast.
+    pub(super) fn broadcast_to(&self, core: &mut Core, clients: Vec<ClientId>) {
+        let (own, plain): (Vec<ClientId>, Vec<ClientId>) =
+            clients.into_iter().partition(|c| self.tailored.contains_key(c));
+        if !plain.is_empty() {
+            core.actions.push_back(Action::Broadcast { to: plain, msg: self.broadcast.clone() });
+        }
+        let mut groups: Vec<(Arc<Message>, Vec<ClientId>)> = Vec::new();
+        for client in own {
+            let msg = self.broadcast_of(&client);
+            match groups.iter_mut().find(|(m, _)| Arc::ptr_eq(m, &msg)) {
+                Some((_, to)) => to.push(client),
+                None => groups.push((msg, vec![client])),
+            }
+        }
+        for (msg, to) in groups {
+            core.actions.push_back(Action::Broadcast { to, msg });
+        }
+    }
+
     /// The round's task, as its broadcast says.
     pub(super) fn task(&self) -> u32 {
         match self.broadcast.as_ref() {
@@ -89,7 +118,7 @@ impl ModeState for RoundsState {
             return;
         }
         // A relay opens a round only when its parent's broadcast of it came.
-        if core.parent.as_ref().is_some_and(|p| p.next.is_none()) {
+        if core.awaits_parent() {
             return;
         }
         // Count before collecting: every hello lands here, and fleets have thousands of clients.
@@ -101,13 +130,8 @@ impl ModeState for RoundsState {
             self.reopen(core, now, opened, pending);
             return;
         }
-        // Borrowed, not cloned: a fleet of a million devices would copy every id each round.
-        let available: Vec<&ClientId> = core.clients.iter().filter(|(_, c)| c.connected).map(|(id, _)| id).collect();
-        let target = core.config.sample_size(available.len());
-        let invited = core.config.invited(target, available.len());
-        let sampled: BTreeSet<ClientId> =
-            core.rng.sample_indices(available.len(), invited).into_iter().map(|i| available[i].clone()).collect();
-        let available = available.len();
+        let (target, plan, available) = core.plan_round(round);
+        let sampled = plan.invited.clone();
         tracing::info!(
             round,
             available,
@@ -116,7 +140,7 @@ impl ModeState for RoundsState {
             invited_ids = %report::preview(sampled.iter(), 5),
             "round opened"
         );
-        let mut open = open_round_record(core, now, round, target, sampled);
+        let mut open = open_round_record(core, now, round, target, sampled, Some(&plan));
         core.note_invited(round, open.sampled.iter().cloned());
         // The invitations are durable before anyone trains on them.
         core.actions.push_back(Action::Persist(Persist::Opened(OpenedRound {
@@ -125,8 +149,8 @@ impl ModeState for RoundsState {
             target,
             sampled: open.sampled.iter().cloned().collect(),
         })));
-        core.actions
-            .push_back(Action::Broadcast { to: open.sampled.iter().cloned().collect(), msg: open.broadcast.clone() });
+        let invited: Vec<ClientId> = open.sampled.iter().cloned().collect();
+        open.broadcast_to(core, invited);
         let secagg = core.config.secagg.enabled.then(|| {
             let counts = open.sampled.iter().filter_map(|c| core.clients.get(c)).map(|c| c.num_samples).collect();
             let private = core.config.privacy.is_on();
@@ -227,7 +251,7 @@ impl ModeState for RoundsState {
         core.note_invited(open.round, [replacement.clone()]);
         let sampled = open.sampled.iter().cloned().collect();
         core.actions.push_back(Action::Persist(Persist::Invited { round: open.round, sampled }));
-        core.actions.push_back(Action::Broadcast { to: vec![replacement], msg: open.broadcast.clone() });
+        open.broadcast_to(core, vec![replacement]);
     }
 
     /// Resumes the round that was open at the crash, with the updates it had accepted and a
@@ -240,7 +264,7 @@ impl ModeState for RoundsState {
         last_accepted: Vec<ClientId>,
     ) {
         self.last_accepted = last_accepted.into_iter().collect();
-        if core.parent.is_some() {
+        if core.relay().is_some() {
             self.stashed = open.map(|o| {
                 let round = o.round;
                 (o, pending.into_iter().filter(|p| p.update.round == round).collect())
@@ -256,7 +280,7 @@ impl ModeState for RoundsState {
             "resuming the open round"
         );
         let sampled = opened.sampled.into_iter().collect();
-        let mut round = open_round_record(core, Duration::ZERO, opened.round, opened.target, sampled);
+        let mut round = open_round_record(core, Duration::ZERO, opened.round, opened.target, sampled, None);
         for p in pending {
             let at = p.arrived_after;
             round.updates.insert(p.client.clone(), (Arc::new(p), at));
@@ -278,7 +302,7 @@ impl RoundsState {
     fn reopen(&mut self, core: &mut Core, now: Duration, opened: OpenedRound, pending: Vec<AcceptedUpdate>) {
         tracing::info!(round = opened.round, accepted = pending.len(), "a relay resumes the round open at its crash");
         let sampled = opened.sampled.into_iter().collect();
-        let mut round = open_round_record(core, now, opened.round, opened.target, sampled);
+        let mut round = open_round_record(core, now, opened.round, opened.target, sampled, None);
         for p in pending {
             let at = p.arrived_after;
             round.updates.insert(p.client.clone(), (Arc::new(p), at));
@@ -286,7 +310,7 @@ impl RoundsState {
         core.note_invited(round.round, round.sampled.iter().cloned());
         let waiting: Vec<ClientId> =
             round.sampled.iter().filter(|c| !round.updates.contains_key(*c)).cloned().collect();
-        core.actions.push_back(Action::Broadcast { to: waiting, msg: round.broadcast.clone() });
+        round.broadcast_to(core, waiting);
         let full = round.updates.len() >= round.target;
         self.open = Some(round);
         if full {
@@ -519,35 +543,79 @@ fn check_update(core: &Core, update: &Update) -> Result<(), (RefusalReason, Stri
         .map_err(|reason| (RefusalReason::BadTensor, format!("update screened out: {reason}")))
 }
 
-/// Round `round`'s record, its broadcast made from the current global version (a relay's: its
-/// parent's broadcast of the round).
+/// Round `round`'s record, its broadcast made from the current global version with `plan`'s
+/// settings (a relay's: its parent's broadcast of the round, settings and all). A round resumed
+/// after a restart has no plan: it trains with `[engine.round]`'s settings at the schedule's
+/// learning rate.
 fn open_round_record(
     core: &mut Core,
     now: Duration,
     round: u64,
     target: usize,
     sampled: BTreeSet<ClientId>,
+    plan: Option<&RoundPlan>,
 ) -> OpenRound {
     let deadline = core.config.round_deadline;
-    let from_parent = core.parent.as_mut().and_then(|p| p.take(round, deadline));
-    let broadcast = Arc::new(Message::Broadcast(from_parent.unwrap_or_else(|| {
-        let mut config = core.config.round.clone();
+    if let Some(from_parent) = core.relay_mut().and_then(|r| r.take(round, deadline)) {
+        return round_record(
+            round,
+            Arc::new(Message::Broadcast(from_parent)),
+            BTreeMap::new(),
+            (now, deadline),
+            target,
+            sampled,
+        );
+    }
+    let broadcast_with = |config: &RoundConfig| {
+        let mut config = config.clone();
         config.deadline_ms = deadline.as_millis() as u64;
-        Broadcast {
+        Arc::new(Message::Broadcast(Broadcast {
             round,
             task: core.config.task_of(round),
             config,
             blocks: core.global.clone(),
             prototypes: core.method.prototypes(),
-        }
-    })));
+        }))
+    };
+    let scheduled =
+        core.config.policy.schedule.learning_rate(core.config.round.learning_rate, round, core.config.rounds);
+    let config = plan
+        .map_or_else(|| RoundConfig { learning_rate: scheduled, ..core.config.round.clone() }, |p| p.config.clone());
+    let broadcast = broadcast_with(&config);
+    let mut by_config: Vec<(RoundConfig, Arc<Message>)> = Vec::new();
+    let mut tailored = BTreeMap::new();
+    for (client, own) in
+        plan.map(|p| &p.per_device).into_iter().flatten().filter(|(c, own)| sampled.contains(*c) && **own != config)
+    {
+        let msg = match by_config.iter().find(|(c, _)| c == own) {
+            Some((_, msg)) => msg.clone(),
+            None => {
+                let msg = broadcast_with(own);
+                by_config.push((own.clone(), msg.clone()));
+                msg
+            }
+        };
+        tailored.insert(client.clone(), msg);
+    }
+    round_record(round, broadcast, tailored, (now, deadline), target, sampled)
+}
+
+fn round_record(
+    round: u64,
+    broadcast: Arc<Message>,
+    tailored: BTreeMap<ClientId, Arc<Message>>,
+    (now, deadline): (Duration, Duration),
+    target: usize,
+    sampled: BTreeSet<ClientId>,
+) -> OpenRound {
     OpenRound {
         round,
         broadcast,
+        tailored,
         sampled,
         target,
         started: now,
-        deadline: now + core.config.round_deadline,
+        deadline: now + deadline,
         updates: BTreeMap::new(),
         duplicates: 0,
         refused: 0,
@@ -557,11 +625,11 @@ fn open_round_record(
 }
 
 /// A relay takes the update of its parent's open round from a device it did not invite: one
-/// that failed over from another relay of the tier (issue 37, item 3) and resends what it
+/// that failed over from another relay of the tier and resends what it
 /// trained for this round. It joins the invitations (durable before its update is) and counts
 /// as any other; the parent counts each device once across its relays. The root adopts nobody.
 fn adopt_failover(core: &mut Core, open: &mut OpenRound, client: &str) -> bool {
-    if core.parent.is_none() || open.secagg.is_some() {
+    if core.relay().is_none() || open.secagg.is_some() {
         return false;
     }
     tracing::info!(round = open.round, client, "a device that failed over from another relay joins the round");

@@ -1,4 +1,4 @@
-//! Secure aggregation of a synchronous round (issue 34; SecAgg+, Bell et al. 2020, over
+//! Secure aggregation of a synchronous round (SecAgg+, Bell et al. 2020, over
 //! `anchorage-secagg`): the server learns the sum of the round's updates and nothing else.
 //!
 //! The round opens as always (invitations persisted, the broadcast); then each invited device
@@ -105,11 +105,10 @@ pub(super) fn weight_scale(mut counts: Vec<u64>, robust: &crate::aggregate::Robu
     capped as f32
 }
 
-/// Refuses an `[engine.secagg]` that cannot hold, with why: a rule or screen that needs each
-/// update (the server sees only their sum), buffered mode (its buffer is not a fixed cohort),
-/// central noise (it clips and noises each update: under SecAgg the devices add it, `noise =
-/// "local"`), a method that does not aggregate sums, or a layout whose sums could overflow.
-pub fn check_config(
+/// Refuses an `[engine.secagg]` whose values cannot hold: a prototype method without the
+/// prototypes' place in the vector, a dropout outside [0, 1), or a layout whose sums could
+/// overflow. Which features it combines with is the compatibility table's ([`super::compat`]).
+pub(super) fn check_config(
     engine: &super::EngineConfig,
     method: &anchorage_shared::method::MethodConfig,
 ) -> Result<(), String> {
@@ -117,27 +116,6 @@ pub fn check_config(
     if !config.enabled {
         return Ok(());
     }
-    let needs_each = "needs each device's update, and under secure aggregation the server sees only their sum";
-    let robust = &engine.robust;
-    if robust.aggregation != crate::aggregate::AggregationRule::Mean {
-        return Err(format!("[engine.secagg] with the {:?} rule: it {needs_each}", robust.aggregation));
-    }
-    for (set, screen) in robust.per_update_screens() {
-        if set {
-            return Err(format!(
-                "[engine.secagg] with [engine.robust] {screen}: this screen {needs_each}; each device clips its own delta to [engine.secagg] clip instead"
-            ));
-        }
-    }
-    if !matches!(engine.mode, super::AggregationMode::Synchronous) {
-        return Err("[engine.secagg] needs synchronous rounds: a SecAgg round sums one fixed cohort, and buffered mode aggregates updates one by one as they arrive".into());
-    }
-    if engine.privacy.is_on() && engine.privacy.noise == anchorage_shared::privacy::NoiseSite::Central {
-        return Err("[engine.secagg] with central noise: the server would clip and noise each update, which it never sees; use noise = \"local\" (the devices noise what they mask)".into());
-    }
-    (method.info().privacy)(method).map_err(|why| {
-        format!("[engine.secagg] with `{}`: the server half must aggregate sums: {why}", method.name())
-    })?;
     let sends_prototypes = super::privacy::sends_prototypes(method.name());
     if sends_prototypes && (config.classes == 0 || config.prototype_dim == 0) {
         return Err(format!(

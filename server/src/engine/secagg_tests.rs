@@ -1,4 +1,4 @@
-//! The engine under `[engine.secagg]` (issue 34): a round whose sum is all the server learns,
+//! The engine under `[engine.secagg]`: a round whose sum is all the server learns,
 //! devices that drop after masking, a round that cannot unmask, refused messages, and the
 //! configurations that cannot hold. The devices are `anchorage-secagg`'s own client state
 //! machines, driven here as the device session drives them.
@@ -9,7 +9,8 @@ use anchorage_secagg::{ClientMessage, ClientState, Layout, ServerFrame, ServerMe
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Message, RefusalReason, SecAggFrame, Update};
 
-use super::secagg::{SecAggConfig, check_config};
+use super::compat::check as check_config;
+use super::secagg::SecAggConfig;
 use super::tests::{block, config, drain, engine, join, refusals, reports, secs, update};
 use super::*;
 

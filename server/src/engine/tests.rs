@@ -958,8 +958,8 @@ fn cost_records_are_confirmed_and_a_restarted_engine_confirms_resends() {
     assert_eq!(cost_acks(&actions, "a"), vec![1]);
 }
 
-/// Issue 30: "a cost record with joules = 1e300: accepted; anchorage_client_energy_joules_total
-/// reads 8e300". A record beyond physical ranges is dropped and counted, never written.
+/// A cost record beyond physical ranges (joules = 1e300, for one) is dropped and counted, never
+/// written: it never reaches anchorage_client_energy_joules_total.
 #[test]
 fn cost_records_beyond_physical_ranges_are_dropped_and_counted() {
     let mut e = engine(config(2, 2));
@@ -1062,7 +1062,7 @@ fn decline(round: u64, reason: anchorage_shared::ledger::DeclineReason) -> Messa
     Message::Decline(anchorage_shared::protocol::Decline { round, reason, detail: "test".into() })
 }
 
-/// A decline (issue 33) is recorded as such, never as a drop; a free device is invited in its
+/// A decline is recorded as such, never as a drop; a free device is invited in its
 /// place (persisted first), and the round reaches its target with it.
 #[test]
 fn a_decline_is_replaced_by_another_invitation_and_is_not_a_drop() {
@@ -1137,4 +1137,87 @@ fn a_buffered_decline_frees_its_slot_for_another_device() {
     assert_eq!(next.len(), 1);
     assert_ne!(next[0], first[0], "the decliner is not asked again for this version");
     assert_eq!(ledger(&actions).iter().filter(|r| r.declined == Some(DeclineReason::Window)).count(), 1);
+}
+
+/// `[engine.policy] selection = "least_recent"` through the engine: with half of 4 devices a
+/// round, rounds 1 and 2 invite all four between them, and round 3 the first two again.
+#[test]
+fn least_recent_selection_rotates_through_the_fleet() {
+    let policy = super::RoundPolicy { selection: super::Selection::LeastRecent, ..Default::default() };
+    let mut e = engine(EngineConfig { fraction: 0.5, min_fit: 1, policy, ..config(4, 1) });
+    let mut actions = join(&mut e, secs(0), &["a", "b", "c", "d"]);
+    let mut invited: Vec<Vec<ClientId>> = Vec::new();
+    for round in 1..=3 {
+        let to = broadcast_targets(&actions).pop().expect("a round opened");
+        for id in &to {
+            e.handle_message(secs(round), id, update(round, &[1.0, 1.0], 1));
+        }
+        invited.push(to);
+        actions = drain(&mut e);
+    }
+    let first_two: BTreeSet<&ClientId> = invited[0].iter().chain(&invited[1]).collect();
+    assert_eq!(first_two.len(), 4, "every device once in two rounds: {invited:?}");
+    assert_eq!(invited[2], invited[0], "then the ones invited longest ago: {invited:?}");
+}
+
+/// `[engine.policy] schedule`: each round's broadcast carries the schedule's learning rate.
+#[test]
+fn the_schedule_sets_each_broadcasts_learning_rate() {
+    let policy = super::RoundPolicy { schedule: super::Schedule::Step { every: 1, gamma: 0.5 }, ..Default::default() };
+    let mut e = engine(EngineConfig { policy, ..config(1, 1) });
+    let mut actions = join(&mut e, secs(0), &["a"]);
+    let mut rates = Vec::new();
+    for round in 1..=3 {
+        let rate = actions.iter().find_map(|a| match a {
+            Action::Broadcast { msg, .. } => match msg.as_ref() {
+                Message::Broadcast(b) => Some(b.config.learning_rate),
+                _ => None,
+            },
+            _ => None,
+        });
+        rates.push(rate.expect("a broadcast"));
+        e.handle_message(secs(round), "a", update(round, &[1.0, 1.0], 1));
+        actions = drain(&mut e);
+    }
+    let base = EngineConfig::default().round.learning_rate;
+    assert_eq!(rates, [base, base * 0.5, base * 0.25]);
+}
+
+/// A method's `configure_round` can give single devices other settings: they get a broadcast
+/// of their own (encoded once per distinct setting), the others the round's.
+#[test]
+fn a_method_may_give_single_devices_their_own_settings() {
+    struct Tailored(FedAvg);
+    impl crate::methods::ServerMethod for Tailored {
+        fn name(&self) -> &'static str {
+            "fedavg"
+        }
+        fn aggregate(
+            &mut self,
+            round: &crate::methods::RoundInfo,
+            global: &[ParamBlock],
+            updates: &[(&str, &Update)],
+        ) -> Result<Vec<ParamBlock>, crate::methods::MethodError> {
+            self.0.aggregate(round, global, updates)
+        }
+        fn configure_round(&mut self, _ctx: &super::RoundContext, plan: &mut super::RoundPlan) {
+            let mut slow = plan.config.clone();
+            slow.local_epochs = 5;
+            plan.per_device.insert("b".into(), slow);
+        }
+    }
+    let mut e = Engine::new(config(2, 2), Box::new(Tailored(FedAvg::default())), vec![block(&[0.0, 0.0])]);
+    let actions = join(&mut e, secs(0), &["a", "b"]);
+    let epochs: Vec<(Vec<ClientId>, u32)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Broadcast { to, msg } => match msg.as_ref() {
+                Message::Broadcast(b) => Some((to.clone(), b.config.local_epochs)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let base = EngineConfig::default().round.local_epochs;
+    assert_eq!(epochs, vec![(vec!["a".to_string()], base), (vec!["b".to_string()], 5)]);
 }

@@ -191,7 +191,7 @@ impl FedTaServer {
     }
 }
 
-/// A diagnostic of what BGPS picks (issue 23): over the classes chosen this round, the cosine
+/// A diagnostic of what BGPS picks: over the classes chosen this round, the cosine
 /// between the chosen prototype and the count-weighted mean of the class's uploads, against the
 /// mean cosine of the uploads themselves to that mean (how typical an upload is), and how many
 /// picks are a previous global prototype (`stacked` holds `from_uploads` uploads, then those).

@@ -71,20 +71,14 @@ pub trait ServerMethod: Send {
         Vec::new()
     }
 
+    /// Changes the round's plan (Flower's `configure_fit`): whom to invite of `ctx.available`
+    /// and the settings each gets. The engine's `[engine.policy]` made `plan` first; by default
+    /// it stands.
+    fn configure_round(&mut self, _ctx: &crate::engine::RoundContext, _plan: &mut crate::engine::RoundPlan) {}
+
     /// Restores [`ServerMethod::save_state`]'s bytes after a restart.
     fn load_state(&mut self, _state: &[u8]) -> Result<(), MethodError> {
         Ok(())
-    }
-
-    /// Whether this is a relay's method ([`crate::relay::RelayMethod`]): an engine built with it
-    /// takes its rounds from a parent (issue 37).
-    fn is_relay(&self) -> bool {
-        false
-    }
-
-    /// The relay's method itself, to fold its last round again ([`crate::relay::RelayMethod`]).
-    fn as_relay_mut(&mut self) -> Option<&mut crate::relay::RelayMethod> {
-        None
     }
 }
 

@@ -1,4 +1,4 @@
-//! What devices report of themselves (issue 33): the rounds they declined, by reason, and the
+//! What devices report of themselves: the rounds they declined, by reason, and the
 //! condition their cost records carry (temperature, throttling, battery, power source), as
 //! fleet-wide distributions and counts. No series per device: a fleet of thousands would make
 //! thousands of them.

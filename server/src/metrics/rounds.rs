@@ -368,7 +368,7 @@ fn gauge(
     }
 }
 
-/// The privacy spent (`[engine.privacy]`, issue 34); the descriptors only when it is off.
+/// The privacy spent (`[engine.privacy]`); the descriptors only when it is off.
 fn encode_privacy(
     encoder: &mut DescriptorEncoder,
     account: Option<&crate::engine::privacy::PrivacyAccount>,

@@ -1,4 +1,4 @@
-//! What secure aggregation did (`[engine.secagg]`, issue 34), from the round reports: the last
+//! What secure aggregation did (`[engine.secagg]`), from the round reports: the last
 //! round's sum, and totals of refused messages by reason and of rounds whose protocol failed.
 //! Counted at each round's close (the engine has no metrics of its own; its reports carry them).
 

@@ -1,4 +1,4 @@
-//! The relay tier on the sans-IO engines (issue 37): a root and relays driven by hand, with the
+//! The relay tier on the sans-IO engines: a root and relays driven by hand, with the
 //! devices' updates seeded, so that the same federation runs with and without the tier.
 
 use std::time::Duration;
@@ -169,9 +169,9 @@ fn assert_close(a: &[f32], b: &[f32], what: &str) {
     }
 }
 
-/// Issue 37, item 2: the global model (blocks and prototypes) is the same, to float
-/// tolerance, with and without four relays, over three rounds (the prototype rule blends
-/// each round into the last), for FedAvg and for GLDP.
+/// The global model (blocks and prototypes) is the same, to float tolerance, with and without
+/// four relays, over three rounds (the prototype rule blends each round into the last), for
+/// FedAvg and for GLDP.
 #[test]
 fn the_tier_gives_the_global_model_of_the_devices_straight_to_the_root() {
     let methods = [MethodConfig::named("fedavg").unwrap(), MethodConfig::Gldp(GldpConfig::default())];
@@ -316,7 +316,7 @@ fn a_relay_restarted_mid_round_aggregates_what_it_acked_before() {
     assert_eq!(members, vec![device_id(0), device_id(1), device_id(2)]);
 }
 
-/// Issue 37, item 3: a device whose update one relay's accepted partial holds is not counted
+/// A device whose update one relay's accepted partial holds is not counted
 /// again through another relay (it failed over and resent); the same relay's resend is a
 /// duplicate acked again.
 #[test]
@@ -404,7 +404,7 @@ fn relays_refuse_what_a_partial_sum_cannot_carry() {
     assert_eq!(refusals(&drain(&mut relay), &device_id(0)), vec![RefusalReason::Malformed]);
 }
 
-/// Issue 37, item 3: a device that failed over from another relay resends its update of the
+/// A device that failed over from another relay resends its update of the
 /// parent's open round; a relay takes it into the round (and its partial), a root never takes
 /// an update from a device it did not invite.
 #[test]
@@ -464,15 +464,16 @@ fn a_relay_folds_its_round_again_without_a_device_counted_elsewhere() {
     let mut b = relay_with(&[1, 2]);
     root.handle_message(Duration::ZERO, "relay-a", Message::Partial(a.last_partial().unwrap()));
     root.handle_message(Duration::ZERO, "relay-b", Message::Partial(b.last_partial().unwrap()));
-    let detail = drain(&mut root)
+    let refusal = drain(&mut root)
         .into_iter()
         .find_map(|a| match a {
-            Action::Send { to, msg: Message::Refusal(r) } if to == "relay-b" => Some(r.detail),
+            Action::Send { to, msg: Message::Refusal(r) } if to == "relay-b" => Some(r),
             _ => None,
         })
         .expect("B's partial refused");
-    let twice = super::duplicate_devices(&detail).expect("the refusal names the devices");
-    assert_eq!(twice, vec![device_id(1)]);
+    assert_eq!(refusal.reason, RefusalReason::Duplicate);
+    let twice = refusal.devices;
+    assert_eq!(twice, vec![device_id(1)], "the refusal names the devices in its own field");
     let again = b.refold_without(&twice).expect("B folds its round again");
     assert_eq!(again.members.iter().map(|m| m.device.as_str()).collect::<Vec<_>>(), [device_id(2)]);
     assert_eq!(b.last_partial(), Some(again.clone()), "the new partial is the relay's last");

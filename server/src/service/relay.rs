@@ -1,5 +1,5 @@
-//! The server program as a relay (issue 37): `server.toml` with a `[parent]` table, or the
-//! `anchorage-relay` program. The engine is a relay's ([`crate::relay::RelayMethod`]); the
+//! The server program as a relay: `server.toml` with a `[parent]` table, or the
+//! `anchorage-relay` program. The engine runs in the relay role ([`crate::engine::Role::Relay`]); the
 //! uplink ([`crate::relay::uplink`]) brings the parent's rounds in and takes each round's
 //! partial aggregate, and the devices' cost records, up.
 
@@ -14,12 +14,13 @@ use tokio::task::JoinHandle;
 use crate::config::{ParentSection, ServerConfig};
 use crate::engine::Checkpoint;
 use crate::relay::uplink::{Channels, Ended, Uplink};
-use crate::relay::{RelayMethod, check, partial_of};
+use crate::relay::{check, partial_of};
 use crate::tls::Trust;
 use crate::transport::ServerHandle;
 
-/// The relay's method for `method`, refused where a partial aggregate cannot carry it.
-pub(super) fn relay_method(config: &ServerConfig, method: &MethodConfig) -> anyhow::Result<Box<RelayMethod>> {
+/// Refuses a relay that cannot carry `method` (a partial aggregate cannot stand in for its
+/// devices' updates) or that would not check its parent's certificate.
+pub(super) fn check_relay(config: &ServerConfig, method: &MethodConfig) -> anyhow::Result<()> {
     check(&config.engine, method)
         .map_err(|why| anyhow::anyhow!("this relay cannot carry `{}`: {why}", method.name()))?;
     anyhow::ensure!(
@@ -27,7 +28,7 @@ pub(super) fn relay_method(config: &ServerConfig, method: &MethodConfig) -> anyh
         "a relay checks its parent's certificate against the project CA: [parent] needs the project's certificates, \
          not insecure_dev"
     );
-    Ok(Box::new(RelayMethod::new(method.name())))
+    Ok(())
 }
 
 /// A running uplink, as the serving loop sees it.

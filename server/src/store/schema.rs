@@ -89,7 +89,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE ledger ADD COLUMN checksum BLOB;         -- SHA-256 of the record (postcard)
     ALTER TABLE rounds ADD COLUMN report_checksum BLOB;  -- SHA-256 of (round, report)
     "#,
-    // 2 → 3 (issue 33): a ledger row may record a decline, and carries the device's condition.
+    // 2 → 3: a ledger row may record a decline, and carries the device's condition.
     // SQLite cannot change a CHECK, so the table is rebuilt and its rows copied as they are.
     r#"
     CREATE TABLE ledger_v3 (

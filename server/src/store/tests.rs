@@ -126,7 +126,7 @@ fn the_ledger_keeps_one_row_per_client_round_and_kind() {
     assert!(text.starts_with(anchorage_shared::ledger::CSV_HEADER) && text.lines().count() == 3, "{text}");
 }
 
-/// A schema-2 database (before issue 33) migrates: its ledger rows keep their checksums, and
+/// A schema-2 database migrates: its ledger rows keep their checksums, and
 /// the ledger then takes declines and device conditions.
 #[test]
 fn a_schema_2_ledger_migrates_and_keeps_its_checksums() {
@@ -139,7 +139,7 @@ fn a_schema_2_ledger_migrates_and_keeps_its_checksums() {
         conn.execute_batch(schema::MIGRATIONS[0]).unwrap();
         conn.execute_batch(schema::MIGRATIONS[1]).unwrap();
         conn.pragma_update(None, "user_version", 2).unwrap();
-        // Schema 2's checksum: over the record as clients before issue 33 encoded it.
+        // Schema 2's checksum: over the record's V1 encoding.
         let sum = checksum(&[b"ledger", &old.stable_encoding()]);
         conn.execute(
             "INSERT INTO ledger (client, round, kind, payload_down, payload_up, wire_down, wire_up, compute_seconds,
@@ -336,7 +336,7 @@ fn the_state_folder_is_0700_and_its_files_0600_whatever_the_umask() {
     check("after reopening a 0755 folder with 0644 files");
 }
 
-/// Issue 30: "`anchorage.db` replaced by a copy 24 rounds older" was accepted silently.
+/// `anchorage.db` replaced by a copy 24 rounds older is refused until the operator accepts it.
 #[test]
 fn a_database_replaced_by_an_older_copy_is_refused_until_the_operator_accepts_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -369,8 +369,8 @@ fn a_database_replaced_by_an_older_copy_is_refused_until_the_operator_accepts_it
     assert_eq!(store.recover("fedavg").unwrap().unwrap().checkpoint.round, 27);
 }
 
-/// Issue 30: "a bit flip in the WAL after a kill -9: committed rows silently gone (SQLite stops
-/// replaying at the bad frame)". A crash image of the folder (database, WAL, witness copied while
+/// A bit flip in the WAL after a kill -9 would lose committed rows silently (SQLite stops
+/// replaying at the bad frame). A crash image of the folder (database, WAL, witness copied while
 /// the store is open) with one byte of the WAL flipped is refused, not resumed a round early.
 #[test]
 fn a_damaged_wal_tail_that_sqlite_drops_is_caught_by_the_witness() {
@@ -401,8 +401,8 @@ fn a_damaged_wal_tail_that_sqlite_drops_is_caught_by_the_witness() {
     assert!(matches!(err, StoreError::RolledBack { .. }), "{err:?}");
 }
 
-/// Issue 30: "bit flips in old update or version blobs, ledger rows, round reports: start-up
-/// does not look". `check` finds each; the readers leave a damaged row out instead of using it.
+/// Bit flips in old update or version blobs, ledger rows and round reports, where start-up
+/// does not look: `check` finds each; the readers leave a damaged row out instead of using it.
 #[test]
 fn check_finds_damage_in_old_blobs_ledger_rows_and_reports_and_readers_skip_them() {
     let dir = tempfile::tempdir().unwrap();

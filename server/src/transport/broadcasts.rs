@@ -1,4 +1,4 @@
-//! Resumable broadcasts (issue 33; the chunking is `anchorage_shared::transfer`). A device that
+//! Resumable broadcasts (the chunking is `anchorage_shared::transfer`). A device that
 //! negotiated [`RESUMABLE_BROADCASTS_ALPN`] gets each broadcast larger than one chunk as a
 //! transfer on a bi stream the server opens: the server offers the broadcast frame by its
 //! SHA-256 and size, the device answers with the bytes of it it holds from a connection that

@@ -44,7 +44,7 @@ struct Certified {
     serial: String,
     /// SHA-256 (hex) of the certificate, for the client registry.
     fingerprint: String,
-    /// Whether it carries the relay role (issue 37).
+    /// Whether it carries the relay role.
     relay: bool,
 }
 
@@ -74,7 +74,7 @@ pub(super) fn refusal_for(e: &FrameIoError) -> Refusal {
         FrameIoError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => RefusalReason::ServerBusy,
         _ => RefusalReason::Malformed,
     };
-    Refusal { reason, detail: e.to_string() }
+    Refusal::new(reason, e.to_string())
 }
 
 /// Who a connection's peer is, once its handshake and hello are done.
@@ -126,7 +126,7 @@ impl ConnCtx {
         let relay = certified.as_ref().is_none_or(|c| c.relay);
         let client = certified.map_or_else(|| h.client_id.clone(), |c| c.id);
         if serial.as_ref().is_some_and(|s| self.revoked.borrow().contains(s)) {
-            let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: "certificate revoked".into() };
+            let refusal = Refusal::new(RefusalReason::Revoked, "certificate revoked");
             return self.refuse(&conn, &mut control_send, refusal, Some(reason::REVOKED), &client).await;
         }
         let peer = Peer { client, remote, serial, fingerprint, relay };
@@ -173,7 +173,7 @@ impl ConnCtx {
             _ = revoked(&mut revocations, serial.as_deref()) => {
                 tracing::warn!(%client, "certificate revoked while connected; closing");
                 self.metrics.refused(reason::REVOKED);
-                let refusal = Refusal { reason: RefusalReason::NotEnrolled, detail: "certificate revoked".into() };
+                let refusal = Refusal::new(RefusalReason::Revoked, "certificate revoked");
                 let _ = out_tx.send(Outbound::Close(refusal));
                 true
             }
@@ -263,10 +263,8 @@ impl ConnCtx {
                 Ok(Some(msg))
             }
             Ok(Some((other, _))) => {
-                let refusal = Refusal {
-                    reason: RefusalReason::NotEnrolled,
-                    detail: format!("expected hello, got {}", other.kind_name()),
-                };
+                let refusal =
+                    Refusal::new(RefusalReason::NotEnrolled, format!("expected hello, got {}", other.kind_name()));
                 self.refuse(conn, control_send, refusal, None, &remote).await.map(|()| None)
             }
             Ok(None) => Ok(None),

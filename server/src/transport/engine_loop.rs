@@ -145,7 +145,7 @@ pub(super) struct EngineShell {
     compactions_owed: u8,
     /// Uploads left unfinished, let go when their round closes.
     uploads: Arc<KeptUploads>,
-    /// A relay's devices' cost records, once in its own ledger, for its parent's (issue 37).
+    /// A relay's devices' cost records, once in its own ledger, for its parent's.
     relay_costs: Option<mpsc::UnboundedSender<anchorage_shared::ledger::CostRecord>>,
 }
 
@@ -327,10 +327,10 @@ impl EngineShell {
                 }
                 if let Some((old, old_out)) = self.conns.insert(client.clone(), (conn, out)) {
                     tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
-                    let _ = old_out.send(Outbound::Close(Refusal {
-                        reason: RefusalReason::Duplicate,
-                        detail: "replaced by a newer connection".into(),
-                    }));
+                    let _ = old_out.send(Outbound::Close(Refusal::new(
+                        RefusalReason::Duplicate,
+                        "replaced by a newer connection",
+                    )));
                     if self.flaps.replaced(&client, at) {
                         tracing::error!(
                             %client,

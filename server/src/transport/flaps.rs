@@ -55,10 +55,10 @@ impl FlapGuard {
 }
 
 pub(super) fn conflict_refusal(client: &str) -> Refusal {
-    Refusal {
-        reason: RefusalReason::Duplicate,
-        detail: format!(
+    Refusal::new(
+        RefusalReason::Duplicate,
+        format!(
             "the certificate of `{client}` is in use by two devices at once; it is refused until the operator revokes it"
         ),
-    }
+    )
 }

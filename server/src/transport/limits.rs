@@ -57,7 +57,7 @@ pub struct Limits {
     pub max_kept_upload_bytes: u64,
     /// Streams get send priorities (`anchorage_shared::priority`): control messages first, then
     /// broadcasts without parameter blocks, then those with blocks. `false`: every stream at
-    /// quinn's default, taking turns (the behaviour before issue 33).
+    /// quinn's default, taking turns (the baseline).
     pub stream_priorities: bool,
 }
 

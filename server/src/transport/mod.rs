@@ -102,7 +102,7 @@ pub struct RelayStart {
 }
 
 impl ServerHandle {
-    /// A relay's parent broadcast a round: the relay's engine opens it (issue 37).
+    /// A relay's parent broadcast a round: the relay's engine opens it.
     pub fn parent_round(&self, broadcast: anchorage_shared::protocol::Broadcast) {
         let _ = self.inputs.send(Input::Parent(broadcast));
     }
@@ -138,7 +138,7 @@ enum Input {
         client: ClientId,
         /// SHA-256 of the certificate the peer showed (mutual TLS).
         fingerprint: Option<String>,
-        /// The peer's certificate carries the relay role (issue 37).
+        /// The peer's certificate carries the relay role.
         relay: bool,
         msg: Message,
         out: mpsc::UnboundedSender<Outbound>,
@@ -151,7 +151,7 @@ enum Input {
         conn: u64,
         client: ClientId,
     },
-    /// A relay's parent broadcast a round (issue 37).
+    /// A relay's parent broadcast a round.
     Parent(anchorage_shared::protocol::Broadcast),
     /// A relay's parent said goodbye.
     ParentGoodbye(String),

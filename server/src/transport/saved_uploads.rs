@@ -1,10 +1,10 @@
-//! Interrupted uploads outlive a graceful restart (issue 33: "survives its own restart where that
-//! is cheap"). At shutdown the server writes what it keeps of each device's interrupted upload
-//! to `<state>/kept-uploads/` (one file per device, written atomically), and the next start reads
-//! them back and deletes them, so a device that offers the same transfer after the restart goes
-//! on from the bytes the server held, as it would have without the restart. A crash writes
-//! nothing (the device sends its update from the start, as before resumable uploads): saving
-//! every chunk as it arrives would double the disk writes of every upload.
+//! Interrupted uploads outlive a graceful restart. At shutdown the server writes what it keeps of
+//! each device's interrupted upload to `<state>/kept-uploads/` (one file per device, written
+//! atomically), and the next start reads them back and deletes them, so a device that offers the
+//! same transfer after the restart goes on from the bytes the server held, as it would have
+//! without the restart. A crash writes nothing (the device sends its update from the start, as
+//! without resumable uploads): saving every chunk as it arrives would double the disk writes of
+//! every upload.
 //!
 //! A file is `MAGIC`, the SHA-256 of the rest, then the device id (u16 length and bytes), the
 //! offer (transfer hash, total, round) and the bytes held. One whose hash, layout or offer does

@@ -1,4 +1,4 @@
-//! Resumable uploads (issue 33; the chunking is `anchorage_shared::transfer`). A device opens a
+//! Resumable uploads (the chunking is `anchorage_shared::transfer`). A device opens a
 //! bi stream, offers its update by hash and size, and the server answers with the bytes of it
 //! that it holds from an earlier, interrupted attempt; the device sends the chunks from there.
 //! A complete, verified update goes to the engine like a one-frame upload.
@@ -7,7 +7,7 @@
 //! replaces an older one), within `Limits::max_kept_upload_bytes` over all devices, and let go
 //! when its round closes. Kept bytes live in memory, and a graceful shutdown writes them to the
 //! state folder for the next start ([`super::saved_uploads`]); a crash loses them and the device
-//! sends its update from the start again (what it did before resumable uploads): writing every
+//! sends its update from the start again (as without resumable uploads): writing every
 //! chunk to the store as well would double the disk writes of every upload.
 
 use std::collections::HashMap;
@@ -254,7 +254,7 @@ impl ConnCtx {
     fn refused(&self, client: &ClientId, reason: RefusalReason, detail: String) -> Refusal {
         self.metrics.transfer("refused");
         tracing::warn!(%client, %detail, "upload refused");
-        Refusal { reason, detail }
+        Refusal::new(reason, detail)
     }
 
     /// The stream broke off: what arrived is kept for a resume, within the bound.

@@ -14,7 +14,7 @@ pub enum Distance {
 }
 
 /// What GLDP predicts with: the nearest prototype (Eq. 13), the client's own (GLDP-LP) or the
-/// global ones (GLDP-GP); or, as an ablation (issue 36), the classifier head ν on µ(x): a device's
+/// global ones (GLDP-GP); or, as an ablation, the classifier head ν on µ(x): a device's
 /// own ν, the global model's ν averaged over the devices ([`GldpConfig::global_head`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -98,7 +98,7 @@ pub struct GldpConfig {
     pub prototype_losses: bool,
     /// Devices also upload ν and the server averages it into a global head, which the devices
     /// never load (ν stays personal): the head the global model predicts with under
-    /// `prediction = "head"`, and the simulator's head probe (issue 36). Implied by that
+    /// `prediction = "head"`, and the simulator's head probe. Implied by that
     /// prediction.
     pub global_head: bool,
 }
@@ -190,7 +190,7 @@ pub struct FedEvpConfig {
     /// Personalization epochs of the head.
     pub personal_epochs: u32,
     /// The class means the features are aligned to (Eq. 6–7): Eq. 5's evolving prototype, or
-    /// (issue 36) a target nearer the unseen domain.
+    /// a target nearer the unseen domain.
     pub alignment: FedEvpAlignment,
 }
 

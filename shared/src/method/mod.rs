@@ -124,11 +124,11 @@ pub struct MethodInfo {
     /// Whether its paper measures a run's efficiency as E = (τ1 + τ2) / R, compute and transfer
     /// seconds per round (FedProK); reports add that row for it.
     pub reports_efficiency: bool,
-    /// Whether it can run under differential privacy (`[privacy]`, issue 34): its server half
+    /// Whether it can run under differential privacy (`[privacy]`): its server half
     /// must aggregate sums (of clipped deltas, of prototype sums and counts), so that the noise
     /// on a sum protects every device. `Err` says why not.
     pub privacy: fn(&MethodConfig) -> Result<(), &'static str>,
-    /// Whether relays can carry it (issue 37): a relay folds its devices' updates into one
+    /// Whether relays can carry it: a relay folds its devices' updates into one
     /// partial aggregate of sums and counts, so the server half must aggregate sums (as under
     /// `privacy`) and need no single device's update. `Err` says why not.
     pub relays: fn(&MethodConfig) -> Result<(), &'static str>,

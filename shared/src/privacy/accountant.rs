@@ -1,4 +1,4 @@
-//! A Rényi-DP accountant for the Poisson-sampled Gaussian mechanism (issue 34, item 3).
+//! A Rényi-DP accountant for the Poisson-sampled Gaussian mechanism.
 //!
 //! Each round a client's update is clipped, sampled with probability `q` and noised with a Gaussian of
 //! standard deviation `σ` times the clipping norm. This module computes what that costs:

@@ -1,4 +1,4 @@
-//! `[privacy]`: differential privacy of what leaves a device (issue 34), one table read by the
+//! `[privacy]`: differential privacy of what leaves a device, one table read by the
 //! server (`[engine.privacy]`), the devices (`[privacy]` of client.toml) and the simulator
 //! (`[privacy]` of a scenario, given to both).
 //!

@@ -1,4 +1,4 @@
-//! Differential privacy (issue 34): the `[privacy]` table, the Gaussian mechanism's pieces, and
+//! Differential privacy: the `[privacy]` table, the Gaussian mechanism's pieces, and
 //! the accounting.
 //!
 //! - [`config`]: `[privacy]`: who noises (server or device), the clips, σ or the ε to reach.

@@ -6,7 +6,7 @@
 //! the best order from `RdpAccountant(DEFAULT_RDP_ORDERS).get_epsilon_and_optimal_order(1e-5)`, σ from
 //! `calibrate_dp_mechanism` (Brent, tol 1e-12). All at δ = 1e-5.
 //!
-//! Tolerance: a relative 1e-6, as the issue asks. The two implementations share the algorithm but not
+//! Tolerance: a relative 1e-6. The two implementations share the algorithm but not
 //! the special functions (libm's `lgamma`/`erfc` against scipy's `gammaln`/`log_ndtr`), which differ in
 //! the last bits only; agreement is in fact ~1e-12, so 1e-6 still catches any wrong term.
 

@@ -141,7 +141,7 @@ pub struct DuplexProfile {
     pub down: LinkProfile,
     /// Times (ms from the link's start) at which the device's address changes, as when a NAT
     /// rebinds or a phone moves from Wi-Fi to LTE: from then on its datagrams leave from a new
-    /// port, and what the server sends to the old one is lost (issue 33, item 3). Real clock
+    /// port, and what the server sends to the old one is lost. Real clock
     /// only: a QUIC path migration costs the virtual clock nothing.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rebind_ms: Vec<u64>,

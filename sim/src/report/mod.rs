@@ -986,9 +986,8 @@ mod tests {
         std::fs::write(path, w.into_inner().unwrap()).unwrap();
     }
 
-    /// Issue 31: `bytes_per_round`'s series overlapped, and its y label said "as the console
-    /// prints" over per-client values. Each round's four series are bars side by side (none drawn
-    /// over another), and the label says they are per client.
+    /// `bytes_per_round`: each round's four series are bars side by side (none drawn over
+    /// another), and the y label says they are per client.
     #[test]
     fn bytes_per_round_puts_its_series_side_by_side_per_client() {
         let dir = tempfile::tempdir().unwrap();
@@ -1017,7 +1016,7 @@ mod tests {
         assert_eq!((xs.len(), distinct.len()), (12, 12), "bars: {xs:?}");
     }
 
-    /// The issue's folder after a second Ctrl-C: config.toml, the tables appended round by round,
+    /// A folder after a second Ctrl-C: config.toml, the tables appended round by round,
     /// metrics.json from an earlier round saying `running`, and no ledger.json.
     fn stopped_folder(dir: &Path) {
         std::fs::write(dir.join("config.toml"), "clients = 2\nrounds = 10\n").unwrap();
@@ -1049,7 +1048,7 @@ mod tests {
         let _ = std::fs::remove_file(dir.join("ledger.json"));
     }
 
-    /// Item 6 of issue 31: a folder whose run never wrote its final record is reported from its
+    /// A folder whose run never wrote its final record is reported from its
     /// tables, with an honest status.
     #[test]
     fn a_run_that_did_not_finish_is_reported_from_its_tables() {
@@ -1097,7 +1096,7 @@ mod tests {
         assert_eq!((summary.rounds.len(), ledger.len()), (3, 6));
     }
 
-    /// Item 10 of issue 31: `--out` into a folder that holds another run is refused unless
+    /// `--out` into a folder that holds another run is refused unless
     /// forced, and no chart of an earlier report stays behind.
     #[test]
     fn out_holding_another_run_is_refused_and_no_old_chart_stays() {

@@ -664,7 +664,7 @@ mod tests {
 
     #[test]
     fn tick_labels_tell_neighbours_apart() {
-        // The cases: "0.01 0.01 0.01 0.02" and "0.00 0.00 0.00".
+        // At two decimals these would read "0.01 0.01 0.01 0.02" and "0.00 0.00 0.00".
         assert_eq!(labels(&ticks(0.010, 0.018)), ["0.010", "0.012", "0.014", "0.016", "0.018"]);
         assert_eq!(labels(&ticks(0.0, 0.004)), ["0.000", "0.001", "0.002", "0.003", "0.004"]);
         let small = labels(&ticks(0.0, 0.004));
@@ -730,7 +730,7 @@ mod tests {
         assert!(super::super::png::text_width(&fitted, FONT) <= room);
     }
 
-    /// The clipped legend: run folder names are drawn whole, the chart made wider for
+    /// A legend is never clipped: run folder names are drawn whole, the chart made wider for
     /// them, and the longest name ends inside the picture.
     #[test]
     fn a_legend_is_never_clipped() {
@@ -748,7 +748,7 @@ mod tests {
         assert!(short.contains(&format!("width=\"{}\"", LEFT + PLOT_W + MIN_RIGHT)), "{short}");
     }
 
-    /// The usvg warnings: a one-round run's charts had polylines of one point.
+    /// A one-round run's charts draw markers, never polylines of one point (usvg warns of those).
     #[test]
     fn a_single_point_is_a_marker_not_a_polyline() {
         let one = vec![Series { name: "up".into(), points: vec![(1.0, 2.0)] }];
@@ -785,7 +785,7 @@ mod tests {
         assert!(shared <= 1, "staggered: {first:?} {second:?}");
     }
 
-    /// The 100-round server report: bars over many rounds still label the x axis, with
+    /// A 100-round server report: bars over many rounds still label the x axis, with
     /// round numbers at a round step.
     #[test]
     fn bars_over_many_rounds_have_x_labels() {

@@ -1,23 +1,42 @@
-//! A relay tier on the virtual clock (issue 37, item 5; `[relays]`): what a tier does to round
-//! time and bytes before one is built. Each relay is the server's own sans-IO engine in its relay
-//! role ([`Engine::relay`]), the same code as `anchorage-relay`; client i joins relay i mod R. The
-//! root takes the relays as its participants; what passes between a relay and the root (the
-//! broadcast down, the partial aggregate up) is charged to the relay's own link, whose outages
+//! A relay tier on the virtual clock (`[relays]`): what a tier does to round time and bytes
+//! before one is built. Each relay is the server's own sans-IO engine in its relay role
+//! ([`Engine::relay`]) with the same uplink session as `anchorage-relay` ([`UplinkSession`]):
+//! hello, partials owed until acked, refolds after a duplicate refusal, cost batches until
+//! confirmed. Client i joins relay i mod R. The root takes the relays as its participants;
+//! what passes between a relay and the root is charged to the relay's own link, whose outages
 //! hold it back.
 
 use std::time::Duration;
 
 use anchorage_server::engine::{Engine, EngineConfig};
+use anchorage_server::relay::session::{UplinkAction, UplinkSession};
+use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::method::MethodConfig;
+use anchorage_shared::protocol::Message;
 
 use super::Path;
 use crate::config::RelayTier;
 use crate::network::Outage;
 
-/// One relay: its engine and its link to the root.
+/// What a tier's uplinks did over a run, for the reports and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UplinkCounts {
+    /// Partial aggregates sent (again after a reconnect or a refold), acked, refused.
+    pub sent: u64,
+    pub acked: u64,
+    pub refused: u64,
+    /// Rounds folded again without devices the root counted through another relay.
+    pub refolded: u64,
+    /// Cost batches sent, and rounds of cost records the root confirmed.
+    pub cost_batches: u64,
+}
+
+/// One relay: its engine, its uplink session and its link to the root.
 pub(super) struct VirtualRelay {
     pub(super) id: String,
     pub(super) engine: Engine,
+    pub(super) uplink: UplinkSession,
+    pub(super) counts: UplinkCounts,
     /// Towards the root, and from it.
     pub(super) up: Path,
     pub(super) down: Path,
@@ -26,6 +45,14 @@ pub(super) struct VirtualRelay {
 /// The tier: the relays, in order.
 pub(super) struct Tier {
     pub(super) relays: Vec<VirtualRelay>,
+    /// The relay each client is on (i mod R until it fails over).
+    assigned: Vec<usize>,
+    /// Failovers still to happen: (client, round).
+    failovers: Vec<(usize, u64)>,
+    /// Clients away on another relay for a round: (client, round, their own relay).
+    away: Vec<(usize, u64, usize)>,
+    /// The root's ledger: what the relays' cost batches carried up.
+    pub(super) root_ledger: Vec<CostRecord>,
 }
 
 impl Tier {
@@ -72,9 +99,13 @@ impl Tier {
                 profile.down.outages.push(outage);
             }
             let link_seed = seed.wrapping_add(0x7E1A_0000 + r as u64);
+            let id = format!("relay-{r}");
+            let uplink = UplinkSession::new(anchorage_server::relay::hello(&id, method.name(), None), None);
             relays.push(VirtualRelay {
-                id: format!("relay-{r}"),
+                id,
                 engine: relay,
+                uplink,
+                counts: UplinkCounts::default(),
                 up: Path::new(profile.up, link_seed),
                 down: Path::new(profile.down, link_seed ^ 0x5EED),
             });
@@ -89,12 +120,55 @@ impl Tier {
             robust,
             ..engine.clone()
         };
-        Ok((Self { relays }, root))
+        if let Some(f) = tier.failovers.iter().find(|f| f.client >= clients) {
+            anyhow::bail!("[relays] failover of client {}: there are {clients} clients", f.client);
+        }
+        let tier = Self {
+            relays,
+            assigned: (0..clients).map(|c| c % tier.count).collect(),
+            failovers: tier.failovers.iter().map(|f| (f.client, f.round)).collect(),
+            away: Vec::new(),
+            root_ledger: Vec::new(),
+        };
+        Ok((tier, root))
     }
 
-    /// The relay client `client` joins.
+    /// The relay client `client` is on.
     pub(super) fn relay_of(&self, client: usize) -> usize {
-        client % self.relays.len()
+        self.assigned[client]
+    }
+
+    /// Whether the ack of `client`'s update of `round` is lost to a failover: then the client
+    /// moves to the next relay for that round (once).
+    pub(super) fn fails_over(&mut self, client: usize, round: u64) -> bool {
+        let Some(i) = self.failovers.iter().position(|f| *f == (client, round)) else { return false };
+        self.failovers.remove(i);
+        let home = self.assigned[client];
+        let next = (home + 1) % self.relays.len();
+        tracing::info!(client, round, relay = next, "the ack is lost: the device fails over to the next relay");
+        self.assigned[client] = next;
+        self.away.push((client, round, home));
+        true
+    }
+
+    /// Whether `client`, away for `round`, is acked that round where it failed over to: then it
+    /// goes back to its own relay when it next disconnects ([`Tier::back_home`]).
+    pub(super) fn acked_away(&mut self, client: usize, round: u64) -> bool {
+        match self.away.iter_mut().find(|(c, r, _)| (*c, *r) == (client, round)) {
+            Some(away) => {
+                away.1 = u64::MAX;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A client that was acked away goes back to its own relay (it has disconnected).
+    pub(super) fn back_home(&mut self, client: usize) {
+        if let Some(i) = self.away.iter().position(|(c, r, _)| *c == client && *r == u64::MAX) {
+            let (_, _, home) = self.away.remove(i);
+            self.assigned[client] = home;
+        }
     }
 
     /// The relay named `id`, if one is.
@@ -102,16 +176,79 @@ impl Tier {
         self.relays.iter().position(|r| r.id == id)
     }
 
-    /// Every relay says hello to the root, as a relay certificate would let it.
-    pub(super) fn join(&self, root: &mut Engine, method: &str) {
-        for relay in &self.relays {
+    /// Every relay's uplink connects and says hello to the root at the start (as a relay
+    /// certificate would let it), on no link: the tier starts joined.
+    pub(super) fn join(&mut self, root: &mut Engine) {
+        for relay in &mut self.relays {
             root.set_relay(&relay.id, true);
-            root.handle_message(Duration::ZERO, &relay.id, anchorage_server::relay::hello(&relay.id, method, None));
+            relay.uplink.connected(Duration::ZERO);
+            for msg in relay.carry_out(Duration::ZERO) {
+                root.handle_message(Duration::ZERO, &relay.id, msg);
+            }
         }
     }
 
-    /// When the earliest relay engine needs its timeout.
+    /// When the earliest relay engine or uplink needs its timeout.
     pub(super) fn poll_timeout(&self) -> Option<Duration> {
-        self.relays.iter().filter_map(|r| r.engine.poll_timeout()).min()
+        let engines = self.relays.iter().filter_map(|r| r.engine.poll_timeout());
+        engines.chain(self.relays.iter().filter_map(|r| r.uplink.poll_timeout())).min()
+    }
+
+    /// Whether no uplink is still closing (sending its last cost records after the root's
+    /// goodbye, or waiting for their confirmation).
+    pub(super) fn settled(&self) -> bool {
+        self.relays
+            .iter()
+            .all(|r| !matches!(r.uplink.state(), anchorage_server::relay::session::UplinkState::Closing { .. }))
+    }
+
+    /// What every uplink did, summed over the relays.
+    pub(super) fn counts(&self) -> UplinkCounts {
+        self.relays.iter().fold(UplinkCounts::default(), |t, r| UplinkCounts {
+            sent: t.sent + r.counts.sent,
+            acked: t.acked + r.counts.acked,
+            refused: t.refused + r.counts.refused,
+            refolded: t.refolded + r.counts.refolded,
+            cost_batches: t.cost_batches + r.counts.cost_batches,
+        })
+    }
+}
+
+impl VirtualRelay {
+    /// Carries out what the uplink asks at `now`: the engine opens the parent's rounds, folds
+    /// again and ends with the parent; returns the messages that go up the link, in order.
+    pub(super) fn carry_out(&mut self, now: Duration) -> Vec<Message> {
+        let mut up = Vec::new();
+        while let Some(action) = self.uplink.poll_action() {
+            match action {
+                UplinkAction::Send(msg) => {
+                    if matches!(msg, Message::CostBatch(_)) {
+                        self.counts.cost_batches += 1;
+                    }
+                    up.push(msg);
+                }
+                UplinkAction::SendPartial(p) => up.push(Message::Partial(p)),
+                UplinkAction::OpenRound(b) => self.engine.handle_parent_round(now, b),
+                UplinkAction::Refold(devices) => {
+                    let again = self.engine.refold_without(&devices);
+                    self.counts.refolded += u64::from(again.is_some());
+                    self.uplink.refolded(again);
+                }
+                UplinkAction::Counted(outcome) => match outcome {
+                    "sent" => self.counts.sent += 1,
+                    "acked" => self.counts.acked += 1,
+                    _ => self.counts.refused += 1,
+                },
+                UplinkAction::Finished(reason) => self.engine.handle_parent_goodbye(&reason),
+                UplinkAction::Refused(why) => tracing::error!(relay = %self.id, %why, "the root refused the relay"),
+                UplinkAction::Joined => {}
+            }
+        }
+        up
+    }
+
+    /// A record the relay's ledger took: its uplink owes it to the root.
+    pub(super) fn cost(&mut self, now: Duration, record: CostRecord) {
+        self.uplink.cost(now, record);
     }
 }

@@ -222,7 +222,7 @@ fn a_context_without_a_backbone_or_inputs_is_an_error() {
 }
 
 /// Under `[privacy]` a round uploads per-class sums of the anchored features, each clipped to
-/// the prototype clip, with the class counts (issue 34).
+/// the prototype clip, with the class counts.
 #[test]
 fn under_privacy_a_round_uploads_clipped_sums_of_the_anchored_features() {
     let plain = Device::flex();
