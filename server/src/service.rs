@@ -68,11 +68,13 @@ enum Task {
     /// Checks the state folder (SQLite's integrity check, every checksum, versions against
     /// rounds, the generation witness) without stopping the server; exit status 1 on a problem.
     Check,
-    /// Writes a consistent copy of the database to FILE while the server runs (SQLite's online
-    /// backup API), then checks the copy.
+    /// Writes a copy of the database to FILE while the server runs, as it was when the task
+    /// started (SQLite's VACUUM INTO: one snapshot), checks the copy, and prints the round and
+    /// generation it holds.
     Backup { file: PathBuf },
     /// Puts a backup back (stop the server first): checks it, keeps the current database beside
-    /// it, and accepts the rollback so that round numbers continue above every announced one.
+    /// it, and accepts the rollback so that round numbers continue above every announced one;
+    /// prints the round and generation it put back.
     Restore { file: PathBuf },
     /// Resumes from a database older than what the folder or the devices saw (after the server
     /// refused to start, or stopped opening rounds): round numbers continue above the highest
@@ -105,9 +107,9 @@ fn run_task(task: Task, config: &ServerConfig) -> anyhow::Result<bool> {
             Ok(report.ok())
         }
         Task::Restore { file } => {
-            let floor = ServerStore::restore(dir, &file)
+            let restored = ServerStore::restore(dir, &file)
                 .with_context(|| format!("restoring {} into {}", file.display(), dir.display()))?;
-            println!("restored {} into {}; the next round is numbered above {floor}", file.display(), dir.display());
+            println!("restored {} into {}: {restored}", file.display(), dir.display());
             Ok(true)
         }
         Task::AcceptRollback { seen } => {

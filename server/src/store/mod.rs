@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
-pub use check::CheckReport;
+pub use check::{BackupReport, CheckReport, RestoreReport};
 pub use ledger::read_ledger;
 pub use rounds::{read_round_reports, record_held_out_accuracy};
 pub use schema::SCHEMA_VERSION;

@@ -121,6 +121,15 @@ impl ServerStore {
         Ok(())
     }
 
+    /// The round of the newest global version kept: the round closed last (0 for the initial
+    /// model), the model a restarted engine resumes from; `None` before the initial model.
+    pub fn newest_version(&self) -> Result<Option<u64>, StoreError> {
+        let conn = self.conn();
+        let newest: Option<i64> =
+            conn.query_row("SELECT MAX(version) FROM versions", [], |r| r.get(0)).map_err(|e| self.classify(e))?;
+        Ok(newest.map(|v| v.max(0) as u64))
+    }
+
     /// What a restarted engine resumes from; `None` for a new federation. Every blob read is
     /// checked against its checksum (that the rounds and versions agree was checked when the
     /// store opened, and the folder's lock keeps anyone else from changing them since).

@@ -441,11 +441,13 @@ fn check_finds_damage_in_old_blobs_ledger_rows_and_reports_and_readers_skip_them
     assert_eq!(reports.iter().map(|r| r.round).collect::<Vec<_>>(), vec![1, 3], "the damaged report is left out");
 }
 
-/// `backup` copies a live database (SQLite's online backup API); `restore` puts it back with
-/// the rollback accepted, so the witness does not refuse a deliberate restore, and round numbers
-/// go on above the ones announced.
+/// `backup` copies a live database (0600, its staging folder gone, holding round 2 and the
+/// generation the store had); `restore` puts it back with the rollback accepted, so the witness
+/// does not refuse a deliberate restore, says what it put back, and round numbers go on above
+/// the ones announced.
 #[test]
 fn a_backup_taken_while_running_restores_and_numbers_go_on() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let store = ServerStore::open(dir.path()).unwrap();
     store.save_initial(&checkpoint(0)).unwrap();
@@ -453,10 +455,15 @@ fn a_backup_taken_while_running_restores_and_numbers_go_on() {
     let backup = tempfile::tempdir().unwrap();
     let copy = backup.path().join("anchorage-backup.db");
     let report = ServerStore::backup(dir.path(), &copy).expect("a backup while the store is open");
-    assert!(report.ok() && report.versions == 3, "{report}");
+    assert!(report.ok() && report.check.versions == 3, "{report}");
+    assert_eq!((report.round, report.generation), (Some(2), store.stored_witness().unwrap()), "{report}");
+    assert_eq!(std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777, 0o600);
+    let left: Vec<_> = std::fs::read_dir(backup.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, [copy.file_name().unwrap()], "the staging folder is gone");
     (3..=5).for_each(|r| run_round(&store, r));
     drop(store);
-    assert_eq!(ServerStore::restore(dir.path(), &copy).unwrap(), 5);
+    let restored = ServerStore::restore(dir.path(), &copy).unwrap();
+    assert_eq!((restored.round, restored.generation, restored.floor), (Some(2), report.generation, 5));
     let store = ServerStore::open(dir.path()).expect("a restored folder opens");
     let recovered = store.recover("fedavg").unwrap().unwrap();
     assert_eq!((recovered.checkpoint.round, recovered.round_floor), (2, 5));
@@ -468,4 +475,67 @@ fn a_backup_taken_while_running_restores_and_numbers_go_on() {
             .contains("before-restore")),
         "the replaced database is kept"
     );
+}
+
+/// A backup taken while another connection commits rounds as fast as it can is the database at
+/// the moment of the call: it holds a round between the last one closed before the call and the
+/// last one closed when it returned, and it returns while the writes go on (a copy that starts
+/// over on every write would finish only once they stop, holding the last round).
+#[test]
+fn a_backup_under_constant_writes_holds_the_moment_it_was_asked_for() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const PADDING_ROUNDS: u64 = 40;
+    const WRITER_ROUNDS: u64 = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let keep_all = Retention { keep_versions: 0, keep_update_blocks: 0, keep_ledger_rounds: 0 };
+    let store = ServerStore::open_with(dir.path(), keep_all).unwrap();
+    store.save_initial(&checkpoint(0)).unwrap();
+    // A history of 40 rounds of two 256 KiB updates: a database of about 20 MiB, many steps of
+    // SQLite's backup API.
+    for round in 1..=PADDING_ROUNDS {
+        let opened = OpenedRound { round, task: 0, target: 2, sampled: vec!["a".into(), "b".into()] };
+        store.commit(&Persist::Opened(opened)).unwrap();
+        for client in ["a", "b"] {
+            let mut update = update(round, 0.5);
+            update.blocks = vec![ParamBlock::encode("w", &[65536], &vec![round as f32; 65536], Encoding::F32)];
+            let accepted =
+                AcceptedUpdate { client: client.into(), update, staleness: 0, arrived_after: Duration::ZERO };
+            store.commit(&Persist::Accepted(Arc::new(accepted))).unwrap();
+        }
+        store.commit(&Persist::Closed { checkpoint: Arc::new(checkpoint(round)), report: report(round) }).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for round in PADDING_ROUNDS + 1..=PADDING_ROUNDS + WRITER_ROUNDS {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                run_round(&store, round);
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while store.newest_version().unwrap() < Some(PADDING_ROUNDS + 3) {
+        assert!(std::time::Instant::now() < deadline, "the writer runs rounds");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = tempfile::tempdir().unwrap();
+    let before = store.newest_version().unwrap().unwrap();
+    let started = std::time::Instant::now();
+    let copy = ServerStore::backup(dir.path(), &out.path().join("busy.db")).expect("a backup under writes");
+    let took = started.elapsed();
+    let after = store.newest_version().unwrap().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let last = store.newest_version().unwrap().unwrap();
+    let held = copy.round.unwrap();
+    println!("{copy}\nasked at round {before}, returned at {after} after {took:?}, the writer stopped at {last}");
+    assert!(copy.ok(), "{copy}");
+    assert!(before <= held && held <= after, "round {held} is not between {before} and {after}");
+    assert!(after < PADDING_ROUNDS + WRITER_ROUNDS, "the backup returned while rounds were still written");
+    // The writer was between two commits of its round: `held` closed, or the next one open.
+    let g = copy.generation;
+    assert!((g.round, g.closed) == (held, true) || (g.round, g.closed) == (held + 1, false), "{copy}");
 }

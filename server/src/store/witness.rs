@@ -35,6 +35,13 @@ pub struct Witness {
     pub updates: u64,
 }
 
+impl Default for Witness {
+    /// A database without rounds: what [`stored_witness`] gives a new one.
+    fn default() -> Self {
+        Self { round: 0, closed: true, updates: 0 }
+    }
+}
+
 impl std::fmt::Display for Witness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = if self.closed { "closed" } else { "open" };
