@@ -291,22 +291,10 @@ fn clients_evaluate_on_the_policy_and_the_global_model_every_round() {
 #[test]
 fn a_relay_tier_on_the_virtual_clock_gives_the_same_model_and_charges_its_links() {
     use anchorage_sim::config::{RelayOutage, RelayTier};
-    let base = SimConfig {
-        federation: FederationConfig {
-            clients: 6,
-            rounds: 3,
-            seed: 11,
-            local_epochs: 1,
-            min_available: Some(6),
-            ..Default::default()
-        },
-        data: DataConfig { train_per_class: 30, test_per_class: 10, ..Default::default() },
-        systems: SystemsConfig {
-            devices: vec![anchorage_sim::device::DeviceProfile { compute_scale: 0.0, ..Default::default() }],
-            ..Default::default()
-        },
-        ..SimConfig::default()
-    };
+    let base = six_clients_three_rounds(vec![anchorage_sim::device::DeviceProfile {
+        compute_scale: 0.0,
+        ..Default::default()
+    }]);
     let with = |tier: RelayTier| {
         let mut c = base.clone();
         c.systems.relays = Some(tier);
@@ -352,29 +340,10 @@ fn a_relay_tier_on_the_virtual_clock_gives_the_same_model_and_charges_its_links(
 #[test]
 fn a_relay_tiers_uplinks_confirm_costs_and_fold_again_after_a_duplicate() {
     use anchorage_sim::config::{RelayFailover, RelayTier};
-    let base = SimConfig {
-        federation: FederationConfig {
-            clients: 6,
-            rounds: 3,
-            seed: 11,
-            local_epochs: 1,
-            min_available: Some(6),
-            ..Default::default()
-        },
-        data: DataConfig { train_per_class: 30, test_per_class: 10, ..Default::default() },
-        systems: SystemsConfig {
-            devices: vec![
-                anchorage_sim::device::DeviceProfile { compute_seconds: Some(1.0), ..Default::default() },
-                anchorage_sim::device::DeviceProfile {
-                    name: "slow".into(),
-                    compute_seconds: Some(15.0),
-                    ..Default::default()
-                },
-            ],
-            ..Default::default()
-        },
-        ..SimConfig::default()
-    };
+    let base = six_clients_three_rounds(vec![
+        anchorage_sim::device::DeviceProfile { compute_seconds: Some(1.0), ..Default::default() },
+        anchorage_sim::device::DeviceProfile { name: "slow".into(), compute_seconds: Some(15.0), ..Default::default() },
+    ]);
     let with = |failovers: Vec<RelayFailover>| {
         let mut c = base.clone();
         c.systems.relays = Some(RelayTier { count: 2, link: LinkPreset::Ethernet, outages: vec![], failovers });
@@ -425,4 +394,22 @@ fn a_relay_tiers_uplinks_confirm_costs_and_fold_again_after_a_duplicate() {
     assert_eq!((with_failover[0], with_failover[2]), (without[0], without[2]));
     assert!(failed_over.reports.iter().all(|r| r.updates.len() == 2), "both relays' partials every round");
     assert!(tier.owed.iter().all(|(p, costs)| p.is_none() && costs.is_empty()), "{:?}", tier.owed);
+}
+
+/// Six clients, three rounds, every client in every round, on these devices: the relay tests'
+/// federation.
+fn six_clients_three_rounds(devices: Vec<anchorage_sim::device::DeviceProfile>) -> SimConfig {
+    SimConfig {
+        federation: FederationConfig {
+            clients: 6,
+            rounds: 3,
+            seed: 11,
+            local_epochs: 1,
+            min_available: Some(6),
+            ..Default::default()
+        },
+        data: DataConfig { train_per_class: 30, test_per_class: 10, ..Default::default() },
+        systems: SystemsConfig { devices, ..Default::default() },
+        ..SimConfig::default()
+    }
 }
