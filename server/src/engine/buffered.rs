@@ -14,11 +14,11 @@ use std::collections::btree_map::Entry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anchorage_shared::protocol::{Broadcast, Decline, Message, RefusalReason, Update};
+use anchorage_shared::protocol::{Decline, RefusalReason, Update};
 use anchorage_shared::tensor::{ParamBlock, TensorError, payload_bytes};
 use serde::{Deserialize, Serialize};
 
-use super::common::{Core, same_layout};
+use super::common::{Collected, Core, same_layout};
 use super::rounds::OpenRound;
 use super::{
     AcceptedUpdate, Action, ClientId, ModeState, OpenedRound, Persist, RoundOutcome, RoundReport, UpdateReport,
@@ -95,17 +95,17 @@ impl ModeState for BufferedState {
 
     /// Earliest time a training client is given up on.
     fn timeout(&self, core: &Core) -> Option<Duration> {
-        self.in_flight.values().map(|f| f.since + core.config.round_deadline).min()
+        self.in_flight.values().map(|f| f.since + core.config().round_deadline).min()
     }
 
     /// Drops clients that trained past the deadline (their slot goes to another), then dispatches.
     fn on_timeout(&mut self, core: &mut Core, now: Duration) {
-        let deadline = core.config.round_deadline;
+        let deadline = core.config().round_deadline;
         let expired: Vec<ClientId> =
             self.in_flight.iter().filter(|(_, f)| now >= f.since + deadline).map(|(c, _)| c.clone()).collect();
         for client in expired {
             self.in_flight.remove(&client);
-            core.stats.dropped += 1;
+            core.count_dropped(1);
             tracing::info!(%client, "buffered: client gave no update within the deadline; its slot is reused");
         }
         self.dispatch(core, now);
@@ -114,10 +114,10 @@ impl ModeState for BufferedState {
     /// Starts training once the first version may go out (enough clients connected, no
     /// rollback witnessed); after that, whenever a client is idle.
     fn start(&mut self, core: &mut Core, now: Duration) {
-        if core.finished || core.rollback_suspected().is_some() {
+        if core.is_finished() || core.rollback_suspected().is_some() {
             return;
         }
-        if core.last_round > 0 || core.connected() >= core.config.min_available.max(1) {
+        if core.last_round() > 0 || core.connected() >= core.config().min_available.max(1) {
             self.dispatch(core, now);
         }
     }
@@ -126,7 +126,7 @@ impl ModeState for BufferedState {
     fn on_update(&mut self, core: &mut Core, now: Duration, client: &str, mut update: Update) {
         // After the last version, updates still in flight are acknowledged and not aggregated:
         // a buffer filling up now would make one version more than the federation asked for.
-        if core.finished {
+        if core.is_finished() {
             self.update_after_last_version(core, client, &update);
             return;
         }
@@ -147,11 +147,11 @@ impl ModeState for BufferedState {
             self.dispatch(core, now);
             return;
         }
-        core.config.robust.cap_samples(client, &mut update);
+        core.config().robust.cap_samples(client, &mut update);
         self.in_flight.remove(client);
-        let staleness = core.last_round - trained_on;
+        let staleness = core.last_round() - trained_on;
         if staleness > self.max_staleness || update.num_samples == 0 {
-            core.stats.late_updates += 1;
+            core.count_late();
             tracing::info!(client, staleness, "buffered: stale update counted, not aggregated");
             core.ack(client, update.round, false);
             self.dispatch(core, now);
@@ -177,7 +177,7 @@ impl ModeState for BufferedState {
 
     /// The version `round − 1` an update trained on, while it is kept; else the current one.
     fn base_of<'a>(&'a self, core: &'a Core, round: u64) -> &'a [ParamBlock] {
-        self.history.get(&round.wrapping_sub(1)).map_or(core.global.as_slice(), |v| v.as_slice())
+        self.history.get(&round.wrapping_sub(1)).map_or(core.global(), |v| v.as_slice())
     }
 
     /// After a restart: the accepted updates no version aggregated yet go back into the buffer.
@@ -191,7 +191,11 @@ impl ModeState for BufferedState {
         _last_accepted: Vec<ClientId>,
     ) {
         if !pending.is_empty() {
-            tracing::info!(updates = pending.len(), version = core.last_round, "buffered: restoring accepted updates");
+            tracing::info!(
+                updates = pending.len(),
+                version = core.last_round(),
+                "buffered: restoring accepted updates"
+            );
         }
         for p in pending {
             self.buffer.push((p.client, p.update, p.staleness, p.arrived_after));
@@ -215,46 +219,31 @@ impl BufferedState {
 
     /// Keeps `concurrency` clients training on the current version.
     fn dispatch(&mut self, core: &mut Core, now: Duration) {
-        if core.finished {
+        if core.is_finished() {
             return;
         }
-        let version = core.last_round;
+        let version = core.last_round();
         if !self.history.contains_key(&version) && !core.privacy_allows_a_round() {
             return;
         }
         if let Entry::Vacant(entry) = self.history.entry(version) {
-            entry.insert(Arc::new(core.global.clone()));
+            entry.insert(Arc::new(core.global().to_vec()));
             self.version_started = now;
         }
-        let idle: Vec<ClientId> = core
-            .clients
-            .iter()
-            .filter(|(id, c)| {
-                c.connected && !self.in_flight.contains_key(*id) && c.last_version.is_none_or(|v| v < version)
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
+        let idle: Vec<ClientId> =
+            core.idle_before(version).filter(|id| !self.in_flight.contains_key(*id)).cloned().collect();
         let free = self.concurrency.saturating_sub(self.in_flight.len()).min(idle.len());
         if free == 0 {
             return;
         }
         let picked: Vec<ClientId> =
-            core.rng.sample_indices(idle.len(), free).into_iter().map(|i| idle[i].clone()).collect();
-        let mut config = core.config.round.clone();
-        config.deadline_ms = core.config.round_deadline.as_millis() as u64;
-        let broadcast = Arc::new(Message::Broadcast(Broadcast {
-            round: version + 1,
-            task: core.config.task_of(version + 1),
-            config,
-            blocks: core.global.clone(),
-            prototypes: core.method.prototypes(),
-        }));
-        core.note_invited(version + 1, picked.iter().cloned());
+            core.sample_indices(idle.len(), free).into_iter().map(|i| idle[i].clone()).collect();
+        let mut config = core.config().round.clone();
+        config.deadline_ms = core.config().round_deadline.as_millis() as u64;
+        let broadcast = core.broadcast_message(version + 1, config);
+        core.note_dispatched(version, &picked);
         for client in &picked {
             self.in_flight.insert(client.clone(), InFlight { version, since: now });
-            if let Some(c) = core.clients.get_mut(client) {
-                c.last_version = Some(version);
-            }
         }
         tracing::debug!(
             version,
@@ -262,14 +251,14 @@ impl BufferedState {
             in_flight = self.in_flight.len(),
             "buffered: clients dispatched"
         );
-        core.actions.push_back(Action::Broadcast { to: picked, msg: broadcast });
+        core.push(Action::Broadcast { to: picked, msg: broadcast });
     }
 
     /// An update after the last version: acknowledged (if its values pass the screen), not
     /// aggregated.
     fn update_after_last_version(&mut self, core: &mut Core, client: &str, update: &Update) {
         self.in_flight.remove(client);
-        if let Err(reason) = core.config.robust.screen_values(update) {
+        if let Err(reason) = core.config().robust.screen_values(update) {
             core.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
             return;
         }
@@ -280,10 +269,10 @@ impl BufferedState {
     /// An update from a client not training on the version it names: a copy of one in the
     /// buffer is a duplicate (acked again), anything else is refused.
     fn update_not_dispatched(&mut self, core: &mut Core, client: &str, update: &Update, trained_on: u64) {
-        if update.round <= core.last_round + 1
+        if update.round <= core.last_round() + 1
             && self.buffer.iter().any(|(c, u, _, _)| c == client && u.round == update.round)
         {
-            core.stats.duplicate_updates += 1;
+            core.count_duplicate();
             core.ack(client, update.round, true);
         } else {
             core.refuse(
@@ -297,9 +286,9 @@ impl BufferedState {
     /// The model's layout, then the screens of `[engine.robust]`: finite values and a bounded
     /// delta from the version the client trained on, before the ack.
     fn check_update(&self, core: &Core, update: &Update, trained_on: u64) -> Result<(), (RefusalReason, String)> {
-        same_layout(&core.global, &update.blocks).map_err(|detail| (RefusalReason::ShapeMismatch, detail))?;
+        same_layout(core.global(), &update.blocks).map_err(|detail| (RefusalReason::ShapeMismatch, detail))?;
         let base = self.history.get(&trained_on).cloned();
-        let reference = base.as_deref().map_or(core.global.as_slice(), Vec::as_slice);
+        let reference = base.as_deref().map_or(core.global(), Vec::as_slice);
         core.screen(update, reference)
             .map_err(|reason| (RefusalReason::BadTensor, format!("update screened out: {reason}")))
     }
@@ -312,7 +301,7 @@ impl BufferedState {
         let accepted = Arc::new(AcceptedUpdate { client: client.into(), update, staleness, arrived_after });
         self.buffer.push((client.into(), accepted.update.clone(), staleness, now));
         // Ack after commit.
-        core.actions.push_back(Action::Persist(Persist::Accepted(accepted)));
+        core.push(Action::Persist(Persist::Accepted(accepted)));
         core.ack(client, round, true);
         if self.buffer.len() >= self.buffer_size {
             self.aggregate(core, now);
@@ -325,7 +314,7 @@ impl BufferedState {
         let (outcome, screened, influence) = self.aggregate_entries(core, &entries);
         let started = self.version_started;
         let report = RoundReport {
-            round: core.last_round + 1,
+            round: core.last_round() + 1,
             outcome,
             sampled: entries.len(),
             target: entries.len(),
@@ -334,8 +323,8 @@ impl BufferedState {
             declined: Vec::new(),
             duplicates: 0,
             refused: screened.len() as u64,
-            late_total: core.stats.late_updates,
-            payload_down: payload_bytes(&core.global) as u64,
+            late_total: core.stats().late_updates,
+            payload_down: payload_bytes(core.global()) as u64,
             started,
             closed: now,
             influence,
@@ -345,9 +334,9 @@ impl BufferedState {
         };
         core.close_version(report);
         // Keep only the versions a non-stale update can still have trained on.
-        let oldest = core.last_round.saturating_sub(self.max_staleness);
+        let oldest = core.last_round().saturating_sub(self.max_staleness);
         self.history.retain(|v, _| *v >= oldest);
-        self.history.insert(core.last_round, Arc::new(core.global.clone()));
+        self.history.insert(core.last_round(), Arc::new(core.global().to_vec()));
         self.version_started = now;
     }
 
@@ -363,7 +352,7 @@ impl BufferedState {
         for (client, u, staleness, _) in entries {
             let base = self.history.get(&u.round.saturating_sub(1)).cloned();
             let blocks = match base {
-                Some(base) => rebase(&core.global, &base, &u.blocks),
+                Some(base) => rebase(core.global(), &base, &u.blocks),
                 None => Ok(u.blocks.clone()),
             };
             match blocks {
@@ -378,7 +367,7 @@ impl BufferedState {
             Some(reason) => (RoundOutcome::Failed { reason }, Vec::new(), Default::default()),
             None => {
                 let inputs: Vec<(&str, &Update)> = rebased.iter().map(|(c, u)| (c.as_str(), u)).collect();
-                core.aggregate(&inputs, inputs.len())
+                core.aggregate(Collected::Updates { updates: &inputs, invited: inputs.len() })
             }
         }
     }

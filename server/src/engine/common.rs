@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Decline, Goodbye, Hello, Message, Refusal, RefusalReason, Update};
+use anchorage_shared::protocol::{
+    Broadcast, Decline, Goodbye, Hello, Message, Refusal, RefusalReason, RoundConfig, Update,
+};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
 
@@ -22,42 +24,49 @@ use crate::aggregate::{InfluenceReport, RoundScreen, ScreenReason, Screened};
 use crate::methods::ServerMethod;
 
 #[derive(Debug, Clone)]
-pub(super) struct ClientInfo {
-    pub(super) connected: bool,
+struct ClientInfo {
+    connected: bool,
     /// Buffered mode: the last version this client was dispatched to train on.
-    pub(super) last_version: Option<u64>,
+    last_version: Option<u64>,
     /// The sample count its hello claimed (secure aggregation's weights).
-    pub(super) num_samples: u64,
+    num_samples: u64,
+}
+
+/// What a round closes with: the devices' updates (synchronous rounds, buffered versions, a
+/// relay's devices) with how many were invited, or the one sum a secure aggregation output.
+pub(super) enum Collected<'a> {
+    Updates { updates: &'a [(&'a str, &'a Update)], invited: usize },
+    SecureSum(&'a Update),
 }
 
 /// The engine's state that does not depend on its mode. See the module docs.
 pub(super) struct Core {
-    pub(super) config: EngineConfig,
-    pub(super) method: Box<dyn ServerMethod>,
-    pub(super) rng: Rng,
+    config: EngineConfig,
+    method: Box<dyn ServerMethod>,
+    rng: Rng,
     /// Every client that said hello; change `connected` only through [`Core::connect`] and
     /// [`Core::disconnect`], which keep [`Core::connected`]'s count.
-    pub(super) clients: BTreeMap<ClientId, ClientInfo>,
+    clients: BTreeMap<ClientId, ClientInfo>,
     /// How many of `clients` are connected: every hello asks, so it is kept rather than counted.
     connected_count: usize,
-    pub(super) global: Vec<ParamBlock>,
-    pub(super) last_round: u64,
+    global: Vec<ParamBlock>,
+    last_round: u64,
     /// Who was invited to each of the last [`INVITATIONS_KEPT`] rounds, and whether their cost
     /// record for it arrived.
-    pub(super) invited: BTreeMap<u64, BTreeMap<ClientId, bool>>,
+    invited: BTreeMap<u64, BTreeMap<ClientId, bool>>,
     /// The last round each device was invited to (for [`super::Selection::LeastRecent`]).
     last_invited: BTreeMap<ClientId, u64>,
-    pub(super) stats: EngineStats,
+    stats: EngineStats,
     /// The last aggregated round's lower median delta norm: the reference of `min_norm_ratio`
     /// (none after a restart until a round aggregates).
-    pub(super) last_median_norm: Option<f64>,
+    last_median_norm: Option<f64>,
     /// Devices whose hello named a round beyond any this engine announced, with that round: the
     /// devices' witness of a rolled-back store (module `crate::store::witness`).
-    pub(super) ahead: BTreeMap<ClientId, u64>,
-    pub(super) finished: bool,
-    pub(super) actions: VecDeque<Action>,
+    ahead: BTreeMap<ClientId, u64>,
+    finished: bool,
+    actions: VecDeque<Action>,
     /// Differential privacy (`[engine.privacy]`); `None` when off.
-    pub(super) privacy: Option<PrivacyState>,
+    privacy: Option<PrivacyState>,
     /// The engine's role and what it keeps for it ([`super::role`]).
     role: RoleState,
 }
@@ -102,6 +111,134 @@ impl Core {
             actions: VecDeque::new(),
             role,
         }
+    }
+
+    /// The engine's configuration.
+    pub(super) fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The method's server half.
+    pub(super) fn method(&self) -> &dyn ServerMethod {
+        self.method.as_ref()
+    }
+
+    /// The global model as of the last closed round (or buffered version).
+    pub(super) fn global(&self) -> &[ParamBlock] {
+        &self.global
+    }
+
+    /// The last round (version) that closed; 0 before the first.
+    pub(super) fn last_round(&self) -> u64 {
+        self.last_round
+    }
+
+    /// Whether the federation is over here.
+    pub(super) fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Counters since the federation began.
+    pub(super) fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Counts an update received twice (acked again, aggregated once).
+    pub(super) fn count_duplicate(&mut self) {
+        self.stats.duplicate_updates += 1;
+    }
+
+    /// Counts an update for a round (version) that closed: acked, not aggregated.
+    pub(super) fn count_late(&mut self) {
+        self.stats.late_updates += 1;
+    }
+
+    /// Counts `n` invited devices that sent nothing in time.
+    pub(super) fn count_dropped(&mut self, n: usize) {
+        self.stats.dropped += n as u64;
+    }
+
+    /// Queues an action for the shell.
+    pub(super) fn push(&mut self, action: Action) {
+        self.actions.push_back(action);
+    }
+
+    /// The next action for the shell.
+    pub(super) fn pop_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Queues `msg` to one client.
+    pub(super) fn send(&mut self, to: &str, msg: Message) {
+        self.actions.push_back(Action::Send { to: to.into(), msg });
+    }
+
+    /// `k` distinct indices below `n`, drawn from the round's seeded generator.
+    pub(super) fn sample_indices(&mut self, n: usize, k: usize) -> Vec<usize> {
+        self.rng.sample_indices(n, k)
+    }
+
+    /// Whether `client` said hello (now or before).
+    pub(super) fn is_known(&self, client: &str) -> bool {
+        self.clients.contains_key(client)
+    }
+
+    /// The sample count `client`'s hello claimed.
+    pub(super) fn num_samples_of(&self, client: &str) -> Option<u64> {
+        self.clients.get(client).map(|c| c.num_samples)
+    }
+
+    /// Buffered mode: the connected clients not yet dispatched to train on `version` or later,
+    /// in id order.
+    pub(super) fn idle_before(&self, version: u64) -> impl Iterator<Item = &ClientId> {
+        self.clients
+            .iter()
+            .filter(move |(_, c)| c.connected && c.last_version.is_none_or(|v| v < version))
+            .map(|(id, _)| id)
+    }
+
+    /// Buffered mode: `clients` train on `version` now (invited to round `version + 1`).
+    pub(super) fn note_dispatched(&mut self, version: u64, clients: &[ClientId]) {
+        self.note_invited(version + 1, clients.iter().cloned());
+        for client in clients {
+            if let Some(c) = self.clients.get_mut(client) {
+                c.last_version = Some(version);
+            }
+        }
+    }
+
+    /// Devices that reported a round beyond this server's.
+    pub(super) fn devices_ahead(&self) -> usize {
+        self.ahead.len()
+    }
+
+    /// Round `round`'s broadcast of the current global model and prototypes, with `config`.
+    pub(super) fn broadcast_message(&self, round: u64, config: RoundConfig) -> Arc<Message> {
+        Arc::new(Message::Broadcast(Broadcast {
+            round,
+            task: self.config.task_of(round),
+            config,
+            blocks: self.global.clone(),
+            prototypes: self.method.prototypes(),
+        }))
+    }
+
+    /// An engine resumed from a finished federation says so first thing, so that its owner does
+    /// not wait for rounds that will never open.
+    pub(super) fn announce_if_finished(&mut self) {
+        if self.finished {
+            tracing::info!(
+                round = self.last_round,
+                rounds = self.config.rounds,
+                "resumed a finished federation: every configured round has closed"
+            );
+            self.actions.push_back(Action::Finished);
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn privacy_mut(&mut self) -> Option<&mut PrivacyState> {
+        self.privacy.as_mut()
     }
 
     /// The engine's role.
@@ -197,8 +334,10 @@ impl Core {
         self.connected_count
     }
 
-    /// A client said hello: it is connected, with what its hello claimed.
-    pub(super) fn connect(&mut self, client: &str, last_version: Option<u64>, num_samples: u64) {
+    /// A client said hello: it is connected, with the sample count its hello claimed (the
+    /// buffered version it was last dispatched to train on stays).
+    pub(super) fn connect(&mut self, client: &str, num_samples: u64) {
+        let last_version = self.clients.get(client).and_then(|c| c.last_version);
         let info = ClientInfo { connected: true, last_version, num_samples };
         if !self.clients.insert(client.into(), info).is_some_and(|old| old.connected) {
             self.connected_count += 1;
@@ -412,19 +551,49 @@ impl Core {
             .and_then(|norm| robust.screen_change(update, reference, norm, self.last_median_norm))
     }
 
-    /// Prepares the round's updates (`[engine.robust]`: capped sample counts, then the influence
-    /// bounds, which drop nothing that was acked), then runs the method's aggregation with the
-    /// configured rule; on success the result becomes the global model. A result that is not
-    /// finite is refused and the model stays as it was. Returns the outcome, the updates screened
-    /// out (only one that decodes no more, which the ack-time screen makes impossible) and what
-    /// the bounds did.
-    pub(super) fn aggregate(
-        &mut self,
-        inputs: &[(&str, &Update)],
-        invited: usize,
-    ) -> (RoundOutcome, Vec<Screened>, InfluenceReport) {
+    /// The one close pipeline of every round and version: screen and bound what was collected,
+    /// the privacy stage (central noise on plain updates), the method's fold, then the
+    /// accountant's step; a usable result becomes the global model (a result that is not finite
+    /// fails the round and the model stays). Returns the outcome, the updates screened out
+    /// (only one that decodes no more, which the ack-time screen makes impossible) and what the
+    /// bounds did.
+    pub(super) fn aggregate(&mut self, collected: Collected<'_>) -> (RoundOutcome, Vec<Screened>, InfluenceReport) {
         let round = self.last_round + 1;
-        let RoundScreen { kept, screened, mut influence } = self.config.robust.screen_round(inputs, &self.global);
+        match collected {
+            Collected::Updates { updates, invited } => {
+                let RoundScreen { kept, screened, influence } = self.screen_stage(round, updates);
+                if kept.is_empty() {
+                    let reason = format!("all {} updates were screened out", updates.len());
+                    return (RoundOutcome::Failed { reason }, screened, influence);
+                }
+                let kept: Vec<(&str, &Update)> = kept.iter().map(|(c, u)| (*c, u.as_ref())).collect();
+                // What the round released, as the devices sent it (the privacy stage merges prototypes).
+                let with_prototypes = kept.iter().any(|(_, u)| !u.prototypes.is_empty());
+                let private = self.privacy_stage(&kept, invited);
+                let kept: Vec<(&str, &Update)> = match &private {
+                    Some(private) => kept.iter().zip(private).map(|((c, _), u)| (*c, u)).collect(),
+                    None => kept,
+                };
+                (self.fold_and_book(round, &kept, with_prototypes), screened, influence)
+            }
+            Collected::SecureSum(sum) => {
+                // The per-update screens cannot run on a sum: its values are screened.
+                if let Err(reason) = self.config.robust.screen_values(sum) {
+                    tracing::error!(round, %reason, "the securely aggregated sum failed the value screen");
+                    let reason = format!("the sum failed the value screen: {reason}");
+                    return (RoundOutcome::Failed { reason }, Vec::new(), InfluenceReport::default());
+                }
+                let outcome = self.fold_and_book(round, &[("secure-aggregate", sum)], !sum.prototypes.is_empty());
+                (outcome, Vec::new(), InfluenceReport::default())
+            }
+        }
+    }
+
+    /// The screen-and-bound stage (`[engine.robust]`): capped sample counts, then the influence
+    /// bounds, which drop nothing that was acked; logs and counts what it did.
+    fn screen_stage<'a>(&mut self, round: u64, updates: &'a [(&'a str, &'a Update)]) -> RoundScreen<'a> {
+        let mut screen = self.config.robust.screen_round(updates, &self.global);
+        let influence = &mut screen.influence;
         if self.config.robust.min_norm_ratio.is_some() && self.last_median_norm.is_none() {
             influence.skipped.push("min_norm_ratio: no earlier round's median norm to compare with yet".into());
         }
@@ -440,33 +609,24 @@ impl Core {
                 "influence bounded"
             );
         }
-        self.count_screened(round, &screened);
-        if kept.is_empty() {
-            let reason = format!("all {} updates were screened out", inputs.len());
-            return (RoundOutcome::Failed { reason }, screened, influence);
-        }
-        let kept: Vec<(&str, &Update)> = kept.iter().map(|(c, u)| (*c, u.as_ref())).collect();
-        let connected = self.connected();
-        let Some(privacy) = self.privacy.as_mut() else { return (self.run_method(round, &kept), screened, influence) };
-        let private = privacy.privatize(&kept, &self.global, invited, connected);
-        let with_prototypes = kept.iter().any(|(_, u)| !u.prototypes.is_empty());
-        let kept: Vec<(&str, &Update)> = kept.iter().zip(&private).map(|((c, _), u)| (*c, u)).collect();
-        let outcome = self.run_method(round, &kept);
-        self.book_privacy(round, &outcome, with_prototypes);
-        (outcome, screened, influence)
+        self.count_screened(round, &screen.screened);
+        screen
     }
 
-    /// A securely aggregated round ([`super::secagg`]): the method's one input is the
-    /// dequantised sum, after the value screen (finite, within `max_abs_value`); the per-update
-    /// screens cannot run on a sum. Under local noise the accountant steps as for any round.
-    pub(super) fn aggregate_secure(&mut self, sum: &Update) -> RoundOutcome {
-        let round = self.last_round + 1;
-        if let Err(reason) = self.config.robust.screen_values(sum) {
-            tracing::error!(round, %reason, "the securely aggregated sum failed the value screen");
-            return RoundOutcome::Failed { reason: format!("the sum failed the value screen: {reason}") };
-        }
-        let outcome = self.run_method(round, &[("secure-aggregate", sum)]);
-        self.book_privacy(round, &outcome, !sum.prototypes.is_empty());
+    /// The privacy stage (`[engine.privacy]`): each update clipped and noised at the server
+    /// (central noise), prototypes merged; `None` when privacy is off. A secure sum skips it:
+    /// its noise was added on the devices.
+    fn privacy_stage(&mut self, kept: &[(&str, &Update)], invited: usize) -> Option<Vec<Update>> {
+        let connected = self.connected();
+        let privacy = self.privacy.as_mut()?;
+        Some(privacy.privatize(kept, &self.global, invited, connected))
+    }
+
+    /// The method's fold of `kept`, then the accountant's step for what it released
+    /// (`with_prototypes`: prototypes too).
+    fn fold_and_book(&mut self, round: u64, kept: &[(&str, &Update)], with_prototypes: bool) -> RoundOutcome {
+        let outcome = self.run_method(round, kept);
+        self.book_privacy(round, &outcome, with_prototypes);
         outcome
     }
 

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Decline, Hello, Message, Refusal, RefusalReason, Update, Welcome};
+use anchorage_shared::protocol::{Decline, Hello, Message, Refusal, RefusalReason, SecAggFrame, Update, Welcome};
 use anchorage_shared::tensor::ParamBlock;
 use serde::{Deserialize, Serialize};
 
@@ -135,11 +135,27 @@ trait ModeState {
     /// The model `round` was broadcast from (its top-k deltas decode against it): by default
     /// the current one (a late update's round is gone: only its values are screened).
     fn base_of<'a>(&'a self, core: &'a Core, _round: u64) -> &'a [ParamBlock] {
-        &core.global
+        core.global()
     }
     /// A client that said hello declines the round it was invited to: counted apart
     /// from a drop, and another device is put to work in its place where one is free.
     fn on_decline(&mut self, core: &mut Core, now: Duration, client: &str, decline: Decline);
+    /// A device's message of the open round's secure aggregation (only synchronous rounds run
+    /// one).
+    fn on_secagg(&mut self, core: &mut Core, _now: Duration, client: &str, _frame: &SecAggFrame) {
+        core.refuse(client, RefusalReason::Malformed, "no secure aggregation here".into());
+    }
+    /// What a device that reconnected has not answered of the open round's secure aggregation.
+    fn secagg_resend(&self, _client: &str) -> Option<Message> {
+        None
+    }
+    /// How many vectors the open round's secure aggregation holds; `None` outside one.
+    fn secagg_held_vectors(&self) -> Option<usize> {
+        None
+    }
+    /// A relay's parent moved on to a newer round: the round open here closes with what it
+    /// holds.
+    fn close_for_parent(&mut self, _core: &mut Core, _now: Duration) {}
     /// Takes back what a store recovered: the round that was open and the accepted updates no
     /// version aggregated yet, and who the last closed round aggregated.
     fn restore(
@@ -205,14 +221,7 @@ impl Engine {
         let mut engine = Self { core: Core::resume(config, method, checkpoint, round_floor), mode };
         engine.core.restore_invitations(invitations);
         engine.core.resume_privacy(privacy.as_ref());
-        if engine.core.finished {
-            tracing::info!(
-                round = engine.core.last_round,
-                rounds = engine.core.config.rounds,
-                "resumed a finished federation: every configured round has closed"
-            );
-            engine.core.actions.push_back(Action::Finished);
-        }
+        engine.core.announce_if_finished();
         let (core, mode) = engine.mode_mut();
         mode.restore(core, open, pending, last_accepted);
         engine
@@ -240,17 +249,17 @@ impl Engine {
     }
 
     pub fn config(&self) -> &EngineConfig {
-        &self.core.config
+        self.core.config()
     }
 
     /// Counters since the federation began (persisted with the checkpoint).
     pub fn stats(&self) -> &EngineStats {
-        &self.core.stats
+        self.core.stats()
     }
 
     /// The last round that closed.
     pub fn last_round(&self) -> u64 {
-        self.core.last_round
+        self.core.last_round()
     }
 
     /// The round now open, if any.
@@ -260,11 +269,11 @@ impl Engine {
 
     /// The current global parameter blocks.
     pub fn global(&self) -> &[ParamBlock] {
-        &self.core.global
+        self.core.global()
     }
 
     pub fn is_finished(&self) -> bool {
-        self.core.finished
+        self.core.is_finished()
     }
 
     /// Number of connected clients.
@@ -279,7 +288,7 @@ impl Engine {
 
     /// Next action for the shell, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.core.actions.pop_front()
+        self.core.pop_action()
     }
 
     /// When the engine next needs [`Engine::handle_timeout`]: the open round's deadline, or
@@ -318,13 +327,11 @@ impl Engine {
             Message::Cost(record) => self.core.on_cost(client, record),
             Message::Partial(partial) if self.core.is_relay_peer(client) => self.on_partial(now, client, partial),
             Message::CostBatch(batch) if self.core.is_relay_peer(client) => self.on_cost_batch(client, batch),
-            Message::SecAgg(frame) => match &mut self.mode {
-                Mode::Rounds(rounds) if self.core.clients.contains_key(client) => {
-                    rounds.on_secagg(&mut self.core, now, client, &frame)
-                }
-                _ => self.core.refuse(client, RefusalReason::Malformed, "no secure aggregation here".into()),
-            },
-            Message::Decline(decline) if self.core.clients.contains_key(client) => {
+            Message::SecAgg(frame) if self.core.is_known(client) => {
+                let (core, mode) = self.mode_mut();
+                mode.on_secagg(core, now, client, &frame);
+            }
+            Message::Decline(decline) if self.core.is_known(client) => {
                 let (core, mode) = self.mode_mut();
                 mode.on_decline(core, now, client, decline);
             }
@@ -341,6 +348,7 @@ impl Engine {
             | Message::Chunk(_)
             | Message::Partial(_)
             | Message::CostBatch(_)
+            | Message::SecAgg(_)
             | Message::Decline(_) => {
                 tracing::warn!(client, kind = msg.kind_name(), "unexpected message from a client");
                 let detail = format!("a client may not send {}", msg.kind_name());
@@ -359,22 +367,18 @@ impl Engine {
         let current_round = self.open_round();
         self.core.compare_witness(client, hello.last_round, current_round.is_some());
         let core = &mut self.core;
-        let last_version = core.clients.get(client).and_then(|c| c.last_version);
-        let num_samples = hello.num_samples;
-        core.connect(client, last_version, num_samples);
-        core.actions.push_back(Action::Persist(Persist::Seen { client: client.into(), fingerprint: None }));
-        core.actions.push_back(Action::Send {
-            to: client.into(),
-            msg: Message::Welcome(Welcome {
-                server_id: core.config.server_id.clone(),
-                method: core.method.name().into(),
-                max_frame_bytes: core.config.max_frame_bytes,
-                heartbeat_ms: core.config.heartbeat.as_millis() as u32,
-                current_round,
-            }),
-        });
-        if core.finished {
-            core.actions.push_back(Action::Send { to: client.into(), msg: goodbye("federation finished") });
+        core.connect(client, hello.num_samples);
+        core.push(Action::Persist(Persist::Seen { client: client.into(), fingerprint: None }));
+        let welcome = Welcome {
+            server_id: core.config().server_id.clone(),
+            method: core.method().name().into(),
+            max_frame_bytes: core.config().max_frame_bytes,
+            heartbeat_ms: core.config().heartbeat.as_millis() as u32,
+            current_round,
+        };
+        core.send(client, Message::Welcome(welcome));
+        if core.is_finished() {
+            core.send(client, goodbye("federation finished"));
             return;
         }
         // A sampled client that reconnects mid-round gets the round's broadcast again.
@@ -383,30 +387,28 @@ impl Engine {
             .filter(|open| open.sampled.contains(client) && !open.updates.contains_key(client))
             .map(|open| open.broadcast_of(client));
         if let Some(msg) = again {
-            self.core.actions.push_back(Action::Broadcast { to: vec![client.into()], msg });
+            self.core.push(Action::Broadcast { to: vec![client.into()], msg });
         }
         // And the secure aggregation's message it has not answered.
-        if let Mode::Rounds(rounds) = &self.mode
-            && let Some(msg) = rounds.secagg_resend(client)
-        {
-            self.core.actions.push_back(Action::Send { to: client.into(), msg });
+        if let Some(msg) = self.mode().secagg_resend(client) {
+            self.core.send(client, msg);
         }
         let (core, mode) = self.mode_mut();
         mode.start(core, now);
     }
 
     fn on_update(&mut self, now: Duration, client: &str, update: Update) {
-        if !self.core.clients.contains_key(client) {
+        if !self.core.is_known(client) {
             self.core.refuse(client, RefusalReason::NotEnrolled, "send a hello first".into());
             return;
         }
-        if self.core.config.secagg.enabled {
+        if self.core.config().secagg.enabled {
             let detail = "this server aggregates securely ([engine.secagg]): updates travel masked, never in the clear \
                           (set secure_aggregation = true in the device's client.toml)";
             self.core.refuse(client, RefusalReason::Malformed, detail.into());
             return;
         }
-        if let Err(detail) = privacy::PrivacyState::check_update(&update, &self.core.config.privacy) {
+        if let Err(detail) = privacy::PrivacyState::check_update(&update, &self.core.config().privacy) {
             self.core.refuse(client, RefusalReason::Malformed, detail);
             return;
         }
@@ -423,10 +425,7 @@ impl Engine {
     /// masked vectors) or 0, never one per device; `None` outside a SecAgg round. For audits
     /// and the tests that check it.
     pub fn secagg_held_vectors(&self) -> Option<usize> {
-        match &self.mode {
-            Mode::Rounds(rounds) => rounds.secagg_held_vectors(),
-            Mode::Buffered(_) => None,
-        }
+        self.mode().secagg_held_vectors()
     }
 
     /// Rollback evidence from the devices that stops new rounds: how many devices reported a
@@ -437,6 +436,6 @@ impl Engine {
 
     /// Devices that reported a round beyond this server's (an alarm even below the quorum).
     pub fn devices_ahead(&self) -> usize {
-        self.core.ahead.len()
+        self.core.devices_ahead()
     }
 }

@@ -11,7 +11,7 @@ use anchorage_shared::protocol::{Broadcast, CostBatch, Partial, Refusal, Refusal
 
 use super::common::cost_ack;
 use super::role::{Role, partial_of, relay_check};
-use super::{Action, Engine, EngineConfig, Mode, Recovered};
+use super::{Action, Engine, EngineConfig, Recovered};
 
 impl Engine {
     /// A relay's engine running `method`'s server half: fresh, or continuing from what its store
@@ -42,7 +42,7 @@ impl Engine {
     /// A relay's parent said goodbye: the federation is over here too (goodbyes to the devices,
     /// then `Finished`).
     pub fn handle_parent_goodbye(&mut self, reason: &str) {
-        if self.is_relay() && !self.core.finished {
+        if self.is_relay() && !self.core.is_finished() {
             self.core.finish(reason);
         }
     }
@@ -75,18 +75,16 @@ impl Engine {
             return;
         };
         let queued = relay.holds_round(round);
-        if round <= self.core.last_round || self.open_round().is_some_and(|r| r >= round) || queued || round == 0 {
+        if round <= self.core.last_round() || self.open_round().is_some_and(|r| r >= round) || queued || round == 0 {
             tracing::debug!(round, "the parent's broadcast of a round taken already; ignored");
             return;
         }
-        if let Mode::Rounds(rounds) = &mut self.mode {
-            rounds.close_for_parent(&mut self.core, now);
-        }
-        self.core.take_parent_model(round - 1, broadcast.blocks.clone());
-        if let Some(relay) = self.core.relay_mut() {
+        let (core, mode) = self.mode_mut();
+        mode.close_for_parent(core, now);
+        core.take_parent_model(round - 1, broadcast.blocks.clone());
+        if let Some(relay) = core.relay_mut() {
             relay.queue(broadcast);
         }
-        let (core, mode) = self.mode_mut();
         mode.start(core, now);
     }
 
@@ -110,7 +108,7 @@ impl Engine {
         let round = update.round;
         let twice = root.members.counted_elsewhere(relay, round, &members);
         if !twice.is_empty() {
-            self.core.stats.duplicate_updates += 1;
+            self.core.count_duplicate();
             let detail = format!(
                 "round {round}: another relay's partial aggregate holds {} of these devices already",
                 twice.len()
@@ -120,7 +118,7 @@ impl Engine {
         }
         self.on_update(now, relay, update);
         if self.open().is_some_and(|o| o.round == round && o.updates.contains_key(relay)) {
-            let last = self.core.last_round;
+            let last = self.core.last_round();
             if let Some(root) = self.core.root_mut() {
                 root.members.note(relay, round, &members, last);
             }
@@ -131,24 +129,24 @@ impl Engine {
     /// the ledger under its device's name (the ledger ignores a row it holds already, so a resent
     /// batch adds nothing), then one confirmation of the round to the relay.
     pub(super) fn on_cost_batch(&mut self, relay: &str, batch: CostBatch) {
-        if !self.core.clients.contains_key(relay) {
+        if !self.core.is_known(relay) {
             self.core.refuse(relay, RefusalReason::NotEnrolled, "send a hello first".into());
             return;
         }
         let Some(round) = batch.records.first().map(|r| r.round) else { return };
-        if batch.records.iter().any(|r| r.round != round) || round > self.core.last_round + 1 {
-            let detail =
-                format!("a cost batch holds one round's records, of a round not ahead of {}", self.core.last_round + 1);
+        let next = self.core.last_round() + 1;
+        if batch.records.iter().any(|r| r.round != round) || round > next {
+            let detail = format!("a cost batch holds one round's records, of a round not ahead of {next}");
             self.core.refuse(relay, RefusalReason::Malformed, detail);
             return;
         }
         for record in batch.records {
             match self.core.implausible(&record) {
                 Some(why) => self.core.drop_cost_record(&record.client, round, &why),
-                None => self.core.actions.push_back(Action::Ledger(record)),
+                None => self.core.push(Action::Ledger(record)),
             }
         }
-        self.core.actions.push_back(cost_ack(relay, round));
+        self.core.push(cost_ack(relay, round));
     }
 
     /// The relay and hash of `device`'s update in `round`, where an accepted partial holds it.

@@ -124,7 +124,7 @@ fn prototype_sums_become_one_mean_per_class_and_unmarked_ones_are_refused() {
         private_updates.push((id, u));
     }
     let inputs: Vec<(&str, &Update)> = private_updates.iter().map(|(c, u)| (*c, u)).collect();
-    let state = e.core.privacy.as_mut().unwrap();
+    let state = e.core.privacy_mut().unwrap();
     let out = state.privatize(&inputs, &[block(&[0.0, 0.0])], 3, 3);
     let merged: Vec<_> = out[0].prototypes.iter().map(|p| (p.class, p.count, p.values().unwrap())).collect();
     assert!(out[1].prototypes.is_empty(), "one prototype per class, on the first update");

@@ -15,13 +15,17 @@ use anchorage_shared::ledger::DeclineReason;
 use anchorage_shared::protocol::{Broadcast, Decline, Message, RefusalReason, RoundConfig, SecAggFrame, Update};
 use anchorage_shared::tensor::payload_bytes;
 
-use super::common::{Core, same_layout};
+use super::common::{Collected, Core, same_layout};
 use super::configure::RoundPlan;
-use super::secagg::{SecAggReport, SecAggRound, Step};
+use super::secagg::{SecAggReport, SecAggRound};
 use super::{
     AcceptedUpdate, Action, ClientId, ModeState, OpenedRound, Persist, RoundOutcome, RoundReport, UpdateReport, report,
 };
 use crate::aggregate::InfluenceReport;
+use relayed::adopt_failover;
+
+mod relayed;
+mod secure;
 
 /// The round now open.
 #[derive(Debug)]
@@ -55,7 +59,7 @@ impl OpenRound {
         let (own, plain): (Vec<ClientId>, Vec<ClientId>) =
             clients.into_iter().partition(|c| self.tailored.contains_key(c));
         if !plain.is_empty() {
-            core.actions.push_back(Action::Broadcast { to: plain, msg: self.broadcast.clone() });
+            core.push(Action::Broadcast { to: plain, msg: self.broadcast.clone() });
         }
         let mut groups: Vec<(Arc<Message>, Vec<ClientId>)> = Vec::new();
         for client in own {
@@ -66,7 +70,7 @@ impl OpenRound {
             }
         }
         for (msg, to) in groups {
-            core.actions.push_back(Action::Broadcast { to, msg });
+            core.push(Action::Broadcast { to, msg });
         }
     }
 
@@ -114,7 +118,7 @@ impl ModeState for RoundsState {
     /// Opens a round when none is open, enough clients are connected and the devices do not
     /// witness a rollback: samples the clients, persists the invitations, then broadcasts.
     fn start(&mut self, core: &mut Core, now: Duration) {
-        if core.finished || self.open.is_some() || core.rollback_suspected().is_some() {
+        if core.is_finished() || self.open.is_some() || core.rollback_suspected().is_some() {
             return;
         }
         // A relay opens a round only when its parent's broadcast of it came.
@@ -122,10 +126,10 @@ impl ModeState for RoundsState {
             return;
         }
         // Count before collecting: every hello lands here, and fleets have thousands of clients.
-        if core.connected() < core.config.min_available.max(1) || !core.privacy_allows_a_round() {
+        if core.connected() < core.config().min_available.max(1) || !core.privacy_allows_a_round() {
             return;
         }
-        let round = core.last_round + 1;
+        let round = core.last_round() + 1;
         if let Some((opened, pending)) = self.stashed.take_if(|(o, _)| o.round == round) {
             self.reopen(core, now, opened, pending);
             return;
@@ -140,10 +144,10 @@ impl ModeState for RoundsState {
             invited_ids = %report::preview(sampled.iter(), 5),
             "round opened"
         );
-        let mut open = open_round_record(core, now, round, target, sampled, Some(&plan));
+        let open = open_round_record(core, now, round, target, sampled, Some(&plan));
         core.note_invited(round, open.sampled.iter().cloned());
         // The invitations are durable before anyone trains on them.
-        core.actions.push_back(Action::Persist(Persist::Opened(OpenedRound {
+        core.push(Action::Persist(Persist::Opened(OpenedRound {
             round,
             task: open.task(),
             target,
@@ -151,24 +155,10 @@ impl ModeState for RoundsState {
         })));
         let invited: Vec<ClientId> = open.sampled.iter().cloned().collect();
         open.broadcast_to(core, invited);
-        let secagg = core.config.secagg.enabled.then(|| {
-            let counts = open.sampled.iter().filter_map(|c| core.clients.get(c)).map(|c| c.num_samples).collect();
-            let private = core.config.privacy.is_on();
-            let scale = super::secagg::weight_scale(counts, &core.config.robust, private);
-            SecAggRound::open(&core.config.secagg, (round, core.config.seed, scale), &open.sampled, &core.global, now)
-        });
-        match secagg {
-            Some(Ok(secagg)) => open.secagg = Some(Box::new(secagg)),
-            Some(Err(why)) => {
-                tracing::error!(round, reason = %why, "secure aggregation could not start; the round fails");
-                self.open = Some(open);
-                self.close_secure(core, now, Err(format!("secure aggregation could not start: {why}")));
-                return;
-            }
-            None => {}
-        }
         self.open = Some(open);
-        self.step_secagg(core, now);
+        if core.config().secagg.enabled {
+            self.open_secure(core, now);
+        }
     }
 
     /// Checks an update for the open round in order (invited, not a second copy, the model's
@@ -186,7 +176,7 @@ impl ModeState for RoundsState {
         }
         if open.updates.contains_key(client) {
             open.duplicates += 1;
-            core.stats.duplicate_updates += 1;
+            core.count_duplicate();
             core.ack(client, round, true);
             return;
         }
@@ -195,7 +185,7 @@ impl ModeState for RoundsState {
             core.refuse(client, reason, detail);
             return;
         }
-        core.config.robust.cap_samples(client, &mut update);
+        core.config().robust.cap_samples(client, &mut update);
         let accepted = Arc::new(AcceptedUpdate {
             client: client.into(),
             update,
@@ -204,7 +194,7 @@ impl ModeState for RoundsState {
         });
         open.updates.insert(client.into(), (accepted.clone(), now));
         // Ack after commit: the shell commits the accepted update before it sends the ack.
-        core.actions.push_back(Action::Persist(Persist::Accepted(accepted)));
+        core.push(Action::Persist(Persist::Accepted(accepted)));
         core.ack(client, round, true);
         if open.updates.len() >= open.target {
             self.close_round(core, now);
@@ -241,7 +231,7 @@ impl ModeState for RoundsState {
             .into_iter()
             .filter(|c| !open.sampled.contains(c) && !open.declined.contains_key(c))
             .collect();
-        let Some(&pick) = core.rng.sample_indices(free.len(), 1).first() else {
+        let Some(&pick) = core.sample_indices(free.len(), 1).first() else {
             tracing::info!(round = open.round, "no connected device is free to replace a decline");
             return;
         };
@@ -250,12 +240,28 @@ impl ModeState for RoundsState {
         open.sampled.insert(replacement.clone());
         core.note_invited(open.round, [replacement.clone()]);
         let sampled = open.sampled.iter().cloned().collect();
-        core.actions.push_back(Action::Persist(Persist::Invited { round: open.round, sampled }));
+        core.push(Action::Persist(Persist::Invited { round: open.round, sampled }));
         open.broadcast_to(core, vec![replacement]);
     }
 
     /// Resumes the round that was open at the crash, with the updates it had accepted and a
     /// fresh deadline; if it already holds its target, it closes at once.
+    fn on_secagg(&mut self, core: &mut Core, now: Duration, client: &str, frame: &SecAggFrame) {
+        self.on_secagg_frame(core, now, client, frame);
+    }
+
+    fn secagg_resend(&self, client: &str) -> Option<Message> {
+        self.resend_secagg(client)
+    }
+
+    fn secagg_held_vectors(&self) -> Option<usize> {
+        self.held_vectors()
+    }
+
+    fn close_for_parent(&mut self, core: &mut Core, now: Duration) {
+        self.close_as_parent_moved_on(core, now);
+    }
+
     fn restore(
         &mut self,
         core: &mut Core,
@@ -265,13 +271,10 @@ impl ModeState for RoundsState {
     ) {
         self.last_accepted = last_accepted.into_iter().collect();
         if core.relay().is_some() {
-            self.stashed = open.map(|o| {
-                let round = o.round;
-                (o, pending.into_iter().filter(|p| p.update.round == round).collect())
-            });
+            self.stash(open, pending);
             return;
         }
-        let Some(opened) = open.filter(|o| o.round == core.last_round + 1 && !core.finished) else { return };
+        let Some(opened) = open.filter(|o| o.round == core.last_round() + 1 && !core.is_finished()) else { return };
         let pending: Vec<AcceptedUpdate> = pending.into_iter().filter(|p| p.update.round == opened.round).collect();
         tracing::info!(
             round = opened.round,
@@ -288,7 +291,7 @@ impl ModeState for RoundsState {
         core.note_invited(round.round, round.sampled.iter().cloned());
         let full = round.updates.len() >= round.target;
         self.open = Some(round);
-        if core.config.secagg.enabled {
+        if core.config().secagg.enabled {
             self.close_secure(core, Duration::ZERO, Err(super::secagg::failed_after_restart()));
         } else if full {
             self.close_round(core, Duration::ZERO);
@@ -297,52 +300,22 @@ impl ModeState for RoundsState {
 }
 
 impl RoundsState {
-    /// A relay's round that was open at a crash opens again on its parent's broadcast, with its
-    /// invitations and the updates it had acked (durable already); it closes at once if full.
-    fn reopen(&mut self, core: &mut Core, now: Duration, opened: OpenedRound, pending: Vec<AcceptedUpdate>) {
-        tracing::info!(round = opened.round, accepted = pending.len(), "a relay resumes the round open at its crash");
-        let sampled = opened.sampled.into_iter().collect();
-        let mut round = open_round_record(core, now, opened.round, opened.target, sampled, None);
-        for p in pending {
-            let at = p.arrived_after;
-            round.updates.insert(p.client.clone(), (Arc::new(p), at));
-        }
-        core.note_invited(round.round, round.sampled.iter().cloned());
-        let waiting: Vec<ClientId> =
-            round.sampled.iter().filter(|c| !round.updates.contains_key(*c)).cloned().collect();
-        round.broadcast_to(core, waiting);
-        let full = round.updates.len() >= round.target;
-        self.open = Some(round);
-        if full {
-            self.close_round(core, now);
-        }
-    }
-
-    /// A relay's parent moved on to a newer round: the round open here closes now with what it
-    /// holds.
-    pub(super) fn close_for_parent(&mut self, core: &mut Core, now: Duration) {
-        if self.open.is_some() {
-            tracing::info!(round = self.open.as_ref().map(|o| o.round), "the parent moved on; closing the round here");
-            self.close_round(core, now);
-        }
-    }
-
     /// An update for a round that is not open: a copy of one the last round aggregated is a
     /// duplicate (acked again); one for an older round is late (acked, counted, not aggregated,
     /// if its values pass the screen); one for a round not yet open is refused.
     fn update_outside_round(&mut self, core: &mut Core, client: &str, update: &Update) {
         let round = update.round;
-        if round == core.last_round && self.last_accepted.contains(client) {
-            core.stats.duplicate_updates += 1;
+        if round == core.last_round() && self.last_accepted.contains(client) {
+            core.count_duplicate();
             core.ack(client, round, true);
-        } else if round <= core.last_round {
+        } else if round <= core.last_round() {
             // Late: its round already closed. Acknowledge so the client stops resending, but
             // only values that would have passed the screen: an ack never covers garbage.
-            if let Err(reason) = core.config.robust.screen_values(update) {
+            if let Err(reason) = core.config().robust.screen_values(update) {
                 core.refuse(client, RefusalReason::BadTensor, format!("update screened out: {reason}"));
                 return;
             }
-            core.stats.late_updates += 1;
+            core.count_late();
             tracing::info!(client, round, "late update counted, not aggregated");
             core.ack(client, round, false);
         } else {
@@ -355,15 +328,15 @@ impl RoundsState {
     fn close_round(&mut self, core: &mut Core, now: Duration) {
         let Some(open) = self.open.take() else { return };
         let mut updates = update_reports(&open);
-        let enough = open.updates.len() >= core.config.min_updates.max(1);
+        let enough = open.updates.len() >= core.config().min_updates.max(1);
         let (outcome, screened, influence) = if !enough {
             let reason =
-                format!("{} of at least {} updates arrived", open.updates.len(), core.config.min_updates.max(1));
+                format!("{} of at least {} updates arrived", open.updates.len(), core.config().min_updates.max(1));
             (RoundOutcome::Failed { reason }, Vec::new(), InfluenceReport::default())
         } else {
             let inputs: Vec<(&str, &Update)> =
                 open.updates.iter().map(|(id, (a, _))| (id.as_str(), &a.update)).collect();
-            core.aggregate(&inputs, open.sampled.len())
+            core.aggregate(Collected::Updates { updates: &inputs, invited: open.sampled.len() })
         };
         // The report lists the updates aggregated: the screened-out ones count as refused.
         updates.retain(|u| !screened.iter().any(|s| s.client == u.client));
@@ -371,100 +344,6 @@ impl RoundsState {
         let missing = open.sampled.iter().filter(|c| !open.updates.contains_key(*c)).cloned().collect();
         let closing = Closing { outcome, updates, missing, influence, refused: screened.len() as u64, secagg: None };
         finish_close(core, now, open, closing, Vec::new());
-    }
-
-    /// A device's message of the open round's secure aggregation; a refused one is counted,
-    /// logged and answered with a refusal. Then the protocol moves on if it may.
-    pub(super) fn on_secagg(&mut self, core: &mut Core, now: Duration, client: &str, frame: &SecAggFrame) {
-        let Some(open) = self.open.as_mut().filter(|o| o.round == frame.round) else {
-            tracing::debug!(
-                client,
-                round = frame.round,
-                "a secure aggregation message for a round that is not open; ignored"
-            );
-            return;
-        };
-        let Some(secagg) = open.secagg.as_mut() else {
-            core.refuse(client, RefusalReason::Malformed, "this server does not aggregate securely".into());
-            return;
-        };
-        if let Err((reason, detail)) = secagg.on_message(client, frame) {
-            open.refused += 1;
-            tracing::warn!(client, round = frame.round, reason, %detail, "secure aggregation message refused");
-            core.refuse(client, RefusalReason::Malformed, format!("secure aggregation ({reason}): {detail}"));
-            return;
-        }
-        self.step_secagg(core, now);
-        self.start(core, now);
-    }
-
-    /// How many vectors the open round's secure aggregation holds (see `Engine::secagg_held_vectors`).
-    pub(super) fn secagg_held_vectors(&self) -> Option<usize> {
-        self.open.as_ref()?.secagg.as_ref().map(|s| s.held_vectors())
-    }
-
-    /// What a device that reconnected during the open round's secure aggregation has not
-    /// answered yet: the current stage's message, again.
-    pub(super) fn secagg_resend(&self, client: &str) -> Option<Message> {
-        self.open.as_ref()?.secagg.as_ref()?.resend(client)
-    }
-
-    /// Moves the open round's secure aggregation on as far as `now` allows, sends what it
-    /// queued, and closes the round when it output the sum or failed.
-    fn step_secagg(&mut self, core: &mut Core, now: Duration) {
-        let Some(open) = self.open.as_mut() else { return };
-        let Some(secagg) = open.secagg.as_mut() else { return };
-        let step = secagg.step(now, open.deadline, &core.global);
-        for (to, msg) in secagg.transmit(open.round) {
-            core.actions.push_back(Action::Send { to, msg });
-        }
-        match step {
-            Step::Waiting => {}
-            Step::Done { update, contributors } => self.close_secure(core, now, Ok((update, contributors))),
-            Step::Failed(why) => self.close_secure(core, now, Err(why)),
-        }
-    }
-
-    /// Closes a securely aggregated round: the method aggregates the sum (with at least
-    /// `min_updates` contributors), the version closes, and only then are the contributors
-    /// acked. A failed protocol fails the round and exposes nothing.
-    fn close_secure(&mut self, core: &mut Core, now: Duration, result: Result<(Box<Update>, Vec<ClientId>), String>) {
-        let Some(open) = self.open.take() else { return };
-        let mut report = open
-            .secagg
-            .as_ref()
-            .map(|s| s.report())
-            .unwrap_or_else(|| SecAggReport { failed: result.as_ref().err().cloned(), ..SecAggReport::default() });
-        let min = core.config.min_updates.max(1);
-        let (outcome, contributors) = match result {
-            Ok((_, contributors)) if contributors.len() < min => {
-                let reason = format!("{} of at least {min} devices in the secure sum", contributors.len());
-                report.failed = Some(reason.clone());
-                (RoundOutcome::Failed { reason }, Vec::new())
-            }
-            Ok((sum, contributors)) => (core.aggregate_secure(&sum), contributors),
-            Err(why) => (RoundOutcome::Failed { reason: format!("secure aggregation failed: {why}") }, Vec::new()),
-        };
-        let vector_bytes = 4 * report.vector_len as u64;
-        let updates = contributors
-            .iter()
-            .map(|c| UpdateReport {
-                client: c.clone(),
-                num_samples: 1,
-                payload_up: vector_bytes,
-                ..UpdateReport::default()
-            })
-            .collect();
-        self.last_accepted = BTreeSet::new();
-        let aggregated = matches!(outcome, RoundOutcome::Aggregated);
-        let round = open.round;
-        let missing = open.sampled.iter().filter(|c| !contributors.contains(*c)).cloned().collect();
-        let influence = InfluenceReport::default();
-        let closing = Closing { outcome, updates, missing, influence, refused: 0, secagg: Some(report) };
-        // After the version is durable (an ack still means "in this round's aggregate"), and before
-        // the goodbyes that follow the last round.
-        let acks = contributors.iter().filter(|_| aggregated).map(|client| super::common::ack(client, round, true));
-        finish_close(core, now, open, closing, acks.collect());
     }
 }
 
@@ -487,9 +366,9 @@ fn finish_close(core: &mut Core, now: Duration, open: OpenRound, closing: Closin
         Message::Broadcast(b) => payload_bytes(&b.blocks) as u64,
         _ => 0,
     };
-    core.stats.dropped += closing.missing.len() as u64;
+    core.count_dropped(closing.missing.len());
     for client in &closing.missing {
-        core.actions.push_back(Action::Ledger(CostRecord {
+        core.push(Action::Ledger(CostRecord {
             client: client.clone(),
             round: open.round,
             payload_down,
@@ -508,7 +387,7 @@ fn finish_close(core: &mut Core, now: Duration, open: OpenRound, closing: Closin
         declined: open.declined.into_iter().collect(),
         duplicates: open.duplicates,
         refused: open.refused + closing.refused,
-        late_total: core.stats.late_updates,
+        late_total: core.stats().late_updates,
         payload_down,
         started: open.started,
         closed: now,
@@ -526,12 +405,12 @@ fn finish_close(core: &mut Core, now: Duration, open: OpenRound, closing: Closin
 fn check_update(core: &Core, update: &Update) -> Result<(), (RefusalReason, String)> {
     // The model's layout is the operator's (the initial model), never an update's: a server
     // without one aggregates only methods that share no blocks.
-    let layout = if core.global.is_empty() && !update.blocks.is_empty() {
+    let layout = if core.global().is_empty() && !update.blocks.is_empty() {
         Err("this server holds no model: its layout comes from the operator (initial_model in server.toml), \
              never from an update"
             .to_string())
     } else {
-        same_layout(&core.global, &update.blocks)
+        same_layout(core.global(), &update.blocks)
     };
     layout.map_err(|detail| (RefusalReason::ShapeMismatch, detail))?;
     if update.num_samples == 0 {
@@ -539,7 +418,7 @@ fn check_update(core: &Core, update: &Update) -> Result<(), (RefusalReason, Stri
     }
     // Screening (`[engine.robust]`): finite values, a bounded delta and a change of an honest
     // shape, all before the ack.
-    core.screen(update, &core.global)
+    core.screen(update, core.global())
         .map_err(|reason| (RefusalReason::BadTensor, format!("update screened out: {reason}")))
 }
 
@@ -555,7 +434,7 @@ fn open_round_record(
     sampled: BTreeSet<ClientId>,
     plan: Option<&RoundPlan>,
 ) -> OpenRound {
-    let deadline = core.config.round_deadline;
+    let deadline = core.config().round_deadline;
     if let Some(from_parent) = core.relay_mut().and_then(|r| r.take(round, deadline)) {
         return round_record(
             round,
@@ -571,16 +450,16 @@ fn open_round_record(
         config.deadline_ms = deadline.as_millis() as u64;
         Arc::new(Message::Broadcast(Broadcast {
             round,
-            task: core.config.task_of(round),
+            task: core.config().task_of(round),
             config,
-            blocks: core.global.clone(),
-            prototypes: core.method.prototypes(),
+            blocks: core.global().to_vec(),
+            prototypes: core.method().prototypes(),
         }))
     };
     let scheduled =
-        core.config.policy.schedule.learning_rate(core.config.round.learning_rate, round, core.config.rounds);
+        core.config().policy.schedule.learning_rate(core.config().round.learning_rate, round, core.config().rounds);
     let config = plan
-        .map_or_else(|| RoundConfig { learning_rate: scheduled, ..core.config.round.clone() }, |p| p.config.clone());
+        .map_or_else(|| RoundConfig { learning_rate: scheduled, ..core.config().round.clone() }, |p| p.config.clone());
     let broadcast = broadcast_with(&config);
     let mut by_config: Vec<(RoundConfig, Arc<Message>)> = Vec::new();
     let mut tailored = BTreeMap::new();
@@ -622,22 +501,6 @@ fn round_record(
         declined: BTreeMap::new(),
         secagg: None,
     }
-}
-
-/// A relay takes the update of its parent's open round from a device it did not invite: one
-/// that failed over from another relay of the tier and resends what it
-/// trained for this round. It joins the invitations (durable before its update is) and counts
-/// as any other; the parent counts each device once across its relays. The root adopts nobody.
-fn adopt_failover(core: &mut Core, open: &mut OpenRound, client: &str) -> bool {
-    if core.relay().is_none() || open.secagg.is_some() {
-        return false;
-    }
-    tracing::info!(round = open.round, client, "a device that failed over from another relay joins the round");
-    open.sampled.insert(client.into());
-    core.note_invited(open.round, [client.to_string()]);
-    let sampled = open.sampled.iter().cloned().collect();
-    core.actions.push_back(Action::Persist(Persist::Invited { round: open.round, sampled }));
-    true
 }
 
 /// The report's line for each update the round holds.
