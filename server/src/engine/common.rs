@@ -790,7 +790,7 @@ fn privacy_state(
     config: &EngineConfig,
     method: &str,
     account: Option<&PrivacyAccount>,
-) -> Result<Option<PrivacyState>, String> {
+) -> Result<Option<PrivacyState>, super::PrivacyStateError> {
     let seed = config.noise_seed.unwrap_or_else(os_seed);
     let prototypes = super::privacy::sends_prototypes(method);
     PrivacyState::new(&config.privacy, (config.rounds, config.fraction), prototypes, seed, account).inspect_err(|e| {

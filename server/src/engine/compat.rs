@@ -8,7 +8,7 @@
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::privacy::NoiseSite;
 
-use super::{AggregationMode, EngineConfig, Role};
+use super::{AggregationMode, ConfigError, EngineConfig, Role};
 use crate::aggregate::AggregationRule;
 
 /// One federation's features: a cell of the table.
@@ -132,9 +132,9 @@ pub fn refusal(cell: &Cell) -> Option<String> {
 /// Whether a federation of `engine` running `method` can run: its cell of the table, then the
 /// values of the features it turns on ([`super::privacy::check_config`],
 /// [`super::secagg::check_config`]). `Err` says why not, in one message.
-pub fn check(engine: &EngineConfig, method: &MethodConfig) -> Result<(), String> {
+pub fn check(engine: &EngineConfig, method: &MethodConfig) -> Result<(), ConfigError> {
     if let Some(why) = refusal(&Cell::of(engine, method)) {
-        return Err(why);
+        return Err(ConfigError::Combination(why));
     }
     engine.policy.schedule.check()?;
     super::secagg::check_config(engine, method)?;

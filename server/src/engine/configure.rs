@@ -93,14 +93,15 @@ impl Schedule {
     }
 
     /// Refuses a schedule that cannot be followed.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), super::ConfigError> {
+        use super::ConfigError::Schedule;
         match *self {
-            Self::Step { every: 0, .. } => Err("[engine.policy] schedule step: every must be 1 or more".into()),
+            Self::Step { every: 0, .. } => Err(Schedule("step: every must be 1 or more")),
             Self::Step { gamma, .. } if !(gamma.is_finite() && gamma > 0.0) => {
-                Err("[engine.policy] schedule step: gamma must be a positive number".into())
+                Err(Schedule("step: gamma must be a positive number"))
             }
             Self::Cosine { min_lr } if !(min_lr.is_finite() && min_lr >= 0.0) => {
-                Err("[engine.policy] schedule cosine: min_lr must be 0 or more".into())
+                Err(Schedule("cosine: min_lr must be 0 or more"))
             }
             _ => Ok(()),
         }

@@ -15,6 +15,7 @@ pub mod compat;
 pub mod config;
 pub mod configure;
 mod decode;
+mod error;
 mod parent;
 mod persist;
 pub mod privacy;
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 pub use buffered::{AggregationMode, staleness_weight};
 pub use config::EngineConfig;
 pub use configure::{RoundContext, RoundPlan, RoundPolicy, Schedule, Selection};
+pub use error::{ConfigError, PrivacyStateError, PrototypeFormError};
 pub use persist::{AcceptedUpdate, Invitations, OpenedRound, Persist, Recovered};
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport, preview};
 pub use role::{Role, fold, partial_of, relay_check};
@@ -408,8 +410,8 @@ impl Engine {
             self.core.refuse(client, RefusalReason::Malformed, detail.into());
             return;
         }
-        if let Err(detail) = privacy::PrivacyState::check_update(&update, &self.core.config().privacy) {
-            self.core.refuse(client, RefusalReason::Malformed, detail);
+        if let Err(form) = privacy::PrivacyState::check_update(&update, &self.core.config().privacy) {
+            self.core.refuse(client, RefusalReason::Malformed, form.to_string());
             return;
         }
         let (core, mode) = self.mode_mut();

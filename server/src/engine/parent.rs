@@ -22,7 +22,7 @@ impl Engine {
         mut config: EngineConfig,
         method: &MethodConfig,
         recovered: Option<Recovered>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, super::ConfigError> {
         relay_check(&config, method)?;
         config.role = Role::Relay;
         let half = crate::methods::build(method);

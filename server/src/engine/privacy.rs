@@ -32,12 +32,14 @@
 use std::collections::BTreeMap;
 
 use anchorage_shared::privacy::mechanism::{adapt_clip, add_gaussian, clip_in_place, noisy_count};
-use anchorage_shared::privacy::{Accountant, NoiseSite, PrivacyConfig};
+use anchorage_shared::privacy::{Accountant, NoiseSite, PrivacyConfig, PrivacyError};
 use anchorage_shared::protocol::Update;
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, PrivacyStateError, PrototypeFormError};
 
 /// The name of the marker metric a device puts on an update whose prototypes are sums.
 pub const PROTOTYPE_SUMS: &str = "prototype_sums";
@@ -66,13 +68,14 @@ pub struct PrivacyAccount {
 pub(super) fn check_config(
     engine: &super::EngineConfig,
     method: &anchorage_shared::method::MethodConfig,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     let config = &engine.privacy;
     if !config.is_on() {
         return Ok(());
     }
-    config.check().map_err(|e| e.to_string())?;
-    PrivacyState::new(config, (engine.rounds, engine.fraction), sends_prototypes(method.name()), 0, None).map(|_| ())
+    config.check().map_err(PrivacyStateError::from)?;
+    PrivacyState::new(config, (engine.rounds, engine.fraction), sends_prototypes(method.name()), 0, None)?;
+    Ok(())
 }
 
 /// Whether the method `name` uploads prototypes (the registry's `shared`).
@@ -106,22 +109,19 @@ impl PrivacyState {
         prototypes: bool,
         seed: u64,
         account: Option<&PrivacyAccount>,
-    ) -> Result<Option<Self>, String> {
+    ) -> Result<Option<Self>, PrivacyStateError> {
         if !config.is_on() {
             return Ok(None);
         }
         let q = if config.noise == NoiseSite::Local { 1.0 } else { q.clamp(f64::MIN_POSITIVE, 1.0) };
-        let sigma = config.noise_multiplier(rounds, q, prototypes).map_err(|e| e.to_string())?;
-        config.delta_noise_multiplier(sigma).ok_or("[privacy] adaptive.count_noise_multiplier is too small for σ")?;
+        let sigma = config.noise_multiplier(rounds, q, prototypes)?;
+        config.delta_noise_multiplier(sigma).ok_or(PrivacyStateError::CountNoise)?;
         let (accountant, clip, rounds) = match account {
             Some(a) if a.accountant.delta() != config.delta => {
-                return Err(format!(
-                    "[privacy] delta is {}, the federation's account is at δ = {}",
-                    config.delta, a.delta
-                ));
+                return Err(PrivacyStateError::Delta { configured: config.delta, accounted: a.delta });
             }
             Some(a) => (a.accountant.clone(), a.clip, a.rounds),
-            None => (Accountant::with_default_orders(config.delta).map_err(|e| e.to_string())?, config.clip, 0),
+            None => (Accountant::with_default_orders(config.delta)?, config.clip, 0),
         };
         let rng = Rng::derive(seed, 0xD9 ^ rounds);
         Ok(Some(Self { config: config.clone(), sigma, clip, accountant, rng, last_q: q, rounds, prototypes }))
@@ -129,13 +129,11 @@ impl PrivacyState {
 
     /// Refuses an update whose prototypes are not what `[privacy]` expects (sums, with the
     /// marker): a device whose `[privacy]` is off would otherwise be taken for noised sums.
-    pub(super) fn check_update(update: &Update, config: &PrivacyConfig) -> Result<(), String> {
+    pub(super) fn check_update(update: &Update, config: &PrivacyConfig) -> Result<(), PrototypeFormError> {
         let marked = update.metrics.iter().any(|m| m.name == PROTOTYPE_SUMS);
         match (config.is_on() && !update.prototypes.is_empty(), marked) {
-            (true, false) => {
-                Err("[privacy] is on here: prototypes must come as sums (the device's [privacy] is off?)".into())
-            }
-            (false, true) if !config.is_on() => Err("prototype sums arrived, but [privacy] is off here".into()),
+            (true, false) => Err(PrototypeFormError::SumsExpected),
+            (false, true) if !config.is_on() => Err(PrototypeFormError::SumsUnexpected),
             _ => Ok(()),
         }
     }
@@ -168,18 +166,18 @@ impl PrivacyState {
     }
 
     /// Steps the accountant for the round just aggregated (`with_prototypes`: the method sent some).
-    pub(super) fn account(&mut self, with_prototypes: bool) -> Result<(), String> {
+    pub(super) fn account(&mut self, with_prototypes: bool) -> Result<(), PrivacyError> {
         let mut accountant = self.accountant.clone();
-        self.step(&mut accountant, self.last_q, with_prototypes).map_err(|e| e.to_string())?;
+        self.step(&mut accountant, self.last_q, with_prototypes)?;
         self.accountant = accountant;
         self.rounds += 1;
         Ok(())
     }
 
-    fn step(&self, accountant: &mut Accountant, q: f64, with_prototypes: bool) -> Result<(), String> {
-        accountant.step(q, self.sigma).map_err(|e| e.to_string())?;
+    fn step(&self, accountant: &mut Accountant, q: f64, with_prototypes: bool) -> Result<(), PrivacyError> {
+        accountant.step(q, self.sigma)?;
         if with_prototypes {
-            accountant.step(q, self.sigma / std::f64::consts::SQRT_2).map_err(|e| e.to_string())?;
+            accountant.step(q, self.sigma / std::f64::consts::SQRT_2)?;
         }
         Ok(())
     }

@@ -138,18 +138,21 @@ fn prototype_sums_become_one_mean_per_class_and_unmarked_ones_are_refused() {
 fn configs_that_cannot_keep_the_promise_are_refused() {
     let on = private(1.0, None);
     let fedta = MethodConfig::FedTa(FedTaConfig::default());
-    assert!(check_config(&on, &fedta).unwrap_err().contains("bgps = false"));
+    assert!(check_config(&on, &fedta).unwrap_err().to_string().contains("bgps = false"));
     let fedta_mean = MethodConfig::FedTa(FedTaConfig { bgps: false, ..FedTaConfig::default() });
     assert!(check_config(&on, &fedta_mean).is_ok());
     let fedavg = MethodConfig::FedAvg(Default::default());
     let mut median = on.clone();
     median.robust.aggregation = crate::aggregate::AggregationRule::Median;
-    assert!(check_config(&median, &fedavg).unwrap_err().contains("mean rule"));
+    assert!(check_config(&median, &fedavg).unwrap_err().to_string().contains("mean rule"));
     let mut unreachable = on.clone();
     unreachable.privacy.noise_multiplier = None;
     unreachable.privacy.target_epsilon = Some(4.0);
     unreachable.rounds = 0;
-    assert!(check_config(&unreachable, &fedavg).unwrap_err().contains("number of rounds"), "an ε spread over no end");
+    assert!(
+        check_config(&unreachable, &fedavg).unwrap_err().to_string().contains("number of rounds"),
+        "an ε spread over no end"
+    );
     let mut eps = on;
     eps.privacy.noise_multiplier = None;
     eps.privacy.target_epsilon = Some(4.0);

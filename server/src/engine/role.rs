@@ -32,7 +32,7 @@ pub enum Role {
 
 /// Why `method` cannot run behind a relay under `config`; `Ok` when it can: the compatibility
 /// table's ([`super::compat::check`]) verdict on `config` in the relay role.
-pub fn relay_check(config: &EngineConfig, method: &MethodConfig) -> Result<(), String> {
+pub fn relay_check(config: &EngineConfig, method: &MethodConfig) -> Result<(), super::ConfigError> {
     super::compat::check(&EngineConfig { role: Role::Relay, ..config.clone() }, method)
 }
 

@@ -31,8 +31,8 @@ use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
 use serde::{Deserialize, Serialize};
 
-use super::ClientId;
 use super::config::duration_ms;
+use super::{ClientId, ConfigError};
 
 /// `[engine.secagg]`: secure aggregation (off by default). The devices' `secure_aggregation`
 /// (client.toml) must be on too: a device never sends its update in the clear when it is.
@@ -111,23 +111,23 @@ pub(super) fn weight_scale(mut counts: Vec<u64>, robust: &crate::aggregate::Robu
 pub(super) fn check_config(
     engine: &super::EngineConfig,
     method: &anchorage_shared::method::MethodConfig,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     let config = &engine.secagg;
     if !config.enabled {
         return Ok(());
     }
     let sends_prototypes = super::privacy::sends_prototypes(method.name());
     if sends_prototypes && (config.classes == 0 || config.prototype_dim == 0) {
-        return Err(format!(
+        return Err(ConfigError::SecAgg(format!(
             "[engine.secagg] with `{}`: its prototypes need a place in every device's vector: set classes \
              (the data's classes) and prototype_dim (the prototypes' dimension)",
             method.name()
-        ));
+        )));
     }
     if !(config.dropout.is_finite() && (0.0..1.0).contains(&config.dropout)) {
-        return Err("[engine.secagg] dropout must be in [0, 1)".into());
+        return Err(ConfigError::SecAgg("[engine.secagg] dropout must be in [0, 1)".into()));
     }
-    config.layout(&[], MAX_DEVICES).check().map_err(|e| format!("[engine.secagg]: {e}"))
+    config.layout(&[], MAX_DEVICES).check().map_err(|e| ConfigError::SecAgg(format!("[engine.secagg]: {e}")))
 }
 
 /// The most devices one SecAgg round is checked for at start (each round's quantisers are
@@ -210,10 +210,10 @@ impl SecAggRound {
         invited: &BTreeSet<ClientId>,
         global: &[ParamBlock],
         now: Duration,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, anchorage_secagg::SecAggError> {
         let devices: Vec<ClientId> = invited.iter().cloned().collect();
         let layout = Layout { weight_scale, ..config.layout(global, devices.len()) };
-        layout.check().map_err(|e| e.to_string())?;
+        layout.check()?;
         let mut rng = Rng::derive(seed ^ 0x5EC_A66, round);
         let mut graph_seed = [0u8; 32];
         graph_seed.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&rng.next_u64().to_le_bytes()));
@@ -225,7 +225,7 @@ impl SecAggRound {
             graph_seed,
             vector_len: layout.vector_len() as u32,
         };
-        let state = ServerState::new(round_config).map_err(|e| e.to_string())?;
+        let state = ServerState::new(round_config)?;
         let ids = devices.iter().enumerate().map(|(i, d)| (d.clone(), anchorage_secagg::ClientId(i as u32))).collect();
         let report =
             SecAggReport { threshold: state.threshold(), vector_len: layout.vector_len(), ..Default::default() };

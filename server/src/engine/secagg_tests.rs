@@ -227,15 +227,15 @@ fn configurations_that_need_each_update_are_refused_with_why() {
     let mut central = secure(3);
     central.privacy.noise = anchorage_shared::privacy::NoiseSite::Central;
     for (config, says) in [(median, "Median"), (norm, "max_norm"), (buffered, "buffered"), (central, "central")] {
-        let err = check_config(&config, &fedavg).expect_err(says);
+        let err = check_config(&config, &fedavg).expect_err(says).to_string();
         assert!(err.contains(says) && err.contains("[engine.secagg]"), "{err}");
     }
     check_config(&secure(3), &fedavg).expect("the mean with the default bounds runs");
     let mut capped = secure(3);
     capped.robust.norm_cap = Some(3.0);
-    assert!(check_config(&capped, &fedavg).unwrap_err().contains("norm_cap"));
+    assert!(check_config(&capped, &fedavg).unwrap_err().to_string().contains("norm_cap"));
     let fedprok = MethodConfig::named("fedprok").unwrap();
-    let err = check_config(&secure(3), &fedprok).expect_err("prototypes need their place in the vector");
+    let err = check_config(&secure(3), &fedprok).expect_err("prototypes need their place in the vector").to_string();
     assert!(err.contains("prototype_dim"), "{err}");
     let sized = SecAggConfig { classes: 10, prototype_dim: 64, ..secure(3).secagg };
     check_config(&EngineConfig { secagg: sized, ..secure(3) }, &fedprok).expect("sized for prototypes");

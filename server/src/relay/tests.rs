@@ -386,7 +386,7 @@ fn a_cost_batch_reaches_the_ledger_under_each_devices_name() {
 #[test]
 fn relays_refuse_what_a_partial_sum_cannot_carry() {
     let fedta = MethodConfig::FedTa(FedTaConfig::default());
-    let why = Engine::relay(config(2), &fedta, None).err().expect("FedTA with BGPS and SIKF");
+    let why = Engine::relay(config(2), &fedta, None).err().expect("FedTA with BGPS and SIKF").to_string();
     assert!(why.contains("bgps = false"), "{why}");
     let plain = MethodConfig::FedTa(FedTaConfig { bgps: false, sikf: false, ..FedTaConfig::default() });
     assert!(Engine::relay(config(2), &plain, None).is_ok());
@@ -394,7 +394,7 @@ fn relays_refuse_what_a_partial_sum_cannot_carry() {
         robust: RobustConfig { aggregation: AggregationRule::Median, ..RobustConfig::unbounded() },
         ..config(2)
     };
-    let why = Engine::relay(median, &MethodConfig::named("fedavg").unwrap(), None).err().unwrap();
+    let why = Engine::relay(median, &MethodConfig::named("fedavg").unwrap(), None).err().unwrap().to_string();
     assert!(why.contains("median"), "{why}");
     // A relay takes no partial aggregate itself (one tier).
     let (mut relay, _) = relay_in_round_five();
