@@ -6,6 +6,8 @@
 //! No hand-written crypto: rcgen makes keys, certificates and CRLs; rustls / webpki verify them
 //! (in the server's and the client's TLS set-up); x509-parser reads ids and serials back.
 
+#![warn(missing_docs)]
+
 pub mod cert;
 pub mod identity;
 pub mod tls;

@@ -61,6 +61,8 @@
 //! - `ring` (already the TLS stack's): HKDF-SHA256 for every derived seed and key,
 //!   ChaCha20-Poly1305 for the shares.
 
+#![warn(missing_docs)]
+
 mod client;
 pub mod error;
 pub mod graph;

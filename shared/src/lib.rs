@@ -24,6 +24,7 @@
 //! - [`rng`]: a small seeded generator, so every sampled choice is reproducible byte for byte.
 //! - [`skip`] (feature `std`): how a test says loudly that it skipped a check it cannot run here.
 #![no_std]
+#![warn(missing_docs)]
 extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
