@@ -1,4 +1,4 @@
-//! `anchorage report <state_dir>` on a server's state folder (issue 31, items 8 and 10): the
+//! `anchorage report <state_dir>` on a server's state folder: the
 //! status says whether the rounds the server was set to run finished, both accuracies are shown
 //! and labelled, each round's outcome says who was invited and who is missing, the report goes
 //! to `--out` or a new folder outside the state folder (never into it), and a 100-round report

@@ -1,4 +1,4 @@
-//! Run folders of runs that did not write their final record (issue 31, item 6): a second Ctrl-C
+//! Run folders of runs that did not write their final record: a second Ctrl-C
 //! quits at once but marks the folder `interrupted` first, and `anchorage report` and `anchorage
 //! compare` read such a folder (and one left by `kill -9`, still saying `running`) from the
 //! tables the run appended round by round. Runs the `anchorage` binary.

@@ -280,7 +280,7 @@ impl ServerMetrics {
     fn register_rounds(&self, r: &mut Registry) {
         r.register(
             "relay_partials",
-            "A relay's partial aggregates sent to its parent, acked and refused (issue 37; zero at the root).",
+            "A relay's partial aggregates sent to its parent, acked and refused (zero at the root).",
             self.relay_partials.clone(),
         );
         r.register(

@@ -73,7 +73,7 @@ fn every_message() -> Vec<Message> {
     ]
 }
 
-/// A relay's partial aggregate of two devices (issue 37).
+/// A relay's partial aggregate of two devices.
 fn partial() -> Partial {
     let member = |device: &str, num_samples| Member { device: device.into(), num_samples, hash: [7; 32] };
     Partial {

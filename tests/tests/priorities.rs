@@ -250,7 +250,7 @@ async fn prototypes_and_control_messages_do_not_wait_behind_parameter_blocks() {
         with.prototype_bytes
     );
     println!("|---|---|---|---|");
-    for (name, d) in [("off (before issue 33)", &without), ("on", &with)] {
+    for (name, d) in [("off", &without), ("on", &with)] {
         println!("| {name} | {} | {} | {} |", ms(d.idle_control), ms(d.control_median()), ms(d.prototypes));
     }
     for (name, d) in [("without", &without), ("with", &with)] {

@@ -467,7 +467,7 @@ fn secagg_row(fleet: &Fleet, truths: &[Vec<(u32, Vec<f32>)>], clip: f64) -> Row 
 }
 
 fn print_table(fleet: &Fleet, clip: f64, rows: &[Row]) {
-    println!("\nReconstruction of each device's per-class mean feature (issue 34, item 5)");
+    println!("\nReconstruction of each device's per-class mean feature");
     println!("data: {}", fleet.source);
     println!(
         "{DEVICES} devices × {PER_DEVICE} samples, {}-d features; prototype_clip {clip:.3} (median feature norm); \
