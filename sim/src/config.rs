@@ -516,6 +516,20 @@ pub struct RelayTier {
     /// round again without it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failovers: Vec<RelayFailover>,
+    /// Relay processes that restart: in `round`, once the relay has committed its first update
+    /// of the round and before that update's ack goes out. The relay resumes from its store (the
+    /// server's own, in a temporary folder) as `anchorage-relay` does; its devices' connections
+    /// end with the process and they reconnect shortly after.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<RelayRestart>,
+}
+
+/// One relay's process restart (`[relays] restarts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayRestart {
+    pub relay: usize,
+    pub round: u64,
 }
 
 /// One device's failover (`[relays] failovers`).

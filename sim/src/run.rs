@@ -299,8 +299,8 @@ pub(crate) fn device_options(
     // The simulated server never restarts, so the devices' fast restart detection buys nothing
     // here; keep the timers the simulator's wire figures were measured with, and let a handshake
     // over a slow modelled link (or a busy host) take as long as it needs.
-    options.keep_alive = std::time::Duration::from_secs(5);
-    options.idle_timeout = std::time::Duration::from_secs(30);
+    options.keep_alive = crate::virtual_clock::quic::DEVICE_KEEP_ALIVE;
+    options.idle_timeout = crate::virtual_clock::quic::DEVICE_IDLE_TIMEOUT;
     options.connect_timeout = options.idle_timeout;
     options.resume_uploads = config.systems.resume_uploads;
     options.resume_broadcasts = config.systems.resume_broadcasts;

@@ -301,7 +301,7 @@ fn a_relay_tier_on_the_virtual_clock_gives_the_same_model_and_charges_its_links(
         assert!(c.relays_on_virtual_clock_only().unwrap_err().to_string().contains("--clock virtual"));
         run_virtual(&c).expect("a tiered run")
     };
-    let tier = |link, outages| RelayTier { count: 2, link, outages, failovers: vec![] };
+    let tier = |link, outages| RelayTier { count: 2, link, outages, failovers: vec![], restarts: vec![] };
     let straight = run_virtual(&base).unwrap();
     let tiered = with(tier(LinkPreset::Ethernet, vec![]));
     assert_eq!(tiered.summary.rounds.len(), 3);
@@ -346,7 +346,8 @@ fn a_relay_tiers_uplinks_confirm_costs_and_fold_again_after_a_duplicate() {
     ]);
     let with = |failovers: Vec<RelayFailover>| {
         let mut c = base.clone();
-        c.systems.relays = Some(RelayTier { count: 2, link: LinkPreset::Ethernet, outages: vec![], failovers });
+        let link = LinkPreset::Ethernet;
+        c.systems.relays = Some(RelayTier { count: 2, link, outages: vec![], failovers, restarts: vec![] });
         run_virtual(&c).expect("a tiered run")
     };
     let plain = with(vec![]);
@@ -394,6 +395,63 @@ fn a_relay_tiers_uplinks_confirm_costs_and_fold_again_after_a_duplicate() {
     assert_eq!((with_failover[0], with_failover[2]), (without[0], without[2]));
     assert!(failed_over.reports.iter().all(|r| r.updates.len() == 2), "both relays' partials every round");
     assert!(tier.owed.iter().all(|(p, costs)| p.is_none() && costs.is_empty()), "{:?}", tier.owed);
+}
+
+/// A relay's process restarts mid-federation (`[relays] restarts`): in round 2, once its store
+/// holds its first update of the round and before that update's ack goes out. It resumes from
+/// its store (its last partial, the round it had open with that update, its ledger), its devices
+/// reconnect and resend what was not acked, and the federation ends as without the restart: the
+/// same model and samples every round, every device's cost record once in the root's ledger,
+/// nothing owed.
+#[test]
+fn a_relay_restarted_mid_federation_resumes_from_its_store_and_its_devices_come_back() {
+    use anchorage_sim::config::{RelayRestart, RelayTier};
+    let base = six_clients_three_rounds(vec![
+        anchorage_sim::device::DeviceProfile { compute_seconds: Some(1.0), ..Default::default() },
+        anchorage_sim::device::DeviceProfile { name: "slow".into(), compute_seconds: Some(15.0), ..Default::default() },
+    ]);
+    let with = |restarts: Vec<RelayRestart>| {
+        let mut c = base.clone();
+        let link = LinkPreset::Ethernet;
+        c.systems.relays = Some(RelayTier { count: 2, link, outages: vec![], failovers: vec![], restarts });
+        run_virtual(&c).expect("a tiered run")
+    };
+    let plain = with(vec![]);
+    let restarted = with(vec![RelayRestart { relay: 1, round: 2 }]);
+    let tier = restarted.tier.as_ref().expect("the tier's outcome");
+    println!("uplinks with a restart: {:?}", tier.counts);
+    assert_eq!(tier.counts.restarts, 1, "relay 1 restarted in round 2: {:?}", tier.counts);
+    assert!(tier.counts.repeated_costs > 0, "the restarted relay sent its ledger up again: {:?}", tier.counts);
+    assert_eq!(tier.counts.refused, 0, "no partial refused: {:?}", tier.counts);
+
+    // Every round aggregated both relays' partials, with the samples and the model of the run
+    // without the restart: the update committed before the crash was folded, once.
+    assert_eq!(restarted.summary.rounds.len(), 3);
+    let samples = |r: &anchorage_sim::SimResult| -> Vec<u64> {
+        r.reports.iter().map(|report| report.updates.iter().map(|u| u.num_samples).sum()).collect()
+    };
+    assert_eq!(samples(&restarted), samples(&plain), "each round's devices, once each");
+    for (a, b) in plain.summary.rounds.iter().zip(&restarted.summary.rounds) {
+        assert_eq!((b.outcome.as_str(), b.aggregated), ("aggregated", 2), "round {}: {b:?}", b.round);
+        assert!((a.accuracy - b.accuracy).abs() < 1e-6, "round {}: {} and {}", a.round, a.accuracy, b.accuracy);
+    }
+
+    // Relay 1's devices (odd ids) came back: their records of rounds 2 and 3 reached the root.
+    let mut rows: Vec<(String, u64)> =
+        tier.root_ledger.iter().filter(|c| !c.dropped).map(|c| (c.client.clone(), c.round)).collect();
+    rows.sort();
+    let expected: Vec<(String, u64)> =
+        (0..6).flat_map(|c| (1..=3).map(move |r| (format!("client-{c:03}"), r))).collect();
+    assert_eq!(rows, expected, "every device's record of every round in the root's ledger, once");
+    let mut devices: Vec<(String, u64)> =
+        restarted.ledger.iter().filter(|c| !c.dropped).map(|c| (c.client.clone(), c.round)).collect();
+    devices.sort();
+    assert_eq!(devices, expected, "every device completed each round's record once");
+    assert!(
+        tier.owed.iter().all(|(p, costs)| p.is_none() && costs.is_empty()),
+        "nothing owed at the end: {:?}",
+        tier.owed
+    );
 }
 
 /// Six clients, three rounds, every client in every round, on these devices: the relay tests'

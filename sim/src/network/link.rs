@@ -16,9 +16,8 @@ use anchorage_shared::rng::Rng;
 use serde::{Deserialize, Serialize};
 
 /// QUIC payload bytes per packet, the segment size of the congestion-control bound in
-/// [`Link::transfer_time`] (quinn's default initial MTU of 1200 bytes, as the virtual clock's
-/// packet model).
-const MSS: f64 = 1200.0;
+/// [`Link::transfer_time`]: the virtual clock's packet model's.
+const MSS: f64 = crate::virtual_clock::quic::PACKET_PAYLOAD as f64;
 /// quinn's initial congestion window (bytes): min(10·MSS, max(2·MSS, 14720)).
 const INITIAL_WINDOW: f64 = 12_000.0;
 /// Cubic's multiplicative decrease (RFC 9438, §4.6).

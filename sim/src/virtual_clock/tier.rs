@@ -4,17 +4,18 @@
 //! hello, partials owed until acked, refolds after a duplicate refusal, cost batches until
 //! confirmed. Client i joins relay i mod R. The root takes the relays as its participants;
 //! what passes between a relay and the root is charged to the relay's own link, whose outages
-//! hold it back.
+//! hold it back. A relay that restarts keeps its state in a store ([`super::restart`]).
 
 use std::time::Duration;
 
-use anchorage_server::engine::{Engine, EngineConfig};
+use anchorage_server::engine::{Engine, EngineConfig, Persist};
 use anchorage_server::relay::session::{UplinkAction, UplinkSession};
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::Message;
 
-use super::Path;
+use super::quic::Path;
+use super::restart::RelayDisk;
 use crate::config::RelayTier;
 use crate::network::Outage;
 
@@ -29,17 +30,27 @@ pub struct UplinkCounts {
     pub refolded: u64,
     /// Cost batches sent, and rounds of cost records the root confirmed.
     pub cost_batches: u64,
+    /// Relay processes restarted (`[relays] restarts`).
+    pub restarts: u64,
+    /// Cost records the root's ledger held already (a restarted relay sends its recent ones again).
+    pub repeated_costs: u64,
 }
 
 /// One relay: its engine, its uplink session and its link to the root.
 pub(super) struct VirtualRelay {
     pub(super) id: String,
     pub(super) engine: Engine,
+    /// What the engine is built with (again at a restart).
+    pub(super) config: EngineConfig,
     pub(super) uplink: UplinkSession,
     pub(super) counts: UplinkCounts,
     /// Towards the root, and from it.
     pub(super) up: Path,
     pub(super) down: Path,
+    /// Incremented at every restart: messages in flight on the relay's link are lost with it.
+    pub(super) conn: u64,
+    /// The relay's store, for a relay that restarts.
+    pub(super) disk: Option<RelayDisk>,
 }
 
 /// The tier: the relays, in order.
@@ -51,16 +62,20 @@ pub(super) struct Tier {
     failovers: Vec<(usize, u64)>,
     /// Clients away on another relay for a round: (client, round, their own relay).
     away: Vec<(usize, u64, usize)>,
+    /// Restarts still to happen: (relay, round).
+    restarts: Vec<(usize, u64)>,
+    /// The federation's method, to build a restarted relay's engine.
+    pub(super) method: MethodConfig,
     /// The root's ledger: what the relays' cost batches carried up.
     pub(super) root_ledger: Vec<CostRecord>,
+    /// Records the root's ledger held already when they came.
+    repeated_costs: u64,
 }
 
 impl Tier {
-    /// The relays of `tier` over `clients` clients, and the root's engine config: the relays are
-    /// its participants (every one each round, weighted by what it holds, no weight cap); each
-    /// relay samples from its own clients as `engine` says the server would from all of them
-    /// (`min_available` and `min_fit` in proportion), and closes a little before the root's
-    /// deadline so that its partial can make it.
+    /// The relays of `tier` over `clients` clients ([`VirtualRelay::new`]), and the root's engine
+    /// config: the relays are its participants (every one each round, weighted by what it holds,
+    /// no weight cap).
     pub(super) fn new(
         tier: &RelayTier,
         clients: usize,
@@ -80,36 +95,12 @@ impl Tier {
                 tier.count - 1
             );
         }
-        let mut relays = Vec::with_capacity(tier.count);
-        for r in 0..tier.count {
-            let held = (r..clients).step_by(tier.count).count();
-            let share = |n: usize| (n * held).div_ceil(clients).max(1);
-            let config = EngineConfig {
-                min_available: share(engine.min_available),
-                min_fit: share(engine.min_fit),
-                round_deadline: engine.round_deadline.mul_f64(0.9),
-                ..engine.clone()
-            };
-            let relay = Engine::relay(config, method, None)
-                .map_err(|why| anyhow::anyhow!("[relays]: a relay cannot carry `{}`: {why}", method.name()))?;
-            let mut profile = tier.link.profile();
-            for o in tier.outages.iter().filter(|o| o.relay == r) {
-                let outage = Outage { start_ms: o.start_ms, duration_ms: o.duration_ms, every_ms: None };
-                profile.up.outages.push(outage);
-                profile.down.outages.push(outage);
-            }
-            let link_seed = seed.wrapping_add(0x7E1A_0000 + r as u64);
-            let id = format!("relay-{r}");
-            let uplink = UplinkSession::new(anchorage_server::relay::hello(&id, method.name(), None), None);
-            relays.push(VirtualRelay {
-                id,
-                engine: relay,
-                uplink,
-                counts: UplinkCounts::default(),
-                up: Path::new(profile.up, link_seed),
-                down: Path::new(profile.down, link_seed ^ 0x5EED),
-            });
+        if let Some(r) = tier.restarts.iter().find(|r| r.relay >= tier.count) {
+            anyhow::bail!("[relays] restart of relay {}: there are {} relays", r.relay, tier.count);
         }
+        let relays = (0..tier.count)
+            .map(|r| VirtualRelay::new(tier, r, clients, engine, method, seed))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let mut robust = engine.robust.clone();
         robust.weight_cap = None;
         let root = EngineConfig {
@@ -128,7 +119,10 @@ impl Tier {
             assigned: (0..clients).map(|c| c % tier.count).collect(),
             failovers: tier.failovers.iter().map(|f| (f.client, f.round)).collect(),
             away: Vec::new(),
+            restarts: tier.restarts.iter().map(|r| (r.relay, r.round)).collect(),
+            method: method.clone(),
             root_ledger: Vec::new(),
+            repeated_costs: 0,
         };
         Ok((tier, root))
     }
@@ -171,6 +165,24 @@ impl Tier {
         }
     }
 
+    /// Whether relay `relay` restarts as it acks its first update of `round` (once).
+    pub(super) fn restarts_at(&mut self, relay: usize, round: u64) -> bool {
+        let Some(i) = self.restarts.iter().position(|r| *r == (relay, round)) else { return false };
+        self.restarts.remove(i);
+        true
+    }
+
+    /// A record for the root's ledger, which keeps one row per (client, round, kind) as the root's
+    /// store does: a record it holds already is counted and ignored.
+    pub(super) fn file_at_root(&mut self, record: CostRecord) {
+        let key = |r: &CostRecord| (r.client.clone(), r.round, r.declined.is_some(), r.dropped);
+        if self.root_ledger.iter().any(|held| key(held) == key(&record)) {
+            self.repeated_costs += 1;
+        } else {
+            self.root_ledger.push(record);
+        }
+    }
+
     /// The relay named `id`, if one is.
     pub(super) fn index_of(&self, id: &str) -> Option<usize> {
         self.relays.iter().position(|r| r.id == id)
@@ -204,17 +216,65 @@ impl Tier {
 
     /// What every uplink did, summed over the relays.
     pub(super) fn counts(&self) -> UplinkCounts {
-        self.relays.iter().fold(UplinkCounts::default(), |t, r| UplinkCounts {
+        let total = UplinkCounts { repeated_costs: self.repeated_costs, ..UplinkCounts::default() };
+        self.relays.iter().fold(total, |t, r| UplinkCounts {
             sent: t.sent + r.counts.sent,
             acked: t.acked + r.counts.acked,
             refused: t.refused + r.counts.refused,
             refolded: t.refolded + r.counts.refolded,
             cost_batches: t.cost_batches + r.counts.cost_batches,
+            restarts: t.restarts + r.counts.restarts,
+            repeated_costs: t.repeated_costs,
         })
     }
 }
 
 impl VirtualRelay {
+    /// Relay `r` of `tier` over `clients` clients: its engine samples from its own clients as
+    /// `engine` says the server would from all of them (`min_available` and `min_fit` in
+    /// proportion) and closes a little before the root's deadline, so that its partial can make
+    /// it; a relay that restarts keeps a store.
+    fn new(
+        tier: &RelayTier,
+        r: usize,
+        clients: usize,
+        engine: &EngineConfig,
+        method: &MethodConfig,
+        seed: u64,
+    ) -> anyhow::Result<Self> {
+        let held = (r..clients).step_by(tier.count).count();
+        let share = |n: usize| (n * held).div_ceil(clients).max(1);
+        let config = EngineConfig {
+            min_available: share(engine.min_available),
+            min_fit: share(engine.min_fit),
+            round_deadline: engine.round_deadline.mul_f64(0.9),
+            ..engine.clone()
+        };
+        let relay = Engine::relay(config.clone(), method, None)
+            .map_err(|why| anyhow::anyhow!("[relays]: a relay cannot carry `{}`: {why}", method.name()))?;
+        let mut profile = tier.link.profile();
+        for o in tier.outages.iter().filter(|o| o.relay == r) {
+            let outage = Outage { start_ms: o.start_ms, duration_ms: o.duration_ms, every_ms: None };
+            profile.up.outages.push(outage);
+            profile.down.outages.push(outage);
+        }
+        let link_seed = seed.wrapping_add(0x7E1A_0000 + r as u64);
+        let id = format!("relay-{r}");
+        let uplink = UplinkSession::new(anchorage_server::relay::hello(&id, method.name(), None), None);
+        let disk = tier.restarts.iter().any(|x| x.relay == r).then(|| RelayDisk::new(&id, &relay)).transpose()?;
+        Ok(Self {
+            id,
+            engine: relay,
+            config,
+            uplink,
+            counts: UplinkCounts::default(),
+            up: Path::new(profile.up, link_seed),
+            down: Path::new(profile.down, link_seed ^ 0x5EED),
+            conn: 0,
+            disk,
+        })
+    }
+
     /// Carries out what the uplink asks at `now`: the engine opens the parent's rounds, folds
     /// again and ends with the parent; returns the messages that go up the link, in order.
     pub(super) fn carry_out(&mut self, now: Duration) -> Vec<Message> {
@@ -247,8 +307,20 @@ impl VirtualRelay {
         up
     }
 
-    /// A record the relay's ledger took: its uplink owes it to the root.
-    pub(super) fn cost(&mut self, now: Duration, record: CostRecord) {
+    /// A record the relay's ledger took: its store keeps it, and its uplink owes it to the root.
+    pub(super) fn cost(&mut self, now: Duration, record: CostRecord) -> anyhow::Result<()> {
+        if let Some(disk) = &self.disk {
+            disk.append(&record)?;
+        }
         self.uplink.cost(now, record);
+        Ok(())
+    }
+
+    /// One of the engine's state changes: a relay that keeps a store commits it there first.
+    pub(super) fn persist(&self, persist: &Persist) -> anyhow::Result<()> {
+        match &self.disk {
+            Some(disk) => disk.commit(persist),
+            None => Ok(()),
+        }
     }
 }
