@@ -24,6 +24,16 @@ pub const COST_EVERY: Duration = Duration::from_millis(250);
 pub const LAST_COSTS: Duration = Duration::from_millis(600);
 /// After the parent's goodbye, how long the parent may take to confirm the last batches.
 pub const LAST_CONFIRMATIONS: Duration = Duration::from_secs(3);
+/// Rounds of its ledger a restarted relay sends up again: which of them the parent confirmed
+/// died with the old session (the parent's ledger ignores a row it holds already).
+pub const RESENT_COST_ROUNDS: u64 = 8;
+
+/// The records of `ledger` a relay restarted after round `last_round` owes its parent again: those
+/// of its last [`RESENT_COST_ROUNDS`] rounds.
+pub fn owed_after_restart(last_round: u64, ledger: Vec<CostRecord>) -> impl Iterator<Item = CostRecord> {
+    let oldest = last_round.saturating_sub(RESENT_COST_ROUNDS);
+    ledger.into_iter().filter(move |r| r.round > oldest)
+}
 
 /// What the session asks its shell to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -383,8 +393,20 @@ mod tests {
         Ack, CostAck, Goodbye, Member, Message, Partial, Refusal, RefusalReason, Update, Welcome,
     };
 
-    use super::{COST_EVERY, LAST_CONFIRMATIONS, UplinkAction, UplinkSession, UplinkState};
+    use super::{
+        COST_EVERY, LAST_CONFIRMATIONS, RESENT_COST_ROUNDS, UplinkAction, UplinkSession, UplinkState,
+        owed_after_restart,
+    };
     use std::time::Duration;
+
+    #[test]
+    fn a_restarted_relay_owes_its_last_rounds_cost_records_and_no_older_ones() {
+        let record = |round| CostRecord { client: format!("d{round}"), round, ..CostRecord::default() };
+        let ledger: Vec<CostRecord> = (1..=12).map(record).collect();
+        let owed: Vec<u64> = owed_after_restart(12, ledger).map(|r| r.round).collect();
+        assert_eq!(owed, (12 - RESENT_COST_ROUNDS + 1..=12).collect::<Vec<_>>());
+        assert_eq!(owed_after_restart(3, (1..=3).map(record).collect()).count(), 3, "a young relay owes every round");
+    }
 
     fn partial(round: u64, devices: &[&str]) -> Partial {
         let members: Vec<Member> =

@@ -243,6 +243,7 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let (costs_tx, relay) = match engine.is_relay() {
         true => {
             let (tx, costs) = mpsc::unbounded_channel();
+            owe_recent_costs(options.store.as_ref(), engine.last_round(), &tx);
             (Some(tx), Some(RelayStart { costs, last_round: engine.last_round(), partial: engine.last_partial() }))
         }
         false => (None, None),
@@ -260,4 +261,23 @@ pub async fn start(options: ServerOptions) -> anyhow::Result<ServerHandle> {
     let task = tokio::spawn(run);
     let inputs = conn_inputs;
     Ok(ServerHandle { local_addr, metrics, events, shutdown, listener, task, uploads, state, inputs, relay })
+}
+
+/// A relay that starts from its store owes its parent its recent rounds' cost records again
+/// ([`crate::relay::session::owed_after_restart`]): whether the parent confirmed them ended with the
+/// process. An unreadable ledger is logged and sends none (the rounds still run).
+fn owe_recent_costs(
+    store: Option<&ServerStore>,
+    last_round: u64,
+    costs: &mpsc::UnboundedSender<anchorage_shared::ledger::CostRecord>,
+) {
+    let Some(store) = store else { return };
+    match store.load_ledger() {
+        Ok(ledger) => {
+            for record in crate::relay::session::owed_after_restart(last_round, ledger) {
+                let _ = costs.send(record);
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "the relay's ledger is unreadable: no cost record is sent up again"),
+    }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anchorage_server::engine::{Engine, Persist};
-use anchorage_server::relay::session::UplinkSession;
+use anchorage_server::relay::session::{UplinkSession, owed_after_restart};
 use anchorage_server::store::ServerStore;
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::method::MethodConfig;
@@ -17,10 +17,6 @@ use anyhow::Context;
 use super::quic::RESTART_RECONNECT;
 use super::run::VirtualRun;
 use super::tier::VirtualRelay;
-
-/// Rounds of its ledger a restarted relay sends up again: which of them the root confirmed
-/// died with the old session (the root's ledger keeps one row per record).
-const RESENT_COST_ROUNDS: u64 = 8;
 
 /// Tells the runs' stores apart within a process.
 static STORES: AtomicU64 = AtomicU64::new(0);
@@ -88,8 +84,7 @@ impl VirtualRelay {
         let last_round = Some(self.engine.last_round()).filter(|r| *r > 0);
         let hello = anchorage_server::relay::hello(&self.id, method.name(), last_round);
         self.uplink = UplinkSession::new(hello, self.engine.last_partial());
-        let oldest = self.engine.last_round().saturating_sub(RESENT_COST_ROUNDS);
-        for record in store.load_ledger()?.into_iter().filter(|r| r.round > oldest) {
+        for record in owed_after_restart(self.engine.last_round(), store.load_ledger()?) {
             self.uplink.cost(now, record);
         }
         tracing::info!(relay = %self.id, round = self.engine.last_round(), "the relay's process restarts");
