@@ -168,12 +168,12 @@ impl ClientMessage {
 mod le_u32s {
     use serde::{Deserialize, Deserializer, Serializer, de::Error};
 
-    pub fn serialize<S: Serializer>(v: &[u32], s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(v: &[u32], s: S) -> Result<S::Ok, S::Error> {
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         s.serialize_bytes(&bytes)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
         let bytes = serde_bytes::ByteBuf::deserialize(d)?;
         if bytes.len() % 4 != 0 {
             return Err(D::Error::custom("vector bytes not a multiple of 4"));
