@@ -26,16 +26,22 @@ use crate::cert::serial_hex;
 use crate::identity::{Identity, write_private};
 use crate::unix_now;
 
+/// The root certificate's file in a CA folder (DER, given to every site).
 pub const CA_CERT: &str = "ca.der";
+/// The root's private-key file in a CA folder (mode 0600, stays with the operator).
 pub const CA_KEY: &str = "ca.key";
+/// The file of a CA folder that lists what was issued and revoked.
 pub const INDEX: &str = "issued.json";
+/// The revocation list's file in a CA folder (an X.509 CRL signed by the root).
 pub const CRL: &str = "revoked.crl";
 
 /// Who a certificate is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
+    /// The server: a certificate for TLS server authentication.
     Server,
+    /// A device: a certificate for TLS client authentication.
     Client,
     /// A relay: a server to its devices and a client of its parent, so both extended
     /// key usages, and the relay role in its subject ([`crate::cert::RELAY_UNIT`]), which is
@@ -62,7 +68,9 @@ impl Kind {
 /// One certificate the CA signed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Issued {
+    /// The holder's id, as its certificate carries it.
     pub id: String,
+    /// Who the certificate is for.
     pub kind: Kind,
     /// Serial number, lowercase hex without leading zeros.
     pub serial: String,

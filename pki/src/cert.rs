@@ -83,8 +83,11 @@ pub struct CertInfo {
     pub id: Option<String>,
     /// [`serial_hex`].
     pub serial: String,
+    /// Start of the validity period, Unix seconds.
     pub not_before: i64,
+    /// End of the validity period, Unix seconds.
     pub not_after: i64,
+    /// End of the validity period as x509-parser prints it.
     pub not_after_text: String,
 }
 

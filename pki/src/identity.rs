@@ -8,7 +8,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 /// A certificate and its private key.
 pub struct Identity {
+    /// The certificate, DER.
     pub cert: CertificateDer<'static>,
+    /// Its private key.
     pub key: PrivateKeyDer<'static>,
 }
 
@@ -31,6 +33,7 @@ pub fn self_signed(names: &[&str]) -> anyhow::Result<Identity> {
 
 /// The certificate and key files of a TLS folder.
 pub const CERT_FILE: &str = "cert.der";
+/// The private-key file of a TLS folder (PKCS#8 DER, mode 0600).
 pub const KEY_FILE: &str = "key.der";
 
 /// Loads `cert.der` and `key.der` from `dir`. A certificate without its key, or a key without

@@ -9,13 +9,30 @@ use crate::messages::{ClientId, Stage};
 pub enum SecAggError {
     /// A message of another stage than the one the state machine is in.
     #[error("a {got:?} message while in stage {expected:?}")]
-    WrongStage { expected: Stage, got: Stage },
+    WrongStage {
+        /// The stage the state machine is in.
+        expected: Stage,
+        /// The stage of the message.
+        got: Stage,
+    },
     /// A message for another round.
     #[error("a message for round {got}, this is round {expected}")]
-    WrongRound { expected: u64, got: u64 },
+    WrongRound {
+        /// The round the state machine is in.
+        expected: u64,
+        /// The round the message names.
+        got: u64,
+    },
     /// A vector, a ciphertext or a list of the wrong length.
     #[error("{what}: length {got}, expected {expected}")]
-    WrongLength { what: &'static str, expected: usize, got: usize },
+    WrongLength {
+        /// What had the wrong length.
+        what: &'static str,
+        /// The length it must have.
+        expected: usize,
+        /// The length it has.
+        got: usize,
+    },
     /// A sender that is not in the round's sample.
     #[error("client {0} is not in this round")]
     UnknownSender(ClientId),
@@ -33,7 +50,10 @@ pub enum SecAggError {
     BadTag(ClientId),
     /// A share that decrypts but names another owner, holder or round than the one it came as.
     #[error("the share from client {from} is for another peer or round")]
-    WrongPeer { from: ClientId },
+    WrongPeer {
+        /// The client the share came from.
+        from: ClientId,
+    },
     /// Survivor / dropped lists that do not partition the neighbours this client holds shares of.
     #[error("inconsistent survivor and dropped sets: {0}")]
     Inconsistent(&'static str),
@@ -42,7 +62,14 @@ pub enum SecAggError {
     BothShares(ClientId),
     /// Fewer than the threshold: neighbours, shares, or clients.
     #[error("{what}: {have} of the {need} needed")]
-    BelowThreshold { what: &'static str, have: usize, need: usize },
+    BelowThreshold {
+        /// What fell short: neighbours, shares, or clients.
+        what: &'static str,
+        /// How many there are.
+        have: usize,
+        /// How many are needed.
+        need: usize,
+    },
     /// A public key that is a low-order point (its agreement would not be secret).
     #[error("client {0} sent an unusable public key")]
     BadKey(ClientId),

@@ -34,7 +34,7 @@ pub(crate) struct Secrets {
 
 impl Secrets {
     /// Draws fresh secrets.
-    pub fn generate(rng: &mut ChaCha20Rng) -> Self {
+    pub(crate) fn generate(rng: &mut ChaCha20Rng) -> Self {
         let mask_scalar = random_scalar(rng);
         let mut enc = [0u8; 32];
         rng.fill_bytes(&mut enc);
@@ -47,7 +47,7 @@ impl Secrets {
     }
 
     /// The two public keys advertised in round 0.
-    pub fn public(&self) -> PublicKeys {
+    pub(crate) fn public(&self) -> PublicKeys {
         PublicKeys {
             mask: PublicKey::from(&self.mask_key).to_bytes(),
             encrypt: PublicKey::from(&self.encrypt_key).to_bytes(),

@@ -32,6 +32,7 @@ pub struct Layout {
     pub blocks: Vec<(String, Vec<u32>)>,
     /// Prototype classes 0..classes, each `dim` values (0 classes: the method sends none).
     pub classes: u32,
+    /// The length of each prototype (the feature dimension).
     pub dim: u32,
     /// L2 clip of the device's delta from the global model (all blocks as one vector).
     pub clip: f32,
@@ -293,8 +294,11 @@ fn bad(what: String) -> SecAggError {
 /// layout and the device's id in the round (`you`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServerFrame {
+    /// The round's layout, with round 0's Setup; `None` with every other message.
     pub layout: Option<Layout>,
+    /// The device's id in the round, with round 0's Setup; `None` with every other message.
     pub you: Option<crate::messages::ClientId>,
+    /// The SecAgg message.
     pub message: ServerMessage,
 }
 

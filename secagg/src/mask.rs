@@ -17,12 +17,12 @@ pub(crate) enum Op {
 
 impl Op {
     /// How `u` applies its mask shared with `v`.
-    pub fn pairwise(u: ClientId, v: ClientId) -> Self {
+    pub(crate) fn pairwise(u: ClientId, v: ClientId) -> Self {
         if u < v { Self::Add } else { Self::Sub }
     }
 
     /// The inverse operation (what removes the mask).
-    pub fn inverse(self) -> Self {
+    pub(crate) fn inverse(self) -> Self {
         match self {
             Self::Add => Self::Sub,
             Self::Sub => Self::Add,

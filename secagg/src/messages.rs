@@ -86,28 +86,64 @@ pub enum ServerMessage {
     /// Round 0: the round's configuration.
     Setup(RoundConfig),
     /// Round 1: the public keys of this client's neighbours that advertised keys.
-    ShareKeys { round: u64, keys: Vec<(ClientId, PublicKeys)> },
+    ShareKeys {
+        /// The round.
+        round: u64,
+        /// The neighbours' public keys, by neighbour.
+        keys: Vec<(ClientId, PublicKeys)>,
+    },
     /// Round 2: the encrypted shares neighbours addressed to this client.
-    CollectMasked { round: u64, shares: Vec<(ClientId, EncryptedShare)> },
+    CollectMasked {
+        /// The round.
+        round: u64,
+        /// The encrypted shares, by the neighbour that sent them.
+        shares: Vec<(ClientId, EncryptedShare)>,
+    },
     /// Round 4: which of this client's neighbours sent a masked vector and which did not.
-    Unmask { round: u64, survivors: Vec<ClientId>, dropped: Vec<ClientId> },
+    Unmask {
+        /// The round.
+        round: u64,
+        /// The neighbours whose masked vector arrived.
+        survivors: Vec<ClientId>,
+        /// The neighbours whose masked vector did not arrive.
+        dropped: Vec<ClientId>,
+    },
 }
 
 /// Client to server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientMessage {
     /// Round 0: this client's public keys.
-    Keys { round: u64, keys: PublicKeys },
+    Keys {
+        /// The round.
+        round: u64,
+        /// The mask-agreement and share-encryption public keys.
+        keys: PublicKeys,
+    },
     /// Round 1: one encrypted share pair per neighbour, by recipient.
-    Shares { round: u64, shares: Vec<(ClientId, EncryptedShare)> },
+    Shares {
+        /// The round.
+        round: u64,
+        /// The encrypted share pairs, by recipient.
+        shares: Vec<(ClientId, EncryptedShare)>,
+    },
     /// Round 2: the masked vector.
     Masked {
+        /// The round.
         round: u64,
+        /// y_u: the input plus the self mask and the pairwise masks, mod 2^32.
         #[serde(with = "le_u32s")]
         vector: Vec<u32>,
     },
     /// Round 4: self-mask shares of survivors, mask-key shares of the dropped, by owner.
-    Unmask { round: u64, self_mask: Vec<(ClientId, ShareValue)>, mask_key: Vec<(ClientId, ShareValue)> },
+    Unmask {
+        /// The round.
+        round: u64,
+        /// This client's shares of the surviving neighbours' self-mask seeds (b), by owner.
+        self_mask: Vec<(ClientId, ShareValue)>,
+        /// This client's shares of the dropped neighbours' mask-agreement keys (s), by owner.
+        mask_key: Vec<(ClientId, ShareValue)>,
+    },
 }
 
 impl ServerMessage {
@@ -168,12 +204,12 @@ impl ClientMessage {
 mod le_u32s {
     use serde::{Deserialize, Deserializer, Serializer, de::Error};
 
-    pub fn serialize<S: Serializer>(v: &[u32], s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(v: &[u32], s: S) -> Result<S::Ok, S::Error> {
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         s.serialize_bytes(&bytes)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
         let bytes = serde_bytes::ByteBuf::deserialize(d)?;
         if bytes.len() % 4 != 0 {
             return Err(D::Error::custom("vector bytes not a multiple of 4"));

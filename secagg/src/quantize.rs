@@ -19,7 +19,10 @@ pub enum Rounding {
     /// To the nearest level (biased by up to half a step per value).
     Nearest,
     /// Up with probability equal to the fraction, so unbiased; seeded for reproducibility.
-    Stochastic { seed: u64 },
+    Stochastic {
+        /// Seeds the ChaCha20 RNG that draws the rounding.
+        seed: u64,
+    },
 }
 
 /// Clipping range and number of levels, fixed for a round and known to all.

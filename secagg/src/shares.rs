@@ -70,7 +70,7 @@ pub(crate) struct SharePair {
 
 impl SharePair {
     /// The fixed-length plaintext.
-    pub fn to_bytes(self) -> [u8; PLAINTEXT_LEN] {
+    pub(crate) fn to_bytes(self) -> [u8; PLAINTEXT_LEN] {
         let mut out = [0u8; PLAINTEXT_LEN];
         out[..8].copy_from_slice(&self.round.to_le_bytes());
         out[8..12].copy_from_slice(&self.owner.0.to_le_bytes());
@@ -81,7 +81,7 @@ impl SharePair {
     }
 
     /// Reads a plaintext; `None` if it is not [`PLAINTEXT_LEN`] bytes.
-    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+    pub(crate) fn from_bytes(b: &[u8]) -> Option<Self> {
         let b: &[u8; PLAINTEXT_LEN] = b.try_into().ok()?;
         let word = |r: core::ops::Range<usize>| u32::from_le_bytes(b[r].try_into().expect("4 bytes"));
         Some(Self {

@@ -9,11 +9,13 @@ use core::fmt::Display;
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
+    /// Passed.
     Ok,
     /// Works, but needs attention (a certificate about to expire, a key others can read).
     Warn,
     /// Not checked, and why is in the detail.
     Skip,
+    /// Failed.
     Fail,
 }
 
@@ -32,12 +34,16 @@ impl Status {
 /// One check's finding.
 #[derive(Debug, Clone)]
 pub struct Check {
+    /// The check's name, the second column of its line.
     pub name: &'static str,
+    /// How it came out.
     pub status: Status,
+    /// What it found, or why it was skipped or failed.
     pub detail: String,
 }
 
 impl Check {
+    /// A finding.
     pub fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Self {
         Self { name, status, detail: detail.into() }
     }
@@ -54,6 +60,7 @@ impl Check {
 /// Everything the checks found, and how the program words its verdict.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// The findings, in the order the lines are rendered.
     pub checks: Vec<Check>,
     verdict: fn(&Report) -> String,
 }
@@ -64,6 +71,7 @@ impl Report {
         Self { checks: Vec::new(), verdict }
     }
 
+    /// Whether any check failed.
     pub fn failed(&self) -> bool {
         self.checks.iter().any(|c| c.status == Status::Fail)
     }
@@ -79,6 +87,7 @@ impl Report {
         self.checks.iter().filter(|c| c.status == status).count()
     }
 
+    /// The check named `name`, if there is one.
     pub fn get(&self, name: &str) -> Option<&Check> {
         self.checks.iter().find(|c| c.name == name)
     }

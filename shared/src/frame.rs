@@ -51,6 +51,7 @@ pub struct FrameReader {
 }
 
 impl FrameReader {
+    /// A reader that refuses frames declaring more than `max_frame` bytes.
     pub fn new(max_frame: usize) -> Self {
         Self { buf: Vec::new(), max_frame }
     }

@@ -15,8 +15,10 @@ use crate::protocol::{DecodeError, Message};
 #[derive(Debug, thiserror::Error)]
 pub enum FrameIoError {
     #[error("stream error: {0}")]
+    /// The stream failed; a stall or a frame that breaks its pace is [`io::ErrorKind::TimedOut`].
     Io(#[from] io::Error),
     #[error(transparent)]
+    /// The bytes do not decode.
     Decode(#[from] DecodeError),
 }
 
@@ -38,6 +40,7 @@ pub struct ReadLimits<'a> {
     pub max_frame: usize,
     /// Largest frame of every other kind (hello, heartbeat, cost, …).
     pub max_small: usize,
+    /// Kind bytes whose frames may be up to `max_frame` bytes.
     pub large_kinds: &'a [u8],
     /// A peer that sends no byte of a started frame for this long is cut off (a stalled upload
     /// must not hold its buffer forever). `None`: wait as long as the stream lives.
@@ -52,6 +55,7 @@ pub struct ReadLimits<'a> {
 pub struct Pace {
     /// Bytes per second on average, judged once `grace` has passed since the frame's first byte.
     pub min_bytes_per_sec: u64,
+    /// How long after the frame's first byte the average rate is first judged.
     pub grace: std::time::Duration,
     /// The whole frame arrives within this.
     pub deadline: std::time::Duration,

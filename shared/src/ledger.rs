@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 /// What one round cost one client, in bytes and seconds, per direction.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CostRecord {
+    /// The client's id (the server files it under the connection's identity).
     pub client: String,
+    /// The round.
     pub round: u64,
     /// Bytes of parameter and prototype values sent down (the broadcast's payload).
     pub payload_down: u64,
@@ -16,9 +18,13 @@ pub struct CostRecord {
     pub wire_down: u64,
     /// UDP bytes sent by the client while uploading (QUIC overhead and retransmissions included).
     pub wire_up: u64,
+    /// Seconds of local computation.
     pub compute_seconds: f64,
+    /// Seconds the update's upload took.
     pub transfer_seconds: f64,
+    /// Seconds of the round that compute and transfer do not explain (waiting), at least 0.
     pub wait_seconds: f64,
+    /// Seconds from the broadcast's arrival to the end of the round (upload done and acknowledged).
     pub wall_seconds: f64,
     /// QUIC's smoothed round-trip time at the end of the upload.
     pub rtt_seconds: f64,

@@ -20,7 +20,7 @@
 //! - [`privacy`]: the differential-privacy accountant (RDP of the sampled Gaussian, ε at δ).
 //! - [`io`] (feature `io`): async frame reading/writing and atomic files, for the tokio shells.
 //! - [`systemd`] (feature `io`): sd_notify readiness, watchdog and stopping for the two services.
-//! - [`logging`] (feature `logging`): the binaries' log set-up (text or JSON lines on stderr).
+//! - `logging` (feature `logging`): the binaries' log set-up (text or JSON lines on stderr).
 //! - [`rng`]: a small seeded generator, so every sampled choice is reproducible byte for byte.
 //! - [`skip`] (feature `std`): how a test says loudly that it skipped a check it cannot run here.
 #![no_std]

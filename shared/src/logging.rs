@@ -31,6 +31,7 @@ pub struct LogFormatArgs {
 }
 
 impl LogFormatArgs {
+    /// The format to log in: JSON under `--log-json`, `--log-format` otherwise.
     pub fn format(&self) -> LogFormat {
         if self.log_json { LogFormat::Json } else { self.log_format }
     }

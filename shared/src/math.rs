@@ -23,6 +23,7 @@ pub struct WeightedMean {
 }
 
 impl WeightedMean {
+    /// An empty mean of vectors of `dim` elements.
     pub fn new(dim: usize) -> Self {
         Self { acc: vec![0.0; dim], total: 0.0 }
     }

@@ -23,18 +23,45 @@ pub const PROTOCOL_VERSION: u8 = 1;
 /// Why a frame or message could not be decoded.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DecodeError {
+    /// A frame that ends before its header or its declared length.
     #[error("frame truncated: need {needed} bytes, have {have}")]
-    Truncated { needed: usize, have: usize },
+    Truncated {
+        /// Bytes the frame needs.
+        needed: usize,
+        /// Bytes there are.
+        have: usize,
+    },
+    /// A frame longer than the largest accepted.
     #[error("frame of {len} bytes exceeds the maximum of {max}")]
-    Oversized { len: usize, max: usize },
+    Oversized {
+        /// The frame's length in bytes (after the length prefix).
+        len: usize,
+        /// The largest accepted, in bytes.
+        max: usize,
+    },
+    /// A frame of another protocol version.
     #[error("protocol version {got} is not supported (this side speaks {expected})")]
-    WrongVersion { got: u8, expected: u8 },
+    WrongVersion {
+        /// The frame's version byte.
+        got: u8,
+        /// [`PROTOCOL_VERSION`].
+        expected: u8,
+    },
+    /// A kind byte this version does not know.
     #[error("unknown message kind {0}")]
     UnknownKind(u8),
+    /// A body that postcard cannot decode as its kind's message.
     #[error("malformed {kind} body: {detail}")]
-    Body { kind: &'static str, detail: String },
+    Body {
+        /// The kind's name ([`kind_name`]).
+        kind: &'static str,
+        /// Postcard's error.
+        detail: String,
+    },
+    /// A tensor or block that does not validate.
     #[error("{0}")]
     Tensor(#[from] TensorError),
+    /// A message that decodes but breaks a rule of its own (lengths, bounds, finite values).
     #[error("invalid message: {0}")]
     Invalid(String),
 }
@@ -56,6 +83,7 @@ pub struct Capabilities {
 pub struct Hello {
     /// The client's identity. With mutual TLS the certificate's name must match it.
     pub client_id: String,
+    /// What the client can do.
     pub capabilities: Capabilities,
     /// Number of training samples the client holds now (for sampling and weighting).
     pub num_samples: u64,
@@ -66,6 +94,7 @@ pub struct Hello {
 /// The server's answer to an accepted [`Hello`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Welcome {
+    /// The server's identity.
     pub server_id: String,
     /// Method the federation runs (`fedavg`, ...).
     pub method: String,
@@ -83,8 +112,11 @@ pub struct Welcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoundConfig {
+    /// Passes over the local data per round.
     pub local_epochs: u32,
+    /// Samples per training step.
     pub batch_size: u32,
+    /// Step size of local training.
     pub learning_rate: f32,
     /// Time the server waits for updates, in milliseconds from the broadcast.
     pub deadline_ms: u64,
@@ -93,9 +125,11 @@ pub struct RoundConfig {
 /// Round start: the global state every sampled client trains from. Encoded once, sent to all.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Broadcast {
+    /// The round's number.
     pub round: u64,
     /// The task (stage of the class/domain stream) this round belongs to.
     pub task: u32,
+    /// Local training settings.
     pub config: RoundConfig,
     /// Shared parameter blocks of the global model.
     pub blocks: Vec<ParamBlock>,
@@ -106,18 +140,24 @@ pub struct Broadcast {
 /// A named scalar reported by a client (train loss, local accuracy, ...).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Metric {
+    /// The metric's name.
     pub name: String,
+    /// Its value (finite).
     pub value: f64,
 }
 
 /// A client's result for one round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Update {
+    /// The round the update is for.
     pub round: u64,
     /// Samples the update was trained on (the FedAvg weight).
     pub num_samples: u64,
+    /// The shared parameter blocks after local training.
     pub blocks: Vec<ParamBlock>,
+    /// The client's class prototypes (empty for methods without prototypes).
     pub prototypes: Vec<Prototype>,
+    /// Named scalars of local training (finite).
     pub metrics: Vec<Metric>,
     /// Seconds of local computation, as measured by the client.
     pub compute_seconds: f64,
@@ -126,6 +166,7 @@ pub struct Update {
 /// The server received an update and will not need it again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Ack {
+    /// The round of the update.
     pub round: u64,
     /// False when the update arrived after its round closed: counted as late, not aggregated.
     pub aggregated: bool,
@@ -135,6 +176,7 @@ pub struct Ack {
 /// resending it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostAck {
+    /// The round of the cost record.
     pub round: u64,
 }
 
@@ -143,6 +185,7 @@ pub struct CostAck {
 /// both sides name the same bytes after a reconnect.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TransferOffer {
+    /// SHA-256 of the whole frame.
     pub transfer: [u8; 32],
     /// Bytes of the whole frame.
     pub total: u64,
@@ -154,7 +197,9 @@ pub struct TransferOffer {
 /// start; the sender goes on from there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TransferResume {
+    /// The transfer ([`TransferOffer::transfer`]).
     pub transfer: [u8; 32],
+    /// Bytes of the frame the receiver holds, from the start.
     pub offset: u64,
 }
 
@@ -162,9 +207,12 @@ pub struct TransferResume {
 /// `data`, checked before a byte of it is kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Chunk {
+    /// Where `data` starts in the whole frame, in bytes.
     pub offset: u64,
+    /// SHA-256 of `data`.
     pub hash: [u8; 32],
     #[serde(with = "serde_bytes")]
+    /// The bytes.
     pub data: Vec<u8>,
 }
 
@@ -172,7 +220,9 @@ pub struct Chunk {
 /// server counts it apart from a drop and invites another device in its place.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decline {
+    /// The round declined.
     pub round: u64,
+    /// Why the device declines.
     pub reason: DeclineReason,
     /// What the device read (at most [`MAX_DECLINE_DETAIL`] bytes), for the server's log.
     pub detail: String,
@@ -183,8 +233,10 @@ pub struct Decline {
 /// `anchorage_secagg::ClientMessage`, each postcard. The secagg crate decodes and checks it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SecAggFrame {
+    /// The round.
     pub round: u64,
     #[serde(with = "serde_bytes")]
+    /// The postcard bytes of the SecAgg message.
     pub body: Vec<u8>,
 }
 
@@ -193,6 +245,7 @@ pub struct SecAggFrame {
 /// is never counted twice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
+    /// The device's id.
     pub device: String,
     /// The samples the relay counted for it (after its caps).
     pub num_samples: u64,
@@ -210,7 +263,9 @@ pub const MAX_MEMBERS: usize = 1 << 20;
 /// relays equal its means over the devices. `members` names every update in it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Partial {
+    /// The fold of the relay's devices' updates.
     pub update: Update,
+    /// The updates in it, one a device.
     pub members: Vec<Member>,
 }
 
@@ -242,6 +297,7 @@ pub const MAX_COST_BATCH: usize = 100_000;
 /// ledger: the root's ledger still holds every device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostBatch {
+    /// The cost records.
     pub records: Vec<CostRecord>,
 }
 
@@ -263,20 +319,30 @@ pub const MAX_DECLINE_DETAIL: usize = 256;
 /// Liveness signal; either side may send it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
+    /// Sequence number.
     pub seq: u64,
 }
 
 /// Why a peer refused a message or a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RefusalReason {
+    /// The peer speaks another protocol version.
     VersionMismatch,
+    /// A frame or message that does not decode, or does not fit where it arrived.
     Malformed,
+    /// A frame or transfer longer than the receiver accepts.
     TooLarge,
+    /// An update whose blocks do not match the global model's layout.
     ShapeMismatch,
+    /// A client that has not said hello, or whose hello names another identity than its connection.
     NotEnrolled,
+    /// An update for a round the client is not sampled for or that is not open.
     NotSampled,
+    /// A duplicate: a second connection of one identity, or devices another relay's partial holds already.
     Duplicate,
+    /// The server timed out reading the message (a stall or a deadline); the sender keeps it and sends it again.
     ServerBusy,
+    /// A client whose methods do not include the federation's.
     UnknownMethod,
     /// A tensor's bytes do not match its shape, or it holds non-finite values.
     BadTensor,
@@ -288,16 +354,19 @@ pub enum RefusalReason {
 /// only (no peer parses it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Refusal {
+    /// What the peer acts on.
     pub reason: RefusalReason,
+    /// A detail for logs.
     pub detail: String,
     /// A [`RefusalReason::Duplicate`] of a relay's partial aggregate: the devices another
     /// relay's accepted partial holds already, which the relay folds its round again without.
-    /// On the wire after protocol v1's fields, and only when not empty ([`RefusalTail`]).
+    /// On the wire after protocol v1's fields, and only when not empty (`RefusalTail`).
     #[serde(default)]
     pub devices: Vec<String>,
 }
 
 impl Refusal {
+    /// A refusal with no devices.
     pub fn new(reason: RefusalReason, detail: impl Into<String>) -> Self {
         Self { reason, detail: detail.into(), devices: Vec::new() }
     }
@@ -341,6 +410,7 @@ impl WireBody for Refusal {
 /// Orderly end of a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Goodbye {
+    /// Why the session ends, for logs.
     pub reason: String,
 }
 
@@ -394,8 +464,11 @@ impl WireBody for CostRecord {
 /// its peers, or either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
+    /// From a device (or a relay) to its server.
     Up,
+    /// From a server to its devices (or relays).
     Down,
+    /// Either way.
     Both,
 }
 
@@ -457,7 +530,9 @@ macro_rules! messages {
 
 /// Kind bytes of the messages that may be large (readers give them their own size limit).
 pub const KIND_BROADCAST: u8 = 3;
+/// The kind byte of [`Message::Update`].
 pub const KIND_UPDATE: u8 = 4;
+/// The kind byte of [`Message::Chunk`].
 pub const KIND_CHUNK: u8 = 13;
 /// A masked vector is as large as an update (it travels as a resumable transfer).
 pub const KIND_SECAGG: u8 = 15;
@@ -468,12 +543,19 @@ messages! {
     /// Boxed: its inline strings make it ten times the size of the other variants, and every
     /// queued message (a session's outbox, 100,000 simulated clients) would be that large.
     Hello(Box<Hello>) = 1, "hello", Up;
+    /// The server accepts a hello.
     Welcome(Welcome) = 2, "welcome", Down;
+    /// A round starts: the global state to train from.
     Broadcast(Broadcast) = KIND_BROADCAST, "broadcast", Down;
+    /// A client's result for one round.
     Update(Update) = KIND_UPDATE, "update", Up;
+    /// The server received an update.
     Ack(Ack) = 5, "ack", Down;
+    /// Liveness signal.
     Heartbeat(Heartbeat) = 6, "heartbeat", Both;
+    /// A refused message or connection.
     Refusal(Refusal) = 7, "refusal", Both;
+    /// Orderly end of a session.
     Goodbye(Goodbye) = 8, "goodbye", Both;
     /// A client's measured cost of one round, sent after the round's ack (the server keeps the
     /// cost ledger). The `client` field is ignored: the server uses the connection's identity.

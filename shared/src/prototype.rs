@@ -15,8 +15,11 @@ pub const MAX_PROTOTYPE_DIM: usize = 1 << 20;
 /// One class prototype as it travels: class id, sample count and the encoded mean vector.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Prototype {
+    /// The class id.
     pub class: u32,
+    /// Samples behind the mean.
     pub count: u64,
+    /// The mean feature, one-dimensional.
     pub vector: EncodedTensor,
 }
 

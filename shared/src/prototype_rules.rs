@@ -9,8 +9,11 @@ use crate::math::{cosine, cosine_matrix, moving_average, weighted_mean};
 /// One class's prototype, decoded: the mean feature and the samples behind it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClassMean {
+    /// The class id.
     pub class: u32,
+    /// Samples behind the mean.
     pub count: u64,
+    /// The mean feature.
     pub vector: Vec<f32>,
 }
 

@@ -29,6 +29,7 @@ impl Rng {
         Self::new(SplitMix64::seed_from_u64(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03)).next_u64())
     }
 
+    /// The next 64 uniform bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0.next_u64()
     }

@@ -24,30 +24,55 @@ pub enum Encoding {
     /// bfloat16, 2 bytes per value.
     Bf16,
     /// Symmetric int8 quantisation: value = q · scale, 1 byte per value.
-    Int8 { scale: f32 },
+    Int8 {
+        /// The value of one quantisation step.
+        scale: f32,
+    },
     /// Top-k sparse delta (appended): `k` increasing `u32` indices, then `k` values in
     /// the layout `values`, added to the block of the model the round was broadcast from
     /// ([`crate::sparse`]).
-    TopK { k: u32, values: Dense },
+    TopK {
+        /// Number of entries sent.
+        k: u32,
+        /// The layout of the values.
+        values: Dense,
+    },
     /// One zstd frame of the bytes `inner` lays out (appended; [`crate::compress`]).
-    Zstd { inner: Packed },
+    Zstd {
+        /// The layout of the bytes inside the frame.
+        inner: Packed,
+    },
 }
 
 /// A dense layout, one value per element: the encodings of protocol v1, as the values of a
 /// top-k delta or the contents of a zstd frame.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum Dense {
+    /// IEEE 754 single precision, 4 bytes per value.
     F32,
+    /// IEEE 754 half precision, 2 bytes per value.
     F16,
+    /// bfloat16, 2 bytes per value.
     Bf16,
-    Int8 { scale: f32 },
+    /// Symmetric int8 quantisation: value = q · scale, 1 byte per value.
+    Int8 {
+        /// The value of one quantisation step.
+        scale: f32,
+    },
 }
 
 /// What a zstd frame holds: a dense layout or a top-k delta.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum Packed {
+    /// Values one per element, in this layout.
     Dense(Dense),
-    TopK { k: u32, values: Dense },
+    /// A top-k sparse delta.
+    TopK {
+        /// Number of entries.
+        k: u32,
+        /// The layout of the values.
+        values: Dense,
+    },
 }
 
 impl From<Dense> for Encoding {
@@ -120,44 +145,120 @@ impl Encoding {
 /// What is wrong with a tensor or block that arrived from outside.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TensorError {
+    /// A shape of more than [`MAX_RANK`] dimensions.
     #[error("tensor rank {rank} exceeds the maximum of {MAX_RANK}")]
-    RankTooHigh { rank: usize },
+    RankTooHigh {
+        /// The shape's rank.
+        rank: usize,
+    },
+    /// A shape whose element count overflows `usize`.
     #[error("tensor shape {shape:?} has too many elements")]
-    ShapeOverflow { shape: Vec<u32> },
+    ShapeOverflow {
+        /// The shape.
+        shape: Vec<u32>,
+    },
+    /// Data of another length than the shape and encoding need.
     #[error("tensor of shape {shape:?} in {encoding} needs {expected} bytes, got {got}")]
-    LengthMismatch { shape: Vec<u32>, encoding: &'static str, expected: usize, got: usize },
+    LengthMismatch {
+        /// The tensor's shape.
+        shape: Vec<u32>,
+        /// The encoding's name ([`Encoding::name`]).
+        encoding: &'static str,
+        /// Bytes the shape and encoding need.
+        expected: usize,
+        /// Bytes the data has.
+        got: usize,
+    },
+    /// A NaN or infinite value.
     #[error("tensor holds a non-finite value at index {index}")]
-    NonFinite { index: usize },
+    NonFinite {
+        /// Index of the first such value.
+        index: usize,
+    },
+    /// An int8 scale that is negative, NaN or infinite.
     #[error("int8 scale {scale} is not a finite non-negative number")]
-    BadScale { scale: f32 },
+    BadScale {
+        /// The scale.
+        scale: f32,
+    },
+    /// A block name that is empty or longer than [`MAX_NAME_LEN`] bytes.
     #[error("block name is empty or longer than {MAX_NAME_LEN} bytes")]
     BadName,
+    /// A tensor error inside a named block.
     #[error("block `{name}`: {source}")]
-    InBlock { name: String, source: alloc::boxed::Box<TensorError> },
+    InBlock {
+        /// The block's name.
+        name: String,
+        /// What is wrong with its tensor.
+        source: alloc::boxed::Box<TensorError>,
+    },
+    /// A top-k delta decoded without the model the round was broadcast from.
     #[error("a top-k delta decodes only against the model the round was broadcast from")]
     NeedsBase,
+    /// A delta base whose length is not the block's.
     #[error("the delta's base has {got} values, the block {expected}")]
-    BaseMismatch { expected: usize, got: usize },
+    BaseMismatch {
+        /// The block's element count.
+        expected: usize,
+        /// Values in the base.
+        got: usize,
+    },
+    /// A top-k delta with more entries than the block has elements.
     #[error("top-k of {k} entries exceeds the block's {len} elements")]
-    TopKTooLarge { k: u32, len: usize },
+    TopKTooLarge {
+        /// Entries of the delta.
+        k: u32,
+        /// Elements of the block.
+        len: usize,
+    },
+    /// A top-k index at or past the block's end.
     #[error("top-k index {index} is past the block's end ({len} elements)")]
-    IndexPastEnd { index: u32, len: usize },
+    IndexPastEnd {
+        /// The index.
+        index: u32,
+        /// Elements of the block.
+        len: usize,
+    },
+    /// A top-k index not strictly above the one before it.
     #[error("top-k index {index} at position {position} is not above the index before it")]
-    IndexOrder { position: usize, index: u32 },
+    IndexOrder {
+        /// Position of the index in the delta's index list.
+        position: usize,
+        /// The index.
+        index: u32,
+    },
+    /// A zstd frame that declares or inflates to more bytes than the block needs.
     #[error("zstd frame inflates past the block's declared {limit} bytes")]
-    Inflated { limit: usize },
+    Inflated {
+        /// Bytes the block's shape and encoding need.
+        limit: usize,
+    },
+    /// A zstd frame that is truncated, corrupt, or not the block's size.
     #[error("zstd frame is truncated or corrupt: {detail}")]
-    BadFrame { detail: String },
+    BadFrame {
+        /// What is wrong with the frame.
+        detail: String,
+    },
+    /// An encoding this build cannot decode.
     #[error("encoding {encoding} is not supported by this build")]
-    Unsupported { encoding: &'static str },
+    Unsupported {
+        /// The encoding's name ([`Encoding::name`]).
+        encoding: &'static str,
+    },
+    /// A prototype in an encoding that is not dense.
     #[error("a {encoding} tensor cannot carry a prototype (prototypes travel dense)")]
-    NotDense { encoding: &'static str },
+    NotDense {
+        /// The encoding's name ([`Encoding::name`]).
+        encoding: &'static str,
+    },
 }
 
 /// A tensor encoded for the wire: shape, encoding and raw little-endian bytes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EncodedTensor {
+    /// Dimensions, outermost first.
     pub shape: Vec<u32>,
+    /// How the data lays out the values.
     pub encoding: Encoding,
     /// Shared, not copied: a cloned block (a broadcast to every connection, an update kept for
     /// resending) points at the same bytes. Serialized as `serde_bytes` did, so the wire and
@@ -344,7 +445,9 @@ fn libm_round(x: f32) -> f32 {
 /// A named parameter block (`adapter.0.weight`, `head.bias`, `prompt.pool`, ...).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParamBlock {
+    /// The block's name.
     pub name: String,
+    /// The block's values.
     pub tensor: EncodedTensor,
 }
 

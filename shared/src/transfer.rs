@@ -54,24 +54,69 @@ pub fn chunks_from(frame: &[u8], offset: u64) -> impl Iterator<Item = Chunk> + '
 /// Why a chunk or a whole transfer was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TransferError {
+    /// A chunk whose bytes do not hash to its hash.
     #[error("chunk at offset {offset}: its bytes do not match its hash")]
-    ChunkHash { offset: u64 },
+    ChunkHash {
+        /// Where the chunk starts, in bytes.
+        offset: u64,
+    },
+    /// A chunk that does not start where the held bytes end.
     #[error("chunk at offset {offset}: {held} bytes are held, so the next chunk starts there")]
-    Gap { offset: u64, held: u64 },
+    Gap {
+        /// Where the chunk starts, in bytes.
+        offset: u64,
+        /// Bytes held.
+        held: u64,
+    },
+    /// A chunk (or held bytes, at offset 0) running past the offer's total.
     #[error("chunk at offset {offset} of {len} bytes runs past the end of the {total}-byte transfer")]
-    PastEnd { offset: u64, len: u64, total: u64 },
+    PastEnd {
+        /// Where the chunk starts, in bytes.
+        offset: u64,
+        /// The chunk's length in bytes.
+        len: u64,
+        /// Bytes of the whole transfer.
+        total: u64,
+    },
+    /// A complete transfer whose bytes do not hash to the offer's SHA-256.
     #[error("the {total} bytes received do not hash to the offered transfer")]
-    WholeHash { total: u64 },
+    WholeHash {
+        /// Bytes received.
+        total: u64,
+    },
+    /// An offer larger than the receiver takes.
     #[error("an offer of {total} bytes is over the limit of {max}")]
-    TooLarge { total: u64, max: u64 },
+    TooLarge {
+        /// Bytes offered.
+        total: u64,
+        /// The largest transfer taken, in bytes.
+        max: u64,
+    },
+    /// A resume answer past the end of the offered transfer.
     #[error("an answer resumes at offset {offset}, past the end of the {total}-byte transfer")]
-    ResumePastEnd { offset: u64, total: u64 },
+    ResumePastEnd {
+        /// Where the answer resumes, in bytes.
+        offset: u64,
+        /// Bytes of the whole transfer.
+        total: u64,
+    },
+    /// A resume answer for another transfer.
     #[error("an answer names another transfer than the one offered")]
     OtherTransfer,
+    /// An offer whose transfer is held already with another size or round.
     #[error(
         "an offer of {total} bytes for round {round} names a transfer held as {held_total} bytes for round {held_round}"
     )]
-    OfferMismatch { total: u64, round: u64, held_total: u64, held_round: u64 },
+    OfferMismatch {
+        /// Bytes offered.
+        total: u64,
+        /// The round offered.
+        round: u64,
+        /// Bytes of the held transfer.
+        held_total: u64,
+        /// The round of the held transfer.
+        held_round: u64,
+    },
 }
 
 impl TransferError {
@@ -89,6 +134,7 @@ impl TransferError {
 /// A transfer being put together: the offer and the bytes held so far, from its start.
 #[derive(Debug, Clone)]
 pub struct Assembly {
+    /// What is being sent.
     pub offer: TransferOffer,
     held: Vec<u8>,
 }

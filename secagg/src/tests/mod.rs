@@ -32,7 +32,7 @@ pub(crate) fn ids(n: u32) -> Vec<ClientId> {
 
 impl Harness {
     /// `n` clients with random inputs of `len` elements (each below 2^32 / n).
-    pub fn new(n: u32, params: Params, len: usize, seed: u64) -> Self {
+    pub(crate) fn new(n: u32, params: Params, len: usize, seed: u64) -> Self {
         let inputs: BTreeMap<ClientId, Vec<u32>> = ids(n)
             .into_iter()
             .map(|c| {
@@ -44,7 +44,7 @@ impl Harness {
     }
 
     /// A round over these inputs.
-    pub fn with_inputs(inputs: BTreeMap<ClientId, Vec<u32>>, params: Params, seed: u64) -> Self {
+    pub(crate) fn with_inputs(inputs: BTreeMap<ClientId, Vec<u32>>, params: Params, seed: u64) -> Self {
         let clients_ids: Vec<ClientId> = inputs.keys().copied().collect();
         let len = inputs.values().next().map_or(0, Vec::len) as u32;
         let round = 7;
@@ -57,20 +57,20 @@ impl Harness {
     }
 
     /// The same round with clients that have no input yet (they get theirs with `provide_input`).
-    pub fn awaiting_inputs(mut self, seed: u64) -> Self {
+    pub(crate) fn awaiting_inputs(mut self, seed: u64) -> Self {
         self.clients = self.inputs.keys().map(|&c| (c, ClientState::awaiting_input(c, entropy(seed, c)))).collect();
         self
     }
 
     /// Every queued server message, through the wire encoding.
-    pub fn outgoing(&mut self) -> Vec<(ClientId, ServerMessage)> {
+    pub(crate) fn outgoing(&mut self) -> Vec<(ClientId, ServerMessage)> {
         std::iter::from_fn(|| self.server.poll_transmit())
             .map(|(c, m)| (c, ServerMessage::decode(&m.encode()).expect("server messages decode")))
             .collect()
     }
 
     /// The clients' replies to `msgs` (each must be accepted).
-    pub fn answer(&mut self, msgs: Vec<(ClientId, ServerMessage)>) -> Vec<(ClientId, ClientMessage)> {
+    pub(crate) fn answer(&mut self, msgs: Vec<(ClientId, ServerMessage)>) -> Vec<(ClientId, ClientMessage)> {
         msgs.into_iter()
             .map(|(c, m)| {
                 let reply = self.clients.get_mut(&c).expect("a sampled client").handle_message(m).expect("accepted");
@@ -80,14 +80,14 @@ impl Harness {
     }
 
     /// Hands replies to the server, each of which must be accepted.
-    pub fn deliver(&mut self, replies: Vec<(ClientId, ClientMessage)>) {
+    pub(crate) fn deliver(&mut self, replies: Vec<(ClientId, ClientMessage)>) {
         for (c, m) in replies {
             self.server.handle_message(c, m).expect("accepted by the server");
         }
     }
 
     /// One stage: the clients in `silent` never answer; the others' replies reach the server.
-    pub fn stage(&mut self, silent: &BTreeSet<ClientId>) -> Vec<(ClientId, ClientMessage)> {
+    pub(crate) fn stage(&mut self, silent: &BTreeSet<ClientId>) -> Vec<(ClientId, ClientMessage)> {
         let msgs = self.outgoing().into_iter().filter(|(c, _)| !silent.contains(c)).collect();
         let replies = self.answer(msgs);
         self.deliver(replies.clone());
@@ -96,7 +96,7 @@ impl Harness {
 
     /// Runs the round to its end; `drop_masked` never send their masked vector (they drop after
     /// masking) and `drop_unmask` never answer round 4.
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         drop_masked: &BTreeSet<ClientId>,
         drop_unmask: &BTreeSet<ClientId>,
@@ -112,7 +112,7 @@ impl Harness {
     }
 
     /// Σ x_u mod 2^32 over all clients but `absent`.
-    pub fn plain_sum(&self, absent: &BTreeSet<ClientId>) -> Vec<u32> {
+    pub(crate) fn plain_sum(&self, absent: &BTreeSet<ClientId>) -> Vec<u32> {
         let len = self.inputs.values().next().map_or(0, Vec::len);
         let mut sum = vec![0u32; len];
         self.inputs.iter().filter(|(c, _)| !absent.contains(c)).for_each(|(_, x)| crate::mask::add_into(&mut sum, x));

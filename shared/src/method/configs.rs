@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub enum Distance {
     #[default]
+    /// Euclidean distance.
     Euclidean,
+    /// Cosine distance.
     Cosine,
 }
 
@@ -19,9 +21,12 @@ pub enum Distance {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GldpPrediction {
+    /// The nearest of the client's own prototypes (GLDP-LP).
     Local,
     #[default]
+    /// The nearest global prototype (GLDP-GP).
     Global,
+    /// The classifier head ν on µ(x) (an ablation).
     Head,
 }
 
@@ -149,7 +154,9 @@ pub struct FedProKConfig {
 #[serde(rename_all = "snake_case")]
 pub enum ReplayInto {
     #[default]
+    /// The whole net: f and the classifier.
     Network,
+    /// The classifier alone, f(x_n) detached.
     Classifier,
 }
 
@@ -226,7 +233,9 @@ impl Default for FedEvpConfig {
 #[serde(rename_all = "snake_case")]
 pub enum FedTaPrediction {
     #[default]
+    /// The nearest global prototype, by cosine on the frozen-feature part of F_TA.
     Prototypes,
+    /// The global IE with the devices' stage-1 IE heads averaged.
     Head,
 }
 

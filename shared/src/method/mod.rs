@@ -22,24 +22,34 @@ pub use encodings::{ENCODINGS, EncodingInfo, EncodingNames};
 #[serde(tag = "name")]
 pub enum MethodConfig {
     #[serde(rename = "fedavg", deserialize_with = "checked")]
+    /// FedAvg (McMahan et al. 2017).
     FedAvg(FedAvgConfig),
     #[serde(rename = "fedavgm", deserialize_with = "checked")]
+    /// FedAvgM (Hsu et al. 2019).
     FedAvgM(FedAvgMConfig),
     #[serde(rename = "fedprox", deserialize_with = "checked")]
+    /// FedProx (Li et al. 2020).
     FedProx(FedProxConfig),
     #[serde(rename = "fedrep", deserialize_with = "checked")]
+    /// FedRep (Collins et al. 2021).
     FedRep(FedRepConfig),
     #[serde(rename = "local", deserialize_with = "checked")]
+    /// Local training only.
     Local(LocalConfig),
     #[serde(rename = "gldp", deserialize_with = "checked")]
+    /// GLDP / STHFL (Guo et al.).
     Gldp(GldpConfig),
     #[serde(rename = "fedprok", deserialize_with = "checked")]
+    /// FedProK (Gao et al.).
     FedProK(FedProKConfig),
     #[serde(rename = "fedevolve", deserialize_with = "checked")]
+    /// FedEvolve (evolving shifts).
     FedEvolve(FedEvolveConfig),
     #[serde(rename = "fedevp", deserialize_with = "checked")]
+    /// FedEvp (evolving shifts).
     FedEvp(FedEvpConfig),
     #[serde(rename = "fedta", deserialize_with = "checked")]
+    /// FedTA (Yu et al.).
     FedTa(FedTaConfig),
 }
 
@@ -51,6 +61,7 @@ fn checked<'de, D: Deserializer<'de>, T: Deserialize<'de> + MethodParams>(d: D) 
 
 /// Ties a config struct to its registry name (for error messages).
 pub trait MethodParams {
+    /// The method's registry name (`name = ...` of a `[method]` table).
     const NAME: &'static str;
 }
 
@@ -111,12 +122,14 @@ pub enum Prediction {
 /// One registry entry: what both halves and the simulator know of a method.
 #[derive(Debug, Clone, Copy)]
 pub struct MethodInfo {
+    /// The registry name (`name = ...` of a `[method]` table).
     pub name: &'static str,
     /// Its paper, for reports (`report.md` names it beside the method).
     pub paper: &'static str,
     /// What it uploads (everything else of its trainable net stays on the device; the
     /// cross-crate methods test checks every method's uploads against this).
     pub shared: Shared,
+    /// How its global model predicts.
     pub predicts_with: Prediction,
     /// Whether its client half reads the raw samples behind the cached features (FedTA's input
     /// enhancement runs the frozen backbone on them); a simulator may drop them otherwise.
@@ -345,13 +358,19 @@ impl MethodConfig {
 pub mod fedta_blocks {
     /// The input-enhancement pool: keys `[M, D]` and sets `[M, set_len]`.
     pub const IE_PREFIX: &str = "ie.";
+    /// The keys of the input-enhancement pool, `[M, D]`.
     pub const IE_KEYS: &str = "ie.keys";
+    /// The sets of the input-enhancement pool, `[M, set_len]`.
     pub const IE_SETS: &str = "ie.sets";
     /// A shared tail (`share_tail`): anchor keys `[A, D]` and values `[A, V]`, and the head.
     pub const TAIL_PREFIX: &str = "tail.";
+    /// The shared tail's anchor keys, `[A, D]`.
     pub const TAIL_KEYS: &str = "tail.keys";
+    /// The shared tail's anchor values, `[A, V]`.
     pub const TAIL_VALUES: &str = "tail.values";
+    /// The shared tail's head weight.
     pub const TAIL_HEAD_WEIGHT: &str = "tail.head.weight";
+    /// The shared tail's head bias.
     pub const TAIL_HEAD_BIAS: &str = "tail.head.bias";
     /// Beside a shared tail: how many of the client's samples took each anchor in the round `[A]`
     /// (the server averages each anchor over the clients that trained it, and drops this block).
@@ -359,7 +378,9 @@ pub mod fedta_blocks {
     /// The stage-1 IE head `[classes, D]` and `[classes]`: kept on the device, and uploaded for
     /// the global model's head under `prediction = "head"` (the devices never load the average).
     pub const IE_HEAD_WEIGHT: &str = "ie_head.weight";
+    /// The stage-1 IE head's bias, `[classes]`.
     pub const IE_HEAD_BIAS: &str = "ie_head.bias";
+    /// The prefix of the stage-1 IE head's blocks.
     pub const IE_HEAD_PREFIX: &str = "ie_head.";
 }
 

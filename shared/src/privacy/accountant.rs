@@ -49,24 +49,39 @@ pub const DEFAULT_ORDERS_LEN: usize = 156;
 /// What a bad parameter is; no function here panics on its input.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
 pub enum PrivacyError {
+    /// A sampling rate q outside (0, 1].
     #[error("sampling rate {0} is not in (0, 1]")]
     SamplingRate(f64),
+    /// A noise multiplier σ that is not finite and above 0.
     #[error("noise multiplier {0} is not a finite number above 0")]
     NoiseMultiplier(f64),
+    /// A δ outside (0, 1).
     #[error("delta {0} is not in (0, 1)")]
     Delta(f64),
+    /// An RDP order α outside (1, [`MAX_ORDER`]], or NaN.
     #[error("RDP order {0} is not a number in (1, {MAX_ORDER}]")]
     Order(f64),
+    /// An empty list of orders.
     #[error("no RDP orders given")]
     NoOrders,
+    /// Orders and RDP values of different lengths.
     #[error("{orders} orders but {rdp} RDP values")]
-    Lengths { orders: usize, rdp: usize },
+    Lengths {
+        /// Number of orders.
+        orders: usize,
+        /// Number of RDP values.
+        rdp: usize,
+    },
+    /// An RDP value below 0 or NaN.
     #[error("RDP value {0} is not a number at or above 0")]
     Rdp(f64),
+    /// A target ε that is not finite and above 0.
     #[error("target epsilon {0} is not a finite number above 0")]
     TargetEpsilon(f64),
+    /// Zero rounds.
     #[error("the number of rounds must be at least 1")]
     NoRounds,
+    /// A target ε that no noise multiplier up to [`MAX_SIGMA`] reaches.
     #[error("no noise multiplier up to {MAX_SIGMA} reaches epsilon {0}")]
     Unreachable(f64),
 }

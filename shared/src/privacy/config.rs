@@ -69,6 +69,7 @@ impl Default for AdaptiveClip {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrivacyConfig {
+    /// Who adds the noise (off by default).
     pub noise: NoiseSite,
     /// C: the L2 bound of one device's update delta, all shared blocks together (the initial
     /// clip under adaptive clipping).
@@ -107,6 +108,7 @@ impl Default for PrivacyConfig {
 /// Why a `[privacy]` table is refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PrivacyConfigError {
+    /// A setting that cannot work, and why.
     #[error("[privacy] {0}")]
     Invalid(alloc::string::String),
 }
