@@ -399,7 +399,7 @@ fn the_engine_holds_only_the_running_sum_and_persists_no_update() {
     );
 
     // An ack must reach a device before the goodbye: a real client leaves on the goodbye
-    // (client/src/transport.rs, `SessionAction::Finished`) and never reads what follows it.
+    // (client/src/transport/client/act.rs, `SessionAction::Finished`) and never reads what follows it.
     let late: Vec<(&str, &BTreeSet<u64>)> = devices
         .iter()
         .filter(|(_, d)| !d.acked_after_goodbye.is_empty())
