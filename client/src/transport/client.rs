@@ -4,7 +4,7 @@
 mod act;
 mod connect;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::backoff::{Failures, human, sleep_or_stop, stopped};
 use super::device_state::restore_device_state;
 use super::refusal::{RefusalKind, Refused, definite_refusal, tls_error, tls_failure};
-use super::streams::{Inbound, accept_broadcasts, read_control, report_cost};
+use super::streams::{Inbound, accept_broadcasts, read_control};
 use super::{ClientEvent, ClientOptions, DeviceEndpoint};
 use crate::eligibility::Readings;
 use crate::methods::ClientMethod;
@@ -114,8 +114,8 @@ enum Ended {
     Refused(Refused),
 }
 
-/// One client's life across its connections: the session, the method, the cost records to
-/// confirm, and where trainings and uploads report back.
+/// One client's life across its connections: the session, the method, and where trainings and
+/// uploads report back.
 pub(super) struct Client {
     options: ClientOptions,
     session: Session,
@@ -128,12 +128,6 @@ pub(super) struct Client {
     uploaded: mpsc::UnboundedSender<Uploaded>,
     /// Rounds trained in this process, for their log line: the samples and the local accuracy.
     trained_here: HashMap<u64, (u64, Option<f64>)>,
-    /// What the device read of itself right after training each round, for the round's record.
-    condition: HashMap<u64, Readings>,
-    /// Cost records sent and not yet confirmed by the server's ledger (`CostAck`): resent after
-    /// every welcome, so a server that died before committing one still gets it. At most
-    /// [`UNCONFIRMED_COSTS`], the oldest dropped first (the server keeps invitations that long).
-    unconfirmed: BTreeMap<u64, CostRecord>,
     /// The upload task of each round on the current connection: the session asks to resend a
     /// pending update after a reconnect and again when the round's broadcast comes back, and a
     /// second transfer of the same update while the first is still going would send it twice.
@@ -143,10 +137,6 @@ pub(super) struct Client {
     failures: Failures,
     events: Option<mpsc::UnboundedSender<ClientEvent>>,
 }
-
-/// Unconfirmed cost records a client keeps for resending (the server checks a record against
-/// its invitations of the last 8 rounds).
-const UNCONFIRMED_COSTS: usize = 8;
 
 impl Client {
     /// The session from the store's unacknowledged update and the method's saved device state.
@@ -170,7 +160,8 @@ impl Client {
         if let Some(store) = &options.store {
             restore_device_state(store, method.as_mut(), &options.client_id)?;
         }
-        let mut session = Session::new(options.client_id.clone(), capabilities, method.num_samples(), pending);
+        let mut session =
+            Session::new(options.client_id.clone(), capabilities, method.num_samples(), pending).reporting_costs();
         if options.secure_aggregation {
             let mut entropy = [0u8; 32];
             ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut entropy)
@@ -187,8 +178,6 @@ impl Client {
             trained,
             uploaded,
             trained_here: HashMap::new(),
-            condition: HashMap::new(),
-            unconfirmed: BTreeMap::new(),
             uploading: HashMap::new(),
             held_broadcast: Arc::default(),
             failures: Failures::default(),
@@ -255,7 +244,7 @@ impl Client {
             }
             tokio::select! {
                 message = inbound.recv() => match message {
-                    Some(Inbound::Message { msg, wire_bytes }) => self.on_message(msg, wire_bytes, &mut control).await,
+                    Some(Inbound::Message { msg, wire_bytes }) => self.on_message(msg, wire_bytes),
                     Some(Inbound::Closed(reason)) => break 'conn Ended::Lost(reason),
                     None => break 'conn Ended::Lost("connection readers ended".into()),
                 },
@@ -298,18 +287,17 @@ impl Client {
         Ok(ended)
     }
 
-    /// A training's result, from its thread: kept for the round's log line and cost record
-    /// (with what the device read of itself right after), and handed to the session.
+    /// A training's result, from its thread: kept for the round's log line, and handed to the
+    /// session with what the device read of itself right after (the round's cost record carries it).
     fn on_trained(&mut self, round: u64, result: Result<(Update, Duration, Option<Readings>), String>) {
         match result {
             Ok((update, compute, readings)) => {
                 self.options.metrics.trained();
                 let accuracy = update.metrics.iter().find(|m| m.key() == MetricKey::LocalAccuracy).map(|m| m.value);
                 self.trained_here.insert(round, (update.num_samples, accuracy));
-                self.condition.retain(|r, _| *r + UNCONFIRMED_COSTS as u64 > round);
                 if let Some(readings) = readings {
                     self.options.metrics.readings_refused(readings.errors.len());
-                    self.condition.insert(round, readings);
+                    self.session.condition(round, &readings);
                 }
                 self.session.trained(update, compute);
             }
@@ -344,27 +332,18 @@ impl Client {
         mark
     }
 
-    /// A message from the server, `wire_bytes` on the wire: told to the events, unconfirmed cost
-    /// records resent after a welcome; then the session handles it (a broadcast opens its round's
-    /// cost record, an ack may complete it).
-    async fn on_message(&mut self, msg: Message, wire_bytes: u64, control: &mut quinn::SendStream) {
+    /// A message from the server, `wire_bytes` on the wire: told to the events; then the session
+    /// handles it (a broadcast opens its round's cost record, an ack may complete it, a welcome
+    /// sends the unconfirmed records again).
+    fn on_message(&mut self, msg: Message, wire_bytes: u64) {
         match &msg {
             Message::Broadcast(b) => {
                 self.options.metrics.broadcast(b.round);
                 self.emit(ClientEvent::RoundStarted { round: b.round });
             }
             Message::Ack(ack) => self.emit(ClientEvent::Acked { round: ack.round, aggregated: ack.aggregated }),
-            Message::CostAck(a) => {
-                self.unconfirmed.remove(&a.round);
-            }
-            Message::Welcome(_) => {
-                // The server took this device: the backoff starts again from its initial delay.
-                self.failures.connected();
-                for record in self.unconfirmed.values() {
-                    tracing::debug!(client = %self.options.client_id, round = record.round, "resending an unconfirmed cost record");
-                    report_cost(control, record.clone(), self.options.max_frame_bytes).await;
-                }
-            }
+            // The server took this device: the backoff starts again from its initial delay.
+            Message::Welcome(_) => self.failures.connected(),
             _ => {}
         }
         if let Err(e) = self.session.handle_message(self.now(), msg, wire_bytes) {
@@ -375,21 +354,13 @@ impl Client {
         }
     }
 
-    /// A round's cost record, complete: logged, told to the events and reported to the server,
-    /// and kept until the server confirms it.
-    async fn report(&mut self, mut record: CostRecord, control: &mut quinn::SendStream) {
+    /// A round's cost record, complete: counted, logged and told to the events (the session
+    /// sends it to the server's ledger next).
+    fn report(&mut self, record: CostRecord) {
         let (round, aggregated) = (record.round, !record.straggler);
-        if let Some(readings) = self.condition.remove(&round) {
-            crate::eligibility::fill_condition(&mut record, &readings);
-        }
         self.options.metrics.recorded(&record);
         let line = round_line(&record, self.trained_here.remove(&round));
         tracing::info!(client = %self.options.client_id, round, aggregated, "{line}");
-        self.emit(ClientEvent::RoundDone { cost: record.clone(), aggregated });
-        report_cost(control, record.clone(), self.options.max_frame_bytes).await;
-        self.unconfirmed.insert(round, record);
-        while self.unconfirmed.len() > UNCONFIRMED_COSTS {
-            self.unconfirmed.pop_first();
-        }
+        self.emit(ClientEvent::RoundDone { cost: record, aggregated });
     }
 }

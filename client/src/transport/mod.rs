@@ -1,9 +1,8 @@
 //! The tokio + quinn shell around the [`Session`]: connects with a pinned server certificate,
 //! reconnects with exponential backoff and jitter, runs training off the async threads, uploads
 //! on uni streams, and measures what the session's cost records need (wire bytes from QUIC's
-//! statistics, times on the host's clock), reporting each record the session completes to the
-//! server's ledger until the server confirms it.
-
+//! statistics, times on the host's clock) and what the device reads of itself; the session
+//! sends each record it completes to the server's ledger until the server confirms it.
 //!
 //! - [`options`]: how to reach the server and who this client is ([`ClientOptions`]).
 //! - [`backoff`]: the waits between connection attempts ([`Backoff`]).

@@ -11,6 +11,7 @@ use anyhow::Context;
 
 use super::super::device_state::save_device_state;
 use super::super::refusal::RefusalKind;
+use super::super::streams::report_cost;
 use super::super::upload::upload;
 use super::{Client, ClientEvent, Ended};
 use crate::eligibility::Readings;
@@ -27,6 +28,9 @@ impl Client {
     ) -> anyhow::Result<Option<Ended>> {
         let max_frame = self.options.max_frame_bytes;
         match action {
+            // Best effort: the session sends a record again after each welcome until the
+            // server's ledger confirms it.
+            SessionAction::Send(Message::Cost(record)) => report_cost(control, record, max_frame).await,
             SessionAction::Send(msg) => {
                 let frame = encode_frame(&msg, max_frame)?;
                 if let Err(e) = write_frame(control, &frame).await {
@@ -40,7 +44,7 @@ impl Client {
             }
             // A masked vector is as large as an update and travels the same way.
             SessionAction::UploadMasked { round, msg } => self.start_upload(round, msg, Priority::Blocks, conn, tasks),
-            SessionAction::Cost(record) => self.report(record, control).await,
+            SessionAction::Cost(record) => self.report(record),
             SessionAction::Persist(update) => {
                 if let Some(store) = &self.options.store {
                     store.save_pending(update.as_ref()).context("persisting the update")?;
