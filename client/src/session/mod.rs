@@ -350,7 +350,7 @@ impl Session {
     }
 
     /// Training finished after the device computed for `compute` (the caller timed it: see
-    /// `ClientMethod::train_timed`): the update carries it, and so does the round's cost record.
+    /// `ClientMethod::train_measured`): the update carries it, and so does the round's cost record.
     /// Persist the update, then upload it.
     pub fn trained(&mut self, mut update: Update, compute: Duration) {
         update.compute_seconds = compute.as_secs_f64();

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use anchorage_model::FeatureCache;
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::io::{FrameIoError, read_frame, write_frame};
-use anchorage_shared::protocol::{Broadcast, Heartbeat, Message, Update};
+use anchorage_shared::protocol::{Broadcast, Heartbeat, Message};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
 use anchorage_shared::transfer;
@@ -16,7 +16,7 @@ use super::backoff::Failures;
 use super::client::Client;
 use super::upload::resume_answer;
 use super::*;
-use crate::methods::{ClientMethod, TrainError};
+use crate::methods::{ClientMethod, TrainError, Trained};
 use crate::metrics::ClientMetrics;
 use crate::store::ClientStore;
 
@@ -52,7 +52,7 @@ impl ClientMethod for Idle {
     fn num_samples(&self) -> u64 {
         1
     }
-    fn train(&mut self, _: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, _: &Broadcast) -> Result<Trained, TrainError> {
         Err(TrainError::NoData)
     }
     fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
