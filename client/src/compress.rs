@@ -17,12 +17,12 @@
 use std::collections::BTreeMap;
 
 use anchorage_model::FeatureCache;
-use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::protocol::Broadcast;
 use anchorage_shared::tensor::{Dense, EncodedTensor, Encoding, MAX_NAME_LEN, ParamBlock, TensorError};
 use anchorage_shared::{compress, sparse};
 use serde::{Deserialize, Serialize};
 
-use crate::methods::{ClientMethod, TrainError};
+use crate::methods::{ClientMethod, TrainError, Trained};
 
 /// A general-purpose compressor over the encoded blocks (`compress` of client.toml and of a
 /// simulation, `--compress`).
@@ -101,7 +101,7 @@ impl<M: ClientMethod> Compressed<M> {
 
     /// The update as it is uploaded: each block a top-k delta against the broadcast's block of
     /// the same name and shape (others stay dense), then zstd where it is smaller.
-    fn shrink(&mut self, broadcast: &Broadcast, mut update: Update) -> Result<Update, TrainError> {
+    fn shrink(&mut self, broadcast: &Broadcast, mut update: Trained) -> Result<Trained, TrainError> {
         for block in &mut update.blocks {
             if let Some(fraction) = self.config.top_k {
                 let base =
@@ -155,8 +155,8 @@ impl<M: ClientMethod> ClientMethod for Compressed<M> {
     fn num_samples(&self) -> u64 {
         self.inner.num_samples()
     }
-    /// The inner method's update, shrunk (the default `train_timed` times both).
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    /// The inner method's update, shrunk (the default `train_measured` times both).
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         let update = self.inner.train(broadcast)?;
         if self.config.is_off() { Ok(update) } else { self.shrink(broadcast, update) }
     }

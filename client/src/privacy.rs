@@ -27,12 +27,13 @@
 //! Order with compression ([`crate::compress`]): privatize first, then compress. A top-k of a
 //! noised delta, or a zstd frame of it, is post-processing and costs no privacy.
 
+use crate::methods::Trained;
 use anchorage_model::FeatureCache;
 use anchorage_shared::MetricKey;
 use anchorage_shared::method::fedta_blocks::TAIL_TRAINED;
 use anchorage_shared::privacy::mechanism::{add_gaussian, clip_in_place, noisy_count};
 use anchorage_shared::privacy::{NoiseSite, PrivacyConfig};
-use anchorage_shared::protocol::{Broadcast, Metric, Update};
+use anchorage_shared::protocol::{Broadcast, Metric};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{EncodedTensor, Encoding, ParamBlock, TensorError};
@@ -140,7 +141,7 @@ impl<M: ClientMethod> Privatized<M> {
     }
 
     /// The update as it leaves the device: noised (local noise) and marked.
-    fn privatize(&mut self, broadcast: &Broadcast, mut update: Update) -> Result<Update, TensorError> {
+    fn privatize(&mut self, broadcast: &Broadcast, mut update: Trained) -> Result<Trained, TensorError> {
         if let Some(sigma) = self.config.local_sigma() {
             self.noise_blocks(broadcast, &mut update.blocks, sigma)?;
             self.noise_prototypes(&mut update.prototypes, sigma)?;
@@ -215,8 +216,8 @@ impl<M: ClientMethod> ClientMethod for Privatized<M> {
     fn num_samples(&self) -> u64 {
         self.inner.num_samples()
     }
-    /// The inner method's update, privatized (the default `train_timed` times both).
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    /// The inner method's update, privatized (the default `train_measured` times both).
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         let update = self.inner.train(broadcast)?;
         self.privatize(broadcast, update).map_err(TrainError::Privacy)
     }

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anchorage_client::methods::{ClientMethod, TrainError};
-use anchorage_shared::protocol::{Broadcast, Metric, Update};
+use anchorage_client::methods::{ClientMethod, TrainError, Trained};
+use anchorage_shared::protocol::{Broadcast, Metric};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
@@ -516,15 +516,15 @@ impl<M: ClientMethod> ClientMethod for SimulatedDevice<M> {
         self.inner.restore_device_state(blocks)
     }
 
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
-        self.train_timed(broadcast).map(|(update, _)| update)
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
+        self.train_measured(broadcast).map(|(trained, _)| trained)
     }
 
     /// Trains the inner method (fewer epochs for a straggler) and charges the device's compute
     /// time: `compute_scale` × the host's CPU time of the inner `train`, the wait for the pool
     /// not counted. The one measurement of compute time on both of the simulator's clocks; the
     /// real clock sleeps off the difference to the wall time.
-    fn train_timed(&mut self, broadcast: &Broadcast) -> Result<(Update, Duration), TrainError> {
+    fn train_measured(&mut self, broadcast: &Broadcast) -> Result<(Trained, Duration), TrainError> {
         if self.crash_round == Some(broadcast.round) {
             return Err(TrainError::Crashed(broadcast.round));
         }

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anchorage_client::methods::{ClientMethod, TrainError};
+use anchorage_client::methods::{ClientMethod, TrainError, Trained};
 use anchorage_client::transport::{Backoff, ClientCert, ClientEvent, ClientOptions, SocketWrapper};
 use anchorage_model::FeatureCache;
 use anchorage_pki::{Kind, ProjectCa};
@@ -23,7 +23,7 @@ use anchorage_server::tls::Trust;
 use anchorage_server::transport::{self as server, Limits, ServerHandle, ServerOptions};
 use anchorage_shared::frame::DEFAULT_MAX_FRAME;
 use anchorage_shared::io::read_frame;
-use anchorage_shared::protocol::{Broadcast, Message, TransferResume, Update};
+use anchorage_shared::protocol::{Broadcast, Message, TransferResume};
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use anchorage_shared::transfer::{CHUNK_BYTES, MAX_CHUNK_FRAME, RESUMABLE_BROADCASTS_ALPN};
 use anchorage_sim::network::{DuplexProfile, DuplexStats, LinkHandle, LinkProfile, Outage, ShapedSocket};
@@ -73,7 +73,7 @@ impl ClientMethod for Echo {
     fn num_samples(&self) -> u64 {
         10
     }
-    fn train(&mut self, b: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, b: &Broadcast) -> Result<Trained, TrainError> {
         let nudged = |block: &ParamBlock| {
             let values: Vec<f32> = block
                 .decode()
@@ -85,14 +85,7 @@ impl ClientMethod for Echo {
             ParamBlock::encode(block.name.clone(), &block.tensor.shape, &values, Encoding::F32)
         };
         let blocks = b.blocks.iter().map(nudged).collect();
-        Ok(Update {
-            round: b.round,
-            num_samples: 10,
-            blocks,
-            prototypes: vec![],
-            metrics: vec![],
-            compute_seconds: 0.0,
-        })
+        Ok(Trained { num_samples: 10, blocks, prototypes: vec![], metrics: vec![] })
     }
     fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
         Ok(None)

@@ -43,7 +43,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anchorage_client::methods::protos::{PrototypeRelease, host, upload_prototypes};
-use anchorage_client::methods::{ClientMethod, TrainError};
+use anchorage_client::methods::{ClientMethod, TrainError, Trained};
 use anchorage_client::privacy::{DevicePrivacy, wrap};
 use anchorage_data::Dataset;
 use anchorage_model::{FeatureCache, zoo};
@@ -169,14 +169,12 @@ impl ClientMethod for Uploads {
     fn num_samples(&self) -> u64 {
         self.0.iter().map(|p| p.count).sum()
     }
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
-        Ok(Update {
-            round: broadcast.round,
+    fn train(&mut self, _: &Broadcast) -> Result<Trained, TrainError> {
+        Ok(Trained {
             num_samples: self.num_samples(),
             blocks: Vec::new(),
             prototypes: self.0.clone(),
             metrics: Vec::new(),
-            compute_seconds: 0.0,
         })
     }
     fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
@@ -449,7 +447,8 @@ fn secagg_row(fleet: &Fleet, truths: &[Vec<(u32, Vec<f32>)>], clip: f64) -> Row 
         .map(|&d| {
             let (values, labels) = &fleet.devices[d];
             let mut method = Uploads(upload(values, labels, fleet.dim, PrototypeRelease::Means));
-            (ClientId(d as u32), method.train(&broadcast(1)).expect("an update"))
+            let trained = method.train(&broadcast(1)).expect("an update");
+            (ClientId(d as u32), trained.into_update(1, std::time::Duration::ZERO))
         })
         .collect();
     let exact = pooled_means(&updates, clip);

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anchorage_client::methods::{ClientMethod, TrainError};
+use anchorage_client::methods::{ClientMethod, TrainError, Trained};
 use anchorage_client::session::{Session, SessionAction};
 use anchorage_client::store::ClientStore;
 use anchorage_client::transport::{self as client, ClientOptions};
@@ -399,7 +399,7 @@ fn the_engine_holds_only_the_running_sum_and_persists_no_update() {
     );
 
     // An ack must reach a device before the goodbye: a real client leaves on the goodbye
-    // (client/src/transport.rs, `SessionAction::Finished`) and never reads what follows it.
+    // (client/src/transport/client/act.rs, `SessionAction::Finished`) and never reads what follows it.
     let late: Vec<(&str, &BTreeSet<u64>)> = devices
         .iter()
         .filter(|(_, d)| !d.acked_after_goodbye.is_empty())
@@ -444,19 +444,18 @@ impl ClientMethod for Marked {
     fn num_samples(&self) -> u64 {
         SAMPLES
     }
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         let delta: Vec<Vec<f32>> =
             broadcast.blocks.iter().map(|b| (0..b.tensor.len().unwrap()).map(|j| self.delta(j)).collect()).collect();
-        let update = Update {
-            round: broadcast.round,
+        let trained = Trained {
             num_samples: SAMPLES,
             blocks: plus(&broadcast.blocks, &delta),
             prototypes: vec![],
             metrics: vec![Metric { name: "marker".into(), value: MARKER + self.index as f64 }],
-            compute_seconds: 0.0,
         };
-        self.trained.lock().unwrap().push((self.index, update.clone(), broadcast.blocks.clone()));
-        Ok(update)
+        let update = trained.clone().into_update(broadcast.round, Duration::ZERO);
+        self.trained.lock().unwrap().push((self.index, update, broadcast.blocks.clone()));
+        Ok(trained)
     }
     fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
         Ok(None)

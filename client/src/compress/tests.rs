@@ -16,15 +16,13 @@ impl ClientMethod for Fixed {
     fn num_samples(&self) -> u64 {
         1
     }
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, _: &Broadcast) -> Result<Trained, TrainError> {
         let values = self.values.remove(0);
-        Ok(Update {
-            round: broadcast.round,
+        Ok(Trained {
             num_samples: 1,
             blocks: vec![ParamBlock::encode("w", &[values.len() as u32], &values, Encoding::F32)],
             prototypes: Vec::new(),
             metrics: Vec::new(),
-            compute_seconds: 0.0,
         })
     }
     fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
@@ -57,7 +55,7 @@ fn top_k(fraction: f64, values: Encoding) -> UpdateCompression {
 }
 
 /// What the server decodes: the update's block against the broadcast's.
-fn received(update: &Update, b: &Broadcast) -> Vec<f32> {
+fn received(update: &Trained, b: &Broadcast) -> Vec<f32> {
     update.blocks[0].decode_against(&b.blocks[0].decode().unwrap()).unwrap()
 }
 

@@ -6,8 +6,9 @@
 //!   device); `personal_epochs` on the head with the body fixed, then `local_epochs` on the body.
 //! - **Local-only**: nothing is shared; each client keeps training its own net.
 
+use super::Trained;
 use anchorage_shared::method::{MethodConfig, MethodInfo, Prediction, Shared};
-use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::protocol::Broadcast;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use burn::module::Module;
@@ -97,7 +98,7 @@ impl ClientMethod for Baseline {
         self.ctx.stream.current_samples(self.task)
     }
 
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         self.task = broadcast.task;
         // The current task; under FedEvolve's protocol (every source domain known), all of them
         // pooled into one set, so that every batch mixes domains.
@@ -141,15 +142,7 @@ impl ClientMethod for Baseline {
         if self.info.shared != Shared::Net {
             self.own = Some(model);
         }
-        Ok(Update {
-            round: broadcast.round,
-            num_samples: samples,
-            blocks,
-            prototypes: Vec::new(),
-            metrics: common_metrics(loss, accuracies),
-            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
-            compute_seconds: 0.0,
-        })
+        Ok(Trained { num_samples: samples, blocks, prototypes: Vec::new(), metrics: common_metrics(loss, accuracies) })
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {

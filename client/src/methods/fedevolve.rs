@@ -13,8 +13,9 @@
 //!   domain to ψ(x). The uploaded prototypes are those of the last source domain, so the server's
 //!   model predicts the same way.
 
+use super::Trained;
 use anchorage_shared::method::Distance;
-use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::protocol::Broadcast;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use burn::module::Module;
@@ -143,7 +144,7 @@ impl ClientMethod for FedEvolveClient {
         self.ctx.stream.seen_samples(self.task)
     }
 
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         self.task = broadcast.task;
         let domains = self.ctx.stream.seen_training(broadcast.task)?;
         let last = domains[domains.len() - 1].clone();
@@ -191,14 +192,11 @@ impl ClientMethod for FedEvolveClient {
             .ctx
             .stream
             .accuracy_metrics(broadcast, |test| target_accuracy(&maps, table.as_ref(), test, self.config.distance));
-        Ok(Update {
-            round: broadcast.round,
+        Ok(Trained {
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),
             blocks: maps.to_blocks(self.ctx.encoding)?,
             prototypes: uploaded,
             metrics: common_metrics(loss, accuracies),
-            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
-            compute_seconds: 0.0,
         })
     }
 

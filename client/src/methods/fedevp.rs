@@ -19,8 +19,9 @@
 //!   equally often (the sample-weighted average otherwise). The device still trains on its
 //!   evolving prototypes.
 
+use super::Trained;
 use anchorage_shared::method::{FedEvpAlignment, FedEvpConfig};
-use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::protocol::Broadcast;
 use anchorage_shared::prototype_rules::{ClassMean, evolving_prototype};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
@@ -143,7 +144,7 @@ impl ClientMethod for FedEvpClient {
         self.ctx.stream.seen_samples(self.task)
     }
 
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         self.task = broadcast.task;
         let domains = self.ctx.stream.seen_training(broadcast.task)?;
         let last = domains[domains.len() - 1].clone();
@@ -192,14 +193,11 @@ impl ClientMethod for FedEvpClient {
         }
         self.rng = rng;
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&personal, t, 512));
-        Ok(Update {
-            round: broadcast.round,
+        Ok(Trained {
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),
             blocks,
             prototypes,
             metrics: common_metrics(loss, accuracies),
-            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
-            compute_seconds: 0.0,
         })
     }
 

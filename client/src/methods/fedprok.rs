@@ -12,8 +12,9 @@
 
 use anchorage_shared::MetricKey;
 
+use super::Trained;
 use anchorage_shared::method::ReplayInto;
-use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::protocol::Broadcast;
 use anchorage_shared::prototype_rules::{ClassMean, nearest_by_cosine};
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::ParamBlock;
@@ -170,7 +171,7 @@ impl ClientMethod for FedProKClient {
         self.ctx.stream.current_samples(self.task)
     }
 
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         self.task = broadcast.task;
         let data = self.ctx.stream.training(broadcast.task)?;
         let (train, current) = (data.train.clone(), data.classes.clone());
@@ -237,15 +238,7 @@ impl ClientMethod for FedProKClient {
         if let Some(d) = drift {
             metrics.push(anchorage_shared::protocol::Metric::new(MetricKey::PrototypeDrift, d));
         }
-        Ok(Update {
-            round: broadcast.round,
-            num_samples: train.len() as u64,
-            blocks: net.to_blocks(self.ctx.encoding)?,
-            prototypes,
-            metrics,
-            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
-            compute_seconds: 0.0,
-        })
+        Ok(Trained { num_samples: train.len() as u64, blocks: net.to_blocks(self.ctx.encoding)?, prototypes, metrics })
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {

@@ -21,9 +21,10 @@
 //! prototypes (the global model with ν averaged over the devices, `global_head`), our
 //! ablations. The global model's probes ([`super::Probes`]) read µ apart from the prediction rule.
 
+use super::Trained;
 use anchorage_shared::math::moving_average;
 use anchorage_shared::method::{Distance, GldpPrediction};
-use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_shared::protocol::Broadcast;
 use anchorage_shared::prototype_rules::ClassMean;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
@@ -166,7 +167,7 @@ impl ClientMethod for GldpClient {
         self.ctx.stream.current_samples(self.task)
     }
 
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         self.task = broadcast.task;
         let data = self.ctx.stream.training(broadcast.task)?;
         let train = data.train.clone();
@@ -213,15 +214,7 @@ impl ClientMethod for GldpClient {
         let mut blocks = net.to_blocks(self.ctx.encoding)?;
         blocks.retain(|b| self.config.shares_head() || !is_head_block(&b.name));
         self.own = Some(net);
-        Ok(Update {
-            round: broadcast.round,
-            num_samples: train.len() as u64,
-            blocks,
-            prototypes,
-            metrics: common_metrics(loss, accuracies),
-            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
-            compute_seconds: 0.0,
-        })
+        Ok(Trained { num_samples: train.len() as u64, blocks, prototypes, metrics: common_metrics(loss, accuracies) })
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {

@@ -1,5 +1,6 @@
-//! Client halves of the methods: consume a broadcast and the local task stream, produce an
-//! update. They know nothing of transport. Which half a config gets is [`build`]'s match on
+//! Client halves of the methods: consume a broadcast and the local task stream, produce what
+//! they trained ([`Trained`]; [`Trained::into_update`] makes it the wire update). They know
+//! nothing of transport. Which half a config gets is [`build`]'s match on
 //! [`MethodConfig`] (CONTRIBUTING.md, "Add a method").
 
 mod baselines;
@@ -14,6 +15,7 @@ pub mod stream;
 use anchorage_shared::MetricKey;
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Broadcast, Metric, Update};
+use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use burn::tensor::Device;
 use std::time::{Duration, Instant};
@@ -81,6 +83,26 @@ impl Probes {
     }
 }
 
+/// What a method's training of one round produced: the update's content, before the round and
+/// the device's compute time are stamped into the wire [`Update`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Trained {
+    /// Samples trained on (the FedAvg weight).
+    pub num_samples: u64,
+    pub blocks: Vec<ParamBlock>,
+    pub prototypes: Vec<Prototype>,
+    pub metrics: Vec<Metric>,
+}
+
+impl Trained {
+    /// The wire update of `round`, computed for `compute`: the one place a method's result
+    /// becomes an [`Update`].
+    pub fn into_update(self, round: u64, compute: Duration) -> Update {
+        let Trained { num_samples, blocks, prototypes, metrics } = self;
+        Update { round, num_samples, blocks, prototypes, metrics, compute_seconds: compute.as_secs_f64() }
+    }
+}
+
 /// The client half of a federated method (Flower's `Client::fit`, plus the evaluation of the
 /// global model the way the method predicts).
 pub trait ClientMethod: Send {
@@ -88,17 +110,22 @@ pub trait ClientMethod: Send {
     fn name(&self) -> &'static str;
     /// Training samples held now.
     fn num_samples(&self) -> u64;
-    /// Trains from the broadcast's global state and returns the update for its round. A method
-    /// does not time itself: its update's `compute_seconds` is left at zero.
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError>;
-    /// [`ClientMethod::train`], timed by its caller: the update and how long the device computed
-    /// it, which the shell hands to the session (`Session::trained`, the one place that sets a
-    /// round's compute seconds). By default the wall time of `train`; a device model (the
-    /// simulator's `SimulatedDevice`) charges its own time instead.
-    fn train_timed(&mut self, broadcast: &Broadcast) -> Result<(Update, Duration), TrainError> {
+    /// Trains from the broadcast's global state and returns what it trained for the round. A
+    /// method does not time itself.
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError>;
+    /// [`ClientMethod::train`] and how long the device computed it. By default the wall time of
+    /// `train`; a device model (the simulator's `SimulatedDevice`) charges its own time instead.
+    fn train_measured(&mut self, broadcast: &Broadcast) -> Result<(Trained, Duration), TrainError> {
         let started = Instant::now();
-        let update = self.train(broadcast)?;
-        Ok((update, started.elapsed()))
+        let trained = self.train(broadcast)?;
+        Ok((trained, started.elapsed()))
+    }
+    /// [`ClientMethod::train_measured`] as the broadcast's round's wire update and its compute
+    /// time, which the shells hand to the session (`Session::trained`, which stamps the round's
+    /// compute seconds). Not overridden: override `train_measured`.
+    fn train_timed(&mut self, broadcast: &Broadcast) -> Result<(Update, Duration), TrainError> {
+        let (trained, compute) = self.train_measured(broadcast)?;
+        Ok((trained.into_update(broadcast.round, compute), compute))
     }
     /// Accuracy of the global model `broadcast` describes on `test` (`None`: the method has no
     /// global predictor, e.g. Local-only or FedRep's personal heads).
@@ -132,11 +159,11 @@ impl<M: ClientMethod + ?Sized> ClientMethod for Box<M> {
     fn num_samples(&self) -> u64 {
         (**self).num_samples()
     }
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         (**self).train(broadcast)
     }
-    fn train_timed(&mut self, broadcast: &Broadcast) -> Result<(Update, Duration), TrainError> {
-        (**self).train_timed(broadcast)
+    fn train_measured(&mut self, broadcast: &Broadcast) -> Result<(Trained, Duration), TrainError> {
+        (**self).train_measured(broadcast)
     }
     fn global_accuracy(&self, broadcast: &Broadcast, test: &FeatureCache) -> Result<Option<f64>, TrainError> {
         (**self).global_accuracy(broadcast, test)
@@ -266,7 +293,7 @@ impl<M: ClientMethod> ClientMethod for BatchCap<M> {
     fn num_samples(&self) -> u64 {
         self.inner.num_samples()
     }
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         let max = self.max.max(1);
         if broadcast.config.batch_size <= max {
             return self.inner.train(broadcast);
@@ -342,7 +369,7 @@ mod tests {
         fn num_samples(&self) -> u64 {
             1
         }
-        fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+        fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
             self.0.push(broadcast.config.batch_size);
             Err(TrainError::NoData)
         }

@@ -24,14 +24,12 @@ impl ClientMethod for Fixed {
     fn num_samples(&self) -> u64 {
         7
     }
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
-        Ok(Update {
-            round: broadcast.round,
+    fn train(&mut self, _: &Broadcast) -> Result<Trained, TrainError> {
+        Ok(Trained {
             num_samples: 7,
             blocks: self.blocks.clone(),
             prototypes: self.prototypes.clone(),
             metrics: vec![Metric::new(MetricKey::TrainLoss, 0.5)],
-            compute_seconds: 0.0,
         })
     }
     fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
@@ -56,12 +54,12 @@ fn device(noise: NoiseSite, sigma: Option<f64>, clip: f64, prototype_clip: f64) 
     DevicePrivacy { noise, clip, prototype_clip, noise_multiplier: sigma }
 }
 
-fn marker(update: &Update) -> Option<f64> {
+fn marker(update: &Trained) -> Option<f64> {
     update.metrics.iter().find(|m| m.name == "prototype_sums").map(|m| m.value)
 }
 
-fn bytes(update: &Update) -> Vec<u8> {
-    postcard::to_allocvec(update).unwrap()
+fn bytes(update: &Trained) -> Vec<u8> {
+    postcard::to_allocvec(&update.clone().into_update(1, std::time::Duration::ZERO)).unwrap()
 }
 
 /// Three classes around 3·e_c in 4 dimensions, `domains` domains each shifted a little.
@@ -100,7 +98,7 @@ fn prototype_methods() -> Vec<MethodConfig> {
 }
 
 /// One round of `method` on two domains under `release`.
-fn one_round(method: &MethodConfig, release: PrototypeRelease) -> Update {
+fn one_round(method: &MethodConfig, release: PrototypeRelease) -> Trained {
     let mut client = crate::methods::build(method, context(release, 2)).unwrap();
     let b = broadcast(client.initial_blocks().unwrap());
     client.train(&b).unwrap()

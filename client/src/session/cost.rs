@@ -2,8 +2,9 @@
 //! broadcast opens its record, training and the upload fill it, and it is complete once the
 //! update is both uploaded and acknowledged. Sans-IO like the session: every time and every
 //! wire byte count comes from the shell that measured it (QUIC's statistics and the host's clock
-//! on the real clock; the link and packet model on the virtual one). Energy is not the
-//! session's to know: the simulator estimates it from the device profile.
+//! on the real clock; the link and packet model on the virtual one), and so does the device's
+//! condition (what it read of itself). Energy is not the session's to know: the simulator
+//! estimates it from the device profile.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,6 +12,8 @@ use std::time::Duration;
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Broadcast, Update};
 use anchorage_shared::tensor::payload_bytes;
+
+use crate::eligibility::Readings;
 
 /// What the shell measured of one upload of an update.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -81,6 +84,11 @@ impl Costs {
     /// The device computed `compute` for `round`'s update.
     pub(super) fn trained(&mut self, round: u64, compute: Duration) {
         self.rounds.entry(round).or_default().record.compute_seconds = compute.as_secs_f64();
+    }
+
+    /// What the device read of itself after training `round`: its condition goes into the record.
+    pub(super) fn condition(&mut self, round: u64, readings: &Readings) {
+        crate::eligibility::fill_condition(&mut self.rounds.entry(round).or_default().record, readings);
     }
 
     /// The session asks the shell to upload `update`.

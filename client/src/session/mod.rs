@@ -11,10 +11,13 @@
 //! refuses for good is not resent but set aside, never deleted.
 //!
 //! The session also keeps each round's cost record ([`cost`]) and emits it once complete, for
-//! both shells: the shell passes in the times and wire bytes it measured (the session reads no
-//! clock), the session does the accounting.
+//! both shells: the shell passes in the times and wire bytes it measured and what the device read
+//! of itself (the session reads no clock and no device), the session does the accounting. Where
+//! the records go to the server's ledger ([`Session::reporting_costs`]) it also sends each and
+//! sends it again until the server confirms it ([`reports`]).
 
 mod cost;
+mod reports;
 mod secagg;
 
 use std::collections::VecDeque;
@@ -28,6 +31,8 @@ use anchorage_shared::protocol::{
 };
 
 pub use cost::UploadMeasure;
+
+use crate::eligibility::Readings;
 
 /// What the session asks its shell to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,8 +56,8 @@ pub enum SessionAction {
     /// The federation is over (goodbye) or refused us for good; stop.
     Finished { reason: String },
     /// A round's cost record is complete (its update uploaded and acknowledged; `straggler`: the
-    /// ack said it came after its round closed). The real shell reports it to the server's
-    /// ledger; the simulator files it in its own.
+    /// ack said it came after its round closed). The real shell logs it (and, reporting costs,
+    /// the session sends it next as a `Cost` message); the simulator files it in its own ledger.
     Cost(CostRecord),
 }
 
@@ -104,6 +109,9 @@ pub struct Session {
     refused: Option<Refusal>,
     /// The cost records of the rounds in flight.
     costs: cost::Costs,
+    /// The records sent to the server's ledger and not confirmed yet; `None`: the records are not
+    /// sent (the simulator files them itself).
+    reports: Option<reports::Unconfirmed>,
     /// Secure aggregation (`secure_aggregation` in client.toml): the update never travels in the clear.
     /// Boxed: most sessions have none, and it is larger than the rest of the session.
     secagg: Option<Box<secagg::DeviceSecAgg>>,
@@ -129,6 +137,7 @@ impl Session {
             last_trained,
             refused: None,
             costs: cost::Costs::default(),
+            reports: None,
             secagg: None,
             actions: VecDeque::new(),
         }
@@ -139,6 +148,13 @@ impl Session {
     /// round's keys.
     pub fn with_secure_aggregation(mut self, entropy: [u8; 32]) -> Self {
         self.secagg = Some(Box::new(secagg::DeviceSecAgg::new(entropy)));
+        self
+    }
+
+    /// Cost records go to the server's ledger: each complete record (`Cost`) is followed by its
+    /// `Cost` message, kept until the server's `CostAck` and sent again after every welcome.
+    pub fn reporting_costs(mut self) -> Self {
+        self.reports = Some(reports::Unconfirmed::default());
         self
     }
 
@@ -155,11 +171,13 @@ impl Session {
     /// flight go on: the simulator measures its devices from outside (a real restart loses them).
     pub fn restart(&mut self, num_samples: u64) {
         let costs = std::mem::take(&mut self.costs);
+        let reports = self.reports.take();
         let pending = self.pending.take();
         // A restart loses the round's keys and shares; the entropy root stays.
         let secagg = self.secagg.take().map(|s| Box::new(s.restarted()));
         *self = Self::new(self.client_id.clone(), self.capabilities.clone(), num_samples, pending);
         self.costs = costs;
+        self.reports = reports;
         self.secagg = secagg;
     }
 
@@ -222,6 +240,7 @@ impl Session {
     pub fn handle_message(&mut self, now: Duration, msg: Message, wire_bytes: u64) -> Result<(), SessionError> {
         match msg {
             Message::Welcome(_) => {
+                self.resend_costs();
                 match self.state {
                     SessionState::Joining => self.state = SessionState::Idle,
                     // Reconnected while training: the result is uploaded when it is ready.
@@ -239,7 +258,7 @@ impl Session {
             }
             Message::Ack(ack) => {
                 if let Some(record) = self.costs.acked(now, ack.round, ack.aggregated, &self.client_id) {
-                    self.actions.push_back(SessionAction::Cost(record));
+                    self.completed(record);
                 }
                 if self.pending.as_ref().is_some_and(|u| u.round == ack.round) {
                     self.pending = None;
@@ -255,8 +274,12 @@ impl Session {
             Message::Refusal(r) => self.on_refusal(r),
             Message::Goodbye(g) => self.finish(g.reason),
             Message::SecAgg(frame) => self.on_secagg(&frame)?,
-            // Reporting cost records and resending unconfirmed ones is the real shell's.
-            Message::Heartbeat(_) | Message::CostAck(_) => {}
+            Message::CostAck(a) => {
+                if let Some(reports) = self.reports.as_mut() {
+                    reports.confirmed(a.round);
+                }
+            }
+            Message::Heartbeat(_) => {}
             // Transfer messages ride their own streams (the shell's), never the control stream.
             Message::Hello(_)
             | Message::Update(_)
@@ -327,7 +350,7 @@ impl Session {
     }
 
     /// Training finished after the device computed for `compute` (the caller timed it: see
-    /// `ClientMethod::train_timed`): the update carries it, and so does the round's cost record.
+    /// `ClientMethod::train_measured`): the update carries it, and so does the round's cost record.
     /// Persist the update, then upload it.
     pub fn trained(&mut self, mut update: Update, compute: Duration) {
         update.compute_seconds = compute.as_secs_f64();
@@ -391,7 +414,34 @@ impl Session {
     /// says; with the round's ack in, its cost record is complete.
     pub fn uploaded(&mut self, now: Duration, round: u64, m: UploadMeasure) {
         if let Some(record) = self.costs.uploaded(now, round, m, &self.client_id) {
+            self.completed(record);
+        }
+    }
+
+    /// What the device read of itself right after training `round` (only where the shell reads
+    /// the device): the round's cost record carries its condition.
+    pub fn condition(&mut self, round: u64, readings: &Readings) {
+        self.costs.condition(round, readings);
+    }
+
+    /// A round's cost record is complete: emitted, and, reporting costs, sent and kept until the
+    /// server confirms it.
+    fn completed(&mut self, record: CostRecord) {
+        let Some(reports) = self.reports.as_mut() else {
             self.actions.push_back(SessionAction::Cost(record));
+            return;
+        };
+        self.actions.push_back(SessionAction::Cost(record.clone()));
+        self.actions.push_back(SessionAction::Send(Message::Cost(record.clone())));
+        reports.sent(record);
+    }
+
+    /// After a welcome: the records the server has not confirmed are sent again.
+    fn resend_costs(&mut self) {
+        let Some(reports) = &self.reports else { return };
+        for record in reports.records() {
+            tracing::debug!(client = %self.client_id, round = record.round, "resending an unconfirmed cost record");
+            self.actions.push_back(SessionAction::Send(Message::Cost(record.clone())));
         }
     }
 

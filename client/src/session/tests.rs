@@ -1,7 +1,7 @@
 //! Session tests: the state machine driven by hand, no socket and no training.
 
 use anchorage_shared::protocol::{
-    Ack, Broadcast, Goodbye, Message, Refusal, RefusalReason, RoundConfig, Update, Welcome,
+    Ack, Broadcast, CostAck, Goodbye, Message, Refusal, RefusalReason, RoundConfig, Update, Welcome,
 };
 
 use super::*;
@@ -375,6 +375,103 @@ fn a_declined_round_is_told_to_the_server_and_may_be_trained_later() {
     // The round's broadcast again: trained this time.
     s.receive(Message::Broadcast(broadcast(3))).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast(3))]);
+}
+
+/// One round from its broadcast to its complete record, on a welcomed session, with what the
+/// device read of itself after training, if anything: the actions of the round's ack.
+fn a_round_recorded(s: &mut Session, round: u64, readings: Option<&Readings>) -> Vec<SessionAction> {
+    s.receive(Message::Broadcast(broadcast(round))).unwrap();
+    if let Some(readings) = readings {
+        s.condition(round, readings);
+    }
+    s.trained(update(round), COMPUTE);
+    s.uploaded(secs(1.0), round, UploadMeasure::default());
+    drain(s);
+    s.receive(Message::Ack(Ack { round, aggregated: true })).unwrap();
+    drain(s)
+}
+
+/// The connection drops and comes back: the actions after the new welcome.
+fn reconnected(s: &mut Session) -> Vec<SessionAction> {
+    s.disconnected();
+    s.connected();
+    drain(s);
+    s.receive(welcome()).unwrap();
+    drain(s)
+}
+
+/// Reporting costs, a complete record is sent to the server's ledger right after its `Cost`,
+/// and sent again after every welcome until the server confirms it; a confirmed one is not sent
+/// again, and only the newest 8 are kept.
+#[test]
+fn an_unconfirmed_cost_record_is_sent_again_after_a_reconnect() {
+    let mut s = joined(None).reporting_costs();
+    let actions = a_round_recorded(&mut s, 1, None);
+    let [SessionAction::Cost(r1), SessionAction::Send(Message::Cost(sent)), SessionAction::Persist(None)] =
+        &actions[..]
+    else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(r1, sent);
+    let actions = a_round_recorded(&mut s, 2, None);
+    let Some(SessionAction::Cost(r2)) = actions.first().cloned() else { panic!("{actions:?}") };
+    s.receive(Message::CostAck(CostAck { round: 1 })).unwrap();
+    assert!(drain(&mut s).is_empty());
+    assert_eq!(reconnected(&mut s), vec![SessionAction::Send(Message::Cost(r2.clone()))], "round 1's is confirmed");
+    assert_eq!(reconnected(&mut s), vec![SessionAction::Send(Message::Cost(r2))], "until it is confirmed");
+    s.receive(Message::CostAck(CostAck { round: 2 })).unwrap();
+    assert!(reconnected(&mut s).is_empty(), "every record is confirmed");
+
+    for round in 3..=12 {
+        a_round_recorded(&mut s, round, None);
+    }
+    let rounds: Vec<u64> = reconnected(&mut s)
+        .iter()
+        .map(|a| match a {
+            SessionAction::Send(Message::Cost(r)) => r.round,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(rounds, (5..=12).collect::<Vec<_>>(), "the newest 8, oldest first");
+
+    // A session that does not report (the simulator's) only emits the record.
+    let mut s = joined(None);
+    let actions = a_round_recorded(&mut s, 1, None);
+    assert!(matches!(&actions[..], [SessionAction::Cost(_), SessionAction::Persist(None)]), "{actions:?}");
+    assert!(reconnected(&mut s).is_empty());
+}
+
+/// What the device read of itself after training goes into the round's record, as
+/// `eligibility::fill_condition` writes it; a round without readings (the simulator's devices)
+/// carries no condition.
+#[test]
+fn the_devices_condition_lands_in_the_rounds_cost_record() {
+    let readings = Readings {
+        top_freq_ratio: Some(0.4),
+        power_mode: Some("nvpmodel 2".into()),
+        errors: vec!["thermal_zone0/temp: not a number".into()],
+        ..Readings::default()
+    };
+    let cost = |actions: Vec<SessionAction>| {
+        actions.into_iter().find_map(|a| match a {
+            SessionAction::Cost(r) => Some(r),
+            _ => None,
+        })
+    };
+    let mut s = joined(None);
+    let r = cost(a_round_recorded(&mut s, 1, Some(&readings))).expect("round 1's record");
+    assert_eq!(
+        (r.throttled, r.power_mode.as_deref(), r.readings_refused, r.temperature_c, r.battery_percent),
+        (Some(true), Some("nvpmodel 2"), Some(1), None, None)
+    );
+    // The same round without readings, filled by `fill_condition`: the condition is all that
+    // differs.
+    let mut expected = cost(a_round_recorded(&mut joined(None), 1, None)).expect("a record");
+    assert_ne!(r, expected);
+    crate::eligibility::fill_condition(&mut expected, &readings);
+    assert_eq!(r, expected);
+    let r = cost(a_round_recorded(&mut s, 2, None)).expect("round 2's record");
+    assert_eq!((r.throttled, r.power_mode, r.readings_refused), (None, None, None));
 }
 
 /// A Setup for a three-device SecAgg round in which this device is `you`, over a layout of

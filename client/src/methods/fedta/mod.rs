@@ -36,9 +36,10 @@ pub mod anchors;
 use anchorage_shared::MetricKey;
 use std::sync::Arc;
 
+use crate::methods::Trained;
 use anchorage_shared::method::fedta_blocks::{IE_HEAD_BIAS, IE_HEAD_PREFIX, IE_HEAD_WEIGHT, IE_PREFIX};
 use anchorage_shared::method::{Distance, FedTaConfig, FedTaPrediction};
-use anchorage_shared::protocol::{Broadcast, Metric, Update};
+use anchorage_shared::protocol::{Broadcast, Metric};
 use anchorage_shared::prototype_rules::ClassMean;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
@@ -320,7 +321,7 @@ impl ClientMethod for FedTaClient {
         self.ctx.stream.current_samples(self.task)
     }
 
-    fn train(&mut self, broadcast: &Broadcast) -> Result<Update, TrainError> {
+    fn train(&mut self, broadcast: &Broadcast) -> Result<Trained, TrainError> {
         self.task = broadcast.task;
         let data = self.ctx.stream.training(broadcast.task)?;
         let train = data.train.clone();
@@ -377,15 +378,7 @@ impl ClientMethod for FedTaClient {
             metrics.push(Metric::new(MetricKey::AnchorKeyMatch, rate));
         }
         metrics.retain(|m| m.value.is_finite());
-        Ok(Update {
-            round: broadcast.round,
-            num_samples: train.len() as u64,
-            blocks,
-            prototypes,
-            metrics,
-            // The caller times `train` (`ClientMethod::train_timed`); the session stamps it.
-            compute_seconds: 0.0,
-        })
+        Ok(Trained { num_samples: train.len() as u64, blocks, prototypes, metrics })
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
