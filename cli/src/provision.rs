@@ -210,7 +210,7 @@ mod owned_keys {
         ]
     }
 
-    pub struct WithOwnedKeys<D>(pub D);
+    pub(super) struct WithOwnedKeys<D>(pub D);
 
     impl<'de, D: de::Deserializer<'de>> de::Deserializer<'de> for WithOwnedKeys<D> {
         type Error = D::Error;

@@ -11,7 +11,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// background thread within a second, so an idle server gives memory back.
 #[allow(non_upper_case_globals)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static malloc_conf: Option<&u8> = Some(&b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0]);
+pub(crate) static malloc_conf: Option<&u8> = Some(&b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0]);
 
 /// jemalloc's own counts, for /metrics (`anchorage_allocator_*_bytes`).
 fn jemalloc_stats() -> Option<anchorage_server::metrics::AllocatorStats> {

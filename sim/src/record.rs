@@ -91,11 +91,11 @@ pub enum RunStatus {
 mod nan_as_null {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
         if v.is_finite() { s.serialize_f64(*v) } else { s.serialize_none() }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
     }
 }
@@ -215,12 +215,12 @@ pub struct TierOutcome {
 
 /// The initial accuracy of the global model: the mean over the tasks evaluated, NaN when the
 /// method has no global model before its first round.
-pub fn initial_of(global: &[(u32, f64)]) -> f64 {
+pub(crate) fn initial_of(global: &[(u32, f64)]) -> f64 {
     if global.is_empty() { f64::NAN } else { mean_accuracy(global) }
 }
 
 /// The mean of per-task accuracies (the average accuracy of the seen tasks); 0 for none.
-pub fn mean_accuracy(accuracies: &[(u32, f64)]) -> f64 {
+pub(crate) fn mean_accuracy(accuracies: &[(u32, f64)]) -> f64 {
     if accuracies.is_empty() { 0.0 } else { accuracies.iter().map(|(_, a)| a).sum::<f64>() / accuracies.len() as f64 }
 }
 
@@ -265,7 +265,11 @@ impl RoundRow {
 
 /// The accuracy records of a closed round: the global model per test task, and each client's
 /// local model per test task from its update's `acc.task.K` / `acc.target` metrics.
-pub fn accuracy_records(report: &anchorage_server::RoundReport, task: u32, global: &[(u32, f64)]) -> Vec<AccuracyRow> {
+pub(crate) fn accuracy_records(
+    report: &anchorage_server::RoundReport,
+    task: u32,
+    global: &[(u32, f64)],
+) -> Vec<AccuracyRow> {
     let target = global.iter().map(|(k, _)| *k).max().unwrap_or(task);
     let mut out: Vec<AccuracyRow> = global
         .iter()
@@ -301,7 +305,7 @@ pub fn accuracy_records(report: &anchorage_server::RoundReport, task: u32, globa
 
 /// The round's headline accuracy: the global model's mean over the seen tasks, or the clients'
 /// local models' mean where the method has no global predictor (Local-only, FedRep).
-pub fn round_accuracy(global: &[(u32, f64)], rows: &[AccuracyRow]) -> f64 {
+pub(crate) fn round_accuracy(global: &[(u32, f64)], rows: &[AccuracyRow]) -> f64 {
     if !global.is_empty() {
         return mean_accuracy(global);
     }
@@ -392,7 +396,7 @@ pub fn percent(v: f64) -> String {
 }
 
 /// Bytes with a binary unit.
-pub fn human_bytes(b: u64) -> String {
+pub(crate) fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
     let mut v = b as f64;
     let mut u = 0;
@@ -434,8 +438,8 @@ pub fn run_folder_name(kind: &str, seed: u64, at: std::time::SystemTime) -> Stri
 }
 
 /// The per-round table of a run folder (one [`RoundRow`] per line).
-pub const ROUNDS_FILE: &str = "rounds.csv";
-pub const ROUNDS_HEADER: [&str; 13] = [
+pub(crate) const ROUNDS_FILE: &str = "rounds.csv";
+pub(crate) const ROUNDS_HEADER: [&str; 13] = [
     "round",
     "accuracy",
     "train_loss",
@@ -452,11 +456,11 @@ pub const ROUNDS_HEADER: [&str; 13] = [
 ];
 /// The cost ledger as CSV (one [`CostRecord`] per line under
 /// [`anchorage_shared::ledger::CSV_HEADER`], the server's export format).
-pub const LEDGER_CSV_FILE: &str = "ledger.csv";
-pub const ACCURACY_HEADER_FIELDS: [&str; 5] = ["round", "task", "model", "test_task", "accuracy"];
+pub(crate) const LEDGER_CSV_FILE: &str = "ledger.csv";
+pub(crate) const ACCURACY_HEADER_FIELDS: [&str; 5] = ["round", "task", "model", "test_task", "accuracy"];
 
 /// Writes `path` whole or not at all (see [`anchorage_shared::io::write_atomic`]).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     anchorage_shared::io::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
@@ -471,7 +475,7 @@ fn write_csv<T: Serialize>(path: &Path, header: &[&str], rows: impl IntoIterator
 }
 
 /// The run folder's tables and the JSON ledger, from a run's final record.
-pub fn write_tables(
+pub(crate) fn write_tables(
     dir: &Path,
     summary: &RunSummary,
     ledger: &[CostRecord],
@@ -534,7 +538,7 @@ mod tests {
 
     mod erased {
         /// The header line the csv crate derives from a row's serde fields.
-        pub trait Row {
+        pub(super) trait Row {
             fn header(&self) -> String;
         }
         impl<T: serde::Serialize> Row for T {

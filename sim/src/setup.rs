@@ -66,7 +66,7 @@ impl DeviceWraps {
 }
 
 /// The federation a run simulates.
-pub struct Setup {
+pub(crate) struct Setup {
     pub engine: EngineConfig,
     pub initial: Vec<ParamBlock>,
     /// One client half per client built (all of them, or a fleet worker's shard), in client
@@ -84,7 +84,7 @@ pub struct Setup {
 }
 
 /// The global model on the global test data of each task, predicted the way the method predicts.
-pub struct Evaluator {
+pub(crate) struct Evaluator {
     method: Box<dyn ClientMethod>,
     /// Test data per task (class-incremental) or the single target domain (evolving).
     tests: Vec<(u32, FeatureCache)>,
@@ -97,7 +97,7 @@ pub struct Evaluator {
 impl Evaluator {
     /// Evaluates the global model a round closed with (on the test data of the tasks seen by
     /// `task`) and returns the round's headline accuracy and its accuracy records.
-    pub fn evaluate_round(
+    pub(crate) fn evaluate_round(
         &self,
         report: &anchorage_server::RoundReport,
         checkpoint: &anchorage_server::engine::Checkpoint,
@@ -113,7 +113,7 @@ impl Evaluator {
 
     /// The probes of the last round [`Self::evaluate_round`] evaluated, their mean over the test
     /// data [`Self::evaluate`] reads (none before a round); computed once, for the summary.
-    pub fn last_probes(&self) -> anyhow::Result<Probes> {
+    pub(crate) fn last_probes(&self) -> anyhow::Result<Probes> {
         let Some(broadcast) = self.last_round.lock().ok().and_then(|last| last.clone()) else {
             return Ok(Probes::default());
         };
@@ -129,7 +129,7 @@ impl Evaluator {
     /// Global accuracy on the test data of every task seen by a round of `task` (or on the
     /// target), as `(test task, accuracy)`, its batches on every core; methods without a global
     /// predictor give none.
-    pub fn evaluate(
+    pub(crate) fn evaluate(
         &self,
         blocks: &[ParamBlock],
         prototypes: &[Prototype],
@@ -160,7 +160,7 @@ fn evaluation_broadcast(blocks: &[ParamBlock], prototypes: &[Prototype], task: u
 }
 
 /// Client ids as both clocks name them.
-pub fn client_id(i: usize) -> String {
+pub(crate) fn client_id(i: usize) -> String {
     format!("client-{i:03}")
 }
 
@@ -484,7 +484,7 @@ fn prepare_data(config: &SimConfig) -> anyhow::Result<Prepared> {
 
 impl Setup {
     /// The whole federation, every client built.
-    pub fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
+    pub(crate) fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
         Self::for_clients(config, charge, 0..config.federation.clients)
     }
 
@@ -493,7 +493,7 @@ impl Setup {
     /// way on every shard, so client i gets the same data wherever it runs. Steps, low-level to
     /// high-level: data, features, the stream protocol, the global tests, the clients' streams,
     /// the evaluator and the server half, the devices, the engine.
-    pub fn for_clients(
+    pub(crate) fn for_clients(
         config: &SimConfig,
         charge: Charge,
         client_range: std::ops::Range<usize>,

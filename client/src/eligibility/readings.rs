@@ -195,7 +195,7 @@ impl Readings {
 }
 
 /// The fastest core's clock ratio under which the CPU counts as throttled.
-pub const THROTTLED_BELOW: f32 = 0.9;
+pub(super) const THROTTLED_BELOW: f32 = 0.9;
 
 /// Most a sysfs attribute is read of; more is garbage anyway.
 const ATTRIBUTE_BYTES: u64 = 4096;

@@ -32,7 +32,7 @@ use anchorage_model::{Body, FeatureCache, ModelError};
 
 /// φ and ψ.
 #[derive(Module, Debug)]
-pub struct Maps {
+pub(super) struct Maps {
     pub phi: Body,
     pub psi: Body,
 }

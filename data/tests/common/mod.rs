@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 /// The real-data directory from `ANCHORAGE_DATA`, or `None` after a loud skip line on stderr.
-pub fn data_dir(test: &str) -> Option<PathBuf> {
+pub(crate) fn data_dir(test: &str) -> Option<PathBuf> {
     match std::env::var_os("ANCHORAGE_DATA") {
         Some(d) if !d.is_empty() => {
             let d = PathBuf::from(d);
@@ -21,7 +21,7 @@ pub fn data_dir(test: &str) -> Option<PathBuf> {
 }
 
 /// A fresh, empty scratch directory for one test.
-pub fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("anchorage-data-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -29,7 +29,7 @@ pub fn scratch(name: &str) -> PathBuf {
 }
 
 /// Like [`data_dir`], for tests that still run without the files (on generated or stand-in labels).
-pub fn data_dir_or_stand_in(test: &str) -> Option<PathBuf> {
+pub(crate) fn data_dir_or_stand_in(test: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("ANCHORAGE_DATA").filter(|d| !d.is_empty()).map(PathBuf::from);
     if dir.is_none() {
         use std::io::Write;

@@ -344,7 +344,7 @@ impl SecAggRound {
 
     /// How many vectors the server holds for this round: the running sum only, never a
     /// device's (audits and tests).
-    pub fn held_vectors(&self) -> usize {
+    pub(super) fn held_vectors(&self) -> usize {
         self.state.held_vectors().len()
     }
 }

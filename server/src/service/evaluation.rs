@@ -19,7 +19,7 @@ use burn::tensor::Device;
 use crate::config::{EvaluationData, EvaluationSection};
 
 /// The held-out features and the net the devices train, ready to score a global model.
-pub struct HeldOut {
+pub(super) struct HeldOut {
     net: NetSpec,
     test: FeatureCache,
     /// The device the net is built on (the devices' training device; its `valid()` form runs).
@@ -39,7 +39,7 @@ fn keep(n: usize, max: usize) -> Vec<usize> {
 }
 
 /// Loads `section`'s held-out data and computes their features once.
-pub fn build(section: &EvaluationSection) -> anyhow::Result<HeldOut> {
+pub(super) fn build(section: &EvaluationSection) -> anyhow::Result<HeldOut> {
     let plain = Device::flex();
     match &section.data {
         EvaluationData::Synthetic { seed } => {
@@ -87,7 +87,7 @@ pub fn build(section: &EvaluationSection) -> anyhow::Result<HeldOut> {
 
 impl HeldOut {
     /// Top-1 accuracy of the global model `blocks` on the held-out set.
-    pub fn evaluate(&self, blocks: &[ParamBlock]) -> anyhow::Result<Option<f64>> {
+    pub(super) fn evaluate(&self, blocks: &[ParamBlock]) -> anyhow::Result<Option<f64>> {
         let net = Net::new(&self.net, &self.device)
             .load_blocks(blocks, &self.device)
             .context("the global model does not fit the net [evaluation] builds")?;

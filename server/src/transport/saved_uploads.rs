@@ -24,7 +24,7 @@ use crate::engine::ClientId;
 use crate::metrics::ServerMetrics;
 
 /// The folder, inside the state folder.
-pub const FOLDER: &str = "kept-uploads";
+pub(super) const FOLDER: &str = "kept-uploads";
 const MAGIC: &[u8; 8] = b"ANCHKU01";
 /// How long shutdown waits for connections still receiving an upload to let go of it.
 const LET_GO: Duration = Duration::from_secs(2);

@@ -25,7 +25,7 @@ fn options() -> usvg::Options<'static> {
 
 /// The width in pixels of `text` at `size` px as the PNGs draw it (DejaVu Sans, wider than most
 /// sans-serif fonts a browser shows the SVG with), for laying out legends that are not clipped.
-pub fn text_width(text: &str, size: f64) -> f64 {
+pub(crate) fn text_width(text: &str, size: f64) -> f64 {
     if text.trim().is_empty() {
         return 0.0;
     }
@@ -41,7 +41,7 @@ pub fn text_width(text: &str, size: f64) -> f64 {
 }
 
 /// Renders `svg` to a PNG file at `path`.
-pub fn write_png(svg: &str, path: &Path) -> anyhow::Result<()> {
+pub(crate) fn write_png(svg: &str, path: &Path) -> anyhow::Result<()> {
     let tree = usvg::Tree::from_str(svg, &options()).context("parsing the chart's SVG")?;
     let size = tree.size().to_int_size();
     let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height()).context("allocating the PNG canvas")?;

@@ -48,7 +48,7 @@ pub struct ServerRun {
 
 /// Reads a server's state folder; `config`: its server.toml (default: one beside the folder, or
 /// /etc/anchorage/server.toml, whose `state_dir` is this folder).
-pub fn read(dir: &Path, config: Option<&Path>) -> anyhow::Result<Source> {
+pub(super) fn read(dir: &Path, config: Option<&Path>) -> anyhow::Result<Source> {
     let db = dir.join(store::DB_FILE);
     let ledger = store::read_ledger(&db)?;
     let reports = store::read_round_reports(&db)?;

@@ -55,7 +55,7 @@ impl Source {
 }
 
 /// A time as the report prints it: `2026-11-25 10:12:29 UTC`.
-pub fn utc(at: SystemTime) -> String {
+pub(super) fn utc(at: SystemTime) -> String {
     let secs = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let t = time::OffsetDateTime::from_unix_timestamp(secs as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     format!(
@@ -70,7 +70,7 @@ pub fn utc(at: SystemTime) -> String {
 }
 
 /// When `path` was last written, if it exists.
-pub fn modified(path: &Path) -> Option<SystemTime> {
+pub(super) fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
@@ -86,7 +86,7 @@ fn read_optional(path: &Path) -> anyhow::Result<Option<String>> {
 /// The rows of a CSV table the run appended to (header first). A last line cut short (the
 /// process was killed while appending) is left out, with a note; a bad line before it is an
 /// error naming the file and line.
-pub fn read_csv<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> anyhow::Result<Option<Vec<T>>> {
+pub(super) fn read_csv<T: DeserializeOwned>(path: &Path, notes: &mut Vec<String>) -> anyhow::Result<Option<Vec<T>>> {
     let Some(text) = read_optional(path)? else { return Ok(None) };
     let parse = |text: &str| -> anyhow::Result<Vec<T>> {
         let mut reader = csv::ReaderBuilder::new().from_reader(text.as_bytes());
@@ -279,7 +279,7 @@ impl<'a> RunFiles<'a> {
 }
 
 /// `metrics.json`'s word for a status.
-pub fn status_word(status: RunStatus) -> &'static str {
+pub(super) fn status_word(status: RunStatus) -> &'static str {
     match status {
         RunStatus::Running => "running",
         RunStatus::Finished => "finished",

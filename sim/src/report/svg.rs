@@ -26,19 +26,19 @@ const MAX_MARKERS: usize = 40;
 const COLOURS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
 
 /// One named series of (x, y) points.
-pub struct Series {
+pub(crate) struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
 }
 
 /// A labelled vertical line across a line chart at `x`: where a new task starts.
-pub struct Mark {
+pub(crate) struct Mark {
     pub x: f64,
     pub label: String,
 }
 
 /// Marks for task starts `(task, x)`, labelled `task K`.
-pub fn task_marks(starts: impl IntoIterator<Item = (usize, f64)>) -> Vec<Mark> {
+pub(crate) fn task_marks(starts: impl IntoIterator<Item = (usize, f64)>) -> Vec<Mark> {
     starts.into_iter().map(|(task, x)| Mark { x, label: format!("task {task}") }).collect()
 }
 
@@ -333,7 +333,13 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
 }
 
 /// A line chart; `y_range` fixes the y axis (e.g. 0–100 for accuracy).
-pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], y_range: Option<(f64, f64)>) -> String {
+pub(crate) fn line_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    y_range: Option<(f64, f64)>,
+) -> String {
     line_chart_marked(title, x_label, y_label, series, y_range, &[])
 }
 
@@ -343,7 +349,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], 
 /// Each series is a line (from two points on: one point is only its marker) with a marker per
 /// point, a different shape per series; a long series marks every k-th point, each series
 /// starting at another offset, so that series that run together still show one another's marks.
-pub fn line_chart_marked(
+pub(crate) fn line_chart_marked(
     title: &str,
     x_label: &str,
     y_label: &str,
@@ -417,7 +423,7 @@ pub fn line_chart_marked(
 }
 
 /// Stacked bars: one bar per category, one segment per named layer.
-pub fn stacked_bars(
+pub(crate) fn stacked_bars(
     title: &str,
     x_label: &str,
     y_label: &str,
@@ -461,7 +467,7 @@ pub fn stacked_bars(
 
 /// Grouped ("dodged") bars: per category, one bar per named series side by side, so series of
 /// equal values stay told apart.
-pub fn grouped_bars(
+pub(crate) fn grouped_bars(
     title: &str,
     x_label: &str,
     y_label: &str,
@@ -521,7 +527,7 @@ fn scale_colour(v: f64) -> String {
 /// A heat map of `matrix` (values in [0, 1], shown in percent; `None`: a grey cell with no value):
 /// row `t` labelled `t` under the axis title `row_label`, column `k` under `col_label`, the value
 /// printed in each cell, and a colour legend from 0 to 100%.
-pub fn heat_map(title: &str, matrix: &[Vec<Option<f64>>], row_label: &str, col_label: &str) -> String {
+pub(crate) fn heat_map(title: &str, matrix: &[Vec<Option<f64>>], row_label: &str, col_label: &str) -> String {
     let grid = HeatGrid::new(matrix);
     let (w, h) = grid.size();
     let mut svg = String::new();
