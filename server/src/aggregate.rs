@@ -44,7 +44,7 @@ pub enum AggregationRule {
     #[default]
     Mean,
     /// The coordinate-wise median (Yin et al. 2018, "Byzantine-Robust Distributed Learning:
-    /// Towards Optimal Statistical Rates", Definition 1): g_j = med{x_j^i : i ∈ [m]} for each
+    /// Towards Optimal Statistical Rates", Definition 1): `g_j = med{x_j^i : i ∈ [m]}` for each
     /// coordinate j; for an even count, the mean of the two middle values. Sample counts are not
     /// used (a claimed count cannot buy influence).
     Median,

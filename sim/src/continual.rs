@@ -1,4 +1,4 @@
-//! The continual-learning metrics of ARCHITECTURE.md §8, all from one task accuracy matrix a[t][k]
+//! The continual-learning metrics of ARCHITECTURE.md §8, all from one task accuracy matrix `a[t][k]`
 //! (accuracy on the test data of task k after training task t, at the task's last round).
 
 use serde::{Deserialize, Serialize};
@@ -15,15 +15,15 @@ pub struct ContinualMetrics {
     pub final_accuracy: Option<f64>,
     /// Mean over t of the mean accuracy after task t (the "average incremental accuracy").
     pub average_accuracy: Option<f64>,
-    /// Mean over old tasks k of max_{t<T} a[t][k] − a[T][k].
+    /// Mean over old tasks k of max_{t<T} `a[t][k]` − `a[T][k]`.
     pub forgetting: Option<f64>,
     /// FedProK: mean accuracy on the old tasks after the last one.
     pub stability: Option<f64>,
-    /// FedProK: mean over t of a[t][t], a task's accuracy right after learning it.
+    /// FedProK: mean over t of `a[t][t]`, a task's accuracy right after learning it.
     pub plasticity: Option<f64>,
     /// FedProK Eq. 1, U(λ) = λ·stability + (1−λ)·plasticity at λ = 0.5 (our reading).
     pub utility: Option<f64>,
-    /// FedTA Eq. 11, temporal knowledge retention: mean over old k of a[T][k] / a[k][k].
+    /// FedTA Eq. 11, temporal knowledge retention: mean over old k of `a[T][k]` / `a[k][k]`.
     pub kr_temporal: Option<f64>,
     /// FedTA Eq. 12, spatial knowledge retention: the global model's diagonal mean over the
     /// clients' local models' diagonal mean (how much of the clients' fresh knowledge the

@@ -28,7 +28,7 @@ enum Kind {
 }
 
 /// FedAvg, FedProx, FedRep or Local-only. What it uploads and keeps follows its registry entry
-/// ([`MethodInfo::shared`], [`MethodInfo::personal`]).
+/// ([`MethodInfo::shared`], `MethodInfo::personal`).
 pub struct Baseline {
     kind: Kind,
     info: &'static MethodInfo,

@@ -27,7 +27,7 @@ use crate::methods::ClientMethod;
 use crate::session::{Session, UploadMeasure};
 
 /// Runs the client until the server says goodbye (returns the reason) or refuses it for good
-/// (the error is a [`Refused`]: `anchorage-client` exits with [`EXIT_REFUSED`]). Failures a retry
+/// (the error is a [`Refused`]: `anchorage-client` exits with [`EXIT_REFUSED`](crate::transport::EXIT_REFUSED)). Failures a retry
 /// may clear (no answer, a reset, a connection closed before the welcome) back off and retry.
 pub async fn run(
     options: ClientOptions,

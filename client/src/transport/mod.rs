@@ -1,4 +1,4 @@
-//! The tokio + quinn shell around the [`Session`]: connects with a pinned server certificate,
+//! The tokio + quinn shell around the [`Session`](crate::session::Session): connects with a pinned server certificate,
 //! reconnects with exponential backoff and jitter, runs training off the async threads, uploads
 //! on uni streams, and measures what the session's cost records need (wire bytes from QUIC's
 //! statistics, times on the host's clock) and what the device reads of itself; the session

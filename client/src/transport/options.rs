@@ -50,11 +50,11 @@ pub struct ClientOptions {
     /// Wraps the client's UDP socket before QUIC uses it (the simulator's link model). `None`:
     /// plain UDP.
     pub socket_wrapper: Option<SocketWrapper>,
-    /// An endpoint that this process's devices share ([`shared_endpoint`]: the simulator's and a
+    /// An endpoint that this process's devices share ([`shared_endpoint`](crate::transport::shared_endpoint): the simulator's and a
     /// fleet worker's); ignored when `socket_wrapper` asks for a socket of the device's
     /// own. `None`: the device binds its own.
     pub shared_endpoint: Option<quinn::Endpoint>,
-    /// Uploads are resumable transfers ([`send_resumable`]); `false`: one frame on a uni stream,
+    /// Uploads are resumable transfers ([`send_resumable`](crate::transport::send_resumable)); `false`: one frame on a uni stream,
     /// sent again from the start after an interruption (the baseline the simulator measures
     /// against).
     pub resume_uploads: bool,
@@ -74,7 +74,7 @@ pub struct ClientOptions {
     /// whose host is not the device): nothing is read, every device is eligible, and cost
     /// records carry no condition.
     pub sys_root: Option<crate::eligibility::SysRoot>,
-    /// Streams get send priorities ([`Priority`]): the control stream first, then an update
+    /// Streams get send priorities ([`Priority`](crate::transport::Priority)): the control stream first, then an update
     /// without parameter blocks, then one with blocks. `false`: every stream at quinn's default,
     /// taking turns (the baseline `tests/priorities.rs` measures against).
     pub stream_priorities: bool,

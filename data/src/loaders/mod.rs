@@ -1,6 +1,6 @@
 //! Loaders of the real datasets: MNIST idx, CIFAR-10/100 binary records, image folders (directory,
 //! `.tar` or `.tar.gz`) and the Tiny-ImageNet-100 layout. Every loader returns an [`ImageSet`]
-//! (u8, CHW) — call [`ImageSet::to_dataset`] for f32 in [0, 1] — and never panics on file input:
+//! (u8, CHW) — call [`ImageSet::to_dataset`](crate::images::ImageSet::to_dataset) for f32 in [0, 1] — and never panics on file input:
 //! a missing, truncated or corrupt file is a [`DataError`](crate::DataError) naming the file and
 //! what was expected.
 //!

@@ -54,7 +54,7 @@ impl Sikf {
     }
 
     /// The distiller FedTA's clients match: the same enhancement and pool as
-    /// [`FedTaClient`](super::FedTaClient) builds from `method` on `backbone`.
+    /// `FedTaClient` builds from `method` on `backbone`.
     pub fn for_method(
         method: &anchorage_shared::method::FedTaConfig,
         backbone: &crate::InputBackbone,

@@ -127,7 +127,7 @@ impl IeModel {
     }
 
     /// Eq. 3 on one batch: raw samples `x`, their plain features `queries` and labels `y`; the
-    /// train `mask` (see [`super::task_mask`]) is added to the logits.
+    /// train `mask` (see the client's `task_mask`) is added to the logits.
     #[expect(clippy::too_many_arguments, reason = "Eq. 3's terms, each a tensor or a coefficient of its own")]
     pub fn loss(
         &self,

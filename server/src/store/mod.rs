@@ -3,7 +3,7 @@
 //! status, every accepted update (the encoded update as a blob), the global model and prototypes
 //! per version, the client registry and the cost ledger (schema in [`schema`]).
 //!
-//! The promise is SQLite's own: the engine's [`Persist`] actions are committed here before the
+//! The promise is SQLite's own: the engine's [`Persist`](crate::engine::Persist) actions are committed here before the
 //! shell carries out the action that follows (an ack, a broadcast), so an update that was acked
 //! survives `kill -9`, and a restarted server resumes the open round with it
 //! ([`ServerStore::recover`]). Blobs carry a SHA-256 over their key and content, so a flipped bit

@@ -2,9 +2,9 @@
 //! backbone.
 //!
 //! Each round:
-//! 1. **Stage 1** ([`ie`]): the global IE pool (keys and sets, from the broadcast) and the local
+//! 1. **Stage 1** (`ie`): the global IE pool (keys and sets, from the broadcast) and the local
 //!    IE head train for `ie_epochs` with CE + λ1 · key pull (Eq. 2–3). Every step runs the frozen
-//!    backbone on the enhanced inputs ([`prompts`]: token prompts for a ViT, pixel prompts for a
+//!    backbone on the enhanced inputs (`prompts`: token prompts for a ViT, pixel prompts for a
 //!    convolutional backbone), so this is the expensive stage.
 //! 2. The IE is frozen; the features of the enhanced training inputs are computed once.
 //! 3. **Stage 2** ([`anchors`]): the tail anchors and the head train for the round's
@@ -85,7 +85,7 @@ impl FedTaClient {
         Ok(Self::with_enhancer(ctx, config, enhancer))
     }
 
-    /// FedTA on any form of input enhancement (e.g. [`prompts::TokenPrompts`] on a ViT).
+    /// FedTA on any form of input enhancement (e.g. `TokenPrompts` on a ViT).
     pub fn with_enhancer(ctx: MethodContext, config: FedTaConfig, enhancer: Arc<dyn Enhancer>) -> Self {
         let shape = IeShape::for_method(&config, enhancer.as_ref());
         Self {
