@@ -15,7 +15,7 @@
 //! - [`metrics`]: the device's own metrics, written as a Prometheus textfile for node_exporter.
 //! - [`compress`]: smaller updates for any method (top-k with error feedback, zstd).
 //! - [`privacy`]: the device's half of differential privacy (`[privacy]`: clipped prototype
-//!   sums, local noise, the `prototype_sums` marker).
+//!   sums, local noise, the prototypes' form).
 
 pub mod broadcasts;
 pub mod check_config;

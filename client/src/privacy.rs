@@ -6,8 +6,8 @@
 //!   `prototype_clip`, with their counts, instead of means
 //!   ([`crate::methods::protos::PrototypeRelease`], set in its
 //!   [`crate::methods::MethodContext`] from the same table: [`DevicePrivacy::prototype_release`]).
-//! - The marker: every update carries the metric `prototype_sums` = 1
-//!   ([`MetricKey::PrototypeSums`]), so that a server whose own `[privacy]` disagrees refuses it
+//! - The form: every update says its prototypes are sums (`prototypes_are` =
+//!   [`PrototypeForm::Sums`]), so that a server whose own `[privacy]` disagrees refuses it
 //!   rather than reading sums as means (or means as sums).
 //! - `noise = "local"` (an untrusted server; McMahan et al. 2018's Gaussian mechanism applied on
 //!   the device, as Flower's `LocalDpMod` does): the delta of the uploaded blocks from the
@@ -29,11 +29,11 @@
 
 use crate::methods::Trained;
 use anchorage_model::FeatureCache;
-use anchorage_shared::MetricKey;
+
 use anchorage_shared::method::fedta_blocks::TAIL_TRAINED;
 use anchorage_shared::privacy::mechanism::{add_gaussian, clip_in_place, noisy_count};
 use anchorage_shared::privacy::{NoiseSite, PrivacyConfig};
-use anchorage_shared::protocol::{Broadcast, Metric};
+use anchorage_shared::protocol::{Broadcast, PrototypeForm};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{EncodedTensor, Encoding, ParamBlock, TensorError};
@@ -127,7 +127,7 @@ pub fn wrap(method: Box<dyn ClientMethod>, privacy: Option<DevicePrivacy>, rng: 
     }
 }
 
-/// A method whose updates carry the `prototype_sums` marker and, under local noise, a clipped and
+/// A method whose updates say their prototypes are sums and, under local noise, a clipped and
 /// noised delta and noised prototype sums and counts. See the module docs.
 pub struct Privatized<M> {
     inner: M,
@@ -146,8 +146,7 @@ impl<M: ClientMethod> Privatized<M> {
             self.noise_blocks(broadcast, &mut update.blocks, sigma)?;
             self.noise_prototypes(&mut update.prototypes, sigma)?;
         }
-        update.metrics.retain(|m| m.key() != MetricKey::PrototypeSums);
-        update.metrics.push(Metric::new(MetricKey::PrototypeSums, 1.0));
+        update.prototypes_are = PrototypeForm::Sums;
         Ok(update)
     }
 

@@ -249,6 +249,7 @@ mod tests {
 
     fn update(round: u64) -> Update {
         Update {
+            prototypes_are: Default::default(),
             round,
             num_samples: 10,
             blocks: vec![ParamBlock::encode("head.bias", &[3], &[1.0, 2.0, 3.0], Encoding::F32)],

@@ -225,7 +225,15 @@ impl Layout {
         } else {
             u64::from(contributors)
         };
-        Ok(Update { round, num_samples, blocks, prototypes, metrics: Vec::new(), compute_seconds: 0.0 })
+        Ok(Update {
+            prototypes_are: Default::default(),
+            round,
+            num_samples,
+            blocks,
+            prototypes,
+            metrics: Vec::new(),
+            compute_seconds: 0.0,
+        })
     }
 
     /// Each class with a positive summed count: its mean over every contributor's samples.

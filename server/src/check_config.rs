@@ -441,6 +441,7 @@ fn aggregates(blocks: &[ParamBlock], method: &MethodConfig, config: &ServerConfi
     let mut server = methods::build(method);
     let round = methods::RoundInfo { rule: methods::AggregationRule::Mean, ..config.engine.round_info(1) };
     let update = Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 1,
         blocks: blocks.to_vec(),

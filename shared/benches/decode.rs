@@ -21,7 +21,15 @@ fn frame_of(blocks: usize, values_per_block: usize) -> Vec<u8> {
             )
         })
         .collect();
-    let update = Update { round: 1, num_samples: 1, blocks, prototypes: vec![], metrics: vec![], compute_seconds: 0.0 };
+    let update = Update {
+        prototypes_are: Default::default(),
+        round: 1,
+        num_samples: 1,
+        blocks,
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.0,
+    };
     encode_frame(&Message::Update(update), usize::MAX).unwrap()
 }
 

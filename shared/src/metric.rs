@@ -36,9 +36,8 @@ pub enum MetricKey {
     PseudoClasses,
     /// FedProK: how far the device's prototypes moved (`prototype_drift`).
     PrototypeDrift,
-    /// 1 when the update's prototypes are per-class sums of clipped features, not means
-    /// (`[privacy]` on; `prototype_sums`): the server refuses a mismatch with its own
-    /// `[privacy]`.
+    /// Protocol v1's spelling of `Update::prototypes_are` = sums on the wire (`prototype_sums` =
+    /// 1); `Update`'s serde impls alone read and write it, so no update in memory holds it.
     PrototypeSums,
     /// A name this build does not know (a newer device's metric): kept as it came.
     Other(String),

@@ -79,6 +79,7 @@ mod tests {
         assert!(Priority::Light.level() > Priority::Blocks.level());
         assert_eq!(Priority::Blocks.level(), 0, "blocks stay at quinn's default");
         let mut update = Update {
+            prototypes_are: Default::default(),
             round: 1,
             num_samples: 1,
             blocks: vec![],

@@ -11,6 +11,7 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{CostRecord, DeclineReason};
+use crate::metric::MetricKey;
 use crate::prototype::Prototype;
 use crate::tensor::{ParamBlock, TensorError};
 
@@ -147,7 +148,14 @@ pub struct Metric {
 }
 
 /// A client's result for one round.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// On the wire (protocol v1) the prototypes' form travels as the metric `prototype_sums` = 1
+/// ([`MetricKey::PrototypeSums`]) at the end of `metrics`; in memory it is the typed
+/// `prototypes_are`, and `metrics` never holds the marker. [`Update`]'s serde impls are the one
+/// place that translates, so every encoding (frames, partial aggregates, stored updates) keeps the
+/// v1 bytes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "UpdateV1")]
 pub struct Update {
     /// The round the update is for.
     pub round: u64,
@@ -157,10 +165,77 @@ pub struct Update {
     pub blocks: Vec<ParamBlock>,
     /// The client's class prototypes (empty for methods without prototypes).
     pub prototypes: Vec<Prototype>,
+    /// Whether `prototypes` are per-class means or sums.
+    pub prototypes_are: PrototypeForm,
     /// Named scalars of local training (finite).
     pub metrics: Vec<Metric>,
     /// Seconds of local computation, as measured by the client.
     pub compute_seconds: f64,
+}
+
+/// What an update's prototypes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrototypeForm {
+    /// Per-class means with their counts (FedProK Eq. 9 fuses them count-weighted).
+    #[default]
+    Means,
+    /// Per-class sums of clipped features with their counts (a device under `[privacy]`): the
+    /// server noises the sums and divides after.
+    Sums,
+}
+
+/// An update as protocol v1 spells it: the prototypes' form as a marker metric.
+#[derive(Deserialize)]
+struct UpdateV1 {
+    round: u64,
+    num_samples: u64,
+    blocks: Vec<ParamBlock>,
+    prototypes: Vec<Prototype>,
+    metrics: Vec<Metric>,
+    compute_seconds: f64,
+}
+
+/// [`UpdateV1`], borrowed, for encoding without a copy of the blocks.
+#[derive(Serialize)]
+struct UpdateV1Ref<'a> {
+    round: u64,
+    num_samples: u64,
+    blocks: &'a [ParamBlock],
+    prototypes: &'a [Prototype],
+    metrics: &'a [Metric],
+    compute_seconds: f64,
+}
+
+impl From<UpdateV1> for Update {
+    fn from(v1: UpdateV1) -> Self {
+        let UpdateV1 { round, num_samples, blocks, prototypes, mut metrics, compute_seconds } = v1;
+        let marked = metrics.iter().any(|m| m.key() == MetricKey::PrototypeSums);
+        metrics.retain(|m| m.key() != MetricKey::PrototypeSums);
+        let prototypes_are = if marked { PrototypeForm::Sums } else { PrototypeForm::Means };
+        Update { round, num_samples, blocks, prototypes, prototypes_are, metrics, compute_seconds }
+    }
+}
+
+impl Serialize for Update {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let marked: Vec<Metric>;
+        let metrics = match self.prototypes_are {
+            PrototypeForm::Means => self.metrics.as_slice(),
+            PrototypeForm::Sums => {
+                marked = self.metrics.iter().cloned().chain([Metric::new(MetricKey::PrototypeSums, 1.0)]).collect();
+                marked.as_slice()
+            }
+        };
+        UpdateV1Ref {
+            round: self.round,
+            num_samples: self.num_samples,
+            blocks: &self.blocks,
+            prototypes: &self.prototypes,
+            metrics,
+            compute_seconds: self.compute_seconds,
+        }
+        .serialize(serializer)
+    }
 }
 
 /// The server received an update and will not need it again.

@@ -44,6 +44,7 @@ fn every_message() -> Vec<Message> {
         }),
         Message::Broadcast(Broadcast { round: 5, task: 1, config, blocks: blocks(), prototypes: prototypes.clone() }),
         Message::Update(Update {
+            prototypes_are: Default::default(),
             round: 5,
             num_samples: 99,
             blocks: blocks(),
@@ -78,6 +79,7 @@ fn partial() -> Partial {
     let member = |device: &str, num_samples| Member { device: device.into(), num_samples, hash: [7; 32] };
     Partial {
         update: Update {
+            prototypes_are: Default::default(),
             round: 5,
             num_samples: 30,
             blocks: blocks(),
@@ -152,6 +154,7 @@ fn tensor_data_travels_as_raw_bytes() {
     let values: Vec<f32> = (0..250_000).map(|i| i as f32 * 1e-3).collect();
     let block = ParamBlock::encode("adapter.0.weight", &[500, 500], &values, Encoding::F32);
     let msg = Message::Update(Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 1,
         blocks: vec![block],
@@ -206,6 +209,7 @@ fn malformed_frames_get_typed_errors() {
 
 fn update_with(block: ParamBlock) -> Message {
     Message::Update(Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 1,
         blocks: vec![block],
@@ -253,6 +257,7 @@ fn bad_tensors_are_refused_at_decode() {
     );
     let b = ParamBlock::encode("head.bias", &[1], &[0.0], Encoding::F32);
     let dup = Message::Update(Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 1,
         blocks: vec![b.clone(), b],
@@ -262,6 +267,7 @@ fn bad_tensors_are_refused_at_decode() {
     });
     assert!(matches!(decode_frame(&encode(&dup), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
     let metric = Message::Update(Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 1,
         blocks: vec![],
@@ -271,6 +277,7 @@ fn bad_tensors_are_refused_at_decode() {
     });
     assert!(matches!(decode_frame(&encode(&metric), DEFAULT_MAX_FRAME), Err(DecodeError::Invalid(_))));
     let time = Message::Update(Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 1,
         blocks: vec![],
@@ -295,6 +302,7 @@ fn bad_tensors_are_refused_at_decode() {
     let mut proto = Prototype::encode(1, 1, &[1.0, 2.0], Encoding::F32);
     proto.vector.shape = vec![1, 2];
     let bad_proto = Message::Update(Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 1,
         blocks: vec![],
@@ -479,4 +487,41 @@ fn the_message_table_has_one_row_a_kind() {
         assert!(kinds.contains(&msg.kind()), "{} has a row", msg.kind_name());
     }
     assert_eq!(kind_name(KINDS.len() as u8 + 1), None);
+}
+
+/// An update's prototypes' form is a field in memory and protocol v1's marker metric on the wire:
+/// a v1 device's marked update decodes as sums without the metric, and a v1 server reads the
+/// marker in what this build sends.
+#[test]
+fn prototype_sums_travel_as_v1_marker_and_arrive_as_a_field() {
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    struct UpdateOfV1 {
+        round: u64,
+        num_samples: u64,
+        blocks: Vec<ParamBlock>,
+        prototypes: Vec<anchorage_shared::Prototype>,
+        metrics: Vec<Metric>,
+        compute_seconds: f64,
+    }
+    let loss = Metric::new(anchorage_shared::MetricKey::TrainLoss, 0.5);
+    let marker = Metric::new(anchorage_shared::MetricKey::PrototypeSums, 1.0);
+    let v1 = UpdateOfV1 {
+        round: 3,
+        num_samples: 7,
+        blocks: vec![],
+        prototypes: vec![],
+        metrics: vec![loss.clone(), marker.clone()],
+        compute_seconds: 1.5,
+    };
+    let Message::Update(update) = Message::decode_body(KIND_UPDATE, &postcard::to_allocvec(&v1).unwrap()).unwrap()
+    else {
+        panic!("an update")
+    };
+    assert_eq!(update.prototypes_are, PrototypeForm::Sums);
+    assert_eq!(update.metrics, vec![loss.clone()], "the marker is no metric in memory");
+    let sent: UpdateOfV1 = postcard::from_bytes(&Message::Update(update.clone()).encode_body()).unwrap();
+    assert_eq!(sent, v1, "the v1 bytes, marker last");
+    let means = Update { prototypes_are: PrototypeForm::Means, ..update };
+    let sent: UpdateOfV1 = postcard::from_bytes(&Message::Update(means).encode_body()).unwrap();
+    assert_eq!(sent.metrics, vec![loss], "means carry no marker");
 }

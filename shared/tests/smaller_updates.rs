@@ -9,6 +9,7 @@ use anchorage_shared::{Message, compress, sparse};
 
 fn update(blocks: Vec<ParamBlock>) -> Message {
     Message::Update(Update {
+        prototypes_are: Default::default(),
         round: 3,
         num_samples: 10,
         blocks,

@@ -213,6 +213,7 @@ pub fn aggregate_ms(updates: usize, values: usize) -> anyhow::Result<(f64, f64, 
     let global = vec![ParamBlock::encode("adapter.0.weight", &shape, &vec![0.0; values], Encoding::F32)];
     let all: Vec<Update> = (0..updates)
         .map(|_| Update {
+            prototypes_are: Default::default(),
             round: 1,
             num_samples: 600,
             blocks: vec![ParamBlock::encode("adapter.0.weight", &shape, &random(values, &mut rng), Encoding::F32)],

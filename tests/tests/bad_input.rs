@@ -100,6 +100,7 @@ async fn server_refuses_bad_input_and_keeps_serving() {
     };
     let update = |shape: &[u32], values: &[f32]| {
         Message::Update(Update {
+            prototypes_are: Default::default(),
             round,
             num_samples: 5,
             blocks: vec![ParamBlock::encode("head.weight", shape, values, Encoding::F32)],

@@ -98,7 +98,15 @@ async fn too_many_blocks_and_oversized_control_frames_are_refused() {
     let (_e1, conn) = raw_connect_as(server.local_addr, &root, Some(&device(&mut ca, "many"))).await.unwrap();
     let (_send, mut control) = join(&conn, "many").await;
     let blocks = (0..80_000).map(|i| ParamBlock::encode(format!("b{i}"), &[1], &[0.0], Encoding::F32)).collect();
-    let update = Update { round: 1, num_samples: 1, blocks, prototypes: vec![], metrics: vec![], compute_seconds: 0.0 };
+    let update = Update {
+        prototypes_are: Default::default(),
+        round: 1,
+        num_samples: 1,
+        blocks,
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.0,
+    };
     let bytes = frame(&Message::Update(update));
     let started = Instant::now();
     let mut uni = conn.open_uni().await.unwrap();

@@ -85,7 +85,7 @@ impl ClientMethod for Echo {
             ParamBlock::encode(block.name.clone(), &block.tensor.shape, &values, Encoding::F32)
         };
         let blocks = b.blocks.iter().map(nudged).collect();
-        Ok(Trained { num_samples: 10, blocks, prototypes: vec![], metrics: vec![] })
+        Ok(Trained { prototypes_are: Default::default(), num_samples: 10, blocks, prototypes: vec![], metrics: vec![] })
     }
     fn global_accuracy(&self, _: &Broadcast, _: &FeatureCache) -> Result<Option<f64>, TrainError> {
         Ok(None)

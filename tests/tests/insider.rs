@@ -187,7 +187,15 @@ fn shifted(b: &Broadcast, delta: impl Fn(usize) -> f32) -> Update {
             ParamBlock::encode(block.name.clone(), &block.tensor.shape, &moved, Encoding::F32)
         })
         .collect();
-    Update { round: b.round, num_samples: CLAIM, blocks, prototypes: vec![], metrics: vec![], compute_seconds: 0.1 }
+    Update {
+        prototypes_are: Default::default(),
+        round: b.round,
+        num_samples: CLAIM,
+        blocks,
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.1,
+    }
 }
 
 /// The hostile device's own direction for a round: ±3·10⁻⁴ per value, signs from a seeded

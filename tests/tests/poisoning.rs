@@ -198,7 +198,15 @@ fn filled(b: &Broadcast, value: f32) -> Vec<ParamBlock> {
 }
 
 fn update(round: u64, num_samples: u64, blocks: Vec<ParamBlock>) -> Update {
-    Update { round, num_samples, blocks, prototypes: vec![], metrics: vec![], compute_seconds: 0.1 }
+    Update {
+        prototypes_are: Default::default(),
+        round,
+        num_samples,
+        blocks,
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.1,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

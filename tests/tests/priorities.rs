@@ -76,6 +76,7 @@ impl Delays {
 fn block_update() -> Vec<u8> {
     let values: Vec<f32> = (0..BLOCK_VALUES).map(|i| ((i % 97) as f32 - 48.0) * 1e-3).collect();
     let update = Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 10,
         blocks: vec![ParamBlock::encode("head.weight", &[BLOCK_VALUES as u32], &values, Encoding::F32)],
@@ -93,7 +94,15 @@ fn prototype_update() -> Update {
             Prototype::encode(c, 10, &values, Encoding::F32)
         })
         .collect();
-    Update { round: 1, num_samples: 10, blocks: vec![], prototypes, metrics: vec![], compute_seconds: 0.1 }
+    Update {
+        prototypes_are: Default::default(),
+        round: 1,
+        num_samples: 10,
+        blocks: vec![],
+        prototypes,
+        metrics: vec![],
+        compute_seconds: 0.1,
+    }
 }
 
 /// The server (FedAvg, no model: its broadcast is a few bytes, so the downlink stays quiet) and

@@ -171,6 +171,7 @@ impl ClientMethod for Uploads {
     }
     fn train(&mut self, _: &Broadcast) -> Result<Trained, TrainError> {
         Ok(Trained {
+            prototypes_are: Default::default(),
             num_samples: self.num_samples(),
             blocks: Vec::new(),
             prototypes: self.0.clone(),

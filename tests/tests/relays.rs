@@ -36,6 +36,7 @@ fn device_update(round: u64, d: usize) -> Update {
     let mut rng = Rng::derive(round * 100 + d as u64, 5);
     let values: Vec<f32> = (0..16).map(|_| rng.normal() as f32 * 0.1).collect();
     Update {
+        prototypes_are: Default::default(),
         round,
         num_samples: 5 + rng.below(100),
         blocks: vec![block(&values)],

@@ -147,6 +147,7 @@ async fn restarted_client_resends_its_unacknowledged_update_once() {
         .to_blocks(Encoding::F32)
         .unwrap();
     let pending = Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 42,
         blocks: trained.clone(),

@@ -51,6 +51,7 @@ async fn start_with(ca: &mut ProjectCa, store: Option<ServerStore>) -> ServerHan
 fn update_frame() -> Vec<u8> {
     let values: Vec<f32> = (0..VALUES).map(|i| ((i % 97) as f32 - 48.0) * 1e-3).collect();
     let update = Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: 10,
         blocks: vec![ParamBlock::encode("head.weight", &[VALUES as u32], &values, Encoding::F32)],

@@ -231,6 +231,7 @@ fn drain_session(
 
 fn trained_update(device: &Device, broadcast: &Broadcast) -> Update {
     Update {
+        prototypes_are: Default::default(),
         round: broadcast.round,
         num_samples: SAMPLES,
         blocks: plus(&broadcast.blocks, &device.delta),
@@ -448,6 +449,7 @@ impl ClientMethod for Marked {
         let delta: Vec<Vec<f32>> =
             broadcast.blocks.iter().map(|b| (0..b.tensor.len().unwrap()).map(|j| self.delta(j)).collect()).collect();
         let trained = Trained {
+            prototypes_are: Default::default(),
             num_samples: SAMPLES,
             blocks: plus(&broadcast.blocks, &delta),
             prototypes: vec![],

@@ -19,6 +19,7 @@ impl ClientMethod for Fixed {
     fn train(&mut self, _: &Broadcast) -> Result<Trained, TrainError> {
         let values = self.values.remove(0);
         Ok(Trained {
+            prototypes_are: Default::default(),
             num_samples: 1,
             blocks: vec![ParamBlock::encode("w", &[values.len() as u32], &values, Encoding::F32)],
             prototypes: Vec::new(),

@@ -142,7 +142,13 @@ impl ClientMethod for Baseline {
         if self.info.shared != Shared::Net {
             self.own = Some(model);
         }
-        Ok(Trained { num_samples: samples, blocks, prototypes: Vec::new(), metrics: common_metrics(loss, accuracies) })
+        Ok(Trained {
+            prototypes_are: Default::default(),
+            num_samples: samples,
+            blocks,
+            prototypes: Vec::new(),
+            metrics: common_metrics(loss, accuracies),
+        })
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {

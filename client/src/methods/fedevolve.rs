@@ -193,6 +193,7 @@ impl ClientMethod for FedEvolveClient {
             .stream
             .accuracy_metrics(broadcast, |test| target_accuracy(&maps, table.as_ref(), test, self.config.distance));
         Ok(Trained {
+            prototypes_are: Default::default(),
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),
             blocks: maps.to_blocks(self.ctx.encoding)?,
             prototypes: uploaded,

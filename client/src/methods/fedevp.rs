@@ -194,6 +194,7 @@ impl ClientMethod for FedEvpClient {
         self.rng = rng;
         let accuracies = self.ctx.stream.accuracy_metrics(broadcast, |t| accuracy(&personal, t, 512));
         Ok(Trained {
+            prototypes_are: Default::default(),
             num_samples: domains.iter().map(|d| d.train.len() as u64).sum(),
             blocks,
             prototypes,

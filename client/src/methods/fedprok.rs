@@ -238,7 +238,13 @@ impl ClientMethod for FedProKClient {
         if let Some(d) = drift {
             metrics.push(anchorage_shared::protocol::Metric::new(MetricKey::PrototypeDrift, d));
         }
-        Ok(Trained { num_samples: train.len() as u64, blocks: net.to_blocks(self.ctx.encoding)?, prototypes, metrics })
+        Ok(Trained {
+            prototypes_are: Default::default(),
+            num_samples: train.len() as u64,
+            blocks: net.to_blocks(self.ctx.encoding)?,
+            prototypes,
+            metrics,
+        })
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {

@@ -214,7 +214,13 @@ impl ClientMethod for GldpClient {
         let mut blocks = net.to_blocks(self.ctx.encoding)?;
         blocks.retain(|b| self.config.shares_head() || !is_head_block(&b.name));
         self.own = Some(net);
-        Ok(Trained { num_samples: train.len() as u64, blocks, prototypes, metrics: common_metrics(loss, accuracies) })
+        Ok(Trained {
+            prototypes_are: Default::default(),
+            num_samples: train.len() as u64,
+            blocks,
+            prototypes,
+            metrics: common_metrics(loss, accuracies),
+        })
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {

@@ -14,7 +14,7 @@ pub mod stream;
 
 use anchorage_shared::MetricKey;
 use anchorage_shared::method::MethodConfig;
-use anchorage_shared::protocol::{Broadcast, Metric, Update};
+use anchorage_shared::protocol::{Broadcast, Metric, PrototypeForm, Update};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use burn::tensor::Device;
@@ -91,6 +91,8 @@ pub struct Trained {
     pub num_samples: u64,
     pub blocks: Vec<ParamBlock>,
     pub prototypes: Vec<Prototype>,
+    /// Whether `prototypes` are means or sums (a device under `[privacy]` sends sums).
+    pub prototypes_are: PrototypeForm,
     pub metrics: Vec<Metric>,
 }
 
@@ -98,8 +100,16 @@ impl Trained {
     /// The wire update of `round`, computed for `compute`: the one place a method's result
     /// becomes an [`Update`].
     pub fn into_update(self, round: u64, compute: Duration) -> Update {
-        let Trained { num_samples, blocks, prototypes, metrics } = self;
-        Update { round, num_samples, blocks, prototypes, metrics, compute_seconds: compute.as_secs_f64() }
+        let Trained { num_samples, blocks, prototypes, prototypes_are, metrics } = self;
+        Update {
+            round,
+            num_samples,
+            blocks,
+            prototypes,
+            prototypes_are,
+            metrics,
+            compute_seconds: compute.as_secs_f64(),
+        }
     }
 }
 

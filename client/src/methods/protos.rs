@@ -28,9 +28,8 @@ pub fn host(t: Tensor<2>) -> Vec<f32> {
 ///   ([`clip_feature`]), and its count. One sample then moves a sum by at most `clip`, so
 ///   Gaussian noise of σ·`clip` on the sum (by the device under local noise, by the server under
 ///   central noise) makes it private, and sums add up across devices, a buffer and a secure
-///   aggregate; the server divides the summed sums by the summed counts. The update says so with
-///   the metric `prototype_sums` = 1 ([`anchorage_shared::MetricKey::PrototypeSums`], added by
-///   [`crate::privacy::Privatized`]).
+///   aggregate; the server divides the summed sums by the summed counts. The update says so in its
+///   `prototypes_are` field (set by [`crate::privacy::Privatized`]).
 ///
 /// The prototypes a method keeps on the device for its own loss and prediction stay means.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -13,9 +13,6 @@ use anchorage_secagg::{ClientState, Layout, SecAggError, ServerFrame, ServerMess
 use anchorage_shared::protocol::{Message, SecAggFrame, Update};
 use anchorage_shared::tensor::ParamBlock;
 
-/// The marker metric of an update whose prototypes are sums (the server's `PROTOTYPE_SUMS`).
-const PROTOTYPE_SUMS: &str = "prototype_sums";
-
 /// What the session does with a server frame's outcome.
 #[derive(Debug)]
 pub(super) enum Reply {
@@ -148,7 +145,7 @@ impl RoundState {
                 self.held = Some(message);
                 return Ok(Reply::Nothing);
             };
-            let sums = update.metrics.iter().any(|m| m.name == PROTOTYPE_SUMS);
+            let sums = update.prototypes_are == anchorage_shared::protocol::PrototypeForm::Sums;
             let base = base.ok_or(SecAggError::BadParams("the round's broadcast (the delta's base) is not here"))?;
             let input = self.layout.encode(update, base, sums)?;
             self.state.provide_input(input);

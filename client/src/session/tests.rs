@@ -47,7 +47,15 @@ fn broadcast(round: u64) -> Broadcast {
 }
 
 fn update(round: u64) -> Update {
-    Update { round, num_samples: 5, blocks: vec![], prototypes: vec![], metrics: vec![], compute_seconds: 0.1 }
+    Update {
+        prototypes_are: Default::default(),
+        round,
+        num_samples: 5,
+        blocks: vec![],
+        prototypes: vec![],
+        metrics: vec![],
+        compute_seconds: 0.1,
+    }
 }
 
 fn drain(s: &mut Session) -> Vec<SessionAction> {

@@ -53,7 +53,18 @@ fn device(i: usize) -> (Vec<f64>, Update) {
         .map(|c| Prototype::encode(c, (3 + i) as u64 + u64::from(c), &mean(i, c), Encoding::F32))
         .collect();
     let delta = global.iter().zip(&new).map(|(g, n)| f64::from(*n) - g).collect();
-    (delta, Update { round: 3, num_samples: 10, blocks, prototypes, metrics: vec![], compute_seconds: 1.5 })
+    (
+        delta,
+        Update {
+            prototypes_are: Default::default(),
+            round: 3,
+            num_samples: 10,
+            blocks,
+            prototypes,
+            metrics: vec![],
+            compute_seconds: 1.5,
+        },
+    )
 }
 
 fn mean(i: usize, class: u32) -> Vec<f32> {
@@ -299,7 +310,15 @@ fn a_weight_scale_gives_the_sample_weighted_mean_with_each_voice_capped() {
         let mut v = blocks[1].decode().unwrap();
         v[0] += by;
         blocks[1] = ParamBlock::encode("head.bias", &[4], &v, Encoding::F32);
-        Update { round: 1, num_samples: n, blocks, prototypes: vec![], metrics: vec![], compute_seconds: 0.0 }
+        Update {
+            prototypes_are: Default::default(),
+            round: 1,
+            num_samples: n,
+            blocks,
+            prototypes: vec![],
+            metrics: vec![],
+            compute_seconds: 0.0,
+        }
     };
     let updates = [moved(0.3, 10), moved(-0.1, 50), moved(0.2, 400)];
     let mut sum = vec![0u32; l.vector_len()];

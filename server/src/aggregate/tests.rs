@@ -170,6 +170,7 @@ fn rules_read_from_toml() {
 
 fn update(values: &[f32], n: u64) -> Update {
     Update {
+        prototypes_are: Default::default(),
         round: 1,
         num_samples: n,
         blocks: vec![ParamBlock::encode("w", &[values.len() as u32], values, Encoding::F32)],

@@ -32,7 +32,15 @@ mod tests {
     use anchorage_shared::{compress, sparse};
 
     fn update(blocks: Vec<ParamBlock>) -> Update {
-        Update { round: 1, num_samples: 1, blocks, prototypes: Vec::new(), metrics: Vec::new(), compute_seconds: 0.0 }
+        Update {
+            prototypes_are: Default::default(),
+            round: 1,
+            num_samples: 1,
+            blocks,
+            prototypes: Vec::new(),
+            metrics: Vec::new(),
+            compute_seconds: 0.0,
+        }
     }
 
     fn dense(values: &[f32]) -> ParamBlock {

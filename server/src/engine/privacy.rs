@@ -15,7 +15,7 @@
 //! - with adaptive clipping, C follows the target quantile of the deltas' norms from a noised
 //!   count of those within it (Andrew et al. 2021, Algorithm 1), and σ_Δ pays for that count;
 //! - prototypes arrive as per-class sums of features each clipped on the device, with counts
-//!   (the device's `prototype_sums` marker says so); the round's sums get N(0, (σ·C_p)²) per
+//!   (the update's `prototypes_are` says so); the round's sums get N(0, (σ·C_p)²) per
 //!   coordinate and its counts N(0, σ²), and the method sees one prototype per class, their
 //!   quotient, with the noised count (so a count-weighted fusion sees the noised sums).
 //!
@@ -33,16 +33,13 @@ use std::collections::BTreeMap;
 
 use anchorage_shared::privacy::mechanism::{adapt_clip, add_gaussian, clip_in_place, noisy_count};
 use anchorage_shared::privacy::{Accountant, NoiseSite, PrivacyConfig, PrivacyError};
-use anchorage_shared::protocol::Update;
+use anchorage_shared::protocol::{PrototypeForm, Update};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, PrivacyStateError, PrototypeFormError};
-
-/// The name of the marker metric a device puts on an update whose prototypes are sums.
-pub const PROTOTYPE_SUMS: &str = "prototype_sums";
 
 /// Where the privacy of a federation stands after a round (in its report).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,7 +127,7 @@ impl PrivacyState {
     /// Refuses an update whose prototypes are not what `[privacy]` expects (sums, with the
     /// marker): a device whose `[privacy]` is off would otherwise be taken for noised sums.
     pub(super) fn check_update(update: &Update, config: &PrivacyConfig) -> Result<(), PrototypeFormError> {
-        let marked = update.metrics.iter().any(|m| m.name == PROTOTYPE_SUMS);
+        let marked = update.prototypes_are == PrototypeForm::Sums;
         match (config.is_on() && !update.prototypes.is_empty(), marked) {
             (true, false) => Err(PrototypeFormError::SumsExpected),
             (false, true) if !config.is_on() => Err(PrototypeFormError::SumsUnexpected),

@@ -4,12 +4,12 @@
 
 use anchorage_shared::method::{FedTaConfig, MethodConfig};
 use anchorage_shared::privacy::{NoiseSite, PrivacyConfig};
-use anchorage_shared::protocol::{Message, Metric, RefusalReason, Update};
+use anchorage_shared::protocol::{Message, RefusalReason, Update};
 use anchorage_shared::prototype::Prototype;
 use anchorage_shared::tensor::Encoding;
 
 use super::compat::check as check_config;
-use super::privacy::PROTOTYPE_SUMS;
+
 use super::tests::{block, config, drain, engine, join, refusals, reports, secs, update};
 use super::*;
 
@@ -106,7 +106,7 @@ fn with_prototypes(round: u64, sums: &[(u32, u64, [f32; 2])], marked: bool) -> M
     let Message::Update(mut u) = update(round, &[0.0, 0.0], 1) else { unreachable!() };
     u.prototypes = sums.iter().map(|(c, n, v)| Prototype::encode(*c, *n, v, Encoding::F32)).collect();
     if marked {
-        u.metrics.push(Metric { name: PROTOTYPE_SUMS.into(), value: 1.0 });
+        u.prototypes_are = anchorage_shared::protocol::PrototypeForm::Sums;
     }
     Message::Update(u)
 }

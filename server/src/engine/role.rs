@@ -230,6 +230,7 @@ pub fn fold(round: u64, updates: &[(&str, &Update)]) -> Result<Partial, MethodEr
         })
         .collect();
     let update = Update {
+        prototypes_are: Default::default(),
         round,
         num_samples,
         blocks,

@@ -40,6 +40,7 @@ pub(super) fn hello(id: &str) -> Message {
 
 pub(super) fn update(round: u64, values: &[f32], n: u64) -> Message {
     Message::Update(Update {
+        prototypes_are: Default::default(),
         round,
         num_samples: n,
         blocks: vec![block(values)],

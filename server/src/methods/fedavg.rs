@@ -227,6 +227,7 @@ mod tests {
 
     pub(crate) fn update(w: &[f32], n: u64) -> Update {
         Update {
+            prototypes_are: Default::default(),
             round: 1,
             num_samples: n,
             blocks: vec![ParamBlock::encode("head.weight", &[w.len() as u32], w, Encoding::F32)],

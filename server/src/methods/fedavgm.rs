@@ -90,6 +90,7 @@ mod tests {
 
     fn update(values: &[f32]) -> Update {
         Update {
+            prototypes_are: Default::default(),
             round: 1,
             num_samples: 1,
             blocks: vec![block(values)],

@@ -368,6 +368,7 @@ mod tests {
 
     fn update(ie: &[f32], protos: &[(u32, &[f32])]) -> Update {
         Update {
+            prototypes_are: Default::default(),
             round: 1,
             num_samples: 1,
             blocks: vec![ParamBlock::encode("ie.sets", &[ie.len() as u32], ie, Encoding::F32)],

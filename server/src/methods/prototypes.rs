@@ -112,6 +112,7 @@ mod tests {
 
     fn upload(protos: &[(u32, u64, &[f32])]) -> Update {
         Update {
+            prototypes_are: Default::default(),
             round: 1,
             num_samples: 1,
             blocks: vec![],

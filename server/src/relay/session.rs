@@ -412,6 +412,7 @@ mod tests {
         let members: Vec<Member> =
             devices.iter().map(|d| Member { device: (*d).into(), num_samples: 10, hash: [1; 32] }).collect();
         let update = Update {
+            prototypes_are: Default::default(),
             round,
             num_samples: 10 * devices.len() as u64,
             blocks: vec![],

@@ -42,7 +42,15 @@ fn device_update(round: u64, device: usize, prototypes: bool) -> Update {
         }
     }
     let prototypes = uploads;
-    Update { round, num_samples: 1 + rng.below(400), blocks, prototypes, metrics: vec![], compute_seconds: 0.25 }
+    Update {
+        prototypes_are: Default::default(),
+        round,
+        num_samples: 1 + rng.below(400),
+        blocks,
+        prototypes,
+        metrics: vec![],
+        compute_seconds: 0.25,
+    }
 }
 
 fn hello(id: &str, method: &str) -> Message {

@@ -27,6 +27,7 @@ fn checkpoint(round: u64) -> Checkpoint {
 
 fn update(round: u64, v: f32) -> Update {
     Update {
+        prototypes_are: Default::default(),
         round,
         num_samples: 10,
         blocks: vec![ParamBlock::encode("head.bias", &[4], &[v; 4], Encoding::F32)],

@@ -378,7 +378,7 @@ impl ClientMethod for FedTaClient {
             metrics.push(Metric::new(MetricKey::AnchorKeyMatch, rate));
         }
         metrics.retain(|m| m.value.is_finite());
-        Ok(Trained { num_samples: train.len() as u64, blocks, prototypes, metrics })
+        Ok(Trained { prototypes_are: Default::default(), num_samples: train.len() as u64, blocks, prototypes, metrics })
     }
 
     fn initial_blocks(&self) -> Result<Vec<ParamBlock>, TrainError> {
