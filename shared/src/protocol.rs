@@ -547,6 +547,62 @@ pub enum Direction {
     Both,
 }
 
+/// The table's rows by direction: [`Upward`] holds the rows marked `Up` or `Both` (what a server
+/// takes from a device or a relay), [`Downward`] those marked `Down` or `Both` (what a device or a
+/// relay takes from its server), each with its conversions from and into [`Message`].
+macro_rules! directed {
+    (@up [$($acc:tt)*]) => {
+        directed!(@build Upward "What a device or a relay sends to its server: the table's `Up` and `Both` rows." [$($acc)*]);
+    };
+    (@up [$($acc:tt)*] $v:ident($t:ty) $n:literal Down; $($rest:tt)*) => { directed!(@up [$($acc)*] $($rest)*); };
+    (@up [$($acc:tt)*] $v:ident($t:ty) $n:literal $dir:ident; $($rest:tt)*) => {
+        directed!(@up [$($acc)* $v($t) $n] $($rest)*);
+    };
+    (@down [$($acc:tt)*]) => {
+        directed!(@build Downward "What a server sends to a device or a relay: the table's `Down` and `Both` rows." [$($acc)*]);
+    };
+    (@down [$($acc:tt)*] $v:ident($t:ty) $n:literal Up; $($rest:tt)*) => { directed!(@down [$($acc)*] $($rest)*); };
+    (@down [$($acc:tt)*] $v:ident($t:ty) $n:literal $dir:ident; $($rest:tt)*) => {
+        directed!(@down [$($acc)* $v($t) $n] $($rest)*);
+    };
+    (@build $name:ident $doc:literal [$($v:ident($t:ty) $n:literal)*]) => {
+        #[doc = $doc]
+        #[derive(Debug, Clone, PartialEq)]
+        #[allow(missing_docs)]
+        pub enum $name {
+            $($v($t),)*
+        }
+
+        impl From<$name> for Message {
+            fn from(m: $name) -> Message {
+                match m {
+                    $($name::$v(x) => Message::$v(x),)*
+                }
+            }
+        }
+
+        impl TryFrom<Message> for $name {
+            /// A message of the other direction, given back.
+            type Error = Message;
+            fn try_from(m: Message) -> Result<Self, Message> {
+                match m {
+                    $(Message::$v(x) => Ok($name::$v(x)),)*
+                    other => Err(other),
+                }
+            }
+        }
+
+        impl $name {
+            /// A readable name of the kind, for logs and metrics.
+            pub fn kind_name(&self) -> &'static str {
+                match self {
+                    $($name::$v(_) => $n,)*
+                }
+            }
+        }
+    };
+}
+
 /// The message table (quinn-proto's `frame_types!` is the model): one row a message, with its
 /// kind byte, variant, body type, name and direction. Everything that depends on the kind
 /// (the enum, [`Message::kind`], [`kind_name`], encoding and decoding, [`KINDS`]) comes from
@@ -561,6 +617,9 @@ macro_rules! messages {
 
         /// Every kind byte with its name and direction, in kind order.
         pub const KINDS: &[(u8, &str, Direction)] = &[$(($kind, $name, Direction::$dir)),*];
+
+        directed!(@up [] $($variant($ty) $name $dir;)*);
+        directed!(@down [] $($variant($ty) $name $dir;)*);
 
         impl Message {
             /// The kind byte on the wire.

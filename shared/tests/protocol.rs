@@ -489,6 +489,27 @@ fn the_message_table_has_one_row_a_kind() {
     assert_eq!(kind_name(KINDS.len() as u8 + 1), None);
 }
 
+/// Every message built here converts into `Upward` exactly when its row says `Up` or `Both`, into
+/// `Downward` exactly when it says `Down` or `Both`, and back into the same message.
+#[test]
+fn each_message_takes_the_directions_its_row_names() {
+    for msg in every_message() {
+        let (_, name, dir) = KINDS.iter().find(|(k, _, _)| *k == msg.kind()).expect("a row");
+        let up = Upward::try_from(msg.clone());
+        let down = Downward::try_from(msg.clone());
+        assert_eq!(up.is_ok(), matches!(dir, Direction::Up | Direction::Both), "{name} upward");
+        assert_eq!(down.is_ok(), matches!(dir, Direction::Down | Direction::Both), "{name} downward");
+        if let Ok(up) = up {
+            assert_eq!(up.kind_name(), *name);
+            assert_eq!(Message::from(up), msg);
+        }
+        if let Ok(down) = down {
+            assert_eq!(down.kind_name(), *name);
+            assert_eq!(Message::from(down), msg);
+        }
+    }
+}
+
 /// An update's prototypes' form is a field in memory and protocol v1's marker metric on the wire:
 /// a v1 device's marked update decodes as sums without the metric, and a v1 server reads the
 /// marker in what this build sends.

@@ -27,7 +27,7 @@ use std::time::Duration;
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::ledger::DeclineReason;
 use anchorage_shared::protocol::{
-    Broadcast, Capabilities, Decline, Hello, MAX_DECLINE_DETAIL, Message, Refusal, RefusalReason, Update,
+    Broadcast, Capabilities, Decline, Downward, Hello, MAX_DECLINE_DETAIL, Message, Refusal, RefusalReason, Update,
 };
 
 pub use cost::UploadMeasure;
@@ -238,8 +238,12 @@ impl Session {
     /// A message from the server, arrived at `now` (the shell's clock), `wire_bytes` on the wire
     /// (what the shell measured; a broadcast's go into its round's cost record).
     pub fn handle_message(&mut self, now: Duration, msg: Message, wire_bytes: u64) -> Result<(), SessionError> {
+        let msg = match Downward::try_from(msg) {
+            Ok(msg) => msg,
+            Err(up) => return Err(self.unexpected(up.kind_name())),
+        };
         match msg {
-            Message::Welcome(_) => {
+            Downward::Welcome(_) => {
                 self.resend_costs();
                 match self.state {
                     SessionState::Joining => self.state = SessionState::Idle,
@@ -252,11 +256,11 @@ impl Session {
                     self.upload(update);
                 }
             }
-            Message::Broadcast(b) => {
+            Downward::Broadcast(b) => {
                 self.costs.broadcast(now, &b, wire_bytes);
                 self.on_broadcast(b);
             }
-            Message::Ack(ack) => {
+            Downward::Ack(ack) => {
                 if let Some(record) = self.costs.acked(now, ack.round, ack.aggregated, &self.client_id) {
                     self.completed(record);
                 }
@@ -271,25 +275,19 @@ impl Session {
                     }
                 }
             }
-            Message::Refusal(r) => self.on_refusal(r),
-            Message::Goodbye(g) => self.finish(g.reason),
-            Message::SecAgg(frame) => self.on_secagg(&frame)?,
-            Message::CostAck(a) => {
+            Downward::Refusal(r) => self.on_refusal(r),
+            Downward::Goodbye(g) => self.finish(g.reason),
+            Downward::SecAgg(frame) => self.on_secagg(&frame)?,
+            Downward::CostAck(a) => {
                 if let Some(reports) = self.reports.as_mut() {
                     reports.confirmed(a.round);
                 }
             }
-            Message::Heartbeat(_) => {}
+            Downward::Heartbeat(_) => {}
             // Transfer messages ride their own streams (the shell's), never the control stream.
-            Message::Hello(_)
-            | Message::Update(_)
-            | Message::Cost(_)
-            | Message::TransferOffer(_)
-            | Message::TransferResume(_)
-            | Message::Chunk(_)
-            | Message::Decline(_)
-            | Message::Partial(_)
-            | Message::CostBatch(_) => return Err(self.unexpected(msg.kind_name())),
+            Downward::TransferOffer(_) | Downward::TransferResume(_) | Downward::Chunk(_) => {
+                return Err(self.unexpected(msg.kind_name()));
+            }
         }
         Ok(())
     }

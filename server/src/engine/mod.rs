@@ -34,7 +34,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Decline, Hello, Message, Refusal, RefusalReason, SecAggFrame, Update, Welcome};
+use anchorage_shared::protocol::{
+    Decline, Hello, Message, Refusal, RefusalReason, SecAggFrame, Update, Upward, Welcome,
+};
 use anchorage_shared::tensor::ParamBlock;
 use serde::{Deserialize, Serialize};
 
@@ -321,42 +323,45 @@ impl Engine {
 
     /// A decoded message from a client. `client` is the identity the transport established.
     pub fn handle_message(&mut self, now: Duration, client: &str, msg: Message) {
+        let msg = match Upward::try_from(msg) {
+            Ok(msg) => msg,
+            Err(down) => return self.unexpected(client, down.kind_name()),
+        };
         match msg {
-            Message::Hello(hello) => self.on_hello(now, client, *hello),
-            Message::Update(update) => self.on_update(now, client, update),
-            Message::Heartbeat(_) => {}
-            Message::Goodbye(_) => self.handle_disconnect(now, client),
-            Message::Cost(record) => self.core.on_cost(client, record),
-            Message::Partial(partial) if self.core.is_relay_peer(client) => self.on_partial(now, client, partial),
-            Message::CostBatch(batch) if self.core.is_relay_peer(client) => self.on_cost_batch(client, batch),
-            Message::SecAgg(frame) if self.core.is_known(client) => {
+            Upward::Hello(hello) => self.on_hello(now, client, *hello),
+            Upward::Update(update) => self.on_update(now, client, update),
+            Upward::Heartbeat(_) => {}
+            Upward::Goodbye(_) => self.handle_disconnect(now, client),
+            Upward::Cost(record) => self.core.on_cost(client, record),
+            Upward::Partial(partial) if self.core.is_relay_peer(client) => self.on_partial(now, client, partial),
+            Upward::CostBatch(batch) if self.core.is_relay_peer(client) => self.on_cost_batch(client, batch),
+            Upward::SecAgg(frame) if self.core.is_known(client) => {
                 let (core, mode) = self.mode_mut();
                 mode.on_secagg(core, now, client, &frame);
             }
-            Message::Decline(decline) if self.core.is_known(client) => {
+            Upward::Decline(decline) if self.core.is_known(client) => {
                 let (core, mode) = self.mode_mut();
                 mode.on_decline(core, now, client, decline);
             }
-            // What only a server sends, what only a relay sends (from a peer without the relay
-            // role), a decline before a hello, and transfer frames (the shell's, on their own
-            // streams): listed, not caught all, so that a new message kind must be placed here.
-            Message::Welcome(_)
-            | Message::Broadcast(_)
-            | Message::Ack(_)
-            | Message::CostAck(_)
-            | Message::Refusal(_)
-            | Message::TransferOffer(_)
-            | Message::TransferResume(_)
-            | Message::Chunk(_)
-            | Message::Partial(_)
-            | Message::CostBatch(_)
-            | Message::SecAgg(_)
-            | Message::Decline(_) => {
-                tracing::warn!(client, kind = msg.kind_name(), "unexpected message from a client");
-                let detail = format!("a client may not send {}", msg.kind_name());
-                self.core.refuse(client, RefusalReason::Malformed, detail);
-            }
+            // What only a relay sends (from a peer without the relay role), what needs a hello
+            // first, a refusal (a device does not refuse its server), and transfer frames (the
+            // shell's, on their own streams): listed, not caught all, so that a new upward
+            // message kind must be placed here.
+            Upward::Refusal(_)
+            | Upward::TransferOffer(_)
+            | Upward::TransferResume(_)
+            | Upward::Chunk(_)
+            | Upward::Partial(_)
+            | Upward::CostBatch(_)
+            | Upward::SecAgg(_)
+            | Upward::Decline(_) => self.unexpected(client, msg.kind_name()),
         }
+    }
+
+    /// A message a client may not send (here, or yet): refused, logged and counted.
+    fn unexpected(&mut self, client: &str, kind: &str) {
+        tracing::warn!(client, kind, "unexpected message from a client");
+        self.core.refuse(client, RefusalReason::Malformed, format!("a client may not send {kind}"));
     }
 
     /// A hello: refused if it names another client or method; otherwise the client is

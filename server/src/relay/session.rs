@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Broadcast, CostBatch, Message, Partial, RefusalReason};
+use anchorage_shared::protocol::{Broadcast, CostBatch, Downward, Message, Partial, RefusalReason};
 
 /// How often cost batches with new records go up.
 pub const COST_EVERY: Duration = Duration::from_millis(250);
@@ -224,8 +224,15 @@ impl UplinkSession {
 
     /// A message from the parent.
     pub fn handle_message(&mut self, now: Duration, msg: Message) {
+        let msg = match Downward::try_from(msg) {
+            Ok(msg) => msg,
+            Err(up) => {
+                tracing::debug!(kind = up.kind_name(), "the parent sent what only devices and relays send; ignored");
+                return;
+            }
+        };
         match msg {
-            Message::Welcome(w) if self.state == UplinkState::Joining => {
+            Downward::Welcome(w) if self.state == UplinkState::Joining => {
                 tracing::info!(parent = %w.server_id, "uplink joined");
                 self.state = UplinkState::Joined;
                 self.actions.push_back(UplinkAction::Joined);
@@ -237,12 +244,12 @@ impl UplinkSession {
                 self.fresh = self.costs.keys().copied().collect();
                 self.next_costs = Some(now + COST_EVERY);
             }
-            Message::Refusal(r) if self.state == UplinkState::Joining => {
+            Downward::Refusal(r) if self.state == UplinkState::Joining => {
                 self.state = UplinkState::Finished;
                 self.actions.push_back(UplinkAction::Refused(format!("{:?}: {}", r.reason, r.detail)));
             }
-            Message::Broadcast(b) => self.actions.push_back(UplinkAction::OpenRound(b)),
-            Message::Ack(ack) => {
+            Downward::Broadcast(b) => self.actions.push_back(UplinkAction::OpenRound(b)),
+            Downward::Ack(ack) => {
                 if let Some(p) = self.partial.take_if(|p| p.update.round == ack.round) {
                     tracing::info!(
                         round = ack.round,
@@ -253,11 +260,11 @@ impl UplinkSession {
                     self.last_members = (ack.round, p.members.into_iter().map(|m| m.device).collect());
                 }
             }
-            Message::CostAck(ack) => {
+            Downward::CostAck(ack) => {
                 self.confirm(ack.round);
                 self.check_closed(now);
             }
-            Message::Refusal(r) => {
+            Downward::Refusal(r) => {
                 tracing::warn!(reason = ?r.reason, detail = %r.detail, devices = ?r.devices, "the parent refused");
                 let partial_refused =
                     matches!(r.reason, RefusalReason::NotSampled | RefusalReason::Duplicate | RefusalReason::Malformed);
@@ -271,21 +278,15 @@ impl UplinkSession {
                     }
                 }
             }
-            Message::Goodbye(g) => self.close(now, g.reason),
-            Message::Heartbeat(_) => {}
-            // A welcome or refusal out of turn, what only devices and relays send, and transfer
-            // frames: listed, so that a new message kind must be placed here.
-            Message::Welcome(_)
-            | Message::Hello(_)
-            | Message::Update(_)
-            | Message::Cost(_)
-            | Message::TransferOffer(_)
-            | Message::TransferResume(_)
-            | Message::Chunk(_)
-            | Message::Decline(_)
-            | Message::SecAgg(_)
-            | Message::Partial(_)
-            | Message::CostBatch(_) => {
+            Downward::Goodbye(g) => self.close(now, g.reason),
+            Downward::Heartbeat(_) => {}
+            // A welcome out of turn, secure aggregation (devices and the root only) and transfer
+            // frames: listed, so that a new downward message kind must be placed here.
+            Downward::Welcome(_)
+            | Downward::TransferOffer(_)
+            | Downward::TransferResume(_)
+            | Downward::Chunk(_)
+            | Downward::SecAgg(_) => {
                 tracing::debug!(kind = msg.kind_name(), "the parent sent what a relay does not take; ignored")
             }
         }
