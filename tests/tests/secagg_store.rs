@@ -201,11 +201,11 @@ fn drain_session(
                 queue.push_back(Deliver::ToServer(id.into(), msg));
             }
             SessionAction::Train(broadcast) => {
-                let update = trained_update(device, &broadcast);
-                device.trained.insert(broadcast.round, update.clone());
+                let trained = trained(device, &broadcast);
+                device.trained.insert(broadcast.round, trained.clone().into_update(broadcast.round, Duration::ZERO));
                 device.broadcast.insert(broadcast.round, broadcast.blocks.clone());
                 device.round = broadcast.round;
-                device.session.trained(update, Duration::ZERO);
+                device.session.trained(broadcast.round, trained, Duration::ZERO);
             }
             SessionAction::UploadMasked { round, msg } => {
                 assert!(matches!(msg, Message::SecAgg(_)), "a masked vector travels as a SecAgg frame");
@@ -229,15 +229,13 @@ fn drain_session(
     dropped
 }
 
-fn trained_update(device: &Device, broadcast: &Broadcast) -> Update {
-    Update {
+fn trained(device: &Device, broadcast: &Broadcast) -> Trained {
+    Trained {
         prototypes_are: Default::default(),
-        round: broadcast.round,
         num_samples: SAMPLES,
         blocks: plus(&broadcast.blocks, &device.delta),
         prototypes: vec![],
         metrics: vec![Metric { name: "marker".into(), value: 4242.25 }],
-        compute_seconds: 0.0,
     }
 }
 

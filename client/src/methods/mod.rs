@@ -1,7 +1,7 @@
 //! Client halves of the methods: consume a broadcast and the local task stream, produce what
-//! they trained ([`Trained`]; [`Trained::into_update`] makes it the wire update). They know
-//! nothing of transport. Which half a config gets is [`build`]'s match on
-//! [`MethodConfig`] (CONTRIBUTING.md, "Add a method").
+//! they trained ([`Trained`]; the device session turns it into the wire update with
+//! [`Trained::into_update`]). They know nothing of transport. Which half a config gets is
+//! [`build`]'s match on [`MethodConfig`] (CONTRIBUTING.md, "Add a method").
 
 mod baselines;
 mod fedevolve;
@@ -129,13 +129,6 @@ pub trait ClientMethod: Send {
         let started = Instant::now();
         let trained = self.train(broadcast)?;
         Ok((trained, started.elapsed()))
-    }
-    /// [`ClientMethod::train_measured`] as the broadcast's round's wire update and its compute
-    /// time, which the shells hand to the session (`Session::trained`, which stamps the round's
-    /// compute seconds). Not overridden: override `train_measured`.
-    fn train_timed(&mut self, broadcast: &Broadcast) -> Result<(Update, Duration), TrainError> {
-        let (trained, compute) = self.train_measured(broadcast)?;
-        Ok((trained.into_update(broadcast.round, compute), compute))
     }
     /// Accuracy of the global model `broadcast` describes on `test` (`None`: the method has no
     /// global predictor, e.g. Local-only or FedRep's personal heads).

@@ -33,6 +33,7 @@ use anchorage_shared::protocol::{
 pub use cost::UploadMeasure;
 
 use crate::eligibility::Readings;
+use crate::methods::Trained;
 
 /// What the session asks its shell to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -347,11 +348,12 @@ impl Session {
         self.actions.push_back(SessionAction::Train(b));
     }
 
-    /// Training finished after the device computed for `compute` (the caller timed it: see
-    /// `ClientMethod::train_measured`): the update carries it, and so does the round's cost record.
-    /// Persist the update, then upload it.
-    pub fn trained(&mut self, mut update: Update, compute: Duration) {
-        update.compute_seconds = compute.as_secs_f64();
+    /// Training for `round` finished after the device computed for `compute` (the caller timed it:
+    /// see `ClientMethod::train_measured`): the session turns the method's result into the round's
+    /// wire update, which carries the compute time, as does the round's cost record. Persist the
+    /// update, then upload it.
+    pub fn trained(&mut self, round: u64, trained: Trained, compute: Duration) {
+        let update = trained.into_update(round, compute);
         self.costs.trained(update.round, compute);
         self.last_trained = Some(update.round);
         self.pending = Some(update.clone());

@@ -58,6 +58,12 @@ fn update(round: u64) -> Update {
     }
 }
 
+/// A method's result that becomes `u` once the session stamps its round and compute time.
+fn content(u: Update) -> Trained {
+    let Update { num_samples, blocks, prototypes, prototypes_are, metrics, .. } = u;
+    Trained { num_samples, blocks, prototypes, prototypes_are, metrics }
+}
+
 fn drain(s: &mut Session) -> Vec<SessionAction> {
     std::iter::from_fn(|| s.poll_action()).collect()
 }
@@ -85,7 +91,7 @@ fn join_train_upload_ack() {
     s.receive(Message::Broadcast(broadcast(1))).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast(1))]);
     assert_eq!(s.state(), SessionState::Training { round: 1 });
-    s.trained(update(1), COMPUTE);
+    s.trained(1, content(update(1)), COMPUTE);
     // Persisted before it is uploaded.
     assert_eq!(drain(&mut s), vec![SessionAction::Persist(Some(update(1))), SessionAction::Upload(update(1))]);
     assert_eq!(s.state(), SessionState::Uploading { round: 1 });
@@ -99,7 +105,7 @@ fn join_train_upload_ack() {
 fn an_unacknowledged_update_is_resent_after_reconnecting() {
     let mut s = joined(None);
     s.receive(Message::Broadcast(broadcast(1))).unwrap();
-    s.trained(update(1), COMPUTE);
+    s.trained(1, content(update(1)), COMPUTE);
     drain(&mut s);
     s.disconnected();
     assert_eq!(s.state(), SessionState::Disconnected);
@@ -129,7 +135,7 @@ fn training_outlives_a_dropped_connection() {
     drain(&mut s);
     s.disconnected();
     assert_eq!(s.state(), SessionState::Training { round: 2 });
-    s.trained(update(2), COMPUTE);
+    s.trained(2, content(update(2)), COMPUTE);
     assert_eq!(drain(&mut s), vec![SessionAction::Persist(Some(update(2)))], "no upload without a connection");
     s.connected();
     s.receive(welcome()).unwrap();
@@ -148,7 +154,7 @@ fn a_second_broadcast_while_training_is_ignored() {
 fn refusals_drop_hopeless_updates_or_end_the_session() {
     let mut s = joined(None);
     s.receive(Message::Broadcast(broadcast(1))).unwrap();
-    s.trained(update(1), COMPUTE);
+    s.trained(1, content(update(1)), COMPUTE);
     drain(&mut s);
     let refuse = |reason| Message::Refusal(Refusal::new(reason, "test"));
     s.receive(refuse(RefusalReason::ShapeMismatch)).unwrap();
@@ -187,7 +193,7 @@ fn goodbye_finishes_and_unexpected_messages_are_errors() {
 fn a_stale_ack_does_not_clear_a_newer_update() {
     let mut s = joined(None);
     s.receive(Message::Broadcast(broadcast(3))).unwrap();
-    s.trained(update(3), COMPUTE);
+    s.trained(3, content(update(3)), COMPUTE);
     drain(&mut s);
     s.receive(Message::Ack(Ack { round: 2, aggregated: true })).unwrap();
     assert!(drain(&mut s).is_empty());
@@ -288,7 +294,7 @@ fn the_session_builds_the_rounds_cost_record_from_what_the_shell_measured() {
     let mut s = joined(None);
     s.handle_message(secs(10.0), Message::Broadcast(broadcast_with_payload(1)), 1_100).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Train(broadcast_with_payload(1))]);
-    s.trained(trained_update(1), secs(2.5));
+    s.trained(1, content(trained_update(1)), secs(2.5));
     let stamped = Update { compute_seconds: 2.5, ..trained_update(1) };
     assert_eq!(
         drain(&mut s),
@@ -329,7 +335,7 @@ fn the_session_builds_the_rounds_cost_record_from_what_the_shell_measured() {
 fn an_ack_before_the_uploads_measurement_completes_the_record_with_it() {
     let mut s = joined(None);
     s.handle_message(secs(1.0), Message::Broadcast(broadcast_with_payload(2)), 500).unwrap();
-    s.trained(trained_update(2), secs(1.0));
+    s.trained(2, content(trained_update(2)), secs(1.0));
     drain(&mut s);
     s.handle_message(secs(3.0), Message::Ack(Ack { round: 2, aggregated: false }), 60).unwrap();
     assert_eq!(drain(&mut s), vec![SessionAction::Persist(None)], "the upload is not measured yet");
@@ -346,7 +352,7 @@ fn an_ack_before_the_uploads_measurement_completes_the_record_with_it() {
 fn a_resent_broadcast_and_a_restart_keep_the_rounds_record() {
     let mut s = joined(None).payload_down_without_prototypes();
     s.handle_message(secs(1.0), Message::Broadcast(broadcast_with_payload(3)), 500).unwrap();
-    s.trained(trained_update(3), secs(0.5));
+    s.trained(3, content(trained_update(3)), secs(0.5));
     drain(&mut s);
     s.restart(5);
     assert_eq!((s.state(), s.pending().map(|u| u.round)), (SessionState::Disconnected, Some(3)));
@@ -392,7 +398,7 @@ fn a_round_recorded(s: &mut Session, round: u64, readings: Option<&Readings>) ->
     if let Some(readings) = readings {
         s.condition(round, readings);
     }
-    s.trained(update(round), COMPUTE);
+    s.trained(round, content(update(round)), COMPUTE);
     s.uploaded(secs(1.0), round, UploadMeasure::default());
     drain(s);
     s.receive(Message::Ack(Ack { round, aggregated: true })).unwrap();
@@ -520,7 +526,7 @@ fn under_secure_aggregation_an_update_never_leaves_in_the_clear() {
     // A fresh round: keys go out at once; the trained update is persisted, never uploaded.
     s.receive(Message::Broadcast(broadcast(4))).unwrap();
     s.receive(secagg_setup(4, 1)).unwrap();
-    s.trained(update(4), COMPUTE);
+    s.trained(4, content(update(4)), COMPUTE);
     let actions = drain(&mut s);
     assert!(actions.iter().any(|a| matches!(a, SessionAction::Send(Message::SecAgg(f)) if f.round == 4)), "keys sent");
     assert!(actions.iter().any(|a| matches!(a, SessionAction::Persist(Some(u)) if u.round == 4)), "persisted");

@@ -12,7 +12,7 @@ use anchorage_shared::MetricKey;
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::io::write_frame;
 use anchorage_shared::ledger::CostRecord;
-use anchorage_shared::protocol::{Capabilities, Goodbye, Heartbeat, Message, Update};
+use anchorage_shared::protocol::{Capabilities, Goodbye, Heartbeat, Message};
 use anchorage_shared::rng::Rng;
 use anyhow::Context;
 use tokio::sync::mpsc;
@@ -23,7 +23,7 @@ use super::refusal::{RefusalKind, Refused, definite_refusal, tls_error, tls_fail
 use super::streams::{Inbound, accept_broadcasts, read_control};
 use super::{ClientEvent, ClientOptions, DeviceEndpoint};
 use crate::eligibility::Readings;
-use crate::methods::ClientMethod;
+use crate::methods::{ClientMethod, Trained};
 use crate::session::{Session, UploadMeasure};
 
 /// Runs the client until the server says goodbye (returns the reason) or refuses it for good
@@ -102,7 +102,7 @@ enum Connected {
 
 /// A trained round's result, the device's compute time and what it read of itself right after
 /// (the condition its cost record carries), from the training thread.
-pub(super) type Trained = (u64, Result<(Update, Duration, Option<Readings>), String>);
+pub(super) type TrainingDone = (u64, Result<(Trained, Duration, Option<Readings>), String>);
 /// An upload's round and what it took, from its task.
 pub(super) type Uploaded = (u64, UploadMeasure);
 
@@ -124,7 +124,7 @@ pub(super) struct Client {
     method: Arc<Mutex<Box<dyn ClientMethod>>>,
     endpoint: DeviceEndpoint,
     rng: Rng,
-    trained: mpsc::UnboundedSender<Trained>,
+    trained: mpsc::UnboundedSender<TrainingDone>,
     uploaded: mpsc::UnboundedSender<Uploaded>,
     /// Rounds trained in this process, for their log line: the samples and the local accuracy.
     trained_here: HashMap<u64, (u64, Option<f64>)>,
@@ -144,7 +144,7 @@ impl Client {
         options: ClientOptions,
         mut method: Box<dyn ClientMethod>,
         events: Option<mpsc::UnboundedSender<ClientEvent>>,
-        trained: mpsc::UnboundedSender<Trained>,
+        trained: mpsc::UnboundedSender<TrainingDone>,
         uploaded: mpsc::UnboundedSender<Uploaded>,
     ) -> anyhow::Result<Self> {
         let capabilities = Capabilities {
@@ -224,7 +224,7 @@ impl Client {
         mut control: quinn::SendStream,
         control_recv: quinn::RecvStream,
         stop: &mut Option<tokio::sync::watch::Receiver<bool>>,
-        trained: &mut mpsc::UnboundedReceiver<Trained>,
+        trained: &mut mpsc::UnboundedReceiver<TrainingDone>,
         uploaded: &mut mpsc::UnboundedReceiver<Uploaded>,
     ) -> anyhow::Result<Ended> {
         let max_frame = self.options.max_frame_bytes;
@@ -289,17 +289,17 @@ impl Client {
 
     /// A training's result, from its thread: kept for the round's log line, and handed to the
     /// session with what the device read of itself right after (the round's cost record carries it).
-    fn on_trained(&mut self, round: u64, result: Result<(Update, Duration, Option<Readings>), String>) {
+    fn on_trained(&mut self, round: u64, result: Result<(Trained, Duration, Option<Readings>), String>) {
         match result {
-            Ok((update, compute, readings)) => {
+            Ok((trained, compute, readings)) => {
                 self.options.metrics.trained();
-                let accuracy = update.metrics.iter().find(|m| m.key() == MetricKey::LocalAccuracy).map(|m| m.value);
-                self.trained_here.insert(round, (update.num_samples, accuracy));
+                let accuracy = trained.metrics.iter().find(|m| m.key() == MetricKey::LocalAccuracy).map(|m| m.value);
+                self.trained_here.insert(round, (trained.num_samples, accuracy));
                 if let Some(readings) = readings {
                     self.options.metrics.readings_refused(readings.errors.len());
                     self.session.condition(round, &readings);
                 }
-                self.session.trained(update, compute);
+                self.session.trained(round, trained, compute);
             }
             Err(e) => {
                 self.options.metrics.training_failed();

@@ -4,7 +4,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
-use anchorage_shared::protocol::{Message, Update};
+use anchorage_client::methods::Trained;
+use anchorage_shared::protocol::Message;
 
 pub(super) enum Event {
     /// `conn`: the client's connection when the message left (see [`VirtualClient::conn`]).
@@ -26,7 +27,7 @@ pub(super) enum Event {
         client: usize,
         life: u64,
         round: u64,
-        result: Result<(Update, Duration), String>,
+        result: Result<(Trained, Duration), String>,
     },
     /// The device becomes unreachable; it returns after `back_after`. `crash`: the process restarts
     /// (work in progress is lost, the store survives).

@@ -223,7 +223,7 @@ impl VirtualRun {
             Event::Trained { client, life: _, round, result } => {
                 let c = &mut self.clients[client];
                 match result {
-                    Ok((update, compute)) => c.session.trained(update, compute),
+                    Ok((trained, compute)) => c.session.trained(round, trained, compute),
                     Err(e) => c.session.training_failed(round, &e),
                 }
                 self.drive(client);

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use anchorage_client::methods::ClientMethod;
-use anchorage_shared::protocol::{Broadcast, Update};
+use anchorage_client::methods::{ClientMethod, Trained};
+use anchorage_shared::protocol::Broadcast;
 use anyhow::Context;
 
 use super::client::VirtualClient;
@@ -18,17 +18,17 @@ use super::events::{Event, Queue};
 /// always did.
 pub(super) struct Trainer {
     pool: Option<rayon::ThreadPool>,
-    done_tx: std::sync::mpsc::Sender<Trained>,
-    done_rx: std::sync::mpsc::Receiver<Trained>,
+    done_tx: std::sync::mpsc::Sender<Landed>,
+    done_rx: std::sync::mpsc::Receiver<Landed>,
     /// Client → (start time, round, life) of its training in flight.
     in_flight: HashMap<usize, (Duration, u64, u64)>,
 }
 
 /// A training's outcome and the device's compute time, with the method it borrowed.
-struct Trained {
+struct Landed {
     client: usize,
     method: Box<dyn ClientMethod>,
-    result: Result<(Update, Duration), String>,
+    result: Result<(Trained, Duration), String>,
 }
 
 impl Trainer {
@@ -54,12 +54,12 @@ impl Trainer {
                 self.in_flight.insert(i, (now, round, c.life));
                 let tx = self.done_tx.clone();
                 pool.spawn(move || {
-                    let result = method.train_timed(&b).map_err(|e| e.to_string());
-                    let _ = tx.send(Trained { client: i, method, result });
+                    let result = method.train_measured(&b).map_err(|e| e.to_string());
+                    let _ = tx.send(Landed { client: i, method, result });
                 });
             }
             None => {
-                let result = method.train_timed(&b).map_err(|e| e.to_string());
+                let result = method.train_measured(&b).map_err(|e| e.to_string());
                 land(c, i, method, result, now, round, queue);
             }
         }
@@ -95,15 +95,15 @@ fn land(
     c: &mut VirtualClient,
     i: usize,
     method: Box<dyn ClientMethod>,
-    result: Result<(Update, Duration), String>,
+    result: Result<(Trained, Duration), String>,
     started: Duration,
     round: u64,
     queue: &mut Queue,
 ) {
     c.method = Some(method);
-    // The device model charged it (host CPU time × its scale): `SimulatedDevice::train_timed`;
+    // The device model charged it (host CPU time × its scale): `SimulatedDevice::train_measured`;
     // a throttled device takes longer (`crate::power`).
-    let result = result.map(|(update, compute)| (update, c.power.train(started, round, compute)));
+    let result = result.map(|(trained, compute)| (trained, c.power.train(started, round, compute)));
     let compute = result.as_ref().map_or(Duration::ZERO, |(_, compute)| *compute);
     queue.push(started + compute, Event::Trained { client: i, life: c.life, round, result });
 }

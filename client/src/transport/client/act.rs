@@ -111,8 +111,8 @@ impl Client {
                 Ok(mut m) => {
                     // The one measurement of the round's compute time on this clock.
                     let result = m
-                        .train_timed(&b)
-                        .map(|(update, compute)| (update, compute, root.as_ref().map(Readings::read)))
+                        .train_measured(&b)
+                        .map(|(trained, compute)| (trained, compute, root.as_ref().map(Readings::read)))
                         .map_err(|e| e.to_string());
                     if let (Ok(_), Some(store)) = (&result, &store) {
                         save_device_state(store, &**m, round);
