@@ -376,7 +376,32 @@ pub struct CostBatch {
     pub records: Vec<CostRecord>,
 }
 
+/// Most bytes one cost batch's records take encoded: half of a server's default control-frame
+/// limit (64 KiB), so that a relay with any number of devices sends its round's records in
+/// frames its parent reads ([`CostBatch::chunks`]).
+pub const COST_BATCH_BYTES: usize = 32 << 10;
+
 impl CostBatch {
+    /// `records`, in order, as batches whose records take at most [`COST_BATCH_BYTES`] encoded
+    /// (a record larger than that goes alone).
+    pub fn chunks(records: &[CostRecord]) -> Vec<CostBatch> {
+        let mut batches = Vec::new();
+        let (mut records_now, mut bytes) = (Vec::new(), 0);
+        for record in records {
+            let size = postcard::experimental::serialized_size(record).unwrap_or(COST_BATCH_BYTES);
+            if !records_now.is_empty() && bytes + size > COST_BATCH_BYTES {
+                batches.push(CostBatch { records: core::mem::take(&mut records_now) });
+                bytes = 0;
+            }
+            records_now.push(record.clone());
+            bytes += size;
+        }
+        if !records_now.is_empty() {
+            batches.push(CostBatch { records: records_now });
+        }
+        batches
+    }
+
     fn validate(&self) -> Result<(), DecodeError> {
         if self.records.len() > MAX_COST_BATCH {
             return Err(DecodeError::Invalid(alloc::format!(

@@ -26,7 +26,7 @@ use anchorage_server::transport::{self as server, Limits, ServerEvent, ServerOpt
 use anchorage_shared::frame::DEFAULT_MAX_FRAME;
 use anchorage_shared::io::read_frame;
 use anchorage_shared::protocol::{
-    Broadcast, KIND_UPDATE, Message, PROTOCOL_VERSION, RefusalReason, RoundConfig, Update,
+    Broadcast, Heartbeat, KIND_UPDATE, Message, PROTOCOL_VERSION, RefusalReason, RoundConfig, Update,
 };
 use anchorage_shared::rng::Rng;
 use anchorage_shared::tensor::{Encoding, ParamBlock};
@@ -331,9 +331,9 @@ async fn three_honest_devices_under_the_shipped_config_are_never_screened_out_af
 }
 
 /// A second holder of a live device's certificate, where the two would evict each other without
-/// end. Connections presenting one certificate that keep replacing each other are
-/// a security event: after 4 replacements in a minute both holders are refused, with a message
-/// that tells the operator to revoke it.
+/// end. Each new connection replaces the current one; the replaced holder, still alive, keeps
+/// sending on its old connection, which is closed, and that is one replacement. After 4 in a
+/// minute both holders are refused, with a message that tells the operator to revoke it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_holders_of_one_certificate_are_both_refused_once_they_flap() {
     let dir = tempfile::tempdir().unwrap();
@@ -342,33 +342,97 @@ async fn two_holders_of_one_certificate_are_both_refused_once_they_flap() {
     let twin = device(&mut ca, "twin");
     let mut replies = Vec::new();
     let mut held = Vec::new();
-    // Two devices alternating: each new connection's hello replaces the other's live one.
+    // Two live devices alternating: each keeps sending heartbeats on its connection.
     for _ in 0..8 {
-        let (endpoint, conn) = raw_connect_as(server.local_addr, &root, Some(&twin)).await.unwrap();
-        let (mut control, mut control_rx) = conn.open_bi().await.unwrap();
-        write(&mut control, &hello("twin")).await.unwrap();
-        let reply = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut control_rx, DEFAULT_MAX_FRAME))
-            .await
-            .expect("an answer");
-        replies.push(match reply {
-            Ok(Some((msg, _))) => msg,
-            other => panic!("{other:?}"),
-        });
-        held.push((endpoint, conn, control));
+        let (endpoint, conn, reply) = hello_as(server.local_addr, &root, &twin, "twin", true).await;
+        replies.push(reply);
+        held.push((endpoint, conn));
+        // The replaced holder's next heartbeat arrives.
+        tokio::time::sleep(Duration::from_millis(400)).await;
     }
-    let kinds: Vec<String> = replies
+    let kinds = reply_kinds(&replies);
+    println!("{kinds:#?}");
+    // Hellos 2 to 5 each set a live connection aside, which then sends: the 4th is the conflict,
+    // which refuses the 5th connection too (after its welcome).
+    assert_eq!(kinds[..5], ["welcome"; 5], "{kinds:?}");
+    assert!(kinds[5..].iter().all(|k| k.contains("in use by two devices")), "then both holders are refused: {kinds:?}");
+    assert_eq!(server.metrics.certificate_conflicts_total(), 1);
+    server.shutdown().await.unwrap();
+}
+
+/// A device that restarts over and over (a crash loop under systemd, a flaky path that comes
+/// back from a new address) leaves each old connection silent, still open on the server until
+/// QUIC's idle timeout. Eight restarts inside a few seconds: every hello is welcomed, no
+/// certificate conflict is counted, and the last connection is the device's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_restarted_again_and_again_is_not_taken_for_a_stolen_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, mut ca) = start_with(dir.path(), Limits::default()).await;
+    let root: CertificateDer<'static> = ca.cert().clone();
+    let looping = device(&mut ca, "looping");
+    let mut replies = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        // Silent after its hello, never closed: the process that held it is gone.
+        let (endpoint, conn, reply) = hello_as(server.local_addr, &root, &looping, "looping", false).await;
+        replies.push(reply);
+        held.push((endpoint, conn));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kinds = reply_kinds(&replies);
+    println!("{kinds:#?}");
+    assert_eq!(kinds, ["welcome"; 8], "a restart is a reconnect, never a conflict");
+    assert_eq!(server.metrics.certificate_conflicts_total(), 0);
+    let (_, last) = held.last().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(last.close_reason().is_none(), "the newest connection is open: {:?}", last.close_reason());
+    let connected = anchorage_tests::metric_value(&server.metrics.render(), "anchorage_clients_connected");
+    assert_eq!(connected, Some(1.0), "one device, connected once");
+    server.shutdown().await.unwrap();
+}
+
+/// A connection as `id` with `cert` and its hello's answer; a task holds its control stream open
+/// and, with `live`, sends heartbeats on it every 100 ms until the connection closes.
+async fn hello_as(
+    server: SocketAddr,
+    root: &CertificateDer<'static>,
+    cert: &ClientCert,
+    id: &str,
+    live: bool,
+) -> (quinn::Endpoint, quinn::Connection, Message) {
+    let (endpoint, conn) = raw_connect_as(server, root, Some(cert)).await.unwrap();
+    let (mut control, mut control_rx) = conn.open_bi().await.unwrap();
+    write(&mut control, &hello(id)).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut control_rx, DEFAULT_MAX_FRAME))
+        .await
+        .expect("an answer");
+    let reply = match reply {
+        Ok(Some((msg, _))) => msg,
+        other => panic!("{other:?}"),
+    };
+    // The control stream stays open either way (a dropped one would end the connection).
+    tokio::spawn(async move {
+        if !live {
+            return std::future::pending::<()>().await;
+        }
+        for seq in 0.. {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if write(&mut control, &Message::Heartbeat(Heartbeat { seq })).await.is_err() {
+                break;
+            }
+        }
+    });
+    (endpoint, conn, reply)
+}
+
+fn reply_kinds(replies: &[Message]) -> Vec<String> {
+    replies
         .iter()
         .map(|m| match m {
             Message::Refusal(r) => format!("refused: {}", r.detail),
             m => m.kind_name().to_string(),
         })
-        .collect();
-    println!("{kinds:#?}");
-    // Hellos 2 to 5 each replace a live connection; the 4th replacement is the conflict.
-    assert_eq!(kinds[..4], ["welcome"; 4], "{kinds:?}");
-    assert!(kinds[4..].iter().all(|k| k.contains("in use by two devices")), "then both holders are refused: {kinds:?}");
-    assert_eq!(server.metrics.certificate_conflicts_total(), 1);
-    server.shutdown().await.unwrap();
+        .collect()
 }
 
 /// A CA-mode server with `limits` and no round to run (it waits for more devices than connect).

@@ -733,6 +733,13 @@ impl Core {
         if matches!(report.outcome, RoundOutcome::Failed { .. }) {
             self.stats.failed_rounds += 1;
         }
+        // Round numbers only grow and are never reused (a relay closes its parent's numbers).
+        assert!(
+            self.role.root().is_none() || report.round > self.last_round,
+            "round {} closed after round {}: a round number was reused",
+            report.round,
+            self.last_round
+        );
         self.last_round = report.round;
         self.rng = Rng::derive(self.config.seed, self.last_round);
         let report = Arc::new(report);

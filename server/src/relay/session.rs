@@ -358,13 +358,17 @@ impl UplinkSession {
         self.actions.push_back(UplinkAction::Counted("sent"));
     }
 
-    /// The owed cost records of each round that has new ones, one batch a round (the parent's
-    /// ledger ignores a row it holds, so a batch may go up again whole).
+    /// The owed cost records of each round that has new ones, in batches of bounded size
+    /// ([`CostBatch::chunks`]; the parent's ledger ignores a row it holds, so a round's records
+    /// may go up again whole). Each batch in flight counts the round's records up to its last.
     fn send_costs(&mut self) {
         for round in std::mem::take(&mut self.fresh) {
-            if let Some(records) = self.costs.get(&round).filter(|r| !r.is_empty()) {
-                self.in_flight.entry(round).or_default().push_back(records.len());
-                self.actions.push_back(UplinkAction::Send(Message::CostBatch(CostBatch { records: records.clone() })));
+            let Some(records) = self.costs.get(&round).filter(|r| !r.is_empty()) else { continue };
+            let mut carried = 0;
+            for batch in CostBatch::chunks(records) {
+                carried += batch.records.len();
+                self.in_flight.entry(round).or_default().push_back(carried);
+                self.actions.push_back(UplinkAction::Send(Message::CostBatch(batch)));
             }
         }
     }
@@ -518,6 +522,57 @@ mod tests {
             "unconfirmed: again after a reconnect"
         );
         s.handle_message(COST_EVERY * 4, Message::CostAck(CostAck { round: 1 }));
+        assert!(s.owed_cost_rounds().is_empty());
+    }
+
+    /// A relay's round with 2,000 devices (a 64 KiB control frame held about 700 records): its
+    /// records go up in batches whose frames a parent with the default limits reads, in order and
+    /// each once, and the round is owed until the last batch's confirmation.
+    #[test]
+    fn a_round_of_any_size_goes_up_in_frames_the_parent_reads() {
+        use anchorage_shared::frame::{DEFAULT_MAX_FRAME, encode_frame};
+        use anchorage_shared::protocol::CostBatch;
+        let mut s = joined(None);
+        drain(&mut s);
+        let records: Vec<CostRecord> = (0..2000)
+            .map(|d| CostRecord {
+                payload_down: 3_000_000 + d,
+                payload_up: 2_900_000,
+                wire_down: 3_100_000,
+                wire_up: 3_000_000,
+                compute_seconds: 1.25,
+                transfer_seconds: 0.5,
+                wait_seconds: 0.125,
+                wall_seconds: 2.0,
+                rtt_seconds: 0.04,
+                joules: 3.5,
+                temperature_c: Some(61.5),
+                battery_percent: Some(80),
+                ..record(&format!("jetson-orin-device-{d:05}"), 1)
+            })
+            .collect();
+        records.iter().for_each(|r| s.cost(Duration::ZERO, r.clone()));
+        s.handle_timeout(COST_EVERY);
+        let batches: Vec<CostBatch> = drain(&mut s)
+            .into_iter()
+            .map(|a| match a {
+                UplinkAction::Send(Message::CostBatch(b)) => b,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let limit = crate::transport::Limits::default().max_control_frame as usize;
+        let frames: Vec<usize> = batches
+            .iter()
+            .map(|b| encode_frame(&Message::CostBatch(b.clone()), DEFAULT_MAX_FRAME).unwrap().len())
+            .collect();
+        println!("2000 records in {} batches, frames of {frames:?} bytes (limit {limit})", batches.len());
+        assert!(batches.len() > 1 && frames.iter().all(|n| *n <= limit), "{frames:?}");
+        assert_eq!(batches.iter().flat_map(|b| b.records.clone()).collect::<Vec<_>>(), records);
+        for _ in 1..batches.len() {
+            s.handle_message(COST_EVERY, Message::CostAck(CostAck { round: 1 }));
+            assert_eq!(s.owed_cost_rounds(), [1], "owed until every batch is confirmed");
+        }
+        s.handle_message(COST_EVERY, Message::CostAck(CostAck { round: 1 }));
         assert!(s.owed_cost_rounds().is_empty());
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anchorage_shared::frame::encode_frame;
 use anchorage_shared::priority::Priority;
-use anchorage_shared::protocol::{Message, Refusal, RefusalReason};
+use anchorage_shared::protocol::Message;
 use anchorage_shared::tensor::ParamBlock;
 use anyhow::Context;
 use tokio::sync::{mpsc, watch};
@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::broadcasts::SharedBroadcast;
-use super::flaps::{FLAP_LIMIT, FLAP_QUARANTINE, FLAP_WINDOW, FlapGuard, conflict_refusal};
+use super::flaps::{FLAP_LIMIT, FLAP_QUARANTINE, FLAP_WINDOW, FlapGuard, SecondHolder, conflict_refusal};
 use super::transfers::KeptUploads;
 use super::{Input, Outbound, ServerEvent, ServerMetrics};
 use crate::engine::{Action, ClientId, Engine, EngineConfig, Persist};
@@ -135,8 +135,9 @@ pub(super) struct EngineShell {
     unacked: std::collections::HashSet<(ClientId, u64)>,
     /// Buffered mode opens no rounds: the sampled gauge follows its versions.
     opened_since_close: bool,
-    /// When each client's live connection was last replaced by a newer one, and ids refused for
-    /// a while because two holders of one certificate kept evicting each other.
+    /// Connections replaced by a newer one of their client, when a second live holder last
+    /// evicted one, and ids refused for a while because two holders of one certificate kept
+    /// evicting each other.
     flaps: FlapGuard,
     /// The most connections held since the per-device state was last compacted.
     most_connected: usize,
@@ -316,50 +317,18 @@ impl EngineShell {
                 let _ = reply.send(self.engine.refold_without(&devices));
             }
             Input::Hello { conn, client, fingerprint, relay, msg, out } => {
-                let at = Instant::now();
-                if self.flaps.quarantined(&client, at) {
-                    self.metrics.refused(crate::metrics::reason::CERTIFICATE_CONFLICT);
-                    let _ = out.send(Outbound::Close(conflict_refusal(&client)));
-                    return;
-                }
-                if let Some(f) = fingerprint {
-                    self.fingerprints.insert(client.clone(), f);
-                }
-                if let Some((old, old_out)) = self.conns.insert(client.clone(), (conn, out)) {
-                    tracing::info!(%client, old, conn, "client reconnected; closing its older connection");
-                    let _ = old_out.send(Outbound::Close(Refusal::new(
-                        RefusalReason::Duplicate,
-                        "replaced by a newer connection",
-                    )));
-                    if self.flaps.replaced(&client, at) {
-                        tracing::error!(
-                            %client,
-                            replacements = FLAP_LIMIT,
-                            window_s = FLAP_WINDOW.as_secs(),
-                            refused_s = FLAP_QUARANTINE.as_secs(),
-                            "SECURITY: two live connections keep presenting the certificate of `{client}`: both are refused. \
-                             The certificate is in two devices' hands: revoke it (`anchorage ca revoke {client}`) and issue the \
-                             real device a new one"
-                        );
-                        self.metrics.certificate_conflict();
-                        if let Some((_, current)) = self.conns.remove(&client) {
-                            let _ = current.send(Outbound::Close(conflict_refusal(&client)));
-                        }
-                        self.metrics.set_connected(self.conns.len());
-                        self.engine.handle_disconnect(now, &client);
-                        return;
-                    }
-                }
-                self.metrics.set_connected(self.conns.len());
-                self.metrics.seen(&client, unix_now());
-                self.engine.set_relay(&client, relay);
-                self.engine.handle_message(now, &client, msg);
+                self.on_hello(now, conn, client, fingerprint, relay, msg, out)
             }
-            Input::Message { client, msg } => {
-                self.metrics.seen(&client, unix_now());
-                self.engine.handle_message(now, &client, msg)
+            Input::Message { conn, client, msg } => {
+                if self.flaps.is_set_aside(conn) {
+                    self.on_second_holder(now, conn, &client);
+                } else if self.conns.get(&client).is_some_and(|(c, _)| *c == conn) {
+                    self.metrics.seen(&client, unix_now());
+                    self.engine.handle_message(now, &client, msg)
+                }
             }
             Input::Closed { conn, client } => {
+                self.flaps.closed(conn);
                 if self.conns.get(&client).is_some_and(|(c, _)| *c == conn) {
                     self.conns.remove(&client);
                     self.fingerprints.remove(&client);
@@ -371,6 +340,61 @@ impl EngineShell {
                 }
             }
         }
+    }
+
+    /// A hello: a client quarantined for a certificate conflict is refused; otherwise the
+    /// connection becomes the client's, and an older one is set aside (see [`FlapGuard`]).
+    #[allow(clippy::too_many_arguments)]
+    fn on_hello(
+        &mut self,
+        now: Duration,
+        conn: u64,
+        client: ClientId,
+        fingerprint: Option<String>,
+        relay: bool,
+        msg: Message,
+        out: mpsc::UnboundedSender<Outbound>,
+    ) {
+        if self.flaps.quarantined(&client, Instant::now()) {
+            self.metrics.refused(crate::metrics::reason::CERTIFICATE_CONFLICT);
+            let _ = out.send(Outbound::Close(conflict_refusal(&client)));
+            return;
+        }
+        if let Some(f) = fingerprint {
+            self.fingerprints.insert(client.clone(), f);
+        }
+        if let Some((old, old_out)) = self.conns.insert(client.clone(), (conn, out)) {
+            tracing::info!(%client, old, conn, "client reconnected; its older connection is set aside until it closes");
+            self.flaps.set_aside(old, &client, old_out);
+        }
+        self.metrics.set_connected(self.conns.len());
+        self.metrics.seen(&client, unix_now());
+        self.engine.set_relay(&client, relay);
+        self.engine.handle_message(now, &client, msg);
+    }
+
+    /// A set-aside connection of `client` sent again: a second live holder of its certificate.
+    /// Its connection is closed; the replacement that makes it a conflict refuses both.
+    fn on_second_holder(&mut self, now: Duration, conn: u64, client: &str) {
+        let Some(SecondHolder::Conflict) = self.flaps.heard(conn, Instant::now()) else {
+            tracing::warn!(client, conn, "an older connection of this client still sends; closed");
+            return;
+        };
+        tracing::error!(
+            %client,
+            replacements = FLAP_LIMIT,
+            window_s = FLAP_WINDOW.as_secs(),
+            refused_s = FLAP_QUARANTINE.as_secs(),
+            "SECURITY: two live connections keep presenting the certificate of `{client}`: both are refused. \
+             The certificate is in two devices' hands: revoke it (`anchorage ca revoke {client}`) and issue the \
+             real device a new one"
+        );
+        self.metrics.certificate_conflict();
+        if let Some((_, current)) = self.conns.remove(client) {
+            let _ = current.send(Outbound::Close(conflict_refusal(client)));
+        }
+        self.metrics.set_connected(self.conns.len());
+        self.engine.handle_disconnect(now, client);
     }
 }
 

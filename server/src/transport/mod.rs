@@ -144,6 +144,7 @@ enum Input {
         out: mpsc::UnboundedSender<Outbound>,
     },
     Message {
+        conn: u64,
         client: ClientId,
         msg: Message,
     },

@@ -65,7 +65,7 @@ impl ConnCtx {
             match read_frame_limited(&mut recv, &self.control_limits()).await {
                 Ok(Some((msg, n))) => {
                     self.count_in(n);
-                    if self.inputs.send(Input::Message { client: client.clone(), msg }).is_err() {
+                    if self.inputs.send(Input::Message { conn: self.id, client: client.clone(), msg }).is_err() {
                         return false;
                     }
                 }
@@ -101,7 +101,7 @@ impl ConnCtx {
             match read_frame_limited(&mut recv, &self.upload_limits()).await {
                 Ok(Some((msg, n))) => {
                     self.count_in(n);
-                    if self.inputs.send(Input::Message { client: client.clone(), msg }).is_err() {
+                    if self.inputs.send(Input::Message { conn: self.id, client: client.clone(), msg }).is_err() {
                         return false;
                     }
                 }

@@ -242,7 +242,7 @@ impl ConnCtx {
         match decode_frame(frame, self.max_frame) {
             Ok(msg @ (Message::Update(_) | Message::SecAgg(_) | Message::Partial(_))) => {
                 self.metrics.transfer("completed");
-                let _ = self.inputs.send(super::Input::Message { client: client.clone(), msg });
+                let _ = self.inputs.send(super::Input::Message { conn: self.id, client: client.clone(), msg });
                 Ok(())
             }
             Ok(other) => Err(format!("a transfer of a {}", other.kind_name())),
