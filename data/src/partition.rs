@@ -1,7 +1,7 @@
 //! Seeded partitions of a dataset over clients: the same seed gives the same assignment.
 //!
-//! Plain partitions ([`iid`], [`dirichlet`], [`quantity_skew`], [`long_tail`]) return client →
-//! indices; the paper settings ([`gldp`], [`fedta`], [`fedprok_sync`], [`fedprok_async`]) and the
+//! Plain partitions ([`iid`], [`dirichlet`], [`quantity_skew`], [`long_tail()`]) return client →
+//! indices; the paper settings ([`gldp()`], [`fedta()`], [`fedprok_sync`], [`fedprok_async`]) and the
 //! task builders ([`class_incremental`], [`domain_incremental`]) return a [`FederatedSplit`]
 //! (client → task → indices).
 

@@ -73,7 +73,7 @@ fn ceil_log2(n: usize) -> usize {
     n.max(1).next_power_of_two().trailing_zeros() as usize
 }
 
-/// P[X < t] for X ~ Bin(k, p), summed in log space.
+/// P\[X < t\] for X ~ Bin(k, p), summed in log space.
 fn binomial_below(k: usize, p: f64, t: usize) -> f64 {
     if p >= 1.0 {
         return 0.0;

@@ -276,7 +276,7 @@ pub struct RobustConfig {
     /// z-score. None: no z-score bound.
     pub max_norm_z: Option<f64>,
     /// Largest weight of one update, as a multiple of the round's lower median sample count (per
-    /// class for prototype counts); see [`influence`](self::influence). 1 (the default) keeps any
+    /// class for prototype counts); see [`influence`]. 1 (the default) keeps any
     /// one update under 2/n of the round's weight. None: claimed counts up to `max_samples` count.
     #[serde(serialize_with = "toggle_out")]
     pub weight_cap: Option<f64>,

@@ -1,6 +1,6 @@
 //! anchorage-sim: one server and N clients in one process, talking real QUIC over loopback.
 //!
-//! [`run`] is what `anchorage sim` does; tests call it directly. The embedded default needs no
+//! [`run()`] is what `anchorage sim` does; tests call it directly. The embedded default needs no
 //! file and no network: procedural synthetic images made in code, Dirichlet label skew over the
 //! clients, FedAvg of a trainable adapter and head on a frozen backbone.
 

@@ -7,7 +7,7 @@
 //! - [`options`]: how to reach the server and who this client is ([`ClientOptions`]).
 //! - [`backoff`]: the waits between connection attempts ([`Backoff`]).
 //! - [`refusal`]: the server's refusals for good ([`Refused`]) and what a retry may clear.
-//! - [`endpoint`]: the device's QUIC endpoint, its own or one a process's devices share.
+//! - [`endpoint`](mod@endpoint): the device's QUIC endpoint, its own or one a process's devices share.
 //! - [`client`]: the client loop: connections, the session's actions, trainings ([`run`]).
 //! - [`streams`]: a connection's control stream and broadcasts.
 //! - [`upload`]: uploads as resumable transfers ([`send_resumable`]).

@@ -1,4 +1,4 @@
-//! The tokio + quinn shell around the [`Engine`](crate::engine::Engine): accepts connections,
+//! The tokio + quinn shell around the [`Engine`]: accepts connections,
 //! turns frames into engine events, carries out the engine's actions. Control messages ride one
 //! bi stream per client (opened by the client, hello first); broadcasts go out and updates come
 //! in on uni streams, so a large block never holds up a control message.

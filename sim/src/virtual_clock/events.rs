@@ -8,7 +8,7 @@ use anchorage_client::methods::Trained;
 use anchorage_shared::protocol::Message;
 
 pub(super) enum Event {
-    /// `conn`: the client's connection when the message left (see [`VirtualClient::conn`]).
+    /// `conn`: the client's connection when the message left (see [`VirtualClient::conn`](super::client::VirtualClient::conn)).
     ToServer {
         from: usize,
         msg: Message,
