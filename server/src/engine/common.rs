@@ -342,6 +342,7 @@ impl Core {
         if !self.clients.insert(client.into(), info).is_some_and(|old| old.connected) {
             self.connected_count += 1;
         }
+        self.debug_check_connected();
     }
 
     /// A client's connection is gone (it stays known).
@@ -351,6 +352,17 @@ impl Core {
         {
             self.connected_count -= 1;
         }
+        self.debug_check_connected();
+    }
+
+    /// Invariant: the kept count is the number of connected clients (a pass over every client:
+    /// debug builds only).
+    fn debug_check_connected(&self) {
+        debug_assert_eq!(
+            self.connected_count,
+            self.clients.values().filter(|c| c.connected).count(),
+            "the connected count drifted from the connected clients"
+        );
     }
 
     /// The connected clients, in id order.

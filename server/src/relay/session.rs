@@ -175,6 +175,9 @@ impl UplinkSession {
 
     /// A round closed at the relay with this partial aggregate: it is owed until acked.
     pub fn partial_closed(&mut self, partial: Partial) {
+        // Invariant: a partial's weight is its members' (the parent refuses one that is not).
+        let members: u64 = partial.members.iter().map(|m| m.num_samples).sum();
+        assert_eq!(partial.update.num_samples, members, "a partial's samples are not its members' sum");
         tracing::info!(
             round = partial.update.round,
             devices = partial.members.len(),
