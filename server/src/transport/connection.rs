@@ -146,14 +146,14 @@ impl ConnCtx {
     ) -> anyhow::Result<()> {
         let Peer { client, remote, serial, fingerprint, relay } = peer;
         let (out_tx, out_rx) = mpsc::unbounded_channel();
-        self.inputs.send(Input::Hello {
+        self.inputs.send(Input::Hello(super::Arrival {
             conn: self.id,
             client: client.clone(),
             fingerprint,
             relay,
             msg: hello,
             out: out_tx.clone(),
-        })?;
+        }))?;
         tracing::info!(%client, %remote, "client connected");
 
         let priorities = self.limits.stream_priorities;

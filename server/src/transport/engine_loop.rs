@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::broadcasts::SharedBroadcast;
 use super::flaps::{FLAP_LIMIT, FLAP_QUARANTINE, FLAP_WINDOW, FlapGuard, SecondHolder, conflict_refusal};
 use super::transfers::KeptUploads;
-use super::{Input, Outbound, ServerEvent, ServerMetrics};
+use super::{Arrival, Input, Outbound, ServerEvent, ServerMetrics};
 use crate::engine::{Action, ClientId, Engine, EngineConfig, Persist};
 use crate::methods::ServerMethod;
 use crate::metrics::{outcome, refusal_reason, unix_now};
@@ -316,9 +316,7 @@ impl EngineShell {
             Input::Refold { devices, reply } => {
                 let _ = reply.send(self.engine.refold_without(&devices));
             }
-            Input::Hello { conn, client, fingerprint, relay, msg, out } => {
-                self.on_hello(now, conn, client, fingerprint, relay, msg, out)
-            }
+            Input::Hello(arrival) => self.on_hello(now, arrival),
             Input::Message { conn, client, msg } => {
                 if self.flaps.is_set_aside(conn) {
                     self.on_second_holder(now, conn, &client);
@@ -344,17 +342,8 @@ impl EngineShell {
 
     /// A hello: a client quarantined for a certificate conflict is refused; otherwise the
     /// connection becomes the client's, and an older one is set aside (see [`FlapGuard`]).
-    #[allow(clippy::too_many_arguments)]
-    fn on_hello(
-        &mut self,
-        now: Duration,
-        conn: u64,
-        client: ClientId,
-        fingerprint: Option<String>,
-        relay: bool,
-        msg: Message,
-        out: mpsc::UnboundedSender<Outbound>,
-    ) {
+    fn on_hello(&mut self, now: Duration, arrival: Arrival) {
+        let Arrival { conn, client, fingerprint, relay, msg, out } = arrival;
         if self.flaps.quarantined(&client, Instant::now()) {
             self.metrics.refused(crate::metrics::reason::CERTIFICATE_CONFLICT);
             let _ = out.send(Outbound::Close(conflict_refusal(&client)));

@@ -131,18 +131,21 @@ impl ServerHandle {
     }
 }
 
+/// A connection's hello, as its task reports it to the engine loop.
+struct Arrival {
+    conn: u64,
+    client: ClientId,
+    /// SHA-256 of the certificate the peer showed (mutual TLS).
+    fingerprint: Option<String>,
+    /// The peer's certificate carries the relay role.
+    relay: bool,
+    msg: Message,
+    out: mpsc::UnboundedSender<Outbound>,
+}
+
 /// What a connection task reports to the engine loop.
 enum Input {
-    Hello {
-        conn: u64,
-        client: ClientId,
-        /// SHA-256 of the certificate the peer showed (mutual TLS).
-        fingerprint: Option<String>,
-        /// The peer's certificate carries the relay role.
-        relay: bool,
-        msg: Message,
-        out: mpsc::UnboundedSender<Outbound>,
-    },
+    Hello(Arrival),
     Message {
         conn: u64,
         client: ClientId,
