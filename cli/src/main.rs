@@ -5,6 +5,7 @@
 
 mod ca;
 mod sim;
+mod swarm;
 mod tools;
 
 use std::io::Write;
@@ -39,6 +40,9 @@ enum Command {
     /// N of the scenario's clients against `--server`; `--local N` starts a server here and N
     /// workers, and writes one run folder.
     Fleet(tools::FleetArgs),
+    /// A whole federation drawn from a seed (topology, method, features, faults) on the virtual
+    /// clock, every promise checked after every step; a broken one prints the seed and step.
+    Swarm(swarm::SwarmArgs),
     /// Plots (SVG and PNG) and a Markdown summary of a run folder or of a server's state folder.
     Report {
         /// A run folder written by `anchorage sim` (or `anchorage fleet --local`), or a server's
@@ -121,6 +125,7 @@ fn main() -> anyhow::Result<()> {
     anchorage_shared::logging::init(&cli.log, cli.log_format.format()).context("--log filter")?;
     match cli.command {
         Command::Sim(args) => sim::sim(args),
+        Command::Swarm(args) => swarm::swarm(args),
         Command::Fleet(args) => tools::fleet(args),
         Command::Data(tools::DataCommand::Describe(args)) => tools::describe(args),
         Command::Export(args) => tools::export(args),

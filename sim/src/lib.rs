@@ -21,6 +21,7 @@ pub mod report;
 mod run;
 pub mod scenario;
 mod setup;
+pub mod swarm;
 pub mod sweep;
 pub mod virtual_clock;
 

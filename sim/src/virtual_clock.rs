@@ -6,8 +6,9 @@
 //!
 //! The rooms: the event queue ([`events`]), the model of QUIC's timing ([`quic`]), the virtual
 //! clients and how their sessions are driven ([`client`]), the trainer pool ([`trainer`]), the
-//! rows waiting for their acks ([`live`]), the run itself ([`run`]), and a relay tier ([`tier`],
-//! driven from the run by [`uplinks`], its relays' restarts from their stores in [`restart`]).
+//! rows waiting for their acks ([`live`]), the run itself ([`run`]), a relay tier ([`tier`],
+//! driven from the run by [`uplinks`], its relays' restarts from their stores in [`restart`]),
+//! and what a watcher sees of a run ([`watch`], for `anchorage swarm`).
 //!
 //! [`Engine`]: anchorage_server::engine::Engine
 //! [`Session`]: anchorage_client::session::Session
@@ -24,9 +25,11 @@ mod tests;
 mod tier;
 mod trainer;
 mod uplinks;
+mod watch;
 
 pub use quic::wire_bytes;
 pub use tier::UplinkCounts;
+pub use watch::{Mutation, Seen, Step};
 
 use std::time::Instant;
 
@@ -48,4 +51,33 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
     run.start();
     while run.step(recorder)? {}
     run.finish(config, recorder, started)
+}
+
+/// [`run_virtual`] with a watcher: after every step (an event, a deadline or trainings that
+/// land) `watcher` gets what the engines promised in it, and may end the run (`Break`: the
+/// result is then `None`). `mutation`: a stand-in for a bug, for the checkers' own tests.
+pub fn run_virtual_watched(
+    config: &SimConfig,
+    mutation: Option<Mutation>,
+    mut watcher: impl FnMut(Step) -> std::ops::ControlFlow<()>,
+) -> anyhow::Result<Option<SimResult>> {
+    let started = Instant::now();
+    let mut recorder = Recorder::silent();
+    let mut run = VirtualRun::new(config, &mut recorder)?;
+    run.watch = Some(watch::Watch::new(mutation));
+    run.start();
+    let mut number = 0;
+    loop {
+        let more = run.step(&mut recorder);
+        number += 1;
+        // The watcher sees what a failing step did before the run reports its error.
+        let seen = run.watch.as_mut().map(|w| std::mem::take(&mut w.seen)).unwrap_or_default();
+        if watcher(Step { number, now: run.now, seen: &seen }).is_break() {
+            return Ok(None);
+        }
+        if !more? {
+            break;
+        }
+    }
+    run.finish(config, &mut recorder, started).map(Some)
 }

@@ -103,6 +103,9 @@ impl VirtualRun {
         let now = self.now;
         let Some(tier) = self.tier.as_mut() else { return Ok(()) };
         let id = tier.relays[r].id.clone();
+        if let Some(watch) = self.watch.as_mut() {
+            watch.seen.push(super::watch::Seen::RelayRestarted { relay: r });
+        }
         self.engine.handle_disconnect(now, &id);
         self.engine.set_relay(&id, true);
         tier.relays[r].restart(now, &tier.method)?;

@@ -15,6 +15,7 @@ use super::live::LiveRows;
 use super::quic::frame_len;
 use super::tier;
 use super::trainer::Trainer;
+use super::watch::{Seen, Watch};
 use crate::config::SimConfig;
 use crate::device::{Charge, DeviceProfile};
 use crate::record::{RoundRow, RunSummary, SimResult, SummaryInputs, initial_of};
@@ -49,6 +50,10 @@ pub(super) struct VirtualRun {
     pub(super) finished: bool,
     /// `stop_after_hours` on the simulated clock.
     pub(super) horizon: Option<Duration>,
+    /// A watcher's view (`anchorage swarm`); none: the run records nothing for one.
+    pub(super) watch: Option<Watch>,
+    /// The partial each relay last delivered to the root: (round, members), for the watcher.
+    pub(super) last_partial: HashMap<usize, (u64, Vec<String>)>,
 }
 
 impl VirtualRun {
@@ -116,7 +121,16 @@ impl VirtualRun {
                 .filter(|h| h.is_finite() && *h > 0.0)
                 .map(|h| Duration::from_secs_f64(h * 3600.0)),
             finished: false,
+            watch: None,
+            last_partial: HashMap::new(),
         })
+    }
+
+    /// Tells the watcher, if there is one.
+    pub(super) fn see(&mut self, seen: impl FnOnce() -> Seen) {
+        if let Some(watch) = self.watch.as_mut() {
+            watch.seen.push(seen());
+        }
     }
 
     /// Brings every device online (or schedules it for its first window) and lets it speak.
@@ -129,6 +143,9 @@ impl VirtualRun {
             if start > now {
                 c.online = false;
                 self.queue.push(start, Event::Online { client: i });
+                if let Some(watch) = self.watch.as_mut() {
+                    watch.seen.push(Seen::Offline { client: i, crash: false });
+                }
             } else {
                 c.session.connected();
                 schedule_departure(i, c, now, &mut self.queue);
@@ -158,11 +175,30 @@ impl VirtualRun {
                 tier.relays[r].cost(self.now, cost.clone())?;
                 self.drive_uplink(r);
             }
+            if self.tier.is_none() && !self.file_at_server(&cost) {
+                continue;
+            }
             self.live.cost(self.ledger.len(), &cost);
             self.ledger.push(cost);
             self.live.emit_complete(&self.ledger, recorder)?;
         }
         Ok(())
+    }
+
+    /// A record reaches the ledger of the only server, as the watcher sees it; `false` when the
+    /// mutation under test loses it.
+    fn file_at_server(&mut self, record: &CostRecord) -> bool {
+        if self.watch.as_mut().is_some_and(|w| w.loses(record)) {
+            return false;
+        }
+        if self.watch.is_none() {
+            return true;
+        }
+        // The server's store keeps one row per (client, round, kind), and so does the watched run.
+        let key = |r: &CostRecord| (r.client.clone(), r.round, r.declined.is_some(), r.dropped);
+        let repeated = self.ledger.iter().any(|held| key(held) == key(record));
+        self.see(|| Seen::Filed { record: record.clone(), repeated });
+        !repeated
     }
 
     /// Handles the next thing to happen (a landed training, the engine's deadline or the next
@@ -213,6 +249,14 @@ impl VirtualRun {
             }
             Event::ToRelay { relay, msg, .. } => self.relay_received(relay, msg),
             Event::ToRoot { relay, msg, .. } => {
+                if let Message::Partial(p) = &msg
+                    && self.watch.is_some()
+                {
+                    let members: Vec<String> = p.members.iter().map(|m| m.device.clone()).collect();
+                    let round = p.update.round;
+                    self.last_partial.insert(relay, (round, members.clone()));
+                    self.see(|| Seen::PartialArrived { relay, round, members });
+                }
                 let id = self.tier.as_ref().map(|t| t.relays[relay].id.clone()).unwrap_or_default();
                 self.engine.handle_message(now, &id, msg)
             }
@@ -248,6 +292,12 @@ impl VirtualRun {
             self.queue.push(now, Event::Offline { client: to, back_after, crash: true });
             return false;
         }
+        if let Message::Ack(ack) = &msg {
+            let relay = self.tier.as_ref().map(|t| t.relay_of(to));
+            let (round, aggregated) = (ack.round, ack.aggregated);
+            self.see(|| Seen::Ack { relay, client: client_id(to), round, aggregated });
+        }
+        let c = &mut self.clients[to];
         let _ = c.session.handle_message(now, msg, wire);
         self.drive(to);
         true
@@ -263,6 +313,7 @@ impl VirtualRun {
         c.online = false;
         c.conn += 1;
         let now = self.now;
+        self.see(|| Seen::Offline { client, crash });
         self.engine_of(client).handle_disconnect(now, &client_id(client));
         if let Some(tier) = self.tier.as_mut() {
             tier.back_home(client);
@@ -300,6 +351,10 @@ impl VirtualRun {
         if !self.finished {
             schedule_departure(client, c, now, &mut self.queue);
         }
+        self.see(|| Seen::Online { client });
+        if let Some(watch) = self.watch.as_mut() {
+            watch.returned(client_id(client));
+        }
         self.drive(client);
         true
     }
@@ -307,6 +362,7 @@ impl VirtualRun {
     /// One of the engine's actions: messages onto the links, dropped clients' cost records, a
     /// closed round evaluated and recorded, the end.
     fn on_action(&mut self, action: Action, recorder: &mut Recorder) -> anyhow::Result<()> {
+        let Some(action) = self.watched(action) else { return Ok(()) };
         let now = self.now;
         let relay = |to: &str| self.tier.as_ref().and_then(|t| t.index_of(to));
         match action {
@@ -321,14 +377,18 @@ impl VirtualRun {
             // Behind a tier the root's ledger holds what the relays' cost batches carried; the
             // sim files each record where it was made (the device's session, the relay's engine).
             Action::Ledger(record) if self.tier.is_some() => {
+                if self.watch.as_mut().is_some_and(|w| w.loses(&record)) {
+                    return Ok(());
+                }
                 if let Some(t) = self.tier.as_mut() {
-                    t.file_at_root(record);
+                    let repeated = t.file_at_root(record.clone());
+                    self.see(|| Seen::Filed { record, repeated });
                 }
             }
             Action::Send { .. } | Action::Close { .. } | Action::Broadcast { .. } => self.send_to_clients(action),
             // The sim keeps the clients' own cost records; a dropped client's record comes from the engine.
             Action::Ledger(record) => {
-                if record.dropped || record.declined.is_some() {
+                if (record.dropped || record.declined.is_some()) && self.file_at_server(&record) {
                     self.live.cost(self.ledger.len(), &record);
                     self.ledger.push(record);
                 }
@@ -356,6 +416,53 @@ impl VirtualRun {
             Action::Finished => self.finished = true,
         }
         Ok(())
+    }
+
+    /// What the watcher sees of one of the root's actions, and the action as the mutation under
+    /// test changes it (`None`: it never leaves the root).
+    fn watched(&mut self, action: Action) -> Option<Action> {
+        let Some(watch) = self.watch.as_ref() else { return Some(action) };
+        let relay = self.tier.as_ref().and_then(|t| match &action {
+            Action::Send { to, .. } => t.index_of(to),
+            _ => None,
+        });
+        match &action {
+            Action::Send { msg: Message::Ack(ack), .. } if relay.is_some() && ack.aggregated => {
+                let r = relay.unwrap_or(0);
+                if let Some((_, members)) = self.last_partial.get(&r).filter(|(round, _)| *round == ack.round) {
+                    let (round, members) = (ack.round, members.clone());
+                    self.see(|| Seen::PartialAccepted { relay: r, round, members });
+                }
+            }
+            Action::Broadcast { to, msg } => {
+                if let Message::Broadcast(b) = &**msg {
+                    let clients = watch.recipients(to);
+                    if watch.drops_broadcast(b.round) || clients.is_empty() {
+                        return None;
+                    }
+                    let (round, msg) = (b.round, msg.clone());
+                    self.see(|| Seen::Invited { round, clients: clients.clone() });
+                    return Some(Action::Broadcast { to: clients, msg });
+                }
+            }
+            Action::Send { to, msg: Message::Broadcast(b) } => {
+                if watch.drops_broadcast(b.round) || watch.recipients(std::slice::from_ref(to)).is_empty() {
+                    return None;
+                }
+                let (round, clients) = (b.round, vec![to.clone()]);
+                self.see(|| Seen::Invited { round, clients });
+            }
+            Action::RoundClosed(report, checkpoint) => {
+                let (report, checkpoint) =
+                    watch.mutate_close(report, checkpoint).unwrap_or_else(|| (report.clone(), checkpoint.clone()));
+                let finite = super::watch::finite(&checkpoint);
+                self.see(|| Seen::Closed { report: report.clone(), finite });
+                return Some(Action::RoundClosed(report, checkpoint));
+            }
+            Action::Finished => self.see(|| Seen::Finished),
+            _ => {}
+        }
+        Some(action)
     }
 
     /// An engine's message to clients onto their links (the root's, or a relay's).

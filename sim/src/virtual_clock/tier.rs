@@ -173,14 +173,16 @@ impl Tier {
     }
 
     /// A record for the root's ledger, which keeps one row per (client, round, kind) as the root's
-    /// store does: a record it holds already is counted and ignored.
-    pub(super) fn file_at_root(&mut self, record: CostRecord) {
+    /// store does: a record it holds already is counted and ignored (`true`: it was).
+    pub(super) fn file_at_root(&mut self, record: CostRecord) -> bool {
         let key = |r: &CostRecord| (r.client.clone(), r.round, r.declined.is_some(), r.dropped);
-        if self.root_ledger.iter().any(|held| key(held) == key(&record)) {
+        let repeated = self.root_ledger.iter().any(|held| key(held) == key(&record));
+        if repeated {
             self.repeated_costs += 1;
         } else {
             self.root_ledger.push(record);
         }
+        repeated
     }
 
     /// The relay named `id`, if one is.
