@@ -29,6 +29,10 @@ pub(crate) struct SwarmArgs {
     /// Also write every seed's outcome as one JSON line to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run this config file (one `--print` wrote, or `--shrink` found) under the checkers
+    /// instead of drawing one; --seed seeds the faults only the swarm injects.
+    #[arg(long, conflicts_with = "seeds")]
+    config: Option<PathBuf>,
 }
 
 /// Runs the seeds; a broken promise makes the command fail (exit 1) after the summary.
@@ -40,8 +44,15 @@ pub(crate) fn swarm(args: SwarmArgs) -> anyhow::Result<()> {
         None => None,
     };
     let mut outcomes = Vec::new();
+    let given = match &args.config {
+        Some(path) => Some(std::fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))?),
+        None => None,
+    };
     for seed in args.seed..args.seed.saturating_add(args.seeds) {
-        let drawn = swarm::draw(seed);
+        let drawn = match &given {
+            Some(toml) => swarm::Drawn { toml: toml.clone(), faults: Default::default() },
+            None => swarm::draw(seed),
+        };
         if args.print {
             println!("{}", drawn.toml);
         }
@@ -92,7 +103,7 @@ fn summary(outcomes: &[Outcome]) -> String {
         }
     }
     let mut s = format!(
-        "| seeds run | refused by the table | steps | checks | device crashes | relay restarts | relay outages | failovers | hostile devices |\n|---|---|---|---|---|---|---|---|---|\n| {} | {refused} | {} | {} | {} | {} | {} | {} | {} |\n",
+        "| seeds run | refused by the table | steps | checks | device crashes | relay restarts | relay outages | failovers | hostile devices | messages duplicated |\n|---|---|---|---|---|---|---|---|---|---|\n| {} | {refused} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
         outcomes.len(),
         count(&|o| o.steps),
         count(&|o| o.checks),
@@ -101,6 +112,7 @@ fn summary(outcomes: &[Outcome]) -> String {
         count(&|o| o.faults.relay_outages),
         count(&|o| o.faults.failovers),
         count(&|o| o.faults.hostile_devices),
+        count(&|o| o.duplicated),
     );
     s.push_str("\n| invariant | broken in seeds |\n|---|---|\n");
     for invariant in swarm::INVARIANTS {

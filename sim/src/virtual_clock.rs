@@ -29,7 +29,7 @@ mod watch;
 
 pub use quic::wire_bytes;
 pub use tier::UplinkCounts;
-pub use watch::{Mutation, Seen, Step};
+pub use watch::{Mutation, Seen, Step, WatchOptions};
 
 use std::time::Instant;
 
@@ -55,16 +55,17 @@ pub fn run_virtual_recorded(config: &SimConfig, recorder: &mut Recorder) -> anyh
 
 /// [`run_virtual`] with a watcher: after every step (an event, a deadline or trainings that
 /// land) `watcher` gets what the engines promised in it, and may end the run (`Break`: the
-/// result is then `None`). `mutation`: a stand-in for a bug, for the checkers' own tests.
+/// result is then `None`). `options`: a stand-in for a bug, for the checkers' own tests, and the
+/// faults only a watched run injects. Returns the result and the messages sent again.
 pub fn run_virtual_watched(
     config: &SimConfig,
-    mutation: Option<Mutation>,
+    options: WatchOptions,
     mut watcher: impl FnMut(Step) -> std::ops::ControlFlow<()>,
-) -> anyhow::Result<Option<SimResult>> {
+) -> anyhow::Result<(Option<SimResult>, u64)> {
     let started = Instant::now();
     let mut recorder = Recorder::silent();
     let mut run = VirtualRun::new(config, &mut recorder)?;
-    run.watch = Some(watch::Watch::new(mutation));
+    run.watch = Some(watch::Watch::new(options));
     run.start();
     let mut number = 0;
     loop {
@@ -72,12 +73,14 @@ pub fn run_virtual_watched(
         number += 1;
         // The watcher sees what a failing step did before the run reports its error.
         let seen = run.watch.as_mut().map(|w| std::mem::take(&mut w.seen)).unwrap_or_default();
+        let duplicated = run.watch.as_ref().map_or(0, |w| w.duplicated);
         if watcher(Step { number, now: run.now, seen: &seen }).is_break() {
-            return Ok(None);
+            return Ok((None, duplicated));
         }
         if !more? {
             break;
         }
     }
-    run.finish(config, &mut recorder, started).map(Some)
+    let duplicated = run.watch.as_ref().map_or(0, |w| w.duplicated);
+    Ok((Some(run.finish(config, &mut recorder, started)?), duplicated))
 }

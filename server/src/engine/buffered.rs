@@ -105,6 +105,7 @@ impl ModeState for BufferedState {
             self.in_flight.iter().filter(|(_, f)| now >= f.since + deadline).map(|(c, _)| c.clone()).collect();
         for client in expired {
             self.in_flight.remove(&client);
+            core.dispatch_abandoned(&client);
             core.count_dropped(1);
             tracing::info!(%client, "buffered: client gave no update within the deadline; its slot is reused");
         }

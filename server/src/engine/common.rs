@@ -207,6 +207,15 @@ impl Core {
         }
     }
 
+    /// Buffered mode: `client`'s training was given up on (no update within the deadline): it
+    /// is idle again, and may train on the current version once more. Without this, a version
+    /// that every connected device was dispatched on and some gave up on never fills.
+    pub(super) fn dispatch_abandoned(&mut self, client: &str) {
+        if let Some(c) = self.clients.get_mut(client) {
+            c.last_version = None;
+        }
+    }
+
     /// Devices that reported a round beyond this server's.
     pub(super) fn devices_ahead(&self) -> usize {
         self.ahead.len()

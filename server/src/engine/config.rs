@@ -103,10 +103,25 @@ impl EngineConfig {
         crate::methods::RoundInfo { round, task: self.task_of(round), last_of_task, rule: self.robust.aggregation }
     }
 
+    /// Devices a secure round needs at least: SecAgg+'s graph is built over three or more.
+    pub const SECAGG_MIN_DEVICES: usize = 3;
+
+    /// The fewest devices a round needs: `min_fit`, and under SecAgg at least
+    /// [`Self::SECAGG_MIN_DEVICES`] (a secure round of fewer cannot start and would fail).
+    fn fewest(&self, of: usize) -> usize {
+        if self.secagg.enabled { of.max(Self::SECAGG_MIN_DEVICES) } else { of.max(1) }
+    }
+
+    /// Connected devices a round waits for before it opens: `min_available`, and under SecAgg
+    /// at least [`Self::SECAGG_MIN_DEVICES`].
+    pub fn min_to_open(&self) -> usize {
+        self.fewest(self.min_available)
+    }
+
     /// Updates a round waits for, given `available` connected clients.
     pub fn sample_size(&self, available: usize) -> usize {
         let by_fraction = (self.fraction.clamp(0.0, 1.0) * available as f64).ceil() as usize;
-        by_fraction.max(self.min_fit).clamp(1, available.max(1))
+        by_fraction.max(self.fewest(self.min_fit)).clamp(1, available.max(1))
     }
 
     /// Clients invited for a target of `target` updates (over-selection), capped by `available`.

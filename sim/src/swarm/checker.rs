@@ -23,7 +23,8 @@ pub enum Invariant {
     CountedOnce,
     /// Round numbers only grow and are never reused.
     RoundsGrow,
-    /// Every acked round's cost record lands in the root's ledger, exactly once.
+    /// Every round acked before the root's goodbye has its cost record in the root's ledger,
+    /// exactly once.
     CostOnce,
     /// The global model stays finite.
     FiniteModel,
@@ -324,7 +325,11 @@ impl Checker {
     /// relay's ack promises that its partial of that round, delivered to the root, holds the
     /// update (what the root then does with the partial is the root's ack to the relay).
     fn acked(&mut self, relay: Option<usize>, client: &str, round: u64) -> Verdict {
-        self.owed_costs.insert((client.to_string(), round));
+        // After the root's goodbye its ledger takes no more records: an ack then (a device back
+        // late, acked again for an update its relay had counted) owes none.
+        if !self.finished {
+            self.owed_costs.insert((client.to_string(), round));
+        }
         if let Some(r) = relay {
             let key = (r, client.to_string(), round);
             if !self.arrived.contains(&key) {

@@ -39,7 +39,7 @@ pub struct Faults {
 }
 
 /// One pick of `items`.
-fn pick<'a>(rng: &mut Rng, items: &[&'a str]) -> &'a str {
+fn pick(rng: &mut Rng, items: &[&'static str]) -> &'static str {
     items[rng.below(items.len() as u64) as usize]
 }
 
@@ -61,7 +61,7 @@ pub fn draw(seed: u64) -> Drawn {
     let deadline = between(&mut rng, 20, 90);
     let mut t = String::new();
     let _ = writeln!(t, "# anchorage swarm --seed {seed}\nclock = \"virtual\"\nseed = {seed}\nthreads = 1");
-    let _ = writeln!(t, "clients = {clients}\nrounds = {rounds}\nround_deadline_secs = {deadline}.0");
+    let _ = writeln!(t, "clients = {clients}\nrounds = {rounds}");
     let _ = writeln!(t, "local_epochs = {}\nbatch_size = 16", between(&mut rng, 1, 2));
     let _ = writeln!(t, "train_per_class = {}\ntest_per_class = 4\neval_every = 1000", between(&mut rng, 8, 20));
     let fraction = if chance(&mut rng, 0.5) { 1.0 } else { 0.5 + 0.5 * rng.f64() };
@@ -76,7 +76,8 @@ pub fn draw(seed: u64) -> Drawn {
             between(&mut rng, 1, 4)
         );
     }
-    let _ = writeln!(t, "link = \"{}\"\nencoding = \"{}\"", pick(&mut rng, LINKS), pick(&mut rng, ENCODINGS));
+    let link = pick(&mut rng, LINKS);
+    let _ = writeln!(t, "link = \"{link}\"\nencoding = \"{}\"", pick(&mut rng, ENCODINGS));
     if chance(&mut rng, 0.3) {
         let _ = writeln!(t, "top_k = {}", [0.1, 0.5, 1.0][rng.below(3) as usize]);
     }
@@ -115,10 +116,26 @@ pub fn draw(seed: u64) -> Drawn {
     if chance(&mut rng, 0.2) {
         let _ = writeln!(t, "\n[secagg]\nenabled = true\nclip = 4.0");
     }
+    let mut slowest = link;
     if chance(&mut rng, 0.4) {
-        relays(&mut rng, &mut t, &mut faults, clients, rounds);
+        let relay_link = relays(&mut rng, &mut t, &mut faults, clients, rounds);
+        slowest = if slowness(relay_link) > slowness(link) { relay_link } else { link };
     }
+    // A deadline a round can meet: a broadcast and an update of about a megabyte each way over
+    // the slowest link drawn, and the slowest device's training, fit in it.
+    let deadline = deadline * slowness(slowest);
+    let header = t.find('\n').map_or(0, |i| i + 1);
+    t.insert_str(header, &format!("round_deadline_secs = {deadline}.0\n"));
     Drawn { toml: t, faults }
+}
+
+/// How many times the base deadline a round needs over `link`.
+fn slowness(link: &str) -> u64 {
+    match link {
+        "3g" => 5,
+        "lte" => 2,
+        _ => 1,
+    }
 }
 
 /// The fleet's device kinds: fixed compute seconds (a run that does not depend on the host),
@@ -150,9 +167,10 @@ fn devices(rng: &mut Rng, t: &mut String, faults: &mut Faults) {
 }
 
 /// A relay tier of 1 to 4 relays (no more than the clients), with restarts, outages and failovers.
-fn relays(rng: &mut Rng, t: &mut String, faults: &mut Faults, clients: u64, rounds: u64) {
+fn relays(rng: &mut Rng, t: &mut String, faults: &mut Faults, clients: u64, rounds: u64) -> &'static str {
     let count = between(rng, 1, clients.min(4));
-    let _ = writeln!(t, "\n[relays]\ncount = {count}\nlink = \"{}\"", pick(rng, LINKS));
+    let link = pick(rng, LINKS);
+    let _ = writeln!(t, "\n[relays]\ncount = {count}\nlink = \"{link}\"");
     let table = |rng: &mut Rng, n: u64, row: &dyn Fn(&mut Rng) -> String| -> String {
         (0..n).map(|_| row(rng)).collect::<Vec<_>>().join(", ")
     };
@@ -174,6 +192,7 @@ fn relays(rng: &mut Rng, t: &mut String, faults: &mut Faults, clients: u64, roun
         format!("{{ client = {}, round = {} }}", rng.below(clients), between(rng, 1, rounds))
     });
     let _ = writeln!(t, "restarts = [{restarts}]\noutages = [{outages}]\nfailovers = [{failovers}]");
+    link
 }
 
 /// The drawn text as a config ready to run; a key or value the reader refuses is named.

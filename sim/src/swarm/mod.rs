@@ -19,7 +19,7 @@ pub use draw::{Drawn, Faults, draw};
 pub use shrink::shrink;
 
 use crate::config::SimConfig;
-use crate::virtual_clock::{Mutation, Seen, run_virtual_watched};
+use crate::virtual_clock::{Mutation, Seen, WatchOptions, run_virtual_watched};
 use checker::{Checker, Expect};
 
 /// How one seed's run ended.
@@ -47,6 +47,8 @@ pub struct Outcome {
     /// Device crashes and relay restarts that happened.
     pub crashes: u64,
     pub relay_restarts: u64,
+    /// Messages up (device to server, relay to root) delivered twice.
+    pub duplicated: u64,
     /// A hash of everything the watcher saw, step by step: equal for equal runs.
     pub trace: u64,
     /// The stand-in for a bug the run carried, if any.
@@ -85,6 +87,7 @@ pub fn run_drawn(seed: u64, drawn: &Drawn, mutation: Option<Mutation>) -> Outcom
         faults: drawn.faults,
         crashes: 0,
         relay_restarts: 0,
+        duplicated: 0,
         trace: 0,
         mutation,
     };
@@ -99,14 +102,14 @@ pub fn run_drawn(seed: u64, drawn: &Drawn, mutation: Option<Mutation>) -> Outcom
     let mut hasher = DefaultHasher::new();
     let mut broken = None;
     let mut last = (0, Duration::ZERO);
-    let result = run_virtual_watched(&config, mutation, |step| {
+    let options = WatchOptions { mutation, duplicate: duplicate_of(seed), seed };
+    let result = run_virtual_watched(&config, options, |step| {
         last = (step.number, step.now);
         step.number.hash(&mut hasher);
         step.now.hash(&mut hasher);
         for seen in step.seen {
-            let line = format!("{seen:?}");
-            tracing::debug!(step = step.number, at = step.now.as_secs_f64(), "{line}");
-            line.hash(&mut hasher);
+            tracing::debug!(step = step.number, at = step.now.as_secs_f64(), "{seen:?}");
+            fingerprint(seen).hash(&mut hasher);
             match seen {
                 Seen::Offline { crash: true, .. } => outcome.crashes += 1,
                 Seen::RelayRestarted { .. } => outcome.relay_restarts += 1,
@@ -123,6 +126,10 @@ pub fn run_drawn(seed: u64, drawn: &Drawn, mutation: Option<Mutation>) -> Outcom
     });
     outcome.steps = last.0;
     outcome.trace = hasher.finish();
+    let result = result.map(|(r, duplicated)| {
+        outcome.duplicated = duplicated;
+        r
+    });
     outcome.verdict = match (result, broken) {
         (_, Some(v)) => Verdict::Broken(v),
         // Refused by the setup before the first event: the compatibility table, or a value.
@@ -140,6 +147,26 @@ pub fn run_drawn(seed: u64, drawn: &Drawn, mutation: Option<Mutation>) -> Outcom
     };
     outcome.checks = checker.checks;
     outcome
+}
+
+/// What the trace hashes of one `Seen`: everything but what the host measures (a report's
+/// per-update metrics carry the process's peak RSS), so equal runs hash alike on any machine.
+fn fingerprint(seen: &Seen) -> String {
+    match seen {
+        Seen::Closed { report, finite } => {
+            let updates: Vec<_> = report.updates.iter().map(|u| (&u.client, u.num_samples, u.payload_up)).collect();
+            let times = (report.started, report.closed);
+            format!("Closed {} {:?} {updates:?} {:?} {times:?} {finite}", report.round, report.outcome, report.missing)
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// The probability that a message sent up arrives again, drawn from its own stream of the seed
+/// (so the federation's draw does not depend on it): none in half the seeds.
+pub fn duplicate_of(seed: u64) -> f64 {
+    let mut rng = anchorage_shared::rng::Rng::derive(seed, 0x000D_0B1E_D4A3);
+    if rng.f64() < 0.5 { 0.0 } else { [0.02, 0.1, 0.3][rng.below(3) as usize] }
 }
 
 /// What the checker expects of `config`'s federation.

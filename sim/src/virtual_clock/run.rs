@@ -242,13 +242,19 @@ impl VirtualRun {
                 if !c.online || conn != c.conn {
                     return false; // sent on a connection that is gone: lost
                 }
+                if let Some(at) = self.watch.as_mut().and_then(|w| w.again(now)) {
+                    self.queue.push(at, Event::ToServer { from, msg: msg.clone(), conn });
+                }
                 self.engine_of(from).handle_message(now, &client_id(from), msg)
             }
             Event::ToRelay { relay, conn, .. } | Event::ToRoot { relay, conn, .. } if !self.relay_conn(relay, conn) => {
                 return false; // sent on a connection that a restart ended: lost
             }
             Event::ToRelay { relay, msg, .. } => self.relay_received(relay, msg),
-            Event::ToRoot { relay, msg, .. } => {
+            Event::ToRoot { relay, msg, conn } => {
+                if let Some(at) = self.watch.as_mut().and_then(|w| w.again(now)) {
+                    self.queue.push(at, Event::ToRoot { relay, msg: msg.clone(), conn });
+                }
                 if let Message::Partial(p) = &msg
                     && self.watch.is_some()
                 {

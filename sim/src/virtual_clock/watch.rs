@@ -90,11 +90,27 @@ impl Mutation {
     }
 }
 
+/// What a watched run does beyond the federation's config: the mutation under test, and the
+/// faults only the swarm injects.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WatchOptions {
+    pub mutation: Option<Mutation>,
+    /// Each message a device or relay sends up arrives again, this probability, 0 to 2 s later
+    /// (a resend after a timeout: a duplicate, and reordered against what was sent between).
+    pub duplicate: f64,
+    /// Seeds the duplicates.
+    pub seed: u64,
+}
+
 /// The watcher's view of a run: what it has seen since the last event, and the mutation on.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Watch {
     pub(super) seen: Vec<Seen>,
     pub(super) mutation: Option<Mutation>,
+    duplicate: f64,
+    rng: anchorage_shared::rng::Rng,
+    /// Messages sent again.
+    pub(super) duplicated: u64,
     /// Device records the root's ledger was given (for [`Mutation::LoseCost`]).
     filed: u64,
     /// Devices that came back after going away (for [`Mutation::ForgetReturned`]).
@@ -102,8 +118,25 @@ pub(super) struct Watch {
 }
 
 impl Watch {
-    pub(super) fn new(mutation: Option<Mutation>) -> Self {
-        Self { mutation, ..Self::default() }
+    pub(super) fn new(options: WatchOptions) -> Self {
+        Self {
+            seen: Vec::new(),
+            mutation: options.mutation,
+            duplicate: options.duplicate,
+            rng: anchorage_shared::rng::Rng::derive(options.seed, 0xD0B1E),
+            duplicated: 0,
+            filed: 0,
+            returned: Default::default(),
+        }
+    }
+
+    /// When a message sent up now arrives again, if it does.
+    pub(super) fn again(&mut self, now: Duration) -> Option<Duration> {
+        if self.duplicate <= 0.0 || self.rng.f64() >= self.duplicate {
+            return None;
+        }
+        self.duplicated += 1;
+        Some(now + Duration::from_secs_f64(2.0 * self.rng.f64()))
     }
 
     /// The root's closed round as the mutation changes it; `None` when it passes unchanged.

@@ -126,7 +126,7 @@ impl ModeState for RoundsState {
             return;
         }
         // Count before collecting: every hello lands here, and fleets have thousands of clients.
-        if core.connected() < core.config().min_available.max(1) || !core.privacy_allows_a_round() {
+        if core.connected() < core.config().min_to_open() || !core.privacy_allows_a_round() {
             return;
         }
         let round = core.last_round() + 1;
