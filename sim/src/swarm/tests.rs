@@ -162,8 +162,9 @@ fn a_federation_the_table_refuses_is_refused_before_the_run() {
 }
 
 /// The CI set: seeds drawn over every topology (0 to 4 relays, restarts, outages, failovers),
-/// both modes, SecAgg, DP, hostile devices, crashes and cycles; each must hold.
-pub(super) const CI_SEEDS: &[u64] = &[2, 3, 5, 6, 7, 9, 10, 11, 13, 16, 29, 58];
+/// both modes, SecAgg, DP, hostile devices, crashes and cycles; each must hold. 29 and 84
+/// failed every round before a secure round waited for three devices.
+pub(super) const CI_SEEDS: &[u64] = &[2, 3, 5, 6, 7, 9, 10, 11, 13, 16, 29, 58, 84];
 
 #[test]
 fn the_ci_seeds_hold() {
@@ -181,6 +182,9 @@ pub(super) const KNOWN_BROKEN: &[(u64, Invariant)] = &[
     // after the root closed the round (and said goodbye), so the update a relay acked is in no
     // global model. The fix: a relay's ack waits for the root's ack of its partial.
     (23, Invariant::AckMeansCounted),
+    // The same promise: relay 0 restarts in round 4, the last; its partial of round 4 reaches
+    // the root after the root's goodbye, and the devices it acked are in no global model.
+    (88, Invariant::AckMeansCounted),
 ];
 
 #[test]
