@@ -23,6 +23,9 @@ pub(crate) struct SwarmArgs {
     /// On a failure, look for a smaller config that breaks the same promise, and print it.
     #[arg(long)]
     shrink: bool,
+    /// The most runs --shrink tries (each is a whole run of a candidate config).
+    #[arg(long, default_value_t = 40)]
+    shrink_runs: u64,
     /// A stand-in for a bug in the root's engine, to see a checker catch it.
     #[arg(long, value_enum)]
     mutate: Option<Mutation>,
@@ -72,7 +75,7 @@ pub(crate) fn swarm(args: SwarmArgs) -> anyhow::Result<()> {
             Verdict::Broken(v) => {
                 println!("{}", outcome.failure().unwrap_or_default());
                 if args.shrink {
-                    let (small, runs) = swarm::shrink(seed, &drawn, args.mutate, v.invariant);
+                    let (small, runs) = swarm::shrink(seed, &drawn, args.mutate, v.invariant, args.shrink_runs);
                     println!(
                         "  shrunk in {runs} runs to a config that still breaks {}:\n{}",
                         v.invariant.name(),

@@ -5,17 +5,33 @@
 use super::{Drawn, Invariant, Verdict, run_drawn};
 use crate::virtual_clock::Mutation;
 
-/// Keys a run cannot do without: they are lowered, never left out.
-const KEPT: &[&str] = &["clock", "seed", "threads", "clients", "rounds", "method"];
+/// Keys a run cannot do without, or whose defaults make a run far longer (more data, local
+/// evaluation, the host's compute time): they are lowered, never left out.
+const KEPT: &[&str] = &[
+    "clock",
+    "seed",
+    "threads",
+    "clients",
+    "rounds",
+    "method",
+    "train_per_class",
+    "test_per_class",
+    "eval_every",
+    "round_deadline_secs",
+    "compute_seconds",
+];
 
-/// The smallest config found from `drawn` that still breaks `invariant`, and how many runs the
-/// search took.
-pub fn shrink(seed: u64, drawn: &Drawn, mutation: Option<Mutation>, invariant: Invariant) -> (Drawn, u64) {
+/// The smallest config found from `drawn` that still breaks `invariant` within `budget` runs,
+/// and how many runs the search took.
+pub fn shrink(seed: u64, drawn: &Drawn, mutation: Option<Mutation>, invariant: Invariant, budget: u64) -> (Drawn, u64) {
     let mut best = drawn.clone();
     let mut runs = 0;
     loop {
         let Ok(table) = toml::from_str::<toml::Table>(&best.toml) else { return (best, runs) };
         let smaller = simpler(&table).into_iter().find(|candidate| {
+            if runs >= budget {
+                return false;
+            }
             runs += 1;
             let trial = Drawn { toml: toml::to_string(candidate).unwrap_or_default(), faults: best.faults };
             matches!(run_drawn(seed, &trial, mutation).verdict, Verdict::Broken(v) if v.invariant == invariant)
