@@ -195,8 +195,7 @@ impl VirtualRun {
             return true;
         }
         // The server's store keeps one row per (client, round, kind), and so does the watched run.
-        let key = |r: &CostRecord| (r.client.clone(), r.round, r.declined.is_some(), r.dropped);
-        let repeated = self.ledger.iter().any(|held| key(held) == key(record));
+        let repeated = self.ledger.iter().any(|held| tier::ledger_key(held) == tier::ledger_key(record));
         self.see(|| Seen::Filed { record: record.clone(), repeated });
         !repeated
     }

@@ -53,6 +53,11 @@ pub(super) struct VirtualRelay {
     pub(super) disk: Option<RelayDisk>,
 }
 
+/// The key the server's store keeps one ledger row per: (client, round, declined, dropped).
+pub(super) fn ledger_key(r: &CostRecord) -> (&str, u64, bool, bool) {
+    (&r.client, r.round, r.declined.is_some(), r.dropped)
+}
+
 /// The tier: the relays, in order.
 pub(super) struct Tier {
     pub(super) relays: Vec<VirtualRelay>,
@@ -175,8 +180,7 @@ impl Tier {
     /// A record for the root's ledger, which keeps one row per (client, round, kind) as the root's
     /// store does: a record it holds already is counted and ignored (`true`: it was).
     pub(super) fn file_at_root(&mut self, record: CostRecord) -> bool {
-        let key = |r: &CostRecord| (r.client.clone(), r.round, r.declined.is_some(), r.dropped);
-        let repeated = self.root_ledger.iter().any(|held| key(held) == key(&record));
+        let repeated = self.root_ledger.iter().any(|held| ledger_key(held) == ledger_key(&record));
         if repeated {
             self.repeated_costs += 1;
         } else {
