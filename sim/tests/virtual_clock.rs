@@ -334,7 +334,7 @@ fn a_relay_tier_on_the_virtual_clock_gives_the_same_model_and_charges_its_links(
 
 /// The tier's relays run the uplink session of anchorage-relay: each relay's devices' cost
 /// records reach the root's ledger in batches the root confirms (once each, nothing owed at the
-/// end), and a device that fails over after its ack was lost is held by two relays' partials:
+/// end), and a device whose connection breaks before its ack fails over and is held by two relays' partials:
 /// the root refuses the later one as a duplicate naming it, that relay folds its round again
 /// without it, and every device is counted once.
 #[test]
@@ -370,7 +370,7 @@ fn a_relay_tiers_uplinks_confirm_costs_and_fold_again_after_a_duplicate() {
         tier.owed
     );
 
-    // A fast device of relay 0 (even ids) loses its round-2 ack and resends to relay 1, whose
+    // A fast device of relay 0 (even ids) loses its connection before its round-2 ack and resends to relay 1, whose
     // slow device holds its round open.
     let compute =
         |c: usize| plain.ledger.iter().find(|r| r.client == format!("client-{c:03}")).unwrap().compute_seconds;

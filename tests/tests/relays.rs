@@ -232,14 +232,30 @@ impl RawDevice {
         b.round
     }
 
-    /// Sends the update and returns the relay's answer (an ack, or a refusal).
-    async fn upload(&mut self, update: Update) -> Message {
+    /// Sends the update on a stream of its own. A relay's ack waits for its parent's ack of the
+    /// partial that holds the update ([`RawDevice::reply`]).
+    async fn send(&mut self, update: Update) {
         let mut up = self.conn.open_uni().await.unwrap();
         write(&mut up, &Message::Update(update)).await.unwrap();
         up.finish().unwrap();
+    }
+
+    /// The relay's next message on the control stream (an ack, or a refusal).
+    async fn reply(&mut self) -> Message {
         let reply = tokio::time::timeout(Duration::from_secs(30), read_frame(&mut self.replies, DEFAULT_MAX_FRAME));
         reply.await.unwrap_or_else(|_| panic!("{}: no answer", self.id)).unwrap().unwrap().0
     }
+}
+
+/// Waits until the store at `db` holds `n` accepted updates (the relay committed them).
+async fn committed(db: &Path, n: usize) {
+    for _ in 0..300 {
+        if db.exists() && accepted(db).len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{} never held {n} accepted updates", db.display());
 }
 
 /// A relay as its own process (the server program with a `[parent]` table), to kill.
@@ -310,11 +326,13 @@ fn accepted(db: &Path) -> Vec<(String, u64, u64)> {
     stmt.query_map([], row).unwrap().map(Result::unwrap).collect()
 }
 
-/// A relay killed (`kill -9`) mid-round loses nothing it acked. Two of its three
-/// devices are acked before the kill; restarted on the same folder, the relay reopens the round
-/// when the root sends it again, takes the third device's update (and the first two's resends
-/// as duplicates), and its partial carries all three: the root's model is the three devices'
-/// mean, and the relay's database holds each update once.
+/// A relay killed (`kill -9`) mid-round loses nothing it accepted. Two of its three devices'
+/// updates are committed before the kill (and not acked: the root has not acked a partial with
+/// them); restarted on the same folder, the relay reopens the round when the root sends it
+/// again, takes the third device's update (and the first two's resends as duplicates), and its
+/// partial carries all three: each device is acked `aggregated: true` once the root acked the
+/// partial, the root's model is the three devices' mean, and the relay's database holds each
+/// update once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
     let dir = tempfile::tempdir().unwrap();
@@ -340,10 +358,11 @@ async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
     for device in &mut devices {
         assert_eq!(device.broadcast().await, 1);
     }
+    let relay_db = dir.join("relay-0").join("state").join(anchorage_server::store::DB_FILE);
     for (d, device) in devices.iter_mut().enumerate().take(2) {
-        let reply = device.upload(device_update(1, d)).await;
-        assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "{reply:?}");
+        device.send(device_update(1, d)).await;
     }
+    committed(&relay_db, 2).await;
     relay.kill();
     drop(devices);
     relay.spawn();
@@ -352,15 +371,13 @@ async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
         devices.push(RawDevice::join(d, relay_addr, &ca_cert, cert).await);
     }
     assert_eq!(devices[2].broadcast().await, 1, "the reopened round goes to the device it waits for");
-    for (d, device) in devices.iter_mut().enumerate().take(2) {
-        let reply = device.upload(device_update(1, d)).await;
-        assert!(
-            matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated),
-            "a resend is acked again: {reply:?}"
-        );
+    for (d, device) in devices.iter_mut().enumerate() {
+        device.send(device_update(1, d)).await;
     }
-    let reply = devices[2].upload(device_update(1, 2)).await;
-    assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "{reply:?}");
+    for device in &mut devices {
+        let reply = device.reply().await;
+        assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "{reply:?}");
+    }
     let served = tokio::time::timeout(Duration::from_secs(60), root).await;
     let served = served.unwrap_or_else(|_| panic!("the root finishes; relay log:\n{}", relay.log())).unwrap();
     served.expect("the root ends cleanly");
@@ -369,7 +386,6 @@ async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
     let stored = root_store.recover("fedavg").unwrap().expect("the root's checkpoint");
     assert_eq!(stored.checkpoint.round, 1);
     assert_close(&stored.checkpoint.global[0].decode().unwrap(), &straight(1, &[0, 1, 2], &[block(&[0.0; 16])]));
-    let relay_db = dir.join("relay-0").join("state").join(anchorage_server::store::DB_FILE);
     let expected: Vec<(String, u64, u64)> =
         (0..3).map(|d| (device_id(d), 1, device_update(1, d).num_samples)).collect();
     assert_eq!(accepted(&relay_db), expected, "each update once in the relay's database");
@@ -378,11 +394,12 @@ async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
     assert_eq!(accepted(&root_db), vec![("relay-0".to_string(), 1, total)], "one partial, weighted by its devices");
 }
 
-/// Relay A dies mid-round (`kill -9`); a device it had not acked fails over
-/// to relay B and resends its update there; B takes it into its round, and the root counts it
-/// once. The root's round closes at its deadline with B's partial alone: its model is the mean
-/// of exactly the updates B acked (the failed-over one among them), and B's database holds
-/// the adopted device's update once. (A's acked update stays in A's database for A's restart.)
+/// Relay A dies mid-round (`kill -9`) with one update committed and none acked; a device it
+/// had not taken fails over to relay B and resends its update there; B takes it into its round,
+/// and the root counts it once. The root's round closes at its deadline with B's partial alone:
+/// B acks its three devices `aggregated: true`, the root's model is the mean of exactly those
+/// updates (the failed-over one among them), and B's database holds the adopted device's update
+/// once. (A's committed update stays in A's database for A's restart.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_device_fails_over_to_another_relay_and_is_counted_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -416,17 +433,22 @@ async fn a_device_fails_over_to_another_relay_and_is_counted_once() {
     for device in on_a.iter_mut().chain(on_b.iter_mut()) {
         assert_eq!(device.broadcast().await, 1);
     }
-    let reply = on_a[0].upload(device_update(1, 0)).await;
-    assert!(matches!(reply, Message::Ack(ref a) if a.aggregated), "{reply:?}");
+    let a_db = dir.join("relay-a").join("state").join(anchorage_server::store::DB_FILE);
+    on_a[0].send(device_update(1, 0)).await;
+    committed(&a_db, 1).await;
     relay_a.kill();
     drop(on_a);
     // d1 trained for round 1 and holds its update: it reaches B, the next relay on its list.
     let mut moved = RawDevice::join(1, b_addr, &ca_cert, &certs[1]).await;
-    let reply = moved.upload(device_update(1, 1)).await;
-    assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "adopted: {reply:?}");
+    moved.send(device_update(1, 1)).await;
     for (i, device) in on_b.iter_mut().enumerate().take(2) {
-        let reply = device.upload(device_update(1, 2 + i)).await;
-        assert!(matches!(reply, Message::Ack(ref a) if a.aggregated), "{reply:?}");
+        device.send(device_update(1, 2 + i)).await;
+    }
+    let reply = moved.reply().await;
+    assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "adopted: {reply:?}");
+    for device in on_b.iter_mut().take(2) {
+        let reply = device.reply().await;
+        assert!(matches!(reply, Message::Ack(ref a) if a.round == 1 && a.aggregated), "{reply:?}");
     }
     let served = tokio::time::timeout(Duration::from_secs(60), root).await.expect("the root finishes").unwrap();
     served.expect("the root ends cleanly");
@@ -439,9 +461,8 @@ async fn a_device_fails_over_to_another_relay_and_is_counted_once() {
     let b_db = dir.join("relay-b").join("state").join(anchorage_server::store::DB_FILE);
     let at_b: Vec<String> = accepted(&b_db).into_iter().map(|(c, _, _)| c).collect();
     assert_eq!(at_b, vec![device_id(1), device_id(2), device_id(3)]);
-    let a_db = dir.join("relay-a").join("state").join(anchorage_server::store::DB_FILE);
     let at_a: Vec<String> = accepted(&a_db).into_iter().map(|(c, _, _)| c).collect();
-    assert_eq!(at_a, vec![device_id(0)], "A's acked update is durable for its restart");
+    assert_eq!(at_a, vec![device_id(0)], "A's committed update is durable for its restart");
     let root_db = dir.join("root").join("state").join(anchorage_server::store::DB_FILE);
     let at_root: Vec<String> = accepted(&root_db).into_iter().map(|(c, _, _)| c).collect();
     assert_eq!(at_root, vec!["relay-b".to_string()]);

@@ -557,8 +557,17 @@ impl Core {
         self.actions.push_back(Action::Send { to: client.into(), msg: Message::Refusal(refusal) });
     }
 
-    /// Acknowledges `round`'s update from `client`.
+    /// Acknowledges `round`'s update from `client`. A relay's ack `aggregated: true` waits for
+    /// its parent's ack of the partial that holds the update, and repeats it
+    /// ([`RelayState::ack_owed`]): a relay's ack means what the root's means.
     pub(super) fn ack(&mut self, client: &str, round: u64, aggregated: bool) {
+        let aggregated = match self.role.relay_mut() {
+            Some(relay) if aggregated => match relay.ack_owed(client, round) {
+                Some(parent) => parent,
+                None => return,
+            },
+            _ => aggregated,
+        };
         self.actions.push_back(ack(client, round, aggregated));
     }
 

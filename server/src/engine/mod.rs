@@ -46,7 +46,7 @@ pub use configure::{RoundContext, RoundPlan, RoundPolicy, Schedule, Selection};
 pub use error::{ConfigError, PrivacyStateError, PrototypeFormError};
 pub use persist::{AcceptedUpdate, Invitations, OpenedRound, Persist, Recovered};
 pub use report::{EngineStats, RoundOutcome, RoundReport, UpdateReport, preview};
-pub use role::{Role, fold, partial_of, relay_check};
+pub use role::{ParentVerdict, Role, fold, partial_of, relay_check};
 
 use buffered::BufferedState;
 use common::{Core, goodbye};

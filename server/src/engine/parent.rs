@@ -9,8 +9,8 @@ use std::time::Duration;
 use anchorage_shared::method::MethodConfig;
 use anchorage_shared::protocol::{Broadcast, CostBatch, Partial, Refusal, RefusalReason};
 
-use super::common::cost_ack;
-use super::role::{Role, partial_of, relay_check};
+use super::common::{ack, cost_ack};
+use super::role::{ParentVerdict, Role, partial_of, relay_check};
 use super::{Action, Engine, EngineConfig, Recovered};
 
 impl Engine {
@@ -52,6 +52,18 @@ impl Engine {
     /// round's updates are gone (a restart).
     pub fn refold_without(&mut self, devices: &[String]) -> Option<Partial> {
         self.core.relay_mut()?.refold_without(devices)
+    }
+
+    /// What a relay's parent did with its partial of a round ([`ParentVerdict`]): the devices
+    /// in the partial the parent acked get the parent's ack; the acks held for the others go.
+    pub fn handle_parent_verdict(&mut self, verdict: ParentVerdict) {
+        let round = verdict.round;
+        let Some(relay) = self.core.relay_mut() else { return };
+        let acks = relay.parent_verdict(verdict);
+        tracing::debug!(round, devices = acks.len(), "the parent's verdict on the partial reached its devices");
+        for (device, aggregated) in acks {
+            self.core.push(ack(&device, round, aggregated));
+        }
     }
 
     /// The engine's role.

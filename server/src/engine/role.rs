@@ -102,7 +102,8 @@ pub(super) struct RootState {
     pub(super) members: Members,
 }
 
-/// A relay's state: its parent's next round, and its last round's partial aggregate.
+/// A relay's state: its parent's next round, its last round's partial aggregate, and the acks it
+/// owes its devices until the parent says what became of that partial.
 #[derive(Debug, Default)]
 pub(super) struct RelayState {
     /// The parent's broadcast of the round to open next.
@@ -111,12 +112,62 @@ pub(super) struct RelayState {
     /// The last round's screened and bounded updates, in memory, to fold again without devices
     /// the parent counted through another relay.
     kept: Vec<(ClientId, Update)>,
+    /// Per round, the devices whose update the relay accepted and has not acked: a relay's ack
+    /// repeats its parent's ack of the partial that holds the update.
+    held: BTreeMap<u64, BTreeSet<ClientId>>,
+    /// The parent's verdict on this relay's partial of each recent round (a device resending an
+    /// update of such a round gets it at once).
+    verdicts: BTreeMap<u64, ParentVerdict>,
+}
+
+/// What a relay's parent did with the relay's partial aggregate of `round`: acked it
+/// (`aggregated`: in the parent's round, or late) holding `members`, or dropped it (refused,
+/// `members` empty). The relay's devices among `members` get the parent's ack; the rest none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParentVerdict {
+    pub round: u64,
+    pub aggregated: bool,
+    pub members: Vec<ClientId>,
+}
+
+impl ParentVerdict {
+    /// The parent refused the partial and the relay could not fold it again: nobody in it is
+    /// counted.
+    pub fn dropped(round: u64) -> Self {
+        Self { round, aggregated: false, members: Vec::new() }
+    }
 }
 
 impl RelayState {
     /// Whether the parent's broadcast of `round` or a later one waits to be opened.
     pub(super) fn holds_round(&self, round: u64) -> bool {
         self.next.as_ref().is_some_and(|b| b.round >= round)
+    }
+
+    /// A device's update of `round` was accepted (or sent again): the ack it is owed, `None`
+    /// while the parent has not said what became of the round's partial (the ack is held) or
+    /// when the partial the parent counted does not hold it.
+    pub(super) fn ack_owed(&mut self, client: &str, round: u64) -> Option<bool> {
+        match self.verdicts.get(&round) {
+            Some(v) => v.members.iter().any(|m| m == client).then_some(v.aggregated),
+            None => {
+                self.held.entry(round).or_default().insert(client.into());
+                None
+            }
+        }
+    }
+
+    /// The parent's verdict on the partial of `verdict.round`: the held acks it answers, as
+    /// (device, aggregated). Verdicts and held acks older than [`INVITATIONS_KEPT`] rounds go.
+    pub(super) fn parent_verdict(&mut self, verdict: ParentVerdict) -> Vec<(ClientId, bool)> {
+        let round = verdict.round;
+        let held = self.held.remove(&round).unwrap_or_default();
+        let acks = held.into_iter().filter(|d| verdict.members.contains(d)).map(|d| (d, verdict.aggregated)).collect();
+        self.verdicts.insert(round, verdict);
+        let oldest = round.saturating_sub(INVITATIONS_KEPT);
+        self.verdicts.retain(|r, _| *r > oldest);
+        self.held.retain(|r, _| *r > oldest);
+        acks
     }
 
     pub(super) fn queue(&mut self, broadcast: Broadcast) {

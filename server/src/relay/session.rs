@@ -6,7 +6,8 @@
 //!
 //! What it promises: a partial aggregate is owed until the parent acks it (sent again after
 //! every welcome); a partial the parent refuses as a duplicate is folded again without the
-//! devices it names, or dropped when the relay cannot (nobody is counted twice); a device's cost
+//! devices it names, or dropped when the relay cannot (nobody is counted twice); what the parent
+//! did with each partial goes to the engine, whose devices' acks repeat it; a device's cost
 //! record is owed until the parent confirms its round, and goes up again after a reconnect;
 //! after the parent's goodbye the last round's records go up and the link waits (bounded) for
 //! their confirmation before it ends.
@@ -16,6 +17,8 @@ use std::time::Duration;
 
 use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::protocol::{Broadcast, CostBatch, Downward, Message, Partial, RefusalReason};
+
+use crate::engine::ParentVerdict;
 
 /// How often cost batches with new records go up.
 pub const COST_EVERY: Duration = Duration::from_millis(250);
@@ -49,6 +52,9 @@ pub enum UplinkAction {
     /// Fold the last round again without these devices ([`crate::Engine::refold_without`]) and
     /// answer with [`UplinkSession::refolded`].
     Refold(Vec<String>),
+    /// What the parent did with a partial: the relay's engine acks its devices so
+    /// ([`crate::Engine::handle_parent_verdict`]).
+    Verdict(ParentVerdict),
     /// What became of a partial aggregate, for the relay's metrics: `sent`, `acked`, `refused`.
     Counted(&'static str),
     /// The link is over: the parent said goodbye (its reason), and what was owed went up.
@@ -220,7 +226,7 @@ impl UplinkSession {
                 tracing::warn!(
                     "the parent counted devices of this partial elsewhere, and it cannot be folded again: dropped"
                 );
-                self.partial = None;
+                self.drop_partial();
             }
         }
     }
@@ -260,7 +266,10 @@ impl UplinkSession {
                         "the parent acked the partial aggregate"
                     );
                     self.actions.push_back(UplinkAction::Counted("acked"));
-                    self.last_members = (ack.round, p.members.into_iter().map(|m| m.device).collect());
+                    let members: Vec<String> = p.members.into_iter().map(|m| m.device).collect();
+                    let verdict = ParentVerdict { round: ack.round, aggregated: ack.aggregated, members };
+                    self.actions.push_back(UplinkAction::Verdict(verdict.clone()));
+                    self.last_members = (ack.round, verdict.members);
                 }
             }
             Downward::CostAck(ack) => {
@@ -277,7 +286,7 @@ impl UplinkSession {
                         self.refolding = true;
                         self.actions.push_back(UplinkAction::Refold(r.devices));
                     } else {
-                        self.partial = None;
+                        self.drop_partial();
                     }
                 }
             }
@@ -356,6 +365,13 @@ impl UplinkSession {
         members.iter().all(|m| records.iter().any(|r| &r.client == m))
     }
 
+    /// The owed partial is given up: none of its devices is counted.
+    fn drop_partial(&mut self) {
+        if let Some(p) = self.partial.take() {
+            self.actions.push_back(UplinkAction::Verdict(ParentVerdict::dropped(p.update.round)));
+        }
+    }
+
     fn send_partial(&mut self, partial: Partial) {
         self.actions.push_back(UplinkAction::SendPartial(partial));
         self.actions.push_back(UplinkAction::Counted("sent"));
@@ -402,7 +418,7 @@ mod tests {
     };
 
     use super::{
-        COST_EVERY, LAST_CONFIRMATIONS, RESENT_COST_ROUNDS, UplinkAction, UplinkSession, UplinkState,
+        COST_EVERY, LAST_CONFIRMATIONS, ParentVerdict, RESENT_COST_ROUNDS, UplinkAction, UplinkSession, UplinkState,
         owed_after_restart,
     };
     use std::time::Duration;
@@ -472,8 +488,13 @@ mod tests {
         assert!(drain(&mut s).contains(&UplinkAction::SendPartial(partial(5, &["d1"]))), "resent after the welcome");
         s.handle_message(Duration::from_secs(2), Message::Ack(Ack { round: 4, aggregated: true }));
         assert!(s.owed_partial().is_some(), "an ack of another round acks nothing");
-        s.handle_message(Duration::from_secs(2), Message::Ack(Ack { round: 5, aggregated: true }));
-        assert_eq!(drain(&mut s), [UplinkAction::Counted("acked")]);
+        s.handle_message(Duration::from_secs(2), Message::Ack(Ack { round: 5, aggregated: false }));
+        let verdict = ParentVerdict { round: 5, aggregated: false, members: vec!["d1".into()] };
+        assert_eq!(
+            drain(&mut s),
+            [UplinkAction::Counted("acked"), UplinkAction::Verdict(verdict)],
+            "late: its devices hear so"
+        );
         assert!(s.owed_partial().is_none());
     }
 
@@ -492,11 +513,12 @@ mod tests {
         s.handle_message(Duration::ZERO, Message::Refusal(Refusal::duplicates("again", vec!["d2".into()])));
         drain(&mut s);
         s.refolded(None);
+        assert_eq!(drain(&mut s), [UplinkAction::Verdict(ParentVerdict::dropped(2))], "nobody in it is acked");
         assert!(s.owed_partial().is_none(), "nothing left to fold: dropped, nobody counted twice");
         s.partial_closed(partial(3, &["d3"]));
         drain(&mut s);
         s.handle_message(Duration::ZERO, Message::Refusal(Refusal::new(RefusalReason::NotSampled, "no")));
-        assert_eq!(drain(&mut s), [UplinkAction::Counted("refused")]);
+        assert_eq!(drain(&mut s), [UplinkAction::Counted("refused"), UplinkAction::Verdict(ParentVerdict::dropped(3))]);
         assert!(s.owed_partial().is_none(), "a partial the parent will never take is not sent again");
     }
 

@@ -268,6 +268,57 @@ fn a_relay_runs_its_parents_round_and_keeps_its_partial_through_a_restart() {
     assert_eq!(hashes.len(), 3, "each member named by its own update's hash");
 }
 
+/// The acks a relay sent, as (device, round, aggregated).
+fn acks(actions: &[Action]) -> Vec<(String, u64, bool)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { to, msg: Message::Ack(ack) } => Some((to.clone(), ack.round, ack.aggregated)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A relay's ack repeats its parent's: none goes out when the relay accepts an update, each
+/// member of the partial gets the parent's ack (`aggregated: false` when the parent counted the
+/// partial late), a device the parent counted through another relay gets none, and a device
+/// that sends its update again after the verdict gets the verdict at once.
+#[test]
+fn a_relay_acks_its_devices_as_its_parent_acked_their_partial() {
+    let verdict = |aggregated: bool, members: &[usize]| crate::engine::ParentVerdict {
+        round: 5,
+        aggregated,
+        members: members.iter().map(|&d| device_id(d)).collect(),
+    };
+    for aggregated in [true, false] {
+        let (mut relay, _) = relay_in_round_five();
+        drain(&mut relay);
+        let updates: Vec<Update> = (0..3).map(|d| device_update(5, d, false)).collect();
+        for (d, u) in updates.iter().enumerate() {
+            relay.handle_message(Duration::from_secs(1), &device_id(d), Message::Update(u.clone()));
+        }
+        let actions = drain(&mut relay);
+        assert_eq!(closed(&actions).len(), 1, "closed at its target");
+        assert!(acks(&actions).is_empty(), "no ack before the parent's: {:?}", acks(&actions));
+        // Device 2 was counted through another relay: the partial the parent acked is without it.
+        relay.handle_parent_verdict(verdict(aggregated, &[0, 1]));
+        let expected: Vec<_> = [0, 1].map(|d| (device_id(d), 5, aggregated)).into();
+        assert_eq!(acks(&drain(&mut relay)), expected);
+        relay.handle_message(Duration::from_secs(2), &device_id(0), Message::Update(updates[0].clone()));
+        assert_eq!(acks(&drain(&mut relay)), vec![(device_id(0), 5, aggregated)], "a resend gets the verdict");
+        relay.handle_message(Duration::from_secs(2), &device_id(2), Message::Update(updates[2].clone()));
+        assert!(acks(&drain(&mut relay)).is_empty(), "not in the partial the parent counted");
+    }
+    // A partial the parent refused and the relay could not fold again: nobody is acked.
+    let (mut relay, _) = relay_in_round_five();
+    for d in 0..3 {
+        relay.handle_message(Duration::from_secs(1), &device_id(d), Message::Update(device_update(5, d, false)));
+    }
+    drain(&mut relay);
+    relay.handle_parent_verdict(crate::engine::ParentVerdict::dropped(5));
+    assert!(acks(&drain(&mut relay)).is_empty());
+}
+
 /// A relay killed mid-round loses nothing it acked: started again from its store (the open
 /// round and its accepted updates), it reopens the round when its parent sends the round's
 /// broadcast again, and the partial holds the updates acked before the kill.

@@ -43,7 +43,8 @@ pub struct Uplink {
     pub max_frame: usize,
     /// The relay's metrics (its partials, its link to the parent).
     pub metrics: Arc<crate::metrics::ServerMetrics>,
-    /// The relay's engine, to fold a round again without devices its parent counted elsewhere.
+    /// The relay's engine, to fold a round again without devices its parent counted elsewhere,
+    /// and to ack its devices as the parent acked their partial.
     pub control: Option<crate::transport::RelayControl>,
 }
 
@@ -206,6 +207,11 @@ impl Uplink {
                         None => None,
                     };
                     session.refolded(again);
+                }
+                UplinkAction::Verdict(verdict) => {
+                    if let Some(control) = &self.control {
+                        control.verdict(verdict);
+                    }
                 }
                 UplinkAction::Counted(outcome) => self.metrics.relay_partial(outcome),
                 UplinkAction::Finished(reason) => return Ok(Some(Ended::Finished(reason))),

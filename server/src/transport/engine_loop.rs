@@ -316,6 +316,7 @@ impl EngineShell {
             Input::Refold { devices, reply } => {
                 let _ = reply.send(self.engine.refold_without(&devices));
             }
+            Input::ParentVerdict(verdict) => self.engine.handle_parent_verdict(verdict),
             Input::Hello(arrival) => self.on_hello(now, arrival),
             Input::Message { conn, client, msg } => {
                 if self.flaps.is_set_aside(conn) {

@@ -165,6 +165,8 @@ enum Input {
         devices: Vec<String>,
         reply: tokio::sync::oneshot::Sender<Option<anchorage_shared::protocol::Partial>>,
     },
+    /// A relay's parent acked or dropped one of its partials: its devices' acks follow.
+    ParentVerdict(crate::engine::ParentVerdict),
 }
 
 /// What a relay's uplink may ask of its engine while the server runs.
@@ -179,6 +181,11 @@ impl RelayControl {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.inputs.send(Input::Refold { devices, reply }).ok()?;
         answer.await.ok().flatten()
+    }
+
+    /// What the parent did with a partial (`Engine::handle_parent_verdict`).
+    pub fn verdict(&self, verdict: crate::engine::ParentVerdict) {
+        let _ = self.inputs.send(Input::ParentVerdict(verdict));
     }
 }
 

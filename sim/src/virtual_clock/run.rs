@@ -259,8 +259,7 @@ impl VirtualRun {
                 {
                     let members: Vec<String> = p.members.iter().map(|m| m.device.clone()).collect();
                     let round = p.update.round;
-                    self.last_partial.insert(relay, (round, members.clone()));
-                    self.see(|| Seen::PartialArrived { relay, round, members });
+                    self.last_partial.insert(relay, (round, members));
                 }
                 let id = self.tier.as_ref().map(|t| t.relays[relay].id.clone()).unwrap_or_default();
                 self.engine.handle_message(now, &id, msg)

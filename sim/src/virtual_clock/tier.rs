@@ -137,14 +137,19 @@ impl Tier {
         self.assigned[client]
     }
 
-    /// Whether the ack of `client`'s update of `round` is lost to a failover: then the client
-    /// moves to the next relay for that round (once).
+    /// Whether `client`'s connection breaks once its relay accepted its update of `round` (a
+    /// failover, before the ack): then the client moves to the next relay for that round (once).
     pub(super) fn fails_over(&mut self, client: usize, round: u64) -> bool {
         let Some(i) = self.failovers.iter().position(|f| *f == (client, round)) else { return false };
         self.failovers.remove(i);
         let home = self.assigned[client];
         let next = (home + 1) % self.relays.len();
-        tracing::info!(client, round, relay = next, "the ack is lost: the device fails over to the next relay");
+        tracing::info!(
+            client,
+            round,
+            relay = next,
+            "the connection is lost before the ack: the device fails over to the next relay"
+        );
         self.assigned[client] = next;
         self.away.push((client, round, home));
         true
@@ -300,6 +305,7 @@ impl VirtualRelay {
                     self.counts.refolded += u64::from(again.is_some());
                     self.uplink.refolded(again);
                 }
+                UplinkAction::Verdict(verdict) => self.engine.handle_parent_verdict(verdict),
                 UplinkAction::Counted(outcome) => match outcome {
                     "sent" => self.counts.sent += 1,
                     "acked" => self.counts.acked += 1,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anchorage_server::engine::{Action, Engine};
+use anchorage_server::engine::{Action, Engine, Persist};
 use anchorage_shared::protocol::Message;
 
 use super::events::Event;
@@ -24,21 +24,13 @@ impl VirtualRun {
     /// changes into its store, and its closed round's partial aggregate up its link to the root.
     pub(super) fn on_relay_action(&mut self, r: usize, action: Action) -> anyhow::Result<()> {
         let now = self.now;
-        if let Action::Send { msg: Message::Ack(ack), .. } = &action
-            && self.tier.as_mut().is_some_and(|t| t.restarts_at(r, ack.round))
-        {
-            // The process dies once the update is in its store, before the ack goes out.
-            return self.restart_relay(r);
+        if let Action::Persist(Persist::Accepted(accepted)) = &action {
+            return self.accepted_at_relay(r, &action, &accepted.client, accepted.update.round);
         }
         if let Action::Send { to, msg: Message::Ack(ack) } = &action
             && let Some(&client) = self.index.get(to)
             && self.tier.as_ref().is_some_and(|t| t.relay_of(client) == r)
         {
-            if self.tier.as_mut().is_some_and(|t| t.fails_over(client, ack.round)) {
-                // The ack is lost with the connection; the device comes back on its next relay.
-                self.reconnect_elsewhere(r, client);
-                return Ok(());
-            }
             if self.tier.as_mut().is_some_and(|t| t.acked_away(client, ack.round)) {
                 // Acked where it failed over to: once the ack is in, it goes back to its own relay.
                 let back_after = FAILOVER_DELAY;
@@ -70,6 +62,28 @@ impl VirtualRun {
                 }
             }
             Action::Finished => {}
+        }
+        Ok(())
+    }
+
+    /// Relay `r` accepted `client`'s update of `round`: committed to its store first; then the
+    /// process dies there if a restart is due (its first update of the round is in the store), or
+    /// the device's connection breaks if it fails over then (before its ack, which waits for the
+    /// root's ack of the relay's partial).
+    fn accepted_at_relay(&mut self, r: usize, action: &Action, client: &str, round: u64) -> anyhow::Result<()> {
+        let Some(tier) = self.tier.as_mut() else { return Ok(()) };
+        if let Action::Persist(persist) = action {
+            tier.relays[r].persist(persist)?;
+        }
+        if tier.restarts_at(r, round) {
+            return self.restart_relay(r);
+        }
+        if let Some(&i) = self.index.get(client)
+            && tier.relay_of(i) == r
+            && tier.fails_over(i, round)
+        {
+            // The device comes back on its next relay and sends its update again there.
+            self.reconnect_elsewhere(r, i);
         }
         Ok(())
     }

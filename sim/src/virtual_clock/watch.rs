@@ -20,12 +20,6 @@ pub enum Seen {
         round: u64,
         aggregated: bool,
     },
-    /// Relay `relay`'s partial of `round` (these members in it) reached the root.
-    PartialArrived {
-        relay: usize,
-        round: u64,
-        members: Vec<String>,
-    },
     /// The root acked relay `relay`'s partial of `round` (these members in it) as aggregated.
     PartialAccepted {
         relay: usize,
