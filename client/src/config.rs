@@ -173,6 +173,11 @@ pub struct ClientConfig {
     /// goes to whichever of them the device reaches.
     #[serde(default)]
     pub fallbacks: Vec<String>,
+    /// Seconds on a fallback before the device goes back to `server` (its own relay), at the
+    /// first moment it holds no unacked update; a device that cannot reach it fails over again
+    /// and waits as long once more.
+    #[serde(default = "default_home_after_secs")]
+    pub home_after_secs: u64,
     /// The name the server's certificate must carry (a DNS name or an IP address).
     #[serde(default = "default_server_name")]
     pub server_name: String,
@@ -235,6 +240,10 @@ pub struct ClientConfig {
     /// device only masked, and the server learns only the round's sum. Off by default.
     #[serde(default)]
     pub secure_aggregation: bool,
+}
+
+fn default_home_after_secs() -> u64 {
+    60
 }
 
 fn default_server_name() -> String {

@@ -146,6 +146,7 @@ pub fn options(config: &ClientConfig) -> anyhow::Result<ClientOptions> {
         .with_context(|| format!("reading the pinned server certificate {}", config.server_cert.display()))?;
     let mut options = ClientOptions::new(config.server_addr()?, cert.into(), config.client_id.clone());
     options.fallbacks = config.fallback_addrs()?;
+    options.home_after = std::time::Duration::from_secs(config.home_after_secs);
     options.client_cert = match (&config.cert, &config.key) {
         (Some(cert), Some(key)) => {
             let read = |p: &std::path::Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));

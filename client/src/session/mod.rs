@@ -196,6 +196,12 @@ impl Session {
         self.refused.as_ref()
     }
 
+    /// Whether the device holds nothing in flight: idle, no update waiting for its ack (it may
+    /// change servers without losing a round's work).
+    pub fn at_rest(&self) -> bool {
+        self.state == SessionState::Idle && self.pending.is_none()
+    }
+
     /// The update waiting for an acknowledgement, if any.
     pub fn pending(&self) -> Option<&Update> {
         self.pending.as_ref()

@@ -49,6 +49,11 @@ pub async fn run(
         let reason = match ended {
             Ended::Exit(reason) => return Ok(reason),
             Ended::Refused(refused) => return Err(client.refused(refused)),
+            Ended::Home => {
+                client.session.disconnected();
+                client.options.go_home();
+                continue;
+            }
             Ended::Lost(reason) => reason,
         };
         client.session.disconnected();
@@ -106,10 +111,11 @@ pub(super) type TrainingDone = (u64, Result<(Trained, Duration, Option<Readings>
 /// An upload's round and what it took, from its task.
 pub(super) type Uploaded = (u64, UploadMeasure);
 
-/// How a connection ended: lost (reconnect), the client's exit with its reason, or the server's
-/// refusal for good.
+/// How a connection ended: lost (reconnect), closed to go back to the device's own address
+/// from a fallback, the client's exit with its reason, or the server's refusal for good.
 enum Ended {
     Lost(String),
+    Home,
     Exit(String),
     Refused(Refused),
 }
@@ -244,7 +250,13 @@ impl Client {
             }
             tokio::select! {
                 message = inbound.recv() => match message {
-                    Some(Inbound::Message { msg, wire_bytes }) => self.on_message(msg, wire_bytes),
+                    Some(Inbound::Message { msg, wire_bytes }) => {
+                        self.on_message(msg, wire_bytes);
+                        if self.options.due_home() && self.session.at_rest() {
+                            conn.close(quinn::VarInt::from_u32(0), b"back to its own server");
+                            break 'conn Ended::Home;
+                        }
+                    }
                     Some(Inbound::Closed(reason)) => break 'conn Ended::Lost(reason),
                     None => break 'conn Ended::Lost("connection readers ended".into()),
                 },

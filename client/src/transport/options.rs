@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anchorage_shared::frame::DEFAULT_MAX_FRAME;
 use rustls::pki_types::CertificateDer;
@@ -19,6 +19,12 @@ pub struct ClientOptions {
     /// Other addresses of the federation (a tier's other relays): after a failed
     /// attempt or a lost connection the device tries the next, round robin ([`ClientOptions::fail_over`]).
     pub fallbacks: Vec<SocketAddr>,
+    /// On a fallback, how long the device stays before it goes back to its own address (the
+    /// first `server`) at the next moment it holds nothing unacked ([`ClientOptions::due_home`]):
+    /// a restarted relay gets its devices back.
+    pub home_after: Duration,
+    /// The device's own address and since when it has been on a fallback; `None` at home.
+    away: Option<(SocketAddr, Instant)>,
     /// Name in the server's certificate.
     pub server_name: String,
     /// The only certificate this client trusts: the project CA's (`ca.der`), or, against a
@@ -111,14 +117,41 @@ impl ClientOptions {
             return;
         }
         let next = self.fallbacks.remove(0);
-        self.fallbacks.push(std::mem::replace(&mut self.server, next));
+        let left = std::mem::replace(&mut self.server, next);
+        self.fallbacks.push(left);
+        match self.away {
+            None => self.away = Some((left, Instant::now())),
+            Some((home, _)) if home == self.server => self.away = None,
+            Some(_) => {}
+        }
         tracing::info!(client = %self.client_id, server = %self.server, "failing over to the next address");
+    }
+
+    /// Whether the device has been on a fallback for `home_after`: time to go back to its own
+    /// address ([`ClientOptions::go_home`]).
+    pub fn due_home(&self) -> bool {
+        self.away.is_some_and(|(_, since)| since.elapsed() >= self.home_after)
+    }
+
+    /// Back to the device's own address, the fallbacks in their round-robin order again. If it
+    /// cannot be reached, the next failover starts the wait of `home_after` again.
+    pub fn go_home(&mut self) {
+        let Some((home, _)) = self.away else { return };
+        for _ in 0..=self.fallbacks.len() {
+            if self.server == home {
+                break;
+            }
+            self.fail_over();
+        }
+        tracing::info!(client = %self.client_id, server = %self.server, "back to its own address");
     }
 
     pub fn new(server: SocketAddr, server_cert: CertificateDer<'static>, client_id: impl Into<String>) -> Self {
         Self {
             server,
             fallbacks: Vec::new(),
+            home_after: Duration::from_secs(60),
+            away: None,
             server_name: "localhost".into(),
             server_cert,
             client_cert: None,

@@ -40,6 +40,32 @@ fn fail_over_takes_the_next_address_round_robin() {
     assert_eq!(options.fallbacks.len(), 2);
 }
 
+/// A device on a fallback goes back to its own address once `home_after` has passed, with
+/// the round-robin order as it was; at home, nothing is due.
+#[test]
+fn a_device_on_a_fallback_goes_back_to_its_own_address() {
+    let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let mut options = ClientOptions::new(addr(1), CertificateDer::from(vec![0u8; 4]), "edge-1");
+    options.fallbacks = vec![addr(2), addr(3)];
+    options.home_after = std::time::Duration::from_secs(3600);
+    assert!(!options.due_home(), "at home");
+    options.fail_over();
+    options.fail_over();
+    assert_eq!(options.server, addr(3));
+    assert!(!options.due_home(), "away, not for long");
+    options.home_after = std::time::Duration::ZERO;
+    assert!(options.due_home());
+    options.go_home();
+    assert_eq!((options.server, options.fallbacks.clone()), (addr(1), vec![addr(2), addr(3)]));
+    assert!(!options.due_home(), "home again");
+    // Round robin back to its own address counts as home too.
+    options.fail_over();
+    options.fail_over();
+    options.fail_over();
+    assert_eq!(options.server, addr(1));
+    assert!(!options.due_home());
+}
+
 /// A method that never trains; it refuses any device state when `refuse_state`.
 struct Idle {
     refuse_state: bool,

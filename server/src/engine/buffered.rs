@@ -218,7 +218,11 @@ impl BufferedState {
         }
     }
 
-    /// Keeps `concurrency` clients training on the current version.
+    /// Keeps `concurrency` clients training on the current version. A client whose update waits
+    /// in the buffer is not dispatched again before the buffer becomes a version: a device is
+    /// counted at most once in a version (one voice for the robust rules, one contribution per
+    /// device for the accountant). When nobody is left to add to the buffer (every connected
+    /// client is in it, trained on this version, or gone), the buffer forms a short version.
     fn dispatch(&mut self, core: &mut Core, now: Duration) {
         if core.is_finished() {
             return;
@@ -231,8 +235,18 @@ impl BufferedState {
             entry.insert(Arc::new(core.global().to_vec()));
             self.version_started = now;
         }
-        let idle: Vec<ClientId> =
-            core.idle_before(version).filter(|id| !self.in_flight.contains_key(*id)).cloned().collect();
+        let buffered = |id: &ClientId| self.buffer.iter().any(|(c, ..)| c == id);
+        let idle: Vec<ClientId> = core
+            .idle_before(version)
+            .filter(|id| !self.in_flight.contains_key(*id) && !buffered(id))
+            .cloned()
+            .collect();
+        if idle.is_empty() && self.in_flight.is_empty() && !self.buffer.is_empty() {
+            // Nobody can add to the buffer before a new version: it forms with what it holds.
+            tracing::info!(held = self.buffer.len(), buffer = self.buffer_size, "buffered: a short version");
+            self.aggregate(core, now);
+            return self.dispatch(core, now);
+        }
         let free = self.concurrency.saturating_sub(self.in_flight.len()).min(idle.len());
         if free == 0 {
             return;

@@ -157,9 +157,9 @@ trait ModeState {
     fn secagg_held_vectors(&self) -> Option<usize> {
         None
     }
-    /// A relay's parent moved on to a newer round: the round open here closes with what it
+    /// A relay's parent moved on to round `round`: the round open here closes with what it
     /// holds.
-    fn close_for_parent(&mut self, _core: &mut Core, _now: Duration) {}
+    fn close_for_parent(&mut self, _core: &mut Core, _now: Duration, _round: u64) {}
     /// Takes back what a store recovered: the round that was open and the accepted updates no
     /// version aggregated yet, and who the last closed round aggregated.
     fn restore(

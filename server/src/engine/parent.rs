@@ -92,7 +92,11 @@ impl Engine {
             return;
         }
         let (core, mode) = self.mode_mut();
-        mode.close_for_parent(core, now);
+        mode.close_for_parent(core, now, round);
+        if round - 1 > core.last_round() {
+            // Rounds the parent ran without this relay: its numbers continue above them.
+            core.push(Action::Persist(super::Persist::PassedOver { through: round - 1 }));
+        }
         core.take_parent_model(round - 1, broadcast.blocks.clone());
         if let Some(relay) = core.relay_mut() {
             relay.queue(broadcast);

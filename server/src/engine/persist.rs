@@ -26,6 +26,9 @@ pub enum Persist {
     Accepted(Arc<AcceptedUpdate>),
     /// A new global version and the close of the round that made it, in one transaction.
     Closed { checkpoint: Arc<Checkpoint>, report: Arc<RoundReport> },
+    /// A relay's parent ran rounds up to `through` without it (the relay was down or cut off):
+    /// its round numbers continue above `through`. Committed before the next round opens.
+    PassedOver { through: u64 },
 }
 
 /// A round as it opened.

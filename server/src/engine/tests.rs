@@ -447,6 +447,44 @@ fn buffered_mode_keeps_clients_busy_and_aggregates_every_k_updates() {
     assert_eq!(e.last_round(), 1);
 }
 
+/// A device whose update waits in the buffer trains again only on the next version: it is
+/// counted once in a version (the swarm's seeds 482, 495, 623 and 804 counted one twice). When
+/// nobody is left to fill the buffer, it forms a short version.
+#[test]
+fn a_buffered_device_is_counted_once_in_a_version() {
+    let mut e = engine(buffered(2, 3, 5));
+    let first = dispatched(&join(&mut e, secs(0), &["a", "b", "c"]));
+    assert_eq!(first.len(), 3);
+    let (x, y, z) = (first[0].0.clone(), first[1].0.clone(), first[2].0.clone());
+    e.handle_message(secs(1), &x, update(1, &[2.0, 2.0], 1));
+    e.handle_message(secs(2), &y, update(1, &[4.0, 4.0], 1));
+    assert_eq!(reports(&drain(&mut e)).len(), 1, "version 1 from x and y");
+    // z trained on version 0: its update waits in the buffer, and z is not sent version 1.
+    e.handle_message(secs(3), &z, update(1, &[0.0, 0.0], 1));
+    let a3 = drain(&mut e);
+    assert_eq!(acks(&a3, &z), vec![(1, true)]);
+    assert!(!dispatched(&a3).iter().any(|(c, _)| c == &z), "z is in the buffer: {:?}", dispatched(&a3));
+    e.handle_message(secs(4), &x, update(2, &[1.0, 1.0], 1));
+    let a4 = drain(&mut e);
+    let version = reports(&a4);
+    assert_eq!(version.len(), 1, "version 2 from z's and x's");
+    let counted: Vec<&str> = version[0].updates.iter().map(|u| u.client.as_str()).collect();
+    assert_eq!(counted.len(), 2);
+    assert!(counted.contains(&z.as_str()) && counted.contains(&x.as_str()), "{counted:?}");
+    assert!(dispatched(&a4).iter().any(|(c, round)| c == &z && *round == 3), "z trains on version 2");
+
+    // A buffer of three and two devices: once both wait in it, it forms a short version.
+    let mut e = engine(buffered(3, 2, 5));
+    let first = dispatched(&join(&mut e, secs(0), &["a", "b"]));
+    e.handle_message(secs(1), &first[0].0, update(1, &[2.0, 2.0], 1));
+    assert!(reports(&drain(&mut e)).is_empty());
+    e.handle_message(secs(2), &first[1].0, update(1, &[4.0, 4.0], 1));
+    let a2 = drain(&mut e);
+    let version = reports(&a2);
+    assert_eq!((version.len(), version[0].updates.len()), (1, 2), "a short version of two");
+    assert_eq!(dispatched(&a2).len(), 2, "both train on version 1");
+}
+
 /// A device dispatched to train on version 0 that answers with round 0 (no training's round)
 /// is refused, not taken for version 0's update (whose rebase would read version −1).
 #[test]

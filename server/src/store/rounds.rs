@@ -31,6 +31,7 @@ impl ServerStore {
             Persist::Invited { round, sampled } => reinvite(&tx, *round, sampled),
             Persist::Accepted(accepted) => self.accept(&tx, accepted),
             Persist::Closed { checkpoint, report } => self.close(&tx, checkpoint, report),
+            Persist::PassedOver { through } => super::witness::raise_round_floor(&tx, *through),
         };
         result.and_then(|()| tx.commit()).map_err(|e| self.classify(e))?;
         if !matches!(persist, Persist::Seen { .. }) {

@@ -81,6 +81,21 @@ pub(super) fn round_floor(conn: &Connection) -> rusqlite::Result<u64> {
     Ok(stored.and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok()).map_or(0, u64::from_le_bytes))
 }
 
+fn set_round_floor(conn: &Connection, floor: u64) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES ('round_floor', ?1)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        [floor.to_le_bytes().as_slice()],
+    )?;
+    Ok(())
+}
+
+/// Round numbers continue above `floor` (a relay's parent ran rounds without it); a lower
+/// floor than the one held changes nothing.
+pub(super) fn raise_round_floor(conn: &Connection, floor: u64) -> rusqlite::Result<()> {
+    if floor > round_floor(conn)? { set_round_floor(conn, floor) } else { Ok(()) }
+}
+
 /// How far a database has come: its newest round (a round row or an accepted update's, or the
 /// floor an accepted rollback set), whether that round closed, and its accepted updates.
 pub(super) fn stored_witness(conn: &Connection) -> rusqlite::Result<Witness> {
@@ -158,13 +173,7 @@ impl ServerStore {
             // (its devices trained on a model from before the rollback point anyway).
             tx.execute("DELETE FROM updates WHERE closed_in IS NULL", [])
                 .and_then(|_| tx.execute("DELETE FROM rounds WHERE status = 'open'", []))
-                .and_then(|_| {
-                    tx.execute(
-                        "INSERT INTO meta (key, value) VALUES ('round_floor', ?1)
-                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                        [floor.to_le_bytes().as_slice()],
-                    )
-                })
+                .and_then(|_| set_round_floor(&tx, floor))
                 .and_then(|_| tx.commit())
                 .map_err(|e| store.classify(e))?;
         }

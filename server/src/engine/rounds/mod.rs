@@ -258,8 +258,8 @@ impl ModeState for RoundsState {
         self.held_vectors()
     }
 
-    fn close_for_parent(&mut self, core: &mut Core, now: Duration) {
-        self.close_as_parent_moved_on(core, now);
+    fn close_for_parent(&mut self, core: &mut Core, now: Duration, round: u64) {
+        self.close_as_parent_moved_on(core, now, round);
     }
 
     fn restore(
@@ -302,7 +302,8 @@ impl ModeState for RoundsState {
 impl RoundsState {
     /// An update for a round that is not open: a copy of one the last round aggregated is a
     /// duplicate (acked again); one for an older round is late (acked, counted, not aggregated,
-    /// if its values pass the screen); one for a round not yet open is refused.
+    /// if its values pass the screen); one for a round not yet open is refused (as busy, so the
+    /// device keeps it, when it is the round a restarted relay waits to reopen).
     fn update_outside_round(&mut self, core: &mut Core, client: &str, update: &Update) {
         let round = update.round;
         if round == core.last_round() && self.last_accepted.contains(client) {
@@ -318,6 +319,11 @@ impl RoundsState {
             core.count_late();
             tracing::info!(client, round, "late update counted, not aggregated");
             core.ack(client, round, false);
+        } else if self.stashed.as_ref().is_some_and(|(o, _)| o.round == round) {
+            // A restarted relay's round reopens on its parent's broadcast, which goes to the
+            // devices it waits for: the device keeps its update and sends it then.
+            let detail = format!("round {round} resumes here when the parent sends it again");
+            core.refuse(client, RefusalReason::ServerBusy, detail);
         } else {
             core.refuse(client, RefusalReason::NotSampled, format!("round {round} is not open"));
         }

@@ -23,13 +23,7 @@ impl RoundsState {
     /// invitations and the updates it had acked (durable already); it closes at once if full.
     pub(super) fn reopen(&mut self, core: &mut Core, now: Duration, opened: OpenedRound, pending: Vec<AcceptedUpdate>) {
         tracing::info!(round = opened.round, accepted = pending.len(), "a relay resumes the round open at its crash");
-        let sampled = opened.sampled.into_iter().collect();
-        let mut round = open_round_record(core, now, opened.round, opened.target, sampled, None);
-        for p in pending {
-            let at = p.arrived_after;
-            round.updates.insert(p.client.clone(), (Arc::new(p), at));
-        }
-        core.note_invited(round.round, round.sampled.iter().cloned());
+        let round = resumed(core, now, opened, pending);
         let waiting: Vec<ClientId> =
             round.sampled.iter().filter(|c| !round.updates.contains_key(*c)).cloned().collect();
         round.broadcast_to(core, waiting);
@@ -40,14 +34,38 @@ impl RoundsState {
         }
     }
 
-    /// A relay's parent moved on to a newer round: the round open here closes now with what it
-    /// holds.
-    pub(super) fn close_as_parent_moved_on(&mut self, core: &mut Core, now: Duration) {
+    /// A relay's parent moved on to round `round`: the round open here closes now with what it
+    /// holds, and so does an older round open at a crash that never opened again (its parent's
+    /// broadcast of it never came): the store holds one open round at a time.
+    pub(super) fn close_as_parent_moved_on(&mut self, core: &mut Core, now: Duration, round: u64) {
+        if self.open.is_none()
+            && let Some((opened, pending)) = self.stashed.take_if(|(o, _)| o.round < round)
+        {
+            tracing::info!(
+                round = opened.round,
+                accepted = pending.len(),
+                "the parent moved on from the round open at the crash"
+            );
+            self.open = Some(resumed(core, now, opened, pending));
+        }
         if self.open.is_some() {
             tracing::info!(round = self.open.as_ref().map(|o| o.round), "the parent moved on; closing the round here");
             self.close_round(core, now);
         }
     }
+}
+
+/// The round open at a relay's crash, built again with its invitations and the updates it had
+/// accepted (durable already).
+fn resumed(core: &mut Core, now: Duration, opened: OpenedRound, pending: Vec<AcceptedUpdate>) -> OpenRound {
+    let sampled = opened.sampled.into_iter().collect();
+    let mut round = open_round_record(core, now, opened.round, opened.target, sampled, None);
+    for p in pending {
+        let at = p.arrived_after;
+        round.updates.insert(p.client.clone(), (Arc::new(p), at));
+    }
+    core.note_invited(round.round, round.sampled.iter().cloned());
+    round
 }
 
 /// A relay takes the update of its parent's open round from a device it did not invite: one
