@@ -499,6 +499,12 @@ impl Setup {
         client_range: std::ops::Range<usize>,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(config.federation.clients >= 1, "need at least one client");
+        let min_available = config.federation.min_available.unwrap_or(config.federation.clients);
+        anyhow::ensure!(
+            min_available <= config.federation.clients,
+            "min_available = {min_available} exceeds clients = {}: no round could ever open",
+            config.federation.clients
+        );
         anyhow::ensure!(
             client_range.end <= config.federation.clients,
             "clients {client_range:?} are outside the federation's {}",

@@ -326,6 +326,9 @@ impl BufferedState {
     /// Makes a new version from the buffer.
     fn aggregate(&mut self, core: &mut Core, now: Duration) {
         let entries = std::mem::take(&mut self.buffer);
+        // Invariant: a device is counted at most once in a version (`dispatch` keeps it so).
+        let devices: std::collections::BTreeSet<&str> = entries.iter().map(|(c, ..)| c.as_str()).collect();
+        assert_eq!(devices.len(), entries.len(), "a device twice in version {}'s buffer", core.last_round() + 1);
         let (outcome, screened, influence) = self.aggregate_entries(core, &entries);
         let started = self.version_started;
         let report = RoundReport {

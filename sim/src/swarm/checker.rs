@@ -105,6 +105,10 @@ pub struct Expect {
     pub hostile: BTreeSet<usize>,
 }
 
+/// However few devices are online, a run that closes no round for this many stall bounds is
+/// over: a federation that cannot go on is a broken `liveness`, never a run that goes on forever.
+pub const GIVE_UP_AFTER_STALLS: u32 = 8;
+
 /// The checker's state over one run.
 #[derive(Debug)]
 pub struct Checker {
@@ -412,14 +416,15 @@ impl Checker {
     }
 
     /// Liveness: no round has closed for longer than a healthy federation allows, while enough
-    /// honest devices are online.
+    /// honest devices are online (or for [`GIVE_UP_AFTER_STALLS`] times as long, however many are).
     fn stalled(&mut self, now: Duration) -> Verdict {
         if self.finished || now.saturating_sub(self.last_progress) <= self.expect.stall {
             return Ok(());
         }
         self.checks += 1;
         let honest = self.online.iter().filter(|c| !self.expect.hostile.contains(c)).count();
-        if honest < self.expect.min_available {
+        let waited = now.saturating_sub(self.last_progress);
+        if honest < self.expect.min_available && waited <= self.expect.stall * GIVE_UP_AFTER_STALLS {
             return Ok(());
         }
         Err((

@@ -105,6 +105,24 @@ fn feed(checker: &mut Checker, seen: Vec<Seen>) -> Option<Invariant> {
     })
 }
 
+/// With fewer honest devices online than `min_available` a stall is no broken promise, until
+/// it lasts [`super::checker::GIVE_UP_AFTER_STALLS`] stall bounds: then the run ends as broken
+/// `liveness` instead of going on forever (`clients` below `min_available` did, in `--shrink`).
+#[test]
+fn a_federation_that_cannot_go_on_ends_as_broken_liveness() {
+    let at = |secs: u64, seen: &[Seen]| -> Option<Invariant> {
+        let mut checker = Checker::new(Expect { min_available: 3, ..expect(false) });
+        let first = Step { number: 1, now: Duration::ZERO, seen };
+        checker.step(&first).err().map(|v| v.invariant).or_else(|| {
+            let later = Step { number: 2, now: Duration::from_secs(secs), seen: &[] };
+            checker.step(&later).err().map(|v| v.invariant)
+        })
+    };
+    let stall = expect(false).stall.as_secs();
+    assert_eq!(at(stall * 2, &[]), None, "2 honest devices of min_available 3: no promise yet");
+    assert_eq!(at(stall * u64::from(super::checker::GIVE_UP_AFTER_STALLS) + 1, &[]), Some(Invariant::Liveness));
+}
+
 #[test]
 fn a_device_back_and_never_invited_again_is_caught() {
     let back = |invited: bool| {
@@ -162,8 +180,12 @@ fn a_federation_the_table_refuses_is_refused_before_the_run() {
 /// both modes, SecAgg, DP, hostile devices, crashes and cycles; each must hold. 29 and 84
 /// failed every round before a secure round waited for three devices; 23 and 88 broke
 /// `ack_means_counted` while a relay acked an update on its arrival (its partial reached the
-/// root after the root closed the round: a slow link, a restart in the last round).
-pub(super) const CI_SEEDS: &[u64] = &[2, 3, 5, 6, 7, 9, 10, 11, 13, 16, 23, 29, 58, 84, 88];
+/// root after the root closed the round: a slow link, a restart in the last round); 482 broke
+/// `counted_once` while a buffered device could be dispatched again with its update in the
+/// buffer; 568 (`liveness`) while a restarted relay told devices resending the round it waited
+/// to reopen that they were not sampled; 1385 (`liveness`) while a relay's store could hold two
+/// open rounds, or a round above a gap its parent ran without it.
+pub(super) const CI_SEEDS: &[u64] = &[2, 3, 5, 6, 7, 9, 10, 11, 13, 16, 23, 29, 58, 84, 88, 482, 568, 1385];
 
 #[test]
 fn the_ci_seeds_hold() {
@@ -220,4 +242,27 @@ fn a_buffered_version_that_devices_gave_up_on_still_fills() {
     let drawn = super::Drawn { toml: BUFFERED_GIVEN_UP.into(), faults: Default::default() };
     let outcome = super::run_drawn(45, &drawn, None);
     assert!(matches!(outcome.verdict, Verdict::Held { rounds: 6 }), "{:?}", outcome.verdict);
+}
+
+/// `--shrink` finds a smaller federation that breaks the same promise: seed 2 under the
+/// count-twice mutation shrinks, within 40 runs, to a config with fewer keys and no more
+/// clients or rounds, which still breaks `counted_once` when run again.
+#[test]
+fn shrink_finds_a_smaller_config_that_breaks_the_same_promise() {
+    let drawn = draw(2);
+    let (small, runs) = super::shrink(2, &drawn, Some(Mutation::CountTwice), Invariant::CountedOnce, 40);
+    assert!(runs > 0 && runs <= 40, "{runs} runs");
+    let keys = |t: &str| t.lines().filter(|l| l.contains(" = ")).count();
+    assert!(keys(&small.toml) < keys(&drawn.toml), "smaller:\n{}", small.toml);
+    let table: toml::Table = toml::from_str(&small.toml).unwrap();
+    let drawn_table: toml::Table = toml::from_str(&drawn.toml).unwrap();
+    for key in ["clients", "rounds"] {
+        assert!(table[key].as_integer() <= drawn_table[key].as_integer(), "{key}: {}", small.toml);
+    }
+    let again = super::run_drawn(2, &small, Some(Mutation::CountTwice));
+    assert!(
+        matches!(&again.verdict, Verdict::Broken(v) if v.invariant == Invariant::CountedOnce),
+        "{:?}",
+        again.verdict
+    );
 }
