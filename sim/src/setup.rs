@@ -482,6 +482,18 @@ fn prepare_data(config: &SimConfig) -> anyhow::Result<Prepared> {
     Ok(Prepared { train: loaded.train, test: loaded.test, split, source: loaded.source })
 }
 
+/// A federation that can run: at least one client, and no more needed for a round than there are.
+fn feasible(config: &SimConfig) -> anyhow::Result<()> {
+    let clients = config.federation.clients;
+    anyhow::ensure!(clients >= 1, "need at least one client");
+    let min_available = config.federation.min_available.unwrap_or(clients);
+    anyhow::ensure!(
+        min_available <= clients,
+        "min_available = {min_available} exceeds clients = {clients}: no round could ever open"
+    );
+    Ok(())
+}
+
 impl Setup {
     /// The whole federation, every client built.
     pub(crate) fn new(config: &SimConfig, charge: Charge) -> anyhow::Result<Self> {
@@ -498,13 +510,7 @@ impl Setup {
         charge: Charge,
         client_range: std::ops::Range<usize>,
     ) -> anyhow::Result<Self> {
-        anyhow::ensure!(config.federation.clients >= 1, "need at least one client");
-        let min_available = config.federation.min_available.unwrap_or(config.federation.clients);
-        anyhow::ensure!(
-            min_available <= config.federation.clients,
-            "min_available = {min_available} exceeds clients = {}: no round could ever open",
-            config.federation.clients
-        );
+        feasible(config)?;
         anyhow::ensure!(
             client_range.end <= config.federation.clients,
             "clients {client_range:?} are outside the federation's {}",

@@ -467,3 +467,101 @@ async fn a_device_fails_over_to_another_relay_and_is_counted_once() {
     let at_root: Vec<String> = accepted(&root_db).into_iter().map(|(c, _, _)| c).collect();
     assert_eq!(at_root, vec!["relay-b".to_string()]);
 }
+
+/// A device's method for the tier: its update nudges the broadcast's blocks.
+struct Nudge;
+
+impl anchorage_client::methods::ClientMethod for Nudge {
+    fn name(&self) -> &'static str {
+        "fedavg"
+    }
+    fn num_samples(&self) -> u64 {
+        10
+    }
+    fn train(
+        &mut self,
+        b: &anchorage_shared::protocol::Broadcast,
+    ) -> Result<anchorage_client::methods::Trained, anchorage_client::methods::TrainError> {
+        let nudged = |block: &ParamBlock| {
+            let values: Vec<f32> = block.decode().unwrap().iter().map(|v| v + 1e-3).collect();
+            ParamBlock::encode(block.name.clone(), &block.tensor.shape, &values, Encoding::F32)
+        };
+        let blocks = b.blocks.iter().map(nudged).collect();
+        Ok(anchorage_client::methods::Trained {
+            prototypes_are: Default::default(),
+            num_samples: 10,
+            blocks,
+            prototypes: vec![],
+            metrics: vec![],
+        })
+    }
+    fn global_accuracy(
+        &self,
+        _: &anchorage_shared::protocol::Broadcast,
+        _: &anchorage_model::FeatureCache,
+    ) -> Result<Option<f64>, anchorage_client::methods::TrainError> {
+        Ok(None)
+    }
+    fn initial_blocks(&self) -> Result<Vec<ParamBlock>, anchorage_client::methods::TrainError> {
+        Ok(Vec::new())
+    }
+}
+
+/// A relay that was down gets its device back: the real client, its own relay A not yet
+/// running, fails over to relay B and trains a round there; A starts; after its next ack at B
+/// (`home_after` 0 s) the device goes back to A, and A's database holds the device's update of a
+/// later round (before, the device stayed on B and A held no device: the root waited out A's
+/// deadline every round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_device_goes_back_to_its_own_relay_once_it_is_up() {
+    use anchorage_client::transport::{Backoff, ClientEvent, ClientOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut ca = ProjectCa::init(&dir.join("ca"), "relay-home-test", 30).unwrap();
+    anchorage_server::model_file::save(&dir.join("initial-model.bin"), &[block(&[0.0; 16])]).unwrap();
+    site(&mut ca, dir, Kind::Server, "root");
+    site(&mut ca, dir, Kind::Relay, "relay-a");
+    site(&mut ca, dir, Kind::Relay, "relay-b");
+    let root_addr = free_udp_port();
+    let mut root_config = config(dir, "root", root_addr, 1, None);
+    (root_config.engine.rounds, root_config.engine.round_deadline) = (8, Duration::from_secs(4));
+    let root = tokio::spawn(anchorage_server::service::serve(root_config));
+    let (a_addr, b_addr) = (free_udp_port(), free_udp_port());
+    let relay_b = tokio::spawn(anchorage_server::service::serve(config(dir, "relay-b", b_addr, 1, Some(root_addr))));
+
+    let cert = device_certs(&mut ca, 1).pop().unwrap();
+    let mut options = ClientOptions::new(a_addr, ca.cert().clone(), device_id(0));
+    options.client_cert = Some(std::sync::Arc::new(cert));
+    options.fallbacks = vec![b_addr];
+    options.home_after = Duration::ZERO;
+    options.connect_timeout = Duration::from_millis(500);
+    options.keep_alive = Duration::from_secs(1);
+    options.backoff =
+        Backoff { initial: Duration::from_millis(100), max: Duration::from_millis(500), max_attempts: None };
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    options.stop = Some(stop);
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let device = tokio::spawn(anchorage_client::transport::run(options, Box::new(Nudge), Some(tx)));
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(60), events.recv()).await;
+        match event.expect("a round done at relay B").expect("the device runs") {
+            ClientEvent::RoundDone { aggregated, .. } => {
+                assert!(aggregated, "counted through relay B");
+                break;
+            }
+            ClientEvent::Finished { reason } => panic!("the device finished: {reason}"),
+            _ => {}
+        }
+    }
+    let b_db = dir.join("relay-b").join("state").join(anchorage_server::store::DB_FILE);
+    assert!(accepted(&b_db).iter().any(|(c, _, _)| c == &device_id(0)), "the first round went through B");
+    let relay_a = tokio::spawn(anchorage_server::service::serve(config(dir, "relay-a", a_addr, 1, Some(root_addr))));
+    let a_db = dir.join("relay-a").join("state").join(anchorage_server::store::DB_FILE);
+    committed(&a_db, 1).await;
+    assert_eq!(accepted(&a_db).first().map(|(c, _, _)| c.clone()), Some(device_id(0)), "back on its own relay");
+    stop_tx.send(true).unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(10), device).await;
+    for task in [root, relay_a, relay_b] {
+        task.abort();
+    }
+}

@@ -196,10 +196,14 @@ impl Session {
         self.refused.as_ref()
     }
 
-    /// Whether the device holds nothing in flight: idle, no update waiting for its ack (it may
-    /// change servers without losing a round's work).
+    /// Whether the device holds nothing in flight: idle, no update waiting for its ack, no cost
+    /// record waiting for its confirmation, nothing queued to send (it may change servers
+    /// without losing a round's work or sending out of turn).
     pub fn at_rest(&self) -> bool {
-        self.state == SessionState::Idle && self.pending.is_none()
+        self.state == SessionState::Idle
+            && self.pending.is_none()
+            && self.actions.is_empty()
+            && self.reports.as_ref().is_none_or(|r| r.records().next().is_none())
     }
 
     /// The update waiting for an acknowledgement, if any.

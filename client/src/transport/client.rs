@@ -248,15 +248,13 @@ impl Client {
                     break 'conn ended;
                 }
             }
+            if self.options.due_home() && self.session.at_rest() {
+                conn.close(quinn::VarInt::from_u32(0), b"back to its own server");
+                break 'conn Ended::Home;
+            }
             tokio::select! {
                 message = inbound.recv() => match message {
-                    Some(Inbound::Message { msg, wire_bytes }) => {
-                        self.on_message(msg, wire_bytes);
-                        if self.options.due_home() && self.session.at_rest() {
-                            conn.close(quinn::VarInt::from_u32(0), b"back to its own server");
-                            break 'conn Ended::Home;
-                        }
-                    }
+                    Some(Inbound::Message { msg, wire_bytes }) => self.on_message(msg, wire_bytes),
                     Some(Inbound::Closed(reason)) => break 'conn Ended::Lost(reason),
                     None => break 'conn Ended::Lost("connection readers ended".into()),
                 },

@@ -40,14 +40,14 @@ pub fn relay_check(config: &EngineConfig, method: &MethodConfig) -> Result<(), s
 #[derive(Debug)]
 pub(super) enum RoleState {
     Root(RootState),
-    Relay(RelayState),
+    Relay(Box<RelayState>),
 }
 
 impl RoleState {
     pub(super) fn new(role: Role) -> Self {
         match role {
             Role::Root => Self::Root(RootState::default()),
-            Role::Relay => Self::Relay(RelayState::default()),
+            Role::Relay => Self::Relay(Box::default()),
         }
     }
 

@@ -30,12 +30,11 @@ impl VirtualRun {
         if let Action::Send { to, msg: Message::Ack(ack) } = &action
             && let Some(&client) = self.index.get(to)
             && self.tier.as_ref().is_some_and(|t| t.relay_of(client) == r)
+            && self.tier.as_mut().is_some_and(|t| t.acked_away(client, ack.round))
         {
-            if self.tier.as_mut().is_some_and(|t| t.acked_away(client, ack.round)) {
-                // Acked where it failed over to: once the ack is in, it goes back to its own relay.
-                let back_after = FAILOVER_DELAY;
-                self.queue.push(now + HOME_AFTER, Event::Offline { client, back_after, crash: false });
-            }
+            // Acked where it failed over to: once the ack is in, it goes back to its own relay.
+            let back_after = FAILOVER_DELAY;
+            self.queue.push(now + HOME_AFTER, Event::Offline { client, back_after, crash: false });
         }
         match action {
             Action::Send { .. } | Action::Close { .. } | Action::Broadcast { .. } => self.send_to_clients(action),
