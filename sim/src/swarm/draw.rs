@@ -114,7 +114,9 @@ pub fn draw(seed: u64) -> Drawn {
         );
     }
     if chance(&mut rng, 0.2) {
-        let _ = writeln!(t, "\n[secagg]\nenabled = true\nclip = 4.0");
+        // Each stage waits for answers as long as a round's broadcast needs over the link.
+        let stage_ms = 30_000 * slowness(link);
+        let _ = writeln!(t, "\n[secagg]\nenabled = true\nclip = 4.0\nstage_timeout = {stage_ms}");
     }
     let mut slowest = link;
     if chance(&mut rng, 0.4) {

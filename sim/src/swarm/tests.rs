@@ -184,8 +184,9 @@ fn a_federation_the_table_refuses_is_refused_before_the_run() {
 /// `counted_once` while a buffered device could be dispatched again with its update in the
 /// buffer; 568 (`liveness`) while a restarted relay told devices resending the round it waited
 /// to reopen that they were not sampled; 1385 (`liveness`) while a relay's store could hold two
-/// open rounds, or a round above a gap its parent ran without it.
-pub(super) const CI_SEEDS: &[u64] = &[2, 3, 5, 6, 7, 9, 10, 11, 13, 16, 23, 29, 58, 84, 88, 482, 568, 1385];
+/// open rounds, or a round above a gap its parent ran without it; 5878 (SecAgg over 3g) failed
+/// every round while the draw left the stages' timeout at 30 s.
+pub(super) const CI_SEEDS: &[u64] = &[2, 3, 5, 6, 7, 9, 10, 11, 13, 16, 23, 29, 58, 84, 88, 482, 568, 1385, 5878];
 
 #[test]
 fn the_ci_seeds_hold() {
