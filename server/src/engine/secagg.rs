@@ -303,6 +303,7 @@ impl SecAggRound {
                 return Step::Waiting;
             }
             let closing = self.state.stage();
+            let timed_out = self.state.awaiting() > 0 && self.stage_deadline.is_some();
             match self.state.advance() {
                 Ok(Advance::Next(next)) => {
                     if closing == Stage::ShareKeys {
@@ -315,6 +316,12 @@ impl SecAggRound {
                     self.unanswered.clear();
                 }
                 Ok(Advance::Done(aggregate)) => return self.done(aggregate, global),
+                Err(e) if timed_out => {
+                    let waited = self.stage_timeout.as_secs_f64();
+                    return self.fail(format!(
+                        "{e} (the {closing:?} stage waited its stage_timeout, {waited} s: raise it for slow links)"
+                    ));
+                }
                 Err(e) => return self.fail(e.to_string()),
             }
         }
