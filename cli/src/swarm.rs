@@ -73,7 +73,7 @@ pub(crate) fn swarm(args: SwarmArgs) -> anyhow::Result<()> {
             }
             Verdict::Refused(why) if args.seeds == 1 => println!("seed {seed}: refused before the run: {why}"),
             Verdict::Broken(v) => {
-                println!("{}", outcome.failure().unwrap_or_default());
+                println!("{}", outcome.failure_of(args.config.as_deref()).unwrap_or_default());
                 if args.shrink {
                     let (small, runs) = swarm::shrink(seed, &drawn, args.mutate, v.invariant, args.shrink_runs);
                     println!(

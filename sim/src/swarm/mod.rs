@@ -58,16 +58,16 @@ pub struct Outcome {
 impl Outcome {
     /// The line a failure prints, with the seed to reproduce it.
     pub fn failure(&self) -> Option<String> {
-        match &self.verdict {
-            Verdict::Broken(v) => {
-                let mutate = self.mutation.map(|m| format!(" --mutate {}", m.name())).unwrap_or_default();
-                Some(format!(
-                    "seed {}: {v}\n  reproduce with `anchorage swarm --seed {}{mutate}`",
-                    self.seed, self.seed
-                ))
-            }
-            _ => None,
-        }
+        self.failure_of(None)
+    }
+
+    /// [`Outcome::failure`] of a run of the config file `config` (`anchorage swarm --config`),
+    /// whose reproduce line names the file.
+    pub fn failure_of(&self, config: Option<&std::path::Path>) -> Option<String> {
+        let Verdict::Broken(v) = &self.verdict else { return None };
+        let mutate = self.mutation.map(|m| format!(" --mutate {}", m.name())).unwrap_or_default();
+        let file = config.map(|c| format!(" --config {}", c.display())).unwrap_or_default();
+        Some(format!("seed {}: {v}\n  reproduce with `anchorage swarm{file} --seed {}{mutate}`", self.seed, self.seed))
     }
 }
 
