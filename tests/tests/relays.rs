@@ -67,6 +67,18 @@ fn site(ca: &mut ProjectCa, dir: &Path, kind: Kind, id: &str) -> PathBuf {
     tls
 }
 
+/// A tier's folder: the project CA (`project` names it), the initial model, and the site of the
+/// root and of each relay in `relays`.
+fn tier_sites(dir: &Path, project: &str, relays: &[&str]) -> ProjectCa {
+    let mut ca = ProjectCa::init(&dir.join("ca"), project, 30).unwrap();
+    anchorage_server::model_file::save(&dir.join("initial-model.bin"), &[block(&[0.0; 16])]).unwrap();
+    site(&mut ca, dir, Kind::Server, "root");
+    for relay in relays {
+        site(&mut ca, dir, Kind::Relay, relay);
+    }
+    ca
+}
+
 /// server.toml for a root (no parent) or a relay, on `bind`, waiting for `min_available` peers.
 fn config(dir: &Path, id: &str, bind: SocketAddr, min_available: usize, parent: Option<SocketAddr>) -> ServerConfig {
     toml::from_str(&config_text(dir, id, bind, min_available, parent)).unwrap()
@@ -337,10 +349,7 @@ fn accepted(db: &Path) -> Vec<(String, u64, u64)> {
 async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let mut ca = ProjectCa::init(&dir.join("ca"), "relay-kill-test", 30).unwrap();
-    anchorage_server::model_file::save(&dir.join("initial-model.bin"), &[block(&[0.0; 16])]).unwrap();
-    site(&mut ca, dir, Kind::Server, "root");
-    site(&mut ca, dir, Kind::Relay, "relay-0");
+    let mut ca = tier_sites(dir, "relay-kill-test", &["relay-0"]);
     let root_addr = free_udp_port();
     let mut root_config = config(dir, "root", root_addr, 1, None);
     root_config.engine.rounds = 1;
@@ -404,11 +413,7 @@ async fn a_relay_killed_mid_round_loses_nothing_it_acked() {
 async fn a_device_fails_over_to_another_relay_and_is_counted_once() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let mut ca = ProjectCa::init(&dir.join("ca"), "relay-failover-test", 30).unwrap();
-    anchorage_server::model_file::save(&dir.join("initial-model.bin"), &[block(&[0.0; 16])]).unwrap();
-    site(&mut ca, dir, Kind::Server, "root");
-    site(&mut ca, dir, Kind::Relay, "relay-a");
-    site(&mut ca, dir, Kind::Relay, "relay-b");
+    let mut ca = tier_sites(dir, "relay-failover-test", &["relay-a", "relay-b"]);
     let root_addr = free_udp_port();
     let mut root_config = config(dir, "root", root_addr, 2, None);
     (root_config.engine.rounds, root_config.engine.min_fit) = (1, 1);
@@ -517,11 +522,7 @@ async fn a_device_goes_back_to_its_own_relay_once_it_is_up() {
     use anchorage_client::transport::{Backoff, ClientEvent, ClientOptions};
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let mut ca = ProjectCa::init(&dir.join("ca"), "relay-home-test", 30).unwrap();
-    anchorage_server::model_file::save(&dir.join("initial-model.bin"), &[block(&[0.0; 16])]).unwrap();
-    site(&mut ca, dir, Kind::Server, "root");
-    site(&mut ca, dir, Kind::Relay, "relay-a");
-    site(&mut ca, dir, Kind::Relay, "relay-b");
+    let mut ca = tier_sites(dir, "relay-home-test", &["relay-a", "relay-b"]);
     let root_addr = free_udp_port();
     let mut root_config = config(dir, "root", root_addr, 1, None);
     (root_config.engine.rounds, root_config.engine.round_deadline) = (8, Duration::from_secs(4));

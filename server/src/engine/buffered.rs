@@ -235,10 +235,10 @@ impl BufferedState {
             entry.insert(Arc::new(core.global().to_vec()));
             self.version_started = now;
         }
-        let buffered = |id: &ClientId| self.buffer.iter().any(|(c, ..)| c == id);
+        let buffered: std::collections::BTreeSet<&str> = self.buffer.iter().map(|(c, ..)| c.as_str()).collect();
         let idle: Vec<ClientId> = core
             .idle_before(version)
-            .filter(|id| !self.in_flight.contains_key(*id) && !buffered(id))
+            .filter(|id| !self.in_flight.contains_key(*id) && !buffered.contains(id.as_str()))
             .cloned()
             .collect();
         if idle.is_empty() && self.in_flight.is_empty() && !self.buffer.is_empty() {

@@ -24,8 +24,8 @@ impl VirtualRun {
     /// changes into its store, and its closed round's partial aggregate up its link to the root.
     pub(super) fn on_relay_action(&mut self, r: usize, action: Action) -> anyhow::Result<()> {
         let now = self.now;
-        if let Action::Persist(Persist::Accepted(accepted)) = &action {
-            return self.accepted_at_relay(r, &action, &accepted.client, accepted.update.round);
+        if let Action::Persist(persist @ Persist::Accepted(accepted)) = &action {
+            return self.accepted_at_relay(r, persist, &accepted.client, accepted.update.round);
         }
         if let Action::Send { to, msg: Message::Ack(ack) } = &action
             && let Some(&client) = self.index.get(to)
@@ -69,11 +69,9 @@ impl VirtualRun {
     /// process dies there if a restart is due (its first update of the round is in the store), or
     /// the device's connection breaks if it fails over then (before its ack, which waits for the
     /// root's ack of the relay's partial).
-    fn accepted_at_relay(&mut self, r: usize, action: &Action, client: &str, round: u64) -> anyhow::Result<()> {
+    fn accepted_at_relay(&mut self, r: usize, persist: &Persist, client: &str, round: u64) -> anyhow::Result<()> {
         let Some(tier) = self.tier.as_mut() else { return Ok(()) };
-        if let Action::Persist(persist) = action {
-            tier.relays[r].persist(persist)?;
-        }
+        tier.relays[r].persist(persist)?;
         if tier.restarts_at(r, round) {
             return self.restart_relay(r);
         }
