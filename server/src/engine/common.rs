@@ -518,7 +518,14 @@ impl Core {
     /// rounds until the operator decides (`anchorage-server accept-rollback`), so that a single
     /// hostile device cannot halt the federation with a made-up number. `round_open` says
     /// whether a round is open now (then no new one would open anyway).
+    ///
+    /// A relay takes no witness: its rounds are its parent's, and a device that failed over
+    /// trained rounds under a sibling relay that this relay never saw. The root takes the
+    /// relay's own last round as its witness instead.
     pub(super) fn compare_witness(&mut self, client: &str, last_round: Option<u64>, round_open: bool) {
+        if self.role() == Role::Relay {
+            return;
+        }
         let Some(seen) = last_round.filter(|r| *r > self.last_round + 1) else { return };
         if self.ahead.insert(client.into(), seen).is_none() {
             tracing::error!(

@@ -583,3 +583,24 @@ fn a_relay_folds_its_round_again_without_a_device_counted_elsewhere() {
     assert_close(&values(&checkpoint.global), &values(&super::fold(1, &refs).unwrap().update.blocks), "global");
     assert_eq!(b.refold_without(&[device_id(2)]), None, "nothing left to send");
 }
+
+/// Devices that trained later rounds under a sibling relay (they failed over while this relay
+/// was down) are no rollback evidence at a relay: its rounds are its parent's. It opens the
+/// parent's next round for them (before, three such devices stopped every round here).
+#[test]
+fn a_relay_takes_back_devices_that_trained_rounds_under_a_sibling() {
+    let mut relay = Engine::relay(config(3), &MethodConfig::named("fedavg").unwrap(), None).unwrap();
+    for d in 0..3 {
+        let Message::Hello(mut h) = hello(&device_id(d), "fedavg") else { unreachable!() };
+        h.last_round = Some(9);
+        relay.handle_message(Duration::ZERO, &device_id(d), Message::Hello(h));
+    }
+    drain(&mut relay);
+    assert_eq!((relay.devices_ahead(), relay.rollback_suspected()), (0, None));
+    let parent = Broadcast { round: 10, task: 0, config: config(3).round, blocks: initial(), prototypes: vec![] };
+    relay.handle_parent_round(Duration::ZERO, parent);
+    let sent = broadcasts(&drain(&mut relay));
+    assert_eq!(sent.len(), 1, "the relay opens its parent's round");
+    assert_eq!(sent[0].0.len(), 3);
+    assert_eq!(sent[0].1.round, 10);
+}

@@ -34,10 +34,13 @@ pub enum Invariant {
     /// While `min_available` honest devices are online, rounds keep closing with a model; the
     /// run ends with the root's goodbye, and not with every round failed.
     Liveness,
+    /// No server takes an honest federation for a damaged one: the swarm never rolls a store
+    /// back, so no server sees rollback evidence (devices ahead of its rounds).
+    NoFalseAlarm,
 }
 
 /// Every invariant, in the order the ledger of a long run lists them.
-pub const INVARIANTS: [Invariant; 7] = [
+pub const INVARIANTS: [Invariant; 8] = [
     Invariant::AckMeansCounted,
     Invariant::CountedOnce,
     Invariant::RoundsGrow,
@@ -45,6 +48,7 @@ pub const INVARIANTS: [Invariant; 7] = [
     Invariant::FiniteModel,
     Invariant::BackWithinRounds,
     Invariant::Liveness,
+    Invariant::NoFalseAlarm,
 ];
 
 impl Invariant {
@@ -57,6 +61,7 @@ impl Invariant {
             Self::FiniteModel => "finite_model",
             Self::BackWithinRounds => "back_within_rounds",
             Self::Liveness => "liveness",
+            Self::NoFalseAlarm => "no_false_alarm",
         }
     }
 }
@@ -259,6 +264,16 @@ impl Checker {
             Seen::RelayRestarted { relay } => {
                 self.restarted.insert(*relay, self.last_round.unwrap_or(0));
                 Ok(())
+            }
+            Seen::RollbackEvidence { relay, devices } => {
+                self.checks += 1;
+                let server = relay.map_or_else(|| "the root".to_string(), |r| format!("relay-{r}"));
+                Err((
+                    Invariant::NoFalseAlarm,
+                    format!(
+                        "{server} counts {devices} devices that trained rounds it never announced; no store was rolled back"
+                    ),
+                ))
             }
             Seen::Finished => {
                 self.finished = true;

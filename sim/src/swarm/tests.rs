@@ -47,6 +47,7 @@ fn every_checker_catches_its_bug_with_the_seed_printed() {
         (Mutation::PoisonModel, Invariant::FiniteModel),
         (Mutation::LoseCost, Invariant::CostOnce),
         (Mutation::DropBroadcasts, Invariant::Liveness),
+        (Mutation::ClaimAhead, Invariant::NoFalseAlarm),
     ];
     let (three_rounds, _) = seed_where(0, |t| plain(t) && !t.contains("rounds = 2\n"));
     for (mutation, invariant) in cases {

@@ -236,13 +236,17 @@ impl VirtualRun {
     fn on_event(&mut self, event: Event) -> bool {
         let now = self.now;
         match event {
-            Event::ToServer { from, msg, conn } => {
+            Event::ToServer { from, mut msg, conn } => {
                 let c = &self.clients[from];
                 if !c.online || conn != c.conn {
                     return false; // sent on a connection that is gone: lost
                 }
                 if let Some(at) = self.watch.as_mut().and_then(|w| w.again(now)) {
                     self.queue.push(at, Event::ToServer { from, msg: msg.clone(), conn });
+                }
+                if let Some(watch) = self.watch.as_ref() {
+                    let server_round = self.engine.last_round();
+                    watch.mutate_hello(&mut msg, server_round);
                 }
                 self.engine_of(from).handle_message(now, &client_id(from), msg)
             }
@@ -545,8 +549,18 @@ impl VirtualRun {
                 }
             }
             if !acted {
+                self.see_evidence();
                 return Ok(());
             }
+        }
+    }
+
+    /// Shows the watcher each server's rollback evidence.
+    fn see_evidence(&mut self) {
+        let Some(watch) = self.watch.as_mut() else { return };
+        watch.evidence(None, self.engine.devices_ahead());
+        for (r, relay) in self.tier.iter().flat_map(|t| t.relays.iter().enumerate()) {
+            watch.evidence(Some(r), relay.engine.devices_ahead());
         }
     }
 

@@ -54,6 +54,12 @@ pub enum Seen {
     RelayRestarted {
         relay: usize,
     },
+    /// A server counts `devices` that trained a round it never announced (rollback evidence:
+    /// at [`anchorage_server::engine::ROLLBACK_QUORUM`] of them it stops opening rounds).
+    RollbackEvidence {
+        relay: Option<usize>,
+        devices: usize,
+    },
     /// The root said the federation is over.
     Finished,
 }
@@ -75,6 +81,9 @@ pub enum Mutation {
     DropBroadcasts,
     /// The root's broadcasts leave out every device that has come back after going away.
     ForgetReturned,
+    /// Each device's hello names a round five beyond the one its server last announced (a
+    /// witness miscounted: the server takes its store for rolled back).
+    ClaimAhead,
 }
 
 impl Mutation {
@@ -109,6 +118,8 @@ pub(super) struct Watch {
     filed: u64,
     /// Devices that came back after going away (for [`Mutation::ForgetReturned`]).
     returned: std::collections::BTreeSet<String>,
+    /// The rollback evidence each server (`None`: the root) last showed, in devices.
+    evidence: std::collections::BTreeMap<Option<usize>, usize>,
 }
 
 impl Watch {
@@ -121,7 +132,18 @@ impl Watch {
             duplicated: 0,
             filed: 0,
             returned: Default::default(),
+            evidence: Default::default(),
         }
+    }
+
+    /// Server `relay` (`None`: the root) counts `devices` ahead of its rounds: seen when the
+    /// count grows.
+    pub(super) fn evidence(&mut self, relay: Option<usize>, devices: usize) {
+        let last = self.evidence.entry(relay).or_default();
+        if devices > *last {
+            self.seen.push(Seen::RollbackEvidence { relay, devices });
+        }
+        *last = devices;
     }
 
     /// When a message sent up now arrives again, if it does.
@@ -179,6 +201,15 @@ impl Watch {
     /// The devices a broadcast reaches, as the mutation changes them.
     pub(super) fn recipients(&self, to: &[String]) -> Vec<String> {
         to.iter().filter(|c| !self.returned.contains(*c)).cloned().collect()
+    }
+
+    /// A device's hello to a server whose last round is `server_round`, as the mutation changes it.
+    pub(super) fn mutate_hello(&self, msg: &mut anchorage_shared::protocol::Message, server_round: u64) {
+        if let anchorage_shared::protocol::Message::Hello(hello) = msg
+            && self.mutation == Some(Mutation::ClaimAhead)
+        {
+            hello.last_round = Some(server_round + 5);
+        }
     }
 
     /// Whether the root's broadcast of `round` never leaves it.
