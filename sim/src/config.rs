@@ -519,7 +519,8 @@ pub struct RelayTier {
     /// Relay processes that restart: in `round`, once the relay has committed its first update
     /// of the round and before that update's ack goes out. The relay resumes from its store (the
     /// server's own, in a temporary folder) as `anchorage-relay` does; its devices' connections
-    /// end with the process and they reconnect shortly after.
+    /// end with the process. They reconnect shortly after, or, while it stays down
+    /// (`down_ms`), fail over to the next relay that is up and go back once it is up again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restarts: Vec<RelayRestart>,
 }
@@ -530,6 +531,14 @@ pub struct RelayTier {
 pub struct RelayRestart {
     pub relay: usize,
     pub round: u64,
+    /// How long the process stays down before it starts again, in ms of simulated time (0: it
+    /// starts again at once). A tier with such a restart lets the root go on without that relay.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub down_ms: u64,
+}
+
+fn is_zero(ms: &u64) -> bool {
+    *ms == 0
 }
 
 /// One device's failover (`[relays] failovers`).

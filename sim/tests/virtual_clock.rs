@@ -417,7 +417,7 @@ fn a_relay_restarted_mid_federation_resumes_from_its_store_and_its_devices_come_
         run_virtual(&c).expect("a tiered run")
     };
     let plain = with(vec![]);
-    let restarted = with(vec![RelayRestart { relay: 1, round: 2 }]);
+    let restarted = with(vec![RelayRestart { relay: 1, round: 2, down_ms: 0 }]);
     let tier = restarted.tier.as_ref().expect("the tier's outcome");
     println!("uplinks with a restart: {:?}", tier.counts);
     assert_eq!(tier.counts.restarts, 1, "relay 1 restarted in round 2: {:?}", tier.counts);
@@ -452,6 +452,47 @@ fn a_relay_restarted_mid_federation_resumes_from_its_store_and_its_devices_come_
         "nothing owed at the end: {:?}",
         tier.owed
     );
+}
+
+/// A relay's process dies in round 2 and stays down for 100 s (`down_ms`): its devices fail over
+/// to the other relay and are counted there while it is down; once it is up they go back, and
+/// the last rounds hold both relays' partials again, each device once a round.
+#[test]
+fn a_relay_down_for_a_while_gets_its_devices_back_once_it_is_up() {
+    use anchorage_sim::config::{RelayRestart, RelayTier};
+    let mut config = six_clients_three_rounds(vec![
+        anchorage_sim::device::DeviceProfile { compute_seconds: Some(1.0), ..Default::default() },
+        anchorage_sim::device::DeviceProfile { name: "slow".into(), compute_seconds: Some(15.0), ..Default::default() },
+    ]);
+    config.federation.rounds = 6;
+    let restarts = vec![RelayRestart { relay: 1, round: 2, down_ms: 100_000 }];
+    let link = LinkPreset::Ethernet;
+    config.systems.relays = Some(RelayTier { count: 2, link, outages: vec![], failovers: vec![], restarts });
+    let run = run_virtual(&config).expect("a tiered run");
+    let tier = run.tier.as_ref().expect("the tier's outcome");
+    println!("uplinks with a relay down 100 s: {:?}", tier.counts);
+    for report in &run.reports {
+        let clients: Vec<&str> = report.updates.iter().map(|u| u.client.as_str()).collect();
+        let samples: u64 = report.updates.iter().map(|u| u.num_samples).sum();
+        println!(
+            "round {} ({:.0} s to {:.0} s): {clients:?}, {samples} samples",
+            report.round,
+            report.started.as_secs_f64(),
+            report.closed.as_secs_f64()
+        );
+    }
+    assert_eq!(tier.counts.restarts, 1, "relay 1 started again once: {:?}", tier.counts);
+    let samples = |r: &anchorage_server::engine::RoundReport| r.updates.iter().map(|u| u.num_samples).sum::<u64>();
+    let relays =
+        |r: &anchorage_server::engine::RoundReport| r.updates.iter().map(|u| u.client.clone()).collect::<Vec<_>>();
+    let last = run.reports.last().expect("rounds");
+    assert_eq!(relays(last), ["relay-0", "relay-1"], "relay 1 is counted again, with its own devices");
+    // Rounds 3 to 5 ran while relay 1 was down: relay 0 carried every device.
+    for round in &run.reports[2..5] {
+        assert_eq!(relays(round), ["relay-0"], "round {}", round.round);
+        assert_eq!(samples(round), samples(last), "round {}: each of the six devices, through relay 0", round.round);
+    }
+    assert!(tier.owed.iter().all(|(p, costs)| p.is_none() && costs.is_empty()), "nothing owed: {:?}", tier.owed);
 }
 
 /// Six clients, three rounds, every client in every round, on these devices: the relay tests'

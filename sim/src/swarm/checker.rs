@@ -265,6 +265,11 @@ impl Checker {
                 self.restarted.insert(*relay, self.last_round.unwrap_or(0));
                 Ok(())
             }
+            Seen::RelayDown { relay } => {
+                // Not back until it has started again.
+                self.restarted.remove(relay);
+                Ok(())
+            }
             Seen::RollbackEvidence { relay, devices } => {
                 self.checks += 1;
                 let server = relay.map_or_else(|| "the root".to_string(), |r| format!("relay-{r}"));

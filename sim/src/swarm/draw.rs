@@ -30,6 +30,8 @@ pub struct Drawn {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Faults {
     pub relay_restarts: u64,
+    /// Relay restarts that stay down a while (`down_ms`) before the process starts again.
+    pub relays_down: u64,
     pub relay_outages: u64,
     pub failovers: u64,
     pub hostile_devices: u64,
@@ -120,7 +122,8 @@ pub fn draw(seed: u64) -> Drawn {
     }
     let mut slowest = link;
     if chance(&mut rng, 0.4) {
-        let relay_link = relays(&mut rng, &mut t, &mut faults, clients, rounds);
+        let mut downs = Rng::derive(seed, 0xD0_3A_5E);
+        let relay_link = relays(&mut rng, &mut downs, &mut t, &mut faults, (clients, rounds, deadline));
         slowest = if slowness(relay_link) > slowness(link) { relay_link } else { link };
     }
     // A deadline a round can meet: a broadcast and an update of about a megabyte each way over
@@ -169,7 +172,16 @@ fn devices(rng: &mut Rng, t: &mut String, faults: &mut Faults) {
 }
 
 /// A relay tier of 1 to 4 relays (no more than the clients), with restarts, outages and failovers.
-fn relays(rng: &mut Rng, t: &mut String, faults: &mut Faults, clients: u64, rounds: u64) -> &'static str {
+/// How long a restarted relay stays down (up to three round deadlines, so that rounds go on
+/// without it) comes from `downs`, a stream of its own (so that the rest of the draw is what it
+/// was before relays went down for a while).
+fn relays(
+    rng: &mut Rng,
+    downs: &mut Rng,
+    t: &mut String,
+    faults: &mut Faults,
+    (clients, rounds, deadline): (u64, u64, u64),
+) -> &'static str {
     let count = between(rng, 1, clients.min(4));
     let link = pick(rng, LINKS);
     let _ = writeln!(t, "\n[relays]\ncount = {count}\nlink = \"{link}\"");
@@ -177,9 +189,18 @@ fn relays(rng: &mut Rng, t: &mut String, faults: &mut Faults, clients: u64, roun
         (0..n).map(|_| row(rng)).collect::<Vec<_>>().join(", ")
     };
     faults.relay_restarts = rng.below(3);
-    let restarts = table(rng, faults.relay_restarts, &|rng| {
-        format!("{{ relay = {}, round = {} }}", rng.below(count), between(rng, 1, rounds))
-    });
+    let mut rows = Vec::new();
+    for _ in 0..faults.relay_restarts {
+        let row = format!("{{ relay = {}, round = {}", rng.below(count), between(rng, 1, rounds));
+        // With one relay, one that stays down cuts every device off: a root outage, not drawn.
+        if count > 1 && chance(downs, 0.5) {
+            faults.relays_down += 1;
+            rows.push(format!("{row}, down_ms = {} }}", between(downs, 2_000, deadline * 3_000)));
+        } else {
+            rows.push(format!("{row} }}"));
+        }
+    }
+    let restarts = rows.join(", ");
     faults.relay_outages = rng.below(2);
     let outages = table(rng, faults.relay_outages, &|rng| {
         format!(

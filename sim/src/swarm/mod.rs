@@ -178,6 +178,7 @@ fn expect_of(config: &SimConfig) -> Expect {
     let rejoin = s.devices.iter().map(|d| d.rejoin_seconds).fold(0.0, f64::max);
     let off = s.devices.iter().filter_map(|d| d.on_off.as_ref()).map(|o| o.off_seconds).fold(0.0, f64::max);
     let outage = s.relays.iter().flat_map(|r| &r.outages).map(|o| o.duration_ms as f64 / 1000.0).fold(0.0, f64::max);
+    let down = s.relays.iter().flat_map(|r| &r.restarts).map(|r| r.down_ms as f64 / 1000.0).fold(0.0, f64::max);
     let eligibility = s.devices.iter().any(|d| d.eligibility != Default::default());
     Expect {
         rounds: f.rounds,
@@ -185,7 +186,7 @@ fn expect_of(config: &SimConfig) -> Expect {
         min_available: f.min_available.unwrap_or(f.clients),
         buffered: f.aggregation != Default::default(),
         invites_all: f.fraction >= 1.0 && s.relays.is_none() && !eligibility && f.aggregation == Default::default(),
-        stall: deadline * 4 + longest(rejoin + off + outage) + Duration::from_secs(60),
+        stall: deadline * 4 + longest(rejoin + off + outage + down) + Duration::from_secs(60),
         hostile: f.attack.iter().flat_map(|a| a.clients.iter().copied()).collect(),
     }
 }

@@ -52,6 +52,10 @@ pub(super) enum Event {
         msg: Message,
         conn: u64,
     },
+    /// Relay `relay`'s process, down since its restart, starts again.
+    RelayUp {
+        relay: usize,
+    },
 }
 
 /// Events ordered by time, then by insertion (deterministic for equal times).

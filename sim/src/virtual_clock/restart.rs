@@ -14,9 +14,11 @@ use anchorage_shared::ledger::CostRecord;
 use anchorage_shared::method::MethodConfig;
 use anyhow::Context;
 
-use super::quic::RESTART_RECONNECT;
+use super::events::Event;
+use super::quic::{FAILOVER_DELAY, RESTART_RECONNECT};
 use super::run::VirtualRun;
 use super::tier::VirtualRelay;
+use crate::setup::client_id;
 
 /// Tells the runs' stores apart within a process.
 static STORES: AtomicU64 = AtomicU64::new(0);
@@ -115,5 +117,55 @@ impl VirtualRun {
         }
         self.drive_uplink(r);
         Ok(())
+    }
+
+    /// Relay `r`'s process dies and stays down for `down`: what it had queued and what was in
+    /// flight on its link are lost, the root sees its connection end, and its devices, whose
+    /// connections ended with it, fail over to the next relay that is up as they reconnect
+    /// ([`super::tier::Tier::displace`]).
+    pub(super) fn kill_relay(&mut self, r: usize, down: Duration) {
+        let now = self.now;
+        let Some(tier) = self.tier.as_mut() else { return };
+        let relay = &mut tier.relays[r];
+        tracing::info!(relay = %relay.id, down_s = down.as_secs_f64(), "the relay's process dies");
+        relay.down_until = Some(now + down);
+        relay.conn += 1;
+        while relay.engine.poll_action().is_some() {}
+        let id = relay.id.clone();
+        let devices: Vec<usize> = (0..self.clients.len()).filter(|&c| tier.relay_of(c) == r).collect();
+        if let Some(watch) = self.watch.as_mut() {
+            watch.seen.push(super::watch::Seen::RelayDown { relay: r });
+        }
+        self.engine.handle_disconnect(now, &id);
+        for client in devices {
+            self.reconnect_after(client, RESTART_RECONNECT);
+        }
+        self.queue.push(now + down, Event::RelayUp { relay: r });
+    }
+
+    /// Relay `r`'s process starts again after being down ([`VirtualRelay::restart`]); the devices
+    /// that failed over meanwhile go back to it once they are at rest.
+    pub(super) fn relay_up(&mut self, r: usize) -> anyhow::Result<()> {
+        let Some(tier) = self.tier.as_mut() else { return Ok(()) };
+        tier.relays[r].down_until = None;
+        let away = tier.displaced_from(r);
+        self.restart_relay(r)?;
+        for client in away {
+            self.go_home_at_rest(client);
+        }
+        Ok(())
+    }
+
+    /// `client`, on another relay while its own was down, goes back to its own once that is up
+    /// and the device holds nothing unacked (as the device's `home_after` does, at 0 s).
+    pub(super) fn go_home_at_rest(&mut self, client: usize) {
+        let now = self.now;
+        let Some(tier) = self.tier.as_mut() else { return };
+        let on = tier.relay_of(client);
+        let c = &self.clients[client];
+        if c.online && c.session.at_rest() && tier.goes_home(client) {
+            tier.relays[on].engine.handle_disconnect(now, &client_id(client));
+            self.reconnect_after(client, FAILOVER_DELAY);
+        }
     }
 }

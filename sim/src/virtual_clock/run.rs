@@ -12,7 +12,7 @@ use anchorage_shared::transfer::CHUNK_BYTES;
 use super::client::{VirtualClient, drive_client, schedule_departure, send_down, virtual_clients};
 use super::events::{Event, Queue};
 use super::live::LiveRows;
-use super::quic::frame_len;
+use super::quic::{FAILOVER_DELAY, frame_len};
 use super::tier;
 use super::trainer::Trainer;
 use super::watch::{Seen, Watch};
@@ -219,7 +219,7 @@ impl VirtualRun {
             self.handle_timeouts();
         } else if let Some((t, event)) = self.queue.pop() {
             self.now = t;
-            let delivered = self.on_event(event);
+            let delivered = self.on_event(event)?;
             self.file_costs(recorder)?;
             if !delivered {
                 return Ok(true);
@@ -233,13 +233,13 @@ impl VirtualRun {
     }
 
     /// One event at the current time; `false` when it was lost (nothing else happens this step).
-    fn on_event(&mut self, event: Event) -> bool {
+    fn on_event(&mut self, event: Event) -> anyhow::Result<bool> {
         let now = self.now;
         match event {
             Event::ToServer { from, mut msg, conn } => {
                 let c = &self.clients[from];
                 if !c.online || conn != c.conn {
-                    return false; // sent on a connection that is gone: lost
+                    return Ok(false); // sent on a connection that is gone: lost
                 }
                 if let Some(at) = self.watch.as_mut().and_then(|w| w.again(now)) {
                     self.queue.push(at, Event::ToServer { from, msg: msg.clone(), conn });
@@ -251,7 +251,7 @@ impl VirtualRun {
                 self.engine_of(from).handle_message(now, &client_id(from), msg)
             }
             Event::ToRelay { relay, conn, .. } | Event::ToRoot { relay, conn, .. } if !self.relay_conn(relay, conn) => {
-                return false; // sent on a connection that a restart ended: lost
+                return Ok(false); // sent on a connection that a restart ended: lost
             }
             Event::ToRelay { relay, msg, .. } => self.relay_received(relay, msg),
             Event::ToRoot { relay, msg, conn } => {
@@ -268,9 +268,10 @@ impl VirtualRun {
                 let id = self.tier.as_ref().map(|t| t.relays[relay].id.clone()).unwrap_or_default();
                 self.engine.handle_message(now, &id, msg)
             }
-            Event::ToClient { to, msg, wire, conn } => return self.deliver(to, msg, wire, conn),
+            Event::ToClient { to, msg, wire, conn } => return Ok(self.deliver(to, msg, wire, conn)),
+            Event::RelayUp { relay } => self.relay_up(relay)?,
             Event::Offline { client, back_after, crash } => self.offline(client, back_after, crash),
-            Event::Online { client } => return self.online(client),
+            Event::Online { client } => return Ok(self.online(client)),
             Event::Trained { client, life, .. } if life != self.clients[client].life => {}
             Event::Trained { client, life: _, round, result } => {
                 let c = &mut self.clients[client];
@@ -281,7 +282,7 @@ impl VirtualRun {
                 self.drive(client);
             }
         }
-        true
+        Ok(true)
     }
 
     /// A message reaches client `to` (unless it went away, or crashes on a broadcast), charged
@@ -305,9 +306,13 @@ impl VirtualRun {
             let (round, aggregated) = (ack.round, ack.aggregated);
             self.see(|| Seen::Ack { relay, client: client_id(to), round, aggregated });
         }
+        let acked = matches!(msg, Message::Ack(_));
         let c = &mut self.clients[to];
         let _ = c.session.handle_message(now, msg, wire);
         self.drive(to);
+        if acked {
+            self.go_home_at_rest(to);
+        }
         true
     }
 
@@ -353,6 +358,12 @@ impl VirtualRun {
             }
             return false;
         }
+        if let Some(Err(up_at)) = self.tier.as_mut().map(|t| t.displace(client)) {
+            // Every relay is down: it tries again once its own is up.
+            self.queue.push(up_at.max(now) + FAILOVER_DELAY, Event::Online { client });
+            return false;
+        }
+        let c = &mut self.clients[client];
         c.online = true;
         c.conn += 1;
         c.session.connected();
@@ -521,7 +532,7 @@ impl VirtualRun {
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
-        for relay in self.tier.iter_mut().flat_map(|t| t.relays.iter_mut()) {
+        for relay in self.tier.iter_mut().flat_map(|t| t.relays.iter_mut()).filter(|r| r.down_until.is_none()) {
             if relay.engine.poll_timeout().is_some_and(|t| t <= now) {
                 relay.engine.handle_timeout(now);
             }
@@ -545,7 +556,10 @@ impl VirtualRun {
             for r in 0..self.tier.as_ref().map_or(0, |t| t.relays.len()) {
                 while let Some(action) = self.tier.as_mut().and_then(|t| t.relays[r].engine.poll_action()) {
                     acted = true;
-                    self.on_relay_action(r, action)?;
+                    // A relay whose process is down does nothing.
+                    if self.tier.as_ref().is_some_and(|t| t.is_up(r)) {
+                        self.on_relay_action(r, action)?;
+                    }
                 }
             }
             if !acted {

@@ -51,6 +51,8 @@ pub(super) struct VirtualRelay {
     pub(super) conn: u64,
     /// The relay's store, for a relay that restarts.
     pub(super) disk: Option<RelayDisk>,
+    /// While its process is down: when it starts again.
+    pub(super) down_until: Option<Duration>,
 }
 
 /// The key the server's store keeps one ledger row per: (client, round, declined, dropped).
@@ -67,8 +69,10 @@ pub(super) struct Tier {
     failovers: Vec<(usize, u64)>,
     /// Clients away on another relay for a round: (client, round, their own relay).
     away: Vec<(usize, u64, usize)>,
-    /// Restarts still to happen: (relay, round).
-    restarts: Vec<(usize, u64)>,
+    /// Clients on another relay because their own is down: (client, their own relay).
+    displaced: Vec<(usize, usize)>,
+    /// Restarts still to happen: (relay, round, how long it stays down).
+    restarts: Vec<(usize, u64, Duration)>,
     /// The federation's method, to build a restarted relay's engine.
     pub(super) method: MethodConfig,
     /// The root's ledger: what the relays' cost batches carried up.
@@ -108,9 +112,14 @@ impl Tier {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut robust = engine.robust.clone();
         robust.weight_cap = None;
+        // The root waits for every relay, but one that goes down for a while (it goes on without
+        // those).
+        let going_down: std::collections::BTreeSet<usize> =
+            tier.restarts.iter().filter(|r| r.down_ms > 0).map(|r| r.relay).collect();
+        let wanted = (tier.count - going_down.len()).max(1);
         let root = EngineConfig {
-            min_available: tier.count,
-            min_fit: tier.count,
+            min_available: wanted,
+            min_fit: wanted,
             fraction: 1.0,
             over_selection: 0.0,
             robust,
@@ -124,7 +133,8 @@ impl Tier {
             assigned: (0..clients).map(|c| c % tier.count).collect(),
             failovers: tier.failovers.iter().map(|f| (f.client, f.round)).collect(),
             away: Vec::new(),
-            restarts: tier.restarts.iter().map(|r| (r.relay, r.round)).collect(),
+            displaced: Vec::new(),
+            restarts: tier.restarts.iter().map(|r| (r.relay, r.round, Duration::from_millis(r.down_ms))).collect(),
             method: method.clone(),
             root_ledger: Vec::new(),
             repeated_costs: 0,
@@ -167,18 +177,61 @@ impl Tier {
         }
     }
 
-    /// A client that was acked away goes back to its own relay (it has disconnected).
+    /// A client that was acked away, or is on another relay while its own is down, goes back to
+    /// its own relay (it has disconnected; if its own is still down, it fails over again as it
+    /// connects: [`Tier::displace`]).
     pub(super) fn back_home(&mut self, client: usize) {
         if let Some(i) = self.away.iter().position(|(c, r, _)| *c == client && *r == u64::MAX) {
             let (_, _, home) = self.away.remove(i);
             self.assigned[client] = home;
         }
+        if let Some(i) = self.displaced.iter().position(|(c, _)| *c == client) {
+            let (_, home) = self.displaced.remove(i);
+            self.assigned[client] = home;
+        }
     }
 
-    /// Whether relay `relay` restarts as it acks its first update of `round` (once).
-    pub(super) fn restarts_at(&mut self, relay: usize, round: u64) -> bool {
-        let Some(i) = self.restarts.iter().position(|r| *r == (relay, round)) else { return false };
-        self.restarts.remove(i);
+    /// When relay `relay` restarts as it commits its first update of `round` (once): how long it
+    /// stays down.
+    pub(super) fn restarts_at(&mut self, relay: usize, round: u64) -> Option<Duration> {
+        let i = self.restarts.iter().position(|(r, at, _)| (*r, *at) == (relay, round))?;
+        Some(self.restarts.remove(i).2)
+    }
+
+    /// Whether relay `r`'s process is up.
+    pub(super) fn is_up(&self, r: usize) -> bool {
+        self.relays[r].down_until.is_none()
+    }
+
+    /// `client` connects while its relay is down: it fails over to the next relay that is up
+    /// (its own is remembered, to go back to). `Err`: none is up, and when its own starts again.
+    pub(super) fn displace(&mut self, client: usize) -> Result<(), Duration> {
+        let at = self.assigned[client];
+        let Some(up_at) = self.relays[at].down_until else { return Ok(()) };
+        let count = self.relays.len();
+        let Some(next) = (1..count).map(|k| (at + k) % count).find(|&r| self.is_up(r)) else { return Err(up_at) };
+        if !self.displaced.iter().any(|(c, _)| *c == client) {
+            self.displaced.push((client, at));
+        }
+        tracing::info!(client, relay = next, "its relay is down: the device fails over to the next relay");
+        self.assigned[client] = next;
+        Ok(())
+    }
+
+    /// The clients on another relay while relay `home` was down.
+    pub(super) fn displaced_from(&self, home: usize) -> Vec<usize> {
+        self.displaced.iter().filter(|(_, h)| *h == home).map(|(c, _)| *c).collect()
+    }
+
+    /// Whether `client`, on another relay while its own was down, goes back now (its own is up).
+    pub(super) fn goes_home(&mut self, client: usize) -> bool {
+        let Some(i) = self.displaced.iter().position(|(c, _)| *c == client) else { return false };
+        let home = self.displaced[i].1;
+        if !self.is_up(home) {
+            return false;
+        }
+        self.displaced.remove(i);
+        self.assigned[client] = home;
         true
     }
 
@@ -211,10 +264,11 @@ impl Tier {
         }
     }
 
-    /// When the earliest relay engine or uplink needs its timeout.
+    /// When the earliest relay engine or uplink that is up needs its timeout.
     pub(super) fn poll_timeout(&self) -> Option<Duration> {
-        let engines = self.relays.iter().filter_map(|r| r.engine.poll_timeout());
-        engines.chain(self.relays.iter().filter_map(|r| r.uplink.poll_timeout())).min()
+        let up = || self.relays.iter().filter(|r| r.down_until.is_none());
+        let engines = up().filter_map(|r| r.engine.poll_timeout());
+        engines.chain(up().filter_map(|r| r.uplink.poll_timeout())).min()
     }
 
     /// Whether no uplink is still closing (sending its last cost records after the root's
@@ -283,6 +337,7 @@ impl VirtualRelay {
             down: Path::new(profile.down, link_seed ^ 0x5EED),
             conn: 0,
             disk,
+            down_until: None,
         })
     }
 

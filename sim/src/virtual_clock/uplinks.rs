@@ -72,8 +72,13 @@ impl VirtualRun {
     fn accepted_at_relay(&mut self, r: usize, persist: &Persist, client: &str, round: u64) -> anyhow::Result<()> {
         let Some(tier) = self.tier.as_mut() else { return Ok(()) };
         tier.relays[r].persist(persist)?;
-        if tier.restarts_at(r, round) {
-            return self.restart_relay(r);
+        match tier.restarts_at(r, round) {
+            Some(down) if down.is_zero() => return self.restart_relay(r),
+            Some(down) => {
+                self.kill_relay(r, down);
+                return Ok(());
+            }
+            None => {}
         }
         if let Some(&i) = self.index.get(client)
             && tier.relay_of(i) == r
@@ -115,6 +120,9 @@ impl VirtualRun {
         let now = self.now;
         let Some(tier) = self.tier.as_mut() else { return };
         let relay = &mut tier.relays[r];
+        if relay.down_until.is_some() {
+            return;
+        }
         for msg in relay.carry_out(now) {
             let (at, _) = relay.up.carry_transfer(now, frame_len(&msg), true);
             self.queue.push(at, Event::ToRoot { relay: r, msg, conn: relay.conn });

@@ -54,6 +54,10 @@ pub enum Seen {
     RelayRestarted {
         relay: usize,
     },
+    /// Relay `relay`'s process died, to start again later ([`Seen::RelayRestarted`]).
+    RelayDown {
+        relay: usize,
+    },
     /// A server counts `devices` that trained a round it never announced (rollback evidence:
     /// at [`anchorage_server::engine::ROLLBACK_QUORUM`] of them it stops opening rounds).
     RollbackEvidence {
