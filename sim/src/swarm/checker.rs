@@ -19,6 +19,10 @@ pub enum Invariant {
     /// model (buffered: in a later version); from a relay, that the relay's partial of that
     /// round reached the root holding it.
     AckMeansCounted,
+    /// An ack `aggregated: true` is queued only after its server committed what it acknowledges:
+    /// the accepted update (a relay's partial, at the root), or, under SecAgg, the closed round
+    /// that holds the device.
+    AckAfterCommit,
     /// A device is counted at most once in a round, across relays.
     CountedOnce,
     /// Round numbers only grow and are never reused.
@@ -40,8 +44,9 @@ pub enum Invariant {
 }
 
 /// Every invariant, in the order the ledger of a long run lists them.
-pub const INVARIANTS: [Invariant; 8] = [
+pub const INVARIANTS: [Invariant; 9] = [
     Invariant::AckMeansCounted,
+    Invariant::AckAfterCommit,
     Invariant::CountedOnce,
     Invariant::RoundsGrow,
     Invariant::CostOnce,
@@ -55,6 +60,7 @@ impl Invariant {
     pub fn name(self) -> &'static str {
         match self {
             Self::AckMeansCounted => "ack_means_counted",
+            Self::AckAfterCommit => "ack_after_commit",
             Self::CountedOnce => "counted_once",
             Self::RoundsGrow => "rounds_grow",
             Self::CostOnce => "cost_once",
@@ -123,6 +129,8 @@ pub struct Checker {
     last_round: Option<u64>,
     /// Acks `aggregated: true` whose round has not closed yet: (client, round).
     waiting: Vec<(String, u64)>,
+    /// Accepted updates each server (`None`: the root) committed: (server, client, round).
+    committed: BTreeSet<(Option<usize>, String, u64)>,
     /// The partial each relay last had accepted, per round: its members.
     partials: HashMap<(usize, u64), Vec<String>>,
     /// Rounds that closed without a model.
@@ -154,6 +162,7 @@ impl Checker {
             closed: BTreeMap::new(),
             last_round: None,
             waiting: Vec::new(),
+            committed: BTreeSet::new(),
             partials: HashMap::new(),
             owed_costs: BTreeSet::new(),
             in_versions: BTreeSet::new(),
@@ -217,6 +226,12 @@ impl Checker {
         match seen {
             Seen::Ack { relay, client, round, aggregated: true } => self.acked(*relay, client, *round),
             Seen::Ack { .. } => Ok(()),
+            Seen::Committed { relay, client, round } => {
+                self.committed.insert((*relay, client.clone(), *round));
+                Ok(())
+            }
+            Seen::AckQueued { relay, client, round, aggregated: true } => self.ack_queued(*relay, client, *round),
+            Seen::AckQueued { .. } => Ok(()),
             Seen::PartialAccepted { relay, round, members } => {
                 self.partials.insert((*relay, *round), members.clone());
                 Ok(())
@@ -285,6 +300,21 @@ impl Checker {
                 Ok(())
             }
         }
+    }
+
+    /// `relay` (`None`: the root) queued an ack `aggregated: true` of `client`'s update of `round`.
+    fn ack_queued(&mut self, relay: Option<usize>, client: &str, round: u64) -> Verdict {
+        self.checks += 1;
+        let committed = self.committed.contains(&(relay, client.to_string(), round));
+        let in_closed_round = relay.is_none() && self.closed.get(&round).is_some_and(|c| c.contains(client));
+        if committed || in_closed_round {
+            return Ok(());
+        }
+        let server = relay.map_or_else(|| "the root".to_string(), |r| format!("relay-{r}"));
+        Err((
+            Invariant::AckAfterCommit,
+            format!("{server} acked {client}'s update of round {round} as aggregated before committing it"),
+        ))
     }
 
     /// A record reached the root's ledger: its key is new unless the ledger said it held it.

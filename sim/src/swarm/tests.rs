@@ -48,6 +48,7 @@ fn every_checker_catches_its_bug_with_the_seed_printed() {
         (Mutation::LoseCost, Invariant::CostOnce),
         (Mutation::DropBroadcasts, Invariant::Liveness),
         (Mutation::ClaimAhead, Invariant::NoFalseAlarm),
+        (Mutation::AckUncommitted, Invariant::AckAfterCommit),
     ];
     let (three_rounds, _) = seed_where(0, |t| plain(t) && !t.contains("rounds = 2\n"));
     for (mutation, invariant) in cases {

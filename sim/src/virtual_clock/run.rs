@@ -440,11 +440,24 @@ impl VirtualRun {
     /// What the watcher sees of one of the root's actions, and the action as the mutation under
     /// test changes it (`None`: it never leaves the root).
     fn watched(&mut self, action: Action) -> Option<Action> {
-        let Some(watch) = self.watch.as_ref() else { return Some(action) };
+        if self.watch.is_none() {
+            return Some(action);
+        }
         let relay = self.tier.as_ref().and_then(|t| match &action {
             Action::Send { to, .. } => t.index_of(to),
             _ => None,
         });
+        if let Action::Send { to, msg: Message::Ack(ack) } = &action {
+            let (client, round, aggregated) = (to.clone(), ack.round, ack.aggregated);
+            self.see(|| Seen::AckQueued { relay: None, client, round, aggregated });
+        }
+        if let Action::Persist(anchorage_server::engine::Persist::Accepted(a)) = &action
+            && !self.watch.as_mut().is_some_and(Watch::loses_commit)
+        {
+            let (client, round) = (a.client.clone(), a.update.round);
+            self.see(|| Seen::Committed { relay: None, client, round });
+        }
+        let Some(watch) = self.watch.as_ref() else { return Some(action) };
         match &action {
             Action::Send { msg: Message::Ack(ack), .. } if relay.is_some() && ack.aggregated => {
                 let r = relay.unwrap_or(0);

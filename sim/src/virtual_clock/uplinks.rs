@@ -9,6 +9,7 @@ use anchorage_shared::protocol::Message;
 use super::events::Event;
 use super::quic::{FAILOVER_DELAY, HOME_AFTER, frame_len};
 use super::run::VirtualRun;
+use super::watch::Seen;
 use crate::setup::client_id;
 
 impl VirtualRun {
@@ -26,6 +27,10 @@ impl VirtualRun {
         let now = self.now;
         if let Action::Persist(persist @ Persist::Accepted(accepted)) = &action {
             return self.accepted_at_relay(r, persist, &accepted.client, accepted.update.round);
+        }
+        if let Action::Send { to, msg: Message::Ack(ack) } = &action {
+            let (client, round, aggregated) = (to.clone(), ack.round, ack.aggregated);
+            self.see(|| Seen::AckQueued { relay: Some(r), client, round, aggregated });
         }
         if let Action::Send { to, msg: Message::Ack(ack) } = &action
             && let Some(&client) = self.index.get(to)
@@ -72,6 +77,9 @@ impl VirtualRun {
     fn accepted_at_relay(&mut self, r: usize, persist: &Persist, client: &str, round: u64) -> anyhow::Result<()> {
         let Some(tier) = self.tier.as_mut() else { return Ok(()) };
         tier.relays[r].persist(persist)?;
+        let committed = client.to_string();
+        self.see(|| Seen::Committed { relay: Some(r), client: committed, round });
+        let Some(tier) = self.tier.as_mut() else { return Ok(()) };
         match tier.restarts_at(r, round) {
             Some(down) if down.is_zero() => return self.restart_relay(r),
             Some(down) => {

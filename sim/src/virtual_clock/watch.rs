@@ -20,6 +20,20 @@ pub enum Seen {
         round: u64,
         aggregated: bool,
     },
+    /// An engine queued an ack of `client`'s update of `round` (before the run carries it out).
+    AckQueued {
+        relay: Option<usize>,
+        client: String,
+        round: u64,
+        aggregated: bool,
+    },
+    /// An engine's store committed `client`'s accepted update of `round` (a relay's partial, at
+    /// the root).
+    Committed {
+        relay: Option<usize>,
+        client: String,
+        round: u64,
+    },
     /// The root acked relay `relay`'s partial of `round` (these members in it) as aggregated.
     PartialAccepted {
         relay: usize,
@@ -85,6 +99,8 @@ pub enum Mutation {
     DropBroadcasts,
     /// The root's broadcasts leave out every device that has come back after going away.
     ForgetReturned,
+    /// The root acks its first accepted update without committing it (its store loses the write).
+    AckUncommitted,
     /// Each device's hello names a round five beyond the one its server last announced (a
     /// witness miscounted: the server takes its store for rolled back).
     ClaimAhead,
@@ -120,6 +136,8 @@ pub(super) struct Watch {
     pub(super) duplicated: u64,
     /// Device records the root's ledger was given (for [`Mutation::LoseCost`]).
     filed: u64,
+    /// Accepted updates the root committed (for [`Mutation::AckUncommitted`]).
+    commits: u64,
     /// Devices that came back after going away (for [`Mutation::ForgetReturned`]).
     returned: std::collections::BTreeSet<String>,
     /// The rollback evidence each server (`None`: the root) last showed, in devices.
@@ -135,6 +153,7 @@ impl Watch {
             rng: anchorage_shared::rng::Rng::derive(options.seed, 0xD0B1E),
             duplicated: 0,
             filed: 0,
+            commits: 0,
             returned: Default::default(),
             evidence: Default::default(),
         }
@@ -193,6 +212,12 @@ impl Watch {
         }
         self.filed += 1;
         self.mutation == Some(Mutation::LoseCost) && self.filed == 1
+    }
+
+    /// Whether the root's commit of an accepted update is lost (the mutation's stand-in for a bug).
+    pub(super) fn loses_commit(&mut self) -> bool {
+        self.commits += 1;
+        self.mutation == Some(Mutation::AckUncommitted) && self.commits == 1
     }
 
     /// Device `client` came back after going away.
