@@ -586,7 +586,7 @@ fn a_relay_folds_its_round_again_without_a_device_counted_elsewhere() {
 
 /// Devices that trained later rounds under a sibling relay (they failed over while this relay
 /// was down) are no rollback evidence at a relay: its rounds are its parent's. It opens the
-/// parent's next round for them (before, three such devices stopped every round here).
+/// parent's next round for them.
 #[test]
 fn a_relay_takes_back_devices_that_trained_rounds_under_a_sibling() {
     let mut relay = Engine::relay(config(3), &MethodConfig::named("fedavg").unwrap(), None).unwrap();

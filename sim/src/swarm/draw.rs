@@ -173,8 +173,7 @@ fn devices(rng: &mut Rng, t: &mut String, faults: &mut Faults) {
 
 /// A relay tier of 1 to 4 relays (no more than the clients), with restarts, outages and failovers.
 /// How long a restarted relay stays down (up to three round deadlines, so that rounds go on
-/// without it) comes from `downs`, a stream of its own (so that the rest of the draw is what it
-/// was before relays went down for a while).
+/// without it) comes from `downs`, a stream of its own: the rest of the draw does not depend on it.
 fn relays(
     rng: &mut Rng,
     downs: &mut Rng,
